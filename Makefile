@@ -1,0 +1,34 @@
+# ft — two commands on a fresh machine:
+#   make demo   install dependencies, build, run a real small multi-worker job on CPU
+#   make test   install dependencies, build, run every test (CTest)
+# Everything heavy (LibTorch, the Python venv) lives in $(FT_CACHE), outside the checkout.
+# Set FT_PYTHON=/path/to/python (a Python that already imports torch) to use an existing torch and
+# skip every download, e.g. on a GPU machine with no network.
+
+export FT_CACHE ?= $(HOME)/.cache/ft
+BUILD ?= build
+
+.PHONY: all deps build test demo bench clean format
+
+all: build
+
+deps:
+	@bash scripts/setup.sh
+
+build: deps
+	@bash scripts/build.sh $(BUILD)
+
+test: build
+	@cd $(BUILD) && ctest --output-on-failure --timeout 300 -j 2
+
+demo: build
+	@bash scripts/demo.sh $(BUILD)
+
+bench: build
+	@bash bench/launch_startup.sh $(BUILD)
+
+format:
+	@clang-format -i $$(git ls-files '*.h' '*.cpp')
+
+clean:
+	rm -rf $(BUILD)

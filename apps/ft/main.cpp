@@ -1,0 +1,53 @@
+// ft: launcher and runtime for fine-tuning LLMs on many GPUs. main() only parses, dispatches and maps
+// exceptions to exit codes; every subcommand lives in cmd_*.cpp.
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "commands.h"
+#include "core/build_info.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  // Everything after the first "--" belongs to the launched program, untouched by CLI11.
+  std::vector<std::string> args(argv + 1, argv + argc), program;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--") {
+      program.assign(args.begin() + i + 1, args.end());
+      args.resize(i);
+      break;
+    }
+  }
+
+  CLI::App app{"ft: launch and fine-tune large language models on many GPUs across many machines",
+               "ft"};
+  app.require_subcommand(0, 1);
+  bool show_version = false;
+  app.add_flag("--version", show_version, "Print ft, LibTorch, CUDA and NCCL versions and exit");
+  std::map<std::string, ft::app::Run> runs;
+  auto* version_cmd = app.add_subcommand("version", "Print ft, LibTorch, CUDA and NCCL versions");
+  runs["launch"] = ft::app::add_launch(app, program);
+  runs["comm-check"] = ft::app::add_comm_check(app);
+
+  try {
+    std::vector<std::string> rev(args.rbegin(), args.rend());
+    app.parse(rev);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (show_version || version_cmd->parsed()) {
+      std::fputs(ft::version_text(ft::build_info()).c_str(), stdout);
+      return 0;
+    }
+    for (auto* sub : app.get_subcommands()) return runs.at(sub->get_name())();
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
+  } catch (const ft::Error& e) {
+    std::fprintf(stderr, "ft: error: %s\n", e.what());
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ft: error: %s\n", e.what());
+    return 1;
+  }
+}

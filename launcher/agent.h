@@ -1,0 +1,27 @@
+// The per-node launch agent: rendezvous -> spawn local workers -> supervise -> on failure stop
+// everything, tell the other nodes through the store and restart the whole job (one global budget)
+// or exit with a root-cause summary.
+// Ordering: every launcher walks the same rounds in the same order; round r's keys are only written
+// after round r-1's workers on that node are gone. Single-threaded.
+#pragma once
+
+#include <string>
+
+#include "options.h"
+
+namespace ft::launcher {
+
+// Exit codes of `ft launch`.
+constexpr int kExitOk = 0;
+constexpr int kExitWorkerFailed = 1;
+constexpr int kExitConfig = 2;
+constexpr int kExitRendezvous = 3;
+constexpr int kExitStoreLost = 4;
+
+// Runs the job described by `cfg`; returns the launcher's exit code (128+signal when stopped by one).
+int run_launch(const LaunchConfig& cfg);
+
+// `--dry-run` text: the resolved layout, each value's source and local rank 0's environment.
+std::string dry_run_text(const LaunchConfig& cfg);
+
+}  // namespace ft::launcher

@@ -1,0 +1,129 @@
+#include "fingerprint.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace ft::launcher {
+
+using nlohmann::json;
+
+std::string Fingerprint::to_json() const {
+  json j = {{"hostname", hostname},     {"addr", addr},
+            {"node_rank", node_rank},   {"rdzv_id", rdzv_id},
+            {"nnodes", nnodes},         {"nproc", nproc},
+            {"max_restarts", max_restarts}, {"ft_version", ft_version},
+            {"ft_commit", ft_commit},   {"torch_version", torch_version},
+            {"cuda_version", cuda_version}, {"nccl_version", nccl_version},
+            {"gpu_name", gpu_name},     {"gpu_count", gpu_count},
+            {"program_hash", program_hash}};
+  return j.dump();
+}
+
+Fingerprint Fingerprint::from_json(const std::string& text) {
+  try {
+    json j = json::parse(text);
+    Fingerprint f;
+    f.hostname = j.at("hostname");
+    f.addr = j.at("addr");
+    f.node_rank = j.at("node_rank");
+    f.rdzv_id = j.at("rdzv_id");
+    f.nnodes = j.at("nnodes");
+    f.nproc = j.at("nproc");
+    f.max_restarts = j.at("max_restarts");
+    f.ft_version = j.at("ft_version");
+    f.ft_commit = j.at("ft_commit");
+    f.torch_version = j.at("torch_version");
+    f.cuda_version = j.at("cuda_version");
+    f.nccl_version = j.at("nccl_version");
+    f.gpu_name = j.at("gpu_name");
+    f.gpu_count = j.at("gpu_count");
+    f.program_hash = j.at("program_hash");
+    return f;
+  } catch (const json::exception& e) {
+    throw RendezvousError(fmt::format(
+        "a node published an unreadable fingerprint ({}); is it running a different ft version?",
+        e.what()));
+  }
+}
+
+std::vector<FieldDiff> compare_fingerprints(const Fingerprint& a, const Fingerprint& b) {
+  std::vector<FieldDiff> d;
+  auto cmp = [&](const char* field, const auto& x, const auto& y) {
+    if (x != y) d.push_back({field, fmt::format("{}", x), fmt::format("{}", y)});
+  };
+  cmp("rdzv_id", a.rdzv_id, b.rdzv_id);
+  cmp("nnodes", a.nnodes, b.nnodes);
+  cmp("nproc_per_node", a.nproc, b.nproc);
+  cmp("max_restarts", a.max_restarts, b.max_restarts);
+  cmp("ft_version", a.ft_version, b.ft_version);
+  cmp("ft_commit", a.ft_commit, b.ft_commit);
+  cmp("torch_version", a.torch_version, b.torch_version);
+  cmp("cuda_version", a.cuda_version, b.cuda_version);
+  cmp("nccl_version", a.nccl_version, b.nccl_version);
+  cmp("gpu_name", a.gpu_name, b.gpu_name);
+  cmp("gpu_count", a.gpu_count, b.gpu_count);
+  cmp("program_hash", a.program_hash, b.program_hash);
+  return d;
+}
+
+namespace {
+
+struct Fnv {
+  uint64_t h = 1469598103934665603ull;
+  void add(const void* p, size_t n) {
+    auto* c = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) {
+      h ^= c[i];
+      h *= 1099511628211ull;
+    }
+  }
+  void add(const std::string& s) {
+    uint64_t n = s.size();
+    add(&n, sizeof n);
+    add(s.data(), s.size());
+  }
+};
+
+std::string which(const std::string& prog) {
+  if (prog.find('/') != std::string::npos) return prog;
+  const char* path = std::getenv("PATH");
+  std::string p = path ? path : "/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= p.size()) {
+    size_t colon = p.find(':', start);
+    std::string dir = p.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    std::string cand = (dir.empty() ? "." : dir) + "/" + prog;
+    struct stat st {};
+    if (::stat(cand.c_str(), &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0111)) return cand;
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  return prog;
+}
+
+void add_file(Fnv& h, const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (64ll << 20)) return;
+  std::ifstream in(path, std::ios::binary);
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) h.add(buf, static_cast<size_t>(in.gcount()));
+}
+
+}  // namespace
+
+std::string hash_program(const std::vector<std::string>& argv) {
+  Fnv h;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    h.add(argv[i]);
+    add_file(h, i == 0 ? which(argv[i]) : argv[i]);
+  }
+  return fmt::format("{:016x}", h.h);
+}
+
+}  // namespace ft::launcher

@@ -1,0 +1,95 @@
+#include "hostlist.h"
+
+#include "core/error.h"
+
+namespace ft::launcher {
+namespace {
+
+// Splits on commas that are not inside brackets.
+std::vector<std::string> split_top_level(const std::string& s, const std::string& whole) {
+  std::vector<std::string> out;
+  std::string cur;
+  int depth = 0;
+  for (char c : s) {
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    FT_CHECK(depth >= 0 && depth <= 1, "malformed SLURM host list '", whole,
+             "': unbalanced or nested brackets");
+    if (c == ',' && depth == 0) {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  FT_CHECK(depth == 0, "malformed SLURM host list '", whole, "': missing ']'");
+  out.push_back(cur);
+  return out;
+}
+
+bool all_digits(const std::string& s) {
+  if (s.empty()) return false;
+  for (char c : s)
+    if (c < '0' || c > '9') return false;
+  return true;
+}
+
+// "01-04,07" -> {"01","02","03","04","07"}, keeping the zero padding of the lower bound.
+std::vector<std::string> expand_range_set(const std::string& body, const std::string& whole) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= body.size()) {
+    size_t comma = body.find(',', start);
+    std::string item = body.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    size_t dash = item.find('-');
+    if (dash == std::string::npos) {
+      FT_CHECK(all_digits(item), "malformed SLURM host list '", whole, "': '", item,
+               "' is not a number");
+      out.push_back(item);
+    } else {
+      std::string lo = item.substr(0, dash), hi = item.substr(dash + 1);
+      FT_CHECK(all_digits(lo) && all_digits(hi), "malformed SLURM host list '", whole, "': range '",
+               item, "'");
+      long a = std::stol(lo), b = std::stol(hi);
+      FT_CHECK(a <= b && b - a < 100000, "malformed SLURM host list '", whole, "': range '", item,
+               "' is empty or too large");
+      for (long v = a; v <= b; ++v) {
+        std::string num = std::to_string(v);
+        if (num.size() < lo.size()) num.insert(0, lo.size() - num.size(), '0');
+        out.push_back(num);
+      }
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+void expand_name(const std::string& name, const std::string& whole, std::vector<std::string>& out) {
+  size_t open = name.find('[');
+  if (open == std::string::npos) {
+    out.push_back(name);
+    return;
+  }
+  size_t close = name.find(']', open);
+  FT_CHECK(close != std::string::npos, "malformed SLURM host list '", whole, "': missing ']'");
+  std::string prefix = name.substr(0, open);
+  std::string rest = name.substr(close + 1);
+  for (const auto& v : expand_range_set(name.substr(open + 1, close - open - 1), whole)) {
+    expand_name(prefix + v + rest, whole, out);
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> expand_hostlist(const std::string& list) {
+  std::vector<std::string> out;
+  for (const auto& part : split_top_level(list, list)) {
+    if (part.empty()) continue;
+    expand_name(part, list, out);
+  }
+  FT_CHECK(!out.empty(), "SLURM host list '", list, "' names no host");
+  return out;
+}
+
+}  // namespace ft::launcher

@@ -1,0 +1,268 @@
+#include "options.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdlib>
+
+#include "core/error.h"
+#include "hostlist.h"
+
+extern char** environ;
+
+namespace ft::launcher {
+
+const std::vector<OptionSpec>& launch_option_specs() {
+  // name, value, default, help, env mirrors (FT_/PET_ first, then plain), scheduler sources
+  static const std::vector<OptionSpec> specs = {
+      {"nnodes", "N|MIN:MAX", "1",
+       "Number of nodes, or MIN:MAX for an elastic job that starts once MIN nodes have joined.",
+       {"FT_NNODES", "PET_NNODES", "NNODES"}, {"SLURM_NNODES"}},
+      {"nproc-per-node", "N|auto|gpu|cpu", "auto",
+       "Workers on this node. auto/gpu: one per visible GPU (1 when there is none); cpu: one per core.",
+       {"FT_NPROC_PER_NODE", "PET_NPROC_PER_NODE", "NPROC_PER_NODE"}, {}},
+      {"node-rank", "R", "",
+       "This node's rank in [0, nnodes). Unset: assigned in the order nodes join.",
+       {"FT_NODE_RANK", "PET_NODE_RANK", "NODE_RANK"}, {"SLURM_NODEID"}},
+      {"master-addr", "HOST", "127.0.0.1",
+       "Address of node 0, which hosts the rendezvous store. Used as given, never reverse-resolved.",
+       {"FT_MASTER_ADDR", "PET_MASTER_ADDR", "MASTER_ADDR"}, {"SLURM_JOB_NODELIST"}},
+      {"master-port", "PORT", "29500",
+       "Port of the rendezvous store on node 0. 0 picks a free port (single node only).",
+       {"FT_MASTER_PORT", "PET_MASTER_PORT", "MASTER_PORT"}, {}},
+      {"rdzv-endpoint", "HOST:PORT", "",
+       "Rendezvous store endpoint; overrides --master-addr/--master-port when given.",
+       {"FT_RDZV_ENDPOINT", "PET_RDZV_ENDPOINT"}, {}},
+      {"rdzv-id", "ID", "none",
+       "Job id every node must agree on; a node with another id is refused.",
+       {"FT_RDZV_ID", "PET_RDZV_ID"}, {"SLURM_JOB_ID"}},
+      {"rdzv-timeout", "SECONDS", "600",
+       "How long to wait for all nodes to join (and for the store to answer).",
+       {"FT_RDZV_TIMEOUT", "PET_RDZV_TIMEOUT"}, {}},
+      {"rdzv-last-call", "SECONDS", "30",
+       "With --nnodes MIN:MAX: after MIN nodes joined, how long to wait for more.",
+       {"FT_RDZV_LAST_CALL", "PET_RDZV_LAST_CALL"}, {}},
+      {"standalone", "", "",
+       "Single-node job on a free local port; ignores master/rendezvous settings.",
+       {"FT_STANDALONE", "PET_STANDALONE"}, {}},
+      {"max-restarts", "K", "0",
+       "Restarts of the whole job after a failure, one budget for all nodes.",
+       {"FT_MAX_RESTARTS", "PET_MAX_RESTARTS"}, {}},
+      {"monitor-interval", "SECONDS", "0.1", "How often workers and the store are checked.",
+       {"FT_MONITOR_INTERVAL", "PET_MONITOR_INTERVAL"}, {}},
+      {"log-dir", "DIR", "",
+       "Also write each worker's full output to DIR/attempt_<restart>/node<N>.rank<R>.log.",
+       {"FT_LOG_DIR", "PET_LOG_DIR"}, {}},
+      {"advertise-addr", "ADDR", "",
+       "Address other nodes should use for this node. Default: the local address that reaches the store.",
+       {"FT_ADVERTISE_ADDR"}, {}},
+      {"term-grace", "SECONDS", "15",
+       "Seconds between SIGTERM and SIGKILL when stopping workers.",
+       {"FT_TERM_GRACE"}, {}},
+      {"role", "NAME", "default", "Worker role name (ROLE_NAME).", {"FT_ROLE", "PET_ROLE"}, {}},
+      {"dry-run", "", "",
+       "Print the resolved layout, where each value came from and the worker environment; run nothing.",
+       {"FT_DRY_RUN"}, {}},
+  };
+  return specs;
+}
+
+const OptionSpec& launch_option_spec(const std::string& name) {
+  for (const auto& s : launch_option_specs())
+    if (s.name == name) return s;
+  FT_ASSERT(false, "unknown option ", name);
+  throw;  // unreachable
+}
+
+EnvMap current_environment() {
+  EnvMap env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv = *e;
+    size_t eq = kv.find('=');
+    if (eq != std::string::npos) env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return env;
+}
+
+namespace {
+
+std::string env_or(const EnvMap& env, const std::string& key) {
+  auto it = env.find(key);
+  return it == env.end() ? std::string() : it->second;
+}
+
+// The scheduler's value for an option, with a description of its source.
+std::optional<Resolved> from_scheduler(const std::string& name, const EnvMap& env) {
+  if (env_or(env, "SLURM_JOB_ID").empty() && env_or(env, "SLURM_NNODES").empty()) return {};
+  if (name == "nnodes") {
+    for (const char* k : {"SLURM_NNODES", "SLURM_JOB_NUM_NODES"})
+      if (auto v = env_or(env, k); !v.empty()) return Resolved{v, k};
+  } else if (name == "node-rank") {
+    if (auto v = env_or(env, "SLURM_NODEID"); !v.empty()) return Resolved{v, "SLURM_NODEID"};
+  } else if (name == "master-addr") {
+    // The first host of the job (or step) is node 0. SLURM_LAUNCH_NODE_IPADDR is the submit host:
+    // never use it.
+    for (const char* k : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+      if (auto v = env_or(env, k); !v.empty()) {
+        return Resolved{expand_hostlist(v).front(), fmt::format("first host of {}={}", k, v)};
+      }
+    }
+  } else if (name == "rdzv-id") {
+    if (auto v = env_or(env, "SLURM_JOB_ID"); !v.empty()) return Resolved{v, "SLURM_JOB_ID"};
+  }
+  return {};
+}
+
+bool truthy(const std::string& v) {
+  return v == "1" || v == "true" || v == "True" || v == "TRUE" || v == "yes" || v == "on";
+}
+
+int to_int(const Resolved& r, const std::string& name, long lo, long hi) {
+  char* end = nullptr;
+  errno = 0;
+  long v = std::strtol(r.value.c_str(), &end, 10);
+  FT_CHECK(errno == 0 && end && *end == '\0' && !r.value.empty() && v >= lo && v <= hi, "--", name,
+           " must be an integer in [", lo, ", ", hi, "], got '", r.value, "' (from ", r.source, ")");
+  return static_cast<int>(v);
+}
+
+double to_seconds(const Resolved& r, const std::string& name, double lo) {
+  char* end = nullptr;
+  double v = std::strtod(r.value.c_str(), &end);
+  FT_CHECK(end && *end == '\0' && !r.value.empty() && std::isfinite(v) && v >= lo, "--", name,
+           " must be a number of seconds >= ", lo, ", got '", r.value, "' (from ", r.source, ")");
+  return v;
+}
+
+}  // namespace
+
+std::map<std::string, Resolved> resolve_options(const std::map<std::string, std::string>& flags,
+                                                const EnvMap& env) {
+  std::map<std::string, Resolved> out;
+  for (const auto& spec : launch_option_specs()) {
+    Resolved r{spec.default_value, "default"};
+    bool found = false;
+    if (auto it = flags.find(spec.name); it != flags.end()) {
+      r = {it->second, "flag --" + spec.name};
+      found = true;
+    }
+    for (size_t i = 0; !found && i < spec.env.size(); ++i) {
+      if (auto v = env_or(env, spec.env[i]); !v.empty()) {
+        r = {v, "env " + spec.env[i]};
+        found = true;
+      }
+    }
+    if (!found) {
+      if (auto s = from_scheduler(spec.name, env)) r = *s;
+    }
+    if (spec.is_flag() && r.source != "default") r.value = truthy(r.value) ? "1" : "";
+    out[spec.name] = r;
+  }
+  return out;
+}
+
+std::pair<int, int> parse_nnodes(const std::string& text, const std::string& source) {
+  size_t colon = text.find(':');
+  auto num = [&](const std::string& s) {
+    return to_int(Resolved{s, source}, "nnodes", 1, 100000);
+  };
+  if (colon == std::string::npos) {
+    int n = num(text);
+    return {n, n};
+  }
+  int lo = num(text.substr(0, colon)), hi = num(text.substr(colon + 1));
+  FT_CHECK(lo <= hi, "--nnodes MIN:MAX needs MIN <= MAX, got '", text, "' (from ", source, ")");
+  return {lo, hi};
+}
+
+LaunchConfig make_launch_config(const std::map<std::string, Resolved>& r,
+                                std::vector<std::string> program, int visible_gpus, int cpu_cores) {
+  LaunchConfig c;
+  c.sources = r;
+  auto get = [&](const char* name) -> const Resolved& { return r.at(name); };
+
+  c.standalone = get("standalone").set();
+  c.dry_run = get("dry-run").set();
+  std::tie(c.min_nodes, c.max_nodes) = parse_nnodes(get("nnodes").value, get("nnodes").source);
+
+  c.nproc_spec = get("nproc-per-node").value;
+  if (c.nproc_spec == "auto" || c.nproc_spec == "gpu") {
+    FT_CHECK(c.nproc_spec == "auto" || visible_gpus > 0,
+             "--nproc-per-node gpu asks for one worker per GPU, but this node sees no GPU (from ",
+             get("nproc-per-node").source, "); use a number or 'auto'");
+    c.nproc_per_node = visible_gpus > 0 ? visible_gpus : 1;
+  } else if (c.nproc_spec == "cpu") {
+    c.nproc_per_node = std::max(1, cpu_cores);
+  } else {
+    c.nproc_per_node = to_int(get("nproc-per-node"), "nproc-per-node", 1, 4096);
+  }
+
+  if (get("node-rank").set()) c.node_rank = to_int(get("node-rank"), "node-rank", 0, 99999);
+
+  std::string host = get("master-addr").value;
+  int port = to_int(get("master-port"), "master-port", 0, 65535);
+  if (get("rdzv-endpoint").set()) {
+    const std::string& ep = get("rdzv-endpoint").value;
+    size_t colon = ep.rfind(':');
+    FT_CHECK(colon != std::string::npos && colon > 0, "--rdzv-endpoint must be HOST:PORT, got '", ep,
+             "' (from ", get("rdzv-endpoint").source, ")");
+    host = ep.substr(0, colon);
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    port = to_int(Resolved{ep.substr(colon + 1), get("rdzv-endpoint").source}, "rdzv-endpoint port",
+                  0, 65535);
+  }
+  c.rdzv_id = get("rdzv-id").value;
+  if (c.standalone) {
+    // torchrun's --standalone: one node, a free port on loopback, a fresh id.
+    c.min_nodes = c.max_nodes = 1;
+    c.node_rank = 0;
+    host = "127.0.0.1";
+    port = 0;
+    c.sources["nnodes"] = {"1", "--standalone"};
+    c.sources["master-addr"] = {host, "--standalone"};
+    c.sources["master-port"] = {"0", "--standalone"};
+  }
+  c.rdzv_host = host;
+  c.rdzv_port = static_cast<uint16_t>(port);
+  FT_CHECK(!c.rdzv_host.empty(), "--master-addr is empty (from ", get("master-addr").source, ")");
+  FT_CHECK(port != 0 || c.max_nodes == 1,
+           "--master-port 0 picks a free port that other nodes cannot know; use it only with "
+           "--nnodes 1 or --standalone, or give a fixed port");
+
+  c.rdzv_timeout_s = to_seconds(get("rdzv-timeout"), "rdzv-timeout", 0.1);
+  c.rdzv_last_call_s = to_seconds(get("rdzv-last-call"), "rdzv-last-call", 0);
+  c.max_restarts = to_int(get("max-restarts"), "max-restarts", 0, 1000000);
+  c.monitor_interval_s = to_seconds(get("monitor-interval"), "monitor-interval", 0.001);
+  c.term_grace_s = to_seconds(get("term-grace"), "term-grace", 0);
+  c.log_dir = get("log-dir").value;
+  c.advertise_addr = get("advertise-addr").value;
+  c.role = get("role").value;
+
+  if (c.node_rank) {
+    FT_CHECK(c.min_nodes == c.max_nodes,
+             "--node-rank cannot be combined with an elastic --nnodes ", get("nnodes").value,
+             ": ranks are assigned in join order there (node-rank from ", get("node-rank").source, ")");
+    FT_CHECK(*c.node_rank < c.max_nodes, "--node-rank ", *c.node_rank, " (from ",
+             get("node-rank").source, ") must be below --nnodes ", c.max_nodes, " (from ",
+             get("nnodes").source, ")");
+  }
+  FT_CHECK(!program.empty(), "no program to run: ft launch [options] -- PROGRAM [ARGS...]");
+  c.program = std::move(program);
+  return c;
+}
+
+std::string options_markdown() {
+  std::string s = "| flag | value | default | environment | SLURM | meaning |\n|---|---|---|---|---|---|\n";
+  for (const auto& o : launch_option_specs()) {
+    std::string env, sched;
+    for (const auto& e : o.env) env += (env.empty() ? "" : ", ") + ("`" + e + "`");
+    for (const auto& e : o.scheduler) sched += (sched.empty() ? "" : ", ") + ("`" + e + "`");
+    s += fmt::format("| `--{}` | {} | {} | {} | {} | {} |\n", o.name,
+                     o.is_flag() ? "flag" : "`" + o.value_name + "`",
+                     o.default_value.empty() ? "unset" : "`" + o.default_value + "`", env, sched,
+                     o.help);
+  }
+  return s;
+}
+
+}  // namespace ft::launcher

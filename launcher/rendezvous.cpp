@@ -1,0 +1,289 @@
+#include "rendezvous.h"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "core/error.h"
+#include "core/net.h"
+
+namespace ft::launcher {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr auto kPollInterval = std::chrono::milliseconds(20);
+
+std::string numeric(const sockaddr* sa) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (sa->sa_family == AF_INET)
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, buf, sizeof buf);
+  else if (sa->sa_family == AF_INET6)
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, buf, sizeof buf);
+  return buf;
+}
+
+std::string who(const Fingerprint& f) {
+  return fmt::format("{} ({})", f.hostname, f.addr);
+}
+
+}  // namespace
+
+bool is_local_host(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
+  std::set<std::string> targets;
+  for (auto* r = res; r; r = r->ai_next) targets.insert(numeric(r->ai_addr));
+  ::freeaddrinfo(res);
+  for (const auto& t : targets)
+    if (t.rfind("127.", 0) == 0 || t == "::1") return true;
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) return false;
+  bool local = false;
+  for (auto* i = ifs; i && !local; i = i->ifa_next)
+    if (i->ifa_addr && targets.count(numeric(i->ifa_addr))) local = true;
+  ::freeifaddrs(ifs);
+  return local;
+}
+
+Rendezvous::Rendezvous(const LaunchConfig& cfg, Fingerprint mine,
+                       std::function<bool()> interrupted)
+    : cfg_(cfg), mine_(std::move(mine)), interrupted_(std::move(interrupted)) {}
+
+std::string Rendezvous::key(int round, const std::string& name) {
+  return fmt::format("ft/r{}/{}", round, name);
+}
+
+void Rendezvous::open() {
+  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.rdzv_timeout_s * 1000));
+  if (cfg_.node_rank.value_or(-1) == 0) {
+    store_ = RdzvStore::host(cfg_.rdzv_port, timeout);
+    return;
+  }
+  if (!cfg_.node_rank && is_local_host(cfg_.rdzv_host)) {
+    try {
+      store_ = RdzvStore::host(cfg_.rdzv_port, timeout);
+      return;
+    } catch (const RendezvousError&) {
+      // Another launcher on this machine hosts it already: join as a client below.
+    }
+  }
+  store_ = RdzvStore::connect(cfg_.rdzv_host, cfg_.rdzv_port, timeout);
+}
+
+std::string Rendezvous::missing_description(int round, int64_t joined) {
+  std::set<int> ranks;
+  bool implicit = false;
+  for (int64_t i = 0; i < joined; ++i) {
+    auto fp = store_->try_get(key(round, fmt::format("fp/{}", i)));
+    if (!fp) continue;
+    int r = Fingerprint::from_json(*fp).node_rank;
+    if (r < 0)
+      implicit = true;
+    else
+      ranks.insert(r);
+  }
+  std::string s = fmt::format("{}/{} nodes joined", joined, cfg_.min_nodes == cfg_.max_nodes
+                                                                ? std::to_string(cfg_.max_nodes)
+                                                                : fmt::format("{}..{}", cfg_.min_nodes, cfg_.max_nodes));
+  if (!implicit) {
+    std::vector<std::string> missing;
+    for (int r = 0; r < cfg_.min_nodes; ++r)
+      if (!ranks.count(r)) missing.push_back(std::to_string(r));
+    if (!missing.empty())
+      s += fmt::format(" (missing node_rank {})", fmt::join(missing, ", "));
+  }
+  return s;
+}
+
+void Rendezvous::purge_worker_keys() {
+  for (auto k : store_->list_keys()) {
+    if (!k.empty() && k[0] == '/') k.erase(0, 1);
+    if (k.rfind("ft/", 0) == 0) continue;
+    store_->delete_key(k);
+  }
+}
+
+std::string Rendezvous::coordinate(int round) {
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration<double>(cfg_.rdzv_timeout_s);
+  std::optional<Clock::time_point> min_reached;
+  int64_t n = 0;
+  for (;;) {
+    if (interrupted_()) return {};
+    int64_t joined = store_->add(key(round, "joined"), 0);
+    auto have_fps = [&](int64_t count) {
+      for (int64_t i = 0; i < count; ++i)
+        if (!store_->check(key(round, fmt::format("fp/{}", i)))) return false;
+      return true;
+    };
+    if (joined >= cfg_.min_nodes && !min_reached) min_reached = Clock::now();
+    if (joined >= cfg_.max_nodes && have_fps(cfg_.max_nodes)) {
+      n = cfg_.max_nodes;
+      break;
+    }
+    if (min_reached && Clock::now() - *min_reached >=
+                           std::chrono::duration<double>(cfg_.rdzv_last_call_s) &&
+        have_fps(joined)) {
+      n = std::min<int64_t>(joined, cfg_.max_nodes);
+      break;
+    }
+    if (Clock::now() >= deadline) {
+      return json{{"error", fmt::format("rendezvous timed out after {:.0f} s: {}", cfg_.rdzv_timeout_s,
+                                        missing_description(round, joined))}}
+          .dump();
+    }
+    std::this_thread::sleep_for(kPollInterval);
+  }
+
+  std::vector<Fingerprint> fps;
+  for (int64_t i = 0; i < n; ++i)
+    fps.push_back(Fingerprint::from_json(store_->get(key(round, fmt::format("fp/{}", i)))));
+
+  std::vector<std::string> errors;
+  // Duplicate or out-of-range requested ranks.
+  std::map<int, int> claimed;  // node_rank -> join index
+  for (int64_t i = 0; i < n; ++i) {
+    int r = fps[i].node_rank;
+    if (r < 0) continue;
+    if (r >= n) {
+      errors.push_back(fmt::format("node {} asks for node_rank {} but the job has {} nodes",
+                                   who(fps[i]), r, n));
+    } else if (auto it = claimed.find(r); it != claimed.end()) {
+      errors.push_back(fmt::format("duplicate node_rank {}: claimed by {} and by {}; give each node "
+                                   "its own --node-rank",
+                                   r, who(fps[it->second]), who(fps[i])));
+    } else {
+      claimed[r] = static_cast<int>(i);
+    }
+  }
+  // Software, layout and program must match the reference node (node 0 if it is known).
+  int ref = claimed.count(0) ? claimed[0] : 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i == ref) continue;
+    auto diffs = compare_fingerprints(fps[ref], fps[i]);
+    if (diffs.empty()) continue;
+    std::vector<std::string> parts;
+    for (auto& d : diffs)
+      parts.push_back(fmt::format("{} is '{}' there but '{}' on the reference", d.field, d.actual,
+                                  d.expected));
+    std::string rank_text = fps[i].node_rank >= 0 ? fmt::format("node_rank {} ", fps[i].node_rank) : "";
+    errors.push_back(fmt::format("{}{} differs from {}{}: {}", rank_text, who(fps[i]),
+                                 fps[ref].node_rank >= 0 ? fmt::format("node_rank {} ", fps[ref].node_rank) : "",
+                                 who(fps[ref]), fmt::join(parts, "; ")));
+  }
+  if (!errors.empty()) {
+    return json{{"error", fmt::format("rendezvous refused {} node(s):\n  {}", errors.size(),
+                                      fmt::join(errors, "\n  "))}}
+        .dump();
+  }
+
+  // Assign ranks: requested ones stay, the others fill the free ranks in join order.
+  std::vector<int> rank_of(n, -1);
+  std::set<int> free;
+  for (int r = 0; r < n; ++r)
+    if (!claimed.count(r)) free.insert(r);
+  for (int64_t i = 0; i < n; ++i) {
+    if (fps[i].node_rank >= 0) {
+      rank_of[i] = fps[i].node_rank;
+    } else {
+      rank_of[i] = *free.begin();
+      free.erase(free.begin());
+    }
+  }
+  if (round > 0) purge_worker_keys();
+  json members = json::array();
+  for (int64_t i = 0; i < n; ++i) members.push_back({{"index", i}, {"node_rank", rank_of[i]}});
+  return json{{"nnodes", n}, {"members", members}}.dump();
+}
+
+RoundResult Rendezvous::join(int round) {
+  FT_ASSERT(store_, "open() first");
+  const int64_t index = store_->add(key(round, "joined"), 1) - 1;
+  store_->set(key(round, fmt::format("fp/{}", index)), mine_.to_json());
+
+  std::string result_text;
+  if (store_->is_host()) {
+    result_text = coordinate(round);
+    if (!result_text.empty()) store_->set(key(round, "result"), result_text);
+  }
+  // Everyone (the host too) reads the published result. Give the host a little longer than our own
+  // timeout to answer, since it may have started after us.
+  const auto deadline =
+      Clock::now() + std::chrono::duration<double>(cfg_.rdzv_timeout_s + (store_->is_host() ? 0 : 5));
+  while (result_text.empty()) {
+    if (interrupted_()) throw RendezvousError("rendezvous interrupted by a signal");
+    if (auto r = store_->try_get(key(round, "result"))) {
+      result_text = *r;
+      break;
+    }
+    if (Clock::now() >= deadline) {
+      int64_t joined = store_->add(key(round, "joined"), 0);
+      throw RendezvousTimeout(fmt::format("rendezvous timed out after {:.0f} s: {}",
+                                          cfg_.rdzv_timeout_s, missing_description(round, joined)));
+    }
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  store_->add(key(round, "result_read"), 1);
+
+  json j = json::parse(result_text);
+  if (j.contains("error")) {
+    if (store_->is_host()) {
+      // Keep the store up until the others have read why they were refused.
+      wait_count(round, "result_read", store_->add(key(round, "joined"), 0), 5.0);
+    }
+    std::string msg = j["error"];
+    if (msg.rfind("rendezvous timed out", 0) == 0) throw RendezvousTimeout(msg);
+    throw RendezvousError(msg);
+  }
+  RoundResult rr;
+  rr.round = round;
+  rr.nnodes = j["nnodes"];
+  rr.my_node_rank = -1;
+  rr.members.resize(rr.nnodes);
+  for (const auto& m : j["members"]) {
+    int64_t idx = m["index"];
+    int r = m["node_rank"];
+    rr.members[r].node_rank = r;
+    rr.members[r].fp = Fingerprint::from_json(store_->get(key(round, fmt::format("fp/{}", idx))));
+    if (idx == index) rr.my_node_rank = r;
+  }
+  if (rr.my_node_rank < 0) {
+    throw RendezvousError(fmt::format(
+        "the job already has its {} nodes (--nnodes {}); this node joined as number {} and is not "
+        "needed. Stop it, or raise MAX in --nnodes MIN:MAX",
+        rr.nnodes, mine_.nnodes, index + 1));
+  }
+  return rr;
+}
+
+bool Rendezvous::wait_count(int round, const std::string& counter, int64_t n, double timeout_s) {
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  while (Clock::now() < deadline) {
+    try {
+      if (store_->add(key(round, counter), 0) >= n) return true;
+    } catch (const BackendError&) {
+      return false;
+    }
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  return false;
+}
+
+}  // namespace ft::launcher

@@ -1,0 +1,85 @@
+// Typed errors shared by the launcher and the runtime, and the two kinds of check (STYLE.md "Errors").
+// FT_CHECK validates user input (configs, flags, files, peers) and throws a typed error carrying the bad
+// value and what to do; FT_ASSERT guards internal invariants. Neither is compiled out. Thread-safe.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace ft {
+
+// Base of every error ft raises on purpose. `exit_code()` lets main() map a failure to a process status
+// without knowing every type.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(std::string msg) : std::runtime_error(std::move(msg)) {}
+  virtual int exit_code() const { return 1; }
+};
+
+// Bad user input: flags, environment, presets. Restarting will not help.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+  int exit_code() const override { return 2; }
+};
+
+// Rendezvous did not complete: timeout, refused node, lost store.
+class RendezvousError : public Error {
+ public:
+  using Error::Error;
+  int exit_code() const override { return 3; }
+};
+class RendezvousTimeout : public RendezvousError {
+ public:
+  using RendezvousError::RendezvousError;
+};
+
+// A communication backend (Gloo/NCCL) or the store failed under us.
+class BackendError : public Error {
+ public:
+  using Error::Error;
+  int exit_code() const override { return 4; }
+};
+
+// An operating-system call failed (fork, pipe, bind ...).
+class SystemError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+template <typename... Args>
+std::string cat(Args&&... args) {
+  std::string out;
+  ((out += fmt::format("{}", std::forward<Args>(args))), ...);
+  return out;
+}
+[[noreturn]] void assert_fail(const char* expr, const char* file, int line, const std::string& msg);
+}  // namespace detail
+
+// Throws `errno`'s text along with `what` and file:line.
+[[noreturn]] void throw_errno(const std::string& what, const char* file, int line);
+
+}  // namespace ft
+
+// User-input check: throws ErrorType with the concatenated message parts.
+#define FT_CHECK_T(ErrorType, cond, ...)                \
+  do {                                                  \
+    if (!(cond)) throw ErrorType(::ft::detail::cat(__VA_ARGS__)); \
+  } while (0)
+#define FT_CHECK(cond, ...) FT_CHECK_T(::ft::ConfigError, cond, __VA_ARGS__)
+
+// Internal invariant: a failure is a bug in ft, reported with file:line.
+#define FT_ASSERT(cond, ...)                                                                    \
+  do {                                                                                          \
+    if (!(cond)) ::ft::detail::assert_fail(#cond, __FILE__, __LINE__, ::ft::detail::cat(__VA_ARGS__)); \
+  } while (0)
+
+// POSIX call check: `FT_SYSCALL(fd = open(...))` throws SystemError with strerror(errno) on -1.
+#define FT_SYSCALL(expr)                                                  \
+  do {                                                                    \
+    if ((expr) == -1) ::ft::throw_errno(#expr, __FILE__, __LINE__);       \
+  } while (0)

@@ -1,0 +1,68 @@
+#include "dist/process_group.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
+
+#include "core/error.h"
+#include "core/net.h"
+
+namespace ft::dist {
+
+struct ProcessGroup::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+  std::string addr;
+  int rank = 0, size = 1;
+};
+
+ProcessGroup::ProcessGroup(const DistEnv& env, const ProcessGroupOptions& opts)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->rank = env.rank;
+  impl_->size = env.world_size;
+  const std::string endpoint = fmt::format("{}:{}", env.master_addr, env.master_port);
+  try {
+    if (env.launched()) {
+      FT_CHECK(env.agent_store || env.world_size == 1,
+               "ft workers attach to their launcher's store: TORCHELASTIC_USE_AGENT_STORE must be "
+               "True (run under `ft launch` or torchrun)");
+      c10d::TCPStoreOptions so;
+      so.port = env.master_port;
+      so.isServer = false;
+      so.waitWorkers = false;
+      so.timeout = opts.timeout;
+      auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+      impl_->store = c10::make_intrusive<c10d::PrefixStore>(worker_store_prefix(env.restart_count), tcp);
+    } else {
+      impl_->store = c10::make_intrusive<c10d::HashStore>();
+    }
+    auto gopts = c10d::ProcessGroupGloo::Options::create(opts.timeout);
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+      impl_->addr = ifname;
+      gopts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    } else {
+      // Bind where this machine reaches the store: right on multi-homed nodes and in containers
+      // whose hostname does not resolve.
+      impl_->addr = env.launched() ? local_addr_towards(env.master_addr, env.master_port) : "127.0.0.1";
+      if (impl_->addr.empty()) impl_->addr = "127.0.0.1";
+      gopts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(impl_->addr));
+    }
+    impl_->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, env.rank,
+                                                               env.world_size, gopts);
+  } catch (const c10::Error& e) {
+    throw BackendError(fmt::format("rank {}/{}: cannot form the Gloo process group through store {}: {}",
+                                   env.rank, env.world_size, endpoint, e.what_without_backtrace()));
+  }
+}
+
+ProcessGroup::~ProcessGroup() = default;
+int ProcessGroup::rank() const { return impl_->rank; }
+int ProcessGroup::size() const { return impl_->size; }
+c10d::Backend& ProcessGroup::backend() { return *impl_->gloo; }
+const std::string& ProcessGroup::transport_addr() const { return impl_->addr; }
+
+}  // namespace ft::dist

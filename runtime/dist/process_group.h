@@ -1,0 +1,41 @@
+// Builds the c10d process group of a worker from its DistEnv: a TCPStore client on the launcher's
+// store (prefixed per restart round) and Gloo on CPU (NCCL on CUDA lands with the strategies).
+// World size 1 without a launcher uses an in-process HashStore. Create once per process, from the
+// main thread; collectives on the returned backend must be issued in the same order on every rank.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "dist/dist_env.h"
+
+namespace c10d {
+class Backend;
+class Store;
+}  // namespace c10d
+
+namespace ft::dist {
+
+struct ProcessGroupOptions {
+  static constexpr std::chrono::seconds kDefaultTimeout{300};
+  std::chrono::milliseconds timeout = kDefaultTimeout;
+};
+
+class ProcessGroup {
+ public:
+  // Throws BackendError naming the store endpoint and rank when the group cannot be formed.
+  ProcessGroup(const DistEnv& env, const ProcessGroupOptions& opts = {});
+  ~ProcessGroup();
+  int rank() const;
+  int size() const;
+  c10d::Backend& backend();
+  // The interface/address Gloo bound to, for messages.
+  const std::string& transport_addr() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ft::dist

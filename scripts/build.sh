@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Configures (once) and builds ft into the build folder given as $1 (default build/).
+# Reads $FT_CACHE/env.sh written by setup.sh. ccache and Ninja are used when present.
+set -euo pipefail
+build=${1:-build}
+FT_CACHE=${FT_CACHE:-$HOME/.cache/ft}
+# shellcheck disable=SC1091
+source "$FT_CACHE/env.sh"
+gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+launcher=(); command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+want="$FT_TORCH_PREFIX|$FT_PYTHON|${FT_DEPS_DIR:-}|${FT_WITH_CUDA:-AUTO}"
+if [[ ! -f $build/CMakeCache.txt || "$(cat "$build/.ft-config" 2>/dev/null)" != "$want" ]]; then
+  cmake -S . -B "$build" "${gen[@]}" "${launcher[@]}" \
+    -DCMAKE_BUILD_TYPE="${FT_BUILD_TYPE:-RelWithDebInfo}" \
+    -DCMAKE_PREFIX_PATH="$FT_TORCH_PREFIX" \
+    -DFT_PYTHON="$FT_PYTHON" \
+    -DFT_DEPS_DIR="${FT_DEPS_DIR:-}" \
+    -DFT_WITH_CUDA="${FT_WITH_CUDA:-AUTO}"
+  echo "$want" > "$build/.ft-config"
+fi
+cmake --build "$build" -j "${FT_JOBS:-$(nproc)}"

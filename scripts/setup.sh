@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Installs what ft needs to build, idempotently: Debian packages and LibTorch from the PyPI torch wheel
+# (into a venv under $FT_CACHE, outside the checkout). Writes $FT_CACHE/env.sh, which build.sh reads.
+# A second run with everything in place only checks and takes about a second.
+#
+#   FT_CACHE=dir        cache folder (default ~/.cache/ft)
+#   FT_PYTHON=python    use this Python's torch; create no venv, download nothing
+#   FT_SKIP_APT=1       never call apt-get (packages must be present, or headers in FT_DEPS_DIR)
+#   FT_DEPS_DIR=dir     extra include/ prefix for header-only deps (CLI11, nlohmann, fmt, catch2) where
+#                       apt cannot run; scripts/pack-headers.sh makes one
+set -euo pipefail
+FT_TORCH_VERSION=${FT_TORCH_VERSION:-2.11.0}
+FT_CACHE=${FT_CACHE:-$HOME/.cache/ft}
+mkdir -p "$FT_CACHE"
+
+log() { printf '[setup] %s\n' "$*"; }
+
+# --- Debian packages -------------------------------------------------------------------------------
+pkgs=(cmake g++ ninja-build ccache make git python3 python3-venv libcli11-dev nlohmann-json3-dev catch2 libgloo-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  if [[ -n "${FT_SKIP_APT:-}" ]] || ! command -v apt-get >/dev/null; then
+    log "not installing (FT_SKIP_APT or no apt-get): ${missing[*]}"
+  else
+    log "installing Debian packages: ${missing[*]}"
+    sudo=""; [[ $(id -u) -ne 0 ]] && sudo="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+fi
+
+# --- LibTorch (from the torch wheel) --------------------------------------------------------------
+if [[ -n "${FT_PYTHON:-}" ]]; then
+  py=$FT_PYTHON
+  log "using existing torch from $py"
+else
+  venv="$FT_CACHE/venv-torch-$FT_TORCH_VERSION"
+  py="$venv/bin/python"
+  stamp="$venv/.ft-installed"
+  if [[ ! -f $stamp ]]; then
+    log "installing torch==$FT_TORCH_VERSION into $venv (one-time, several GB)"
+    [[ -x $py ]] || python3 -m venv "$venv"
+    "$py" -m pip install -q --disable-pip-version-check --progress-bar off \
+      "torch==$FT_TORCH_VERSION" numpy
+    touch "$stamp"
+  fi
+fi
+info=$("$py" - <<'PY'
+import torch, torch.utils
+print(torch.utils.cmake_prefix_path)
+print(torch.__version__)
+PY
+) || { echo "[setup] error: '$py' cannot import torch. Set FT_PYTHON to a Python with torch, or unset it." >&2; exit 1; }
+prefix=$(sed -n 1p <<<"$info"); tver=$(sed -n 2p <<<"$info")
+cat > "$FT_CACHE/env.sh.tmp" <<ENV
+FT_PYTHON=$py
+FT_TORCH_PREFIX=$prefix
+FT_TORCH_VERSION_FOUND=$tver
+FT_DEPS_DIR=${FT_DEPS_DIR:-}
+ENV
+mv "$FT_CACHE/env.sh.tmp" "$FT_CACHE/env.sh"
+log "torch $tver at $prefix"
