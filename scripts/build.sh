@@ -4,6 +4,8 @@
 set -euo pipefail
 build=${1:-build}
 FT_CACHE=${FT_CACHE:-$HOME/.cache/ft}
+# Fresh clones in other folders still hit the compiler cache.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)}
 # shellcheck disable=SC1091
 source "$FT_CACHE/env.sh"
 gen=(); command -v ninja >/dev/null && gen=(-G Ninja)

@@ -1,0 +1,421 @@
+// Multi-process tests of `ft launch`: real launchers and workers on loopback, free ports, short
+// timeouts. Workers are small shell programs, `ft comm-check` (a real Gloo all-reduce) and a stock
+// PyTorch script.
+#include <catch2/catch.hpp>
+#include <signal.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "support/subprocess.h"
+
+using namespace ft::test;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Starts `ft launch ARGS -- PROGRAM...` with output in dir/name.out.
+Child launch(const std::string& dir, const std::string& name, std::vector<std::string> args,
+             const std::vector<std::string>& program, std::map<std::string, std::string> env = {}) {
+  std::vector<std::string> argv = {ft_bin(), "launch"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.push_back("--");
+  argv.insert(argv.end(), program.begin(), program.end());
+  // Keep the test independent of a scheduler or torchrun variables in the caller's environment.
+  for (const char* k : {"SLURM_JOB_ID", "SLURM_NNODES", "NNODES", "NODE_RANK", "MASTER_ADDR",
+                        "MASTER_PORT", "PET_NNODES", "NPROC_PER_NODE"})
+    env.emplace(k, "\x01");
+  return start(argv, env, dir + "/" + name + ".out");
+}
+
+std::vector<std::string> sh(const std::string& script) { return {"/bin/sh", "-c", script}; }
+
+std::map<std::string, std::string> parse_env_file(const std::string& path) {
+  std::map<std::string, std::string> m;
+  std::istringstream in(read_file(path));
+  for (std::string line; std::getline(in, line);) {
+    auto eq = line.find('=');
+    if (eq != std::string::npos) m[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return m;
+}
+
+std::vector<pid_t> read_pids(const std::string& dir, int n) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    std::string t = read_file(dir + "/pid." + std::to_string(r));
+    if (!t.empty()) pids.push_back(std::stoi(t));
+  }
+  return pids;
+}
+
+bool wait_until(const std::function<bool()>& pred, double timeout_s) {
+  auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  while (Clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return pred();
+}
+
+const std::string kWriteEnv = "env > $DIR/env.$RANK";
+
+}  // namespace
+
+TEST_CASE("1 node x 3 workers: torchrun environment and a Gloo all-reduce", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  Child c = launch(dir, "env", {"--nproc-per-node", "3", "--master-port", "0", "--rdzv-id", "j1"},
+                   sh(kWriteEnv), {{"DIR", dir}, {"OMP_NUM_THREADS", "\x01"}});
+  REQUIRE(wait_for(c, 60) == 0);
+  for (int r = 0; r < 3; ++r) {
+    auto e = parse_env_file(dir + "/env." + std::to_string(r));
+    CHECK(e["RANK"] == std::to_string(r));
+    CHECK(e["LOCAL_RANK"] == std::to_string(r));
+    CHECK(e["WORLD_SIZE"] == "3");
+    CHECK(e["LOCAL_WORLD_SIZE"] == "3");
+    CHECK(e["GROUP_RANK"] == "0");
+    CHECK(e["GROUP_WORLD_SIZE"] == "1");
+    CHECK(e["ROLE_RANK"] == std::to_string(r));
+    CHECK(e["ROLE_WORLD_SIZE"] == "3");
+    CHECK(e["ROLE_NAME"] == "default");
+    CHECK(e["MASTER_ADDR"] == "127.0.0.1");
+    CHECK(std::stoi(e["MASTER_PORT"]) > 0);
+    CHECK(e["TORCHELASTIC_RESTART_COUNT"] == "0");
+    CHECK(e["TORCHELASTIC_MAX_RESTARTS"] == "0");
+    CHECK(e["TORCHELASTIC_RUN_ID"] == "j1");
+    CHECK(e["TORCHELASTIC_USE_AGENT_STORE"] == "True");
+    CHECK(e["NODE_RANK"] == "0");
+    CHECK(e["NNODES"] == "1");
+    CHECK(std::stoi(e["OMP_NUM_THREADS"]) >= 1);
+  }
+  Child cc = launch(dir, "cc", {"--nproc-per-node", "3", "--standalone"}, {ft_bin(), "comm-check", "--iters", "2"});
+  REQUIRE(wait_for(cc, 60) == 0);
+  std::string out = cc.output();
+  for (int r = 0; r < 3; ++r)
+    CHECK_THAT(out, Catch::Contains("[node 0 rank " + std::to_string(r) + "] comm-check rank " +
+                                    std::to_string(r) + "/3: all-reduce sum = 6 (expected 6) OK"));
+}
+
+TEST_CASE("2 nodes x 2 workers on loopback: ranks, environment and all-reduce", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  std::string port = std::to_string(free_port());
+  auto args = [&](int node) {
+    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(node),
+                                    "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                                    "--master-port", port, "--rdzv-timeout", "30"};
+  };
+  std::vector<std::string> prog = sh(kWriteEnv + " && exec " + ft_bin() + " comm-check --iters 2");
+  Child n1 = launch(dir, "n1", args(1), prog, {{"DIR", dir}});  // node 1 first: it must wait for 0
+  Child n0 = launch(dir, "n0", args(0), prog, {{"DIR", dir}});
+  REQUIRE(wait_for(n0, 60) == 0);
+  REQUIRE(wait_for(n1, 60) == 0);
+  for (int r = 0; r < 4; ++r) {
+    auto e = parse_env_file(dir + "/env." + std::to_string(r));
+    CHECK(e["WORLD_SIZE"] == "4");
+    CHECK(e["LOCAL_RANK"] == std::to_string(r % 2));
+    CHECK(e["GROUP_RANK"] == std::to_string(r / 2));
+    CHECK(e["NODE_RANK"] == std::to_string(r / 2));
+    CHECK(e["NNODES"] == "2");
+    CHECK(e["GROUP_WORLD_SIZE"] == "2");
+    CHECK(e["MASTER_PORT"] == port);
+  }
+  std::string out = n0.output() + n1.output();
+  CHECK(lines_with(out, "all-reduce sum = 10 (expected 10) OK").size() == 4);
+  CHECK_THAT(n1.output(), Catch::Contains("[node 1 rank 3] comm-check rank 3/4"));
+}
+
+TEST_CASE("node ranks are assigned in join order when not given", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  std::string port = std::to_string(free_port());
+  std::vector<std::string> a = {"--nnodes", "2", "--nproc-per-node", "1", "--master-port", port,
+                                "--rdzv-timeout", "30"};
+  Child x = launch(dir, "x", a, sh(kWriteEnv), {{"DIR", dir}});
+  Child y = launch(dir, "y", a, sh(kWriteEnv), {{"DIR", dir}});
+  REQUIRE(wait_for(x, 60) == 0);
+  REQUIRE(wait_for(y, 60) == 0);
+  CHECK(parse_env_file(dir + "/env.0")["NODE_RANK"] == "0");
+  CHECK(parse_env_file(dir + "/env.1")["NODE_RANK"] == "1");
+}
+
+TEST_CASE("a stock PyTorch script runs unchanged, 1 and 2 nodes, and across a restart", "[multiproc]") {
+  if (ft_python().empty()) {
+    WARN("FT_PYTHON not configured: skipping the Python script test");
+    return;
+  }
+  std::string dir = make_temp_dir();
+  std::string script = test_dir() + "/launcher/stock_ddp.py";
+  Child one = launch(dir, "py1", {"--nproc-per-node", "2", "--standalone"}, {ft_python(), script});
+  REQUIRE(wait_for(one, 120) == 0);
+  CHECK(lines_with(one.output(), "sum=3 expected=3").size() == 2);
+
+  std::string port = std::to_string(free_port());
+  auto args = [&](int node) {
+    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(node),
+                                    "--nproc-per-node", "1", "--master-port", port,
+                                    "--max-restarts", "1", "--rdzv-timeout", "60"};
+  };
+  std::vector<std::string> prog = {ft_python(), script, "--fail-first-attempt"};
+  Child n0 = launch(dir, "py2a", args(0), prog);
+  Child n1 = launch(dir, "py2b", args(1), prog);
+  REQUIRE(wait_for(n0, 150) == 0);
+  REQUIRE(wait_for(n1, 150) == 0);
+  std::string out = n0.output() + n1.output();
+  // Worker lines only (the failure summary quotes rank 1's last line too).
+  auto worker_lines = [&](const std::string& what) {
+    size_t n = 0;
+    for (auto& l : lines_with(out, what)) n += l.rfind("[node ", 0) == 0;
+    return n;
+  };
+  CHECK(worker_lines("attempt 0: sum=3 expected=3") == 2);
+  CHECK(worker_lines("attempt 1: sum=3 expected=3") == 2);
+  CHECK_THAT(out, Catch::Contains("restarting the job: attempt 1 of 1"));
+}
+
+TEST_CASE("a failing worker in a 2-node job stops both launchers with a root-cause summary",
+          "[multiproc]") {
+  std::string dir = make_temp_dir();
+  std::string port = std::to_string(free_port());
+  auto args = [&](int node) {
+    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(node),
+                                    "--nproc-per-node", "2", "--master-port", port,
+                                    "--rdzv-timeout", "30", "--term-grace", "3"};
+  };
+  // Rank 3 fails once every worker has started; the others would sleep for a minute.
+  std::string script =
+      "echo $$ > $DIR/pid.$RANK; "
+      "if [ $RANK = 3 ]; then while [ $(ls $DIR | grep -c pid) -lt 4 ]; do sleep 0.05; done; "
+      "echo 'loading shard 7'; echo 'CUDA error: out of memory' >&2; exit 1; fi; "
+      "exec sleep 60";
+  Child n0 = launch(dir, "n0", args(0), sh(script), {{"DIR", dir}});
+  Child n1 = launch(dir, "n1", args(1), sh(script), {{"DIR", dir}});
+  REQUIRE(wait_until([&] { return read_pids(dir, 4).size() == 4; }, 30));
+  auto t0 = Clock::now();
+  auto s0 = wait_for(n0, 10), s1 = wait_for(n1, 10);
+  double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  REQUIRE(s0.has_value());
+  REQUIRE(s1.has_value());
+  CHECK(*s0 == 1);
+  CHECK(*s1 == 1);
+  CHECK(took < 10);
+  for (auto* c : {&n0, &n1}) {
+    std::string out = c->output();
+    CHECK_THAT(out, Catch::Contains("first failure on node 1"));
+    CHECK_THAT(out, Catch::Contains("rank 3 (local rank 1): worker exited with code 1"));
+    CHECK_THAT(out, Catch::Contains("| CUDA error: out of memory"));
+    CHECK_THAT(out, Catch::Contains("| loading shard 7"));
+  }
+  for (pid_t p : read_pids(dir, 4)) CHECK_FALSE(pid_alive(p));
+}
+
+TEST_CASE("SIGTERM and SIGKILL to a launcher leave none of its workers", "[multiproc]") {
+  for (int sig : {SIGTERM, SIGKILL}) {
+    DYNAMIC_SECTION("signal " << sig) {
+      std::string dir = make_temp_dir();
+      // A worker that ignores SIGTERM must still go (SIGKILL after the grace).
+      std::string script = "if [ $RANK = 1 ]; then trap '' TERM; fi; echo $$ > $DIR/pid.$RANK; "
+                           "while true; do sleep 0.1; done";
+      Child c = launch(dir, "l", {"--nproc-per-node", "2", "--standalone", "--term-grace", "1"},
+                       sh(script), {{"DIR", dir}});
+      REQUIRE(wait_until([&] { return read_pids(dir, 2).size() == 2; }, 30));
+      auto pids = read_pids(dir, 2);
+      ::kill(c.pid, sig);
+      auto st = wait_for(c, 10);
+      REQUIRE(st.has_value());
+      CHECK(*st == 128 + sig);
+      CHECK(wait_until([&] {
+        for (pid_t p : pids)
+          if (pid_alive(p)) return false;
+        return true;
+      }, 5));
+      if (sig == SIGTERM) CHECK_THAT(c.output(), Catch::Contains("received SIGTERM"));
+    }
+  }
+}
+
+TEST_CASE("USR1 is forwarded to workers without stopping them", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  std::string script = "trap 'echo got-usr1 > $DIR/usr1.$RANK; exit 0' USR1; echo $$ > $DIR/pid.$RANK; "
+                       "while true; do sleep 0.05; done";
+  Child c = launch(dir, "l", {"--nproc-per-node", "2", "--standalone"}, sh(script), {{"DIR", dir}});
+  REQUIRE(wait_until([&] { return read_pids(dir, 2).size() == 2; }, 30));
+  ::kill(c.pid, SIGUSR1);
+  REQUIRE(wait_for(c, 10) == 0);
+  CHECK(read_file(dir + "/usr1.0") == "got-usr1\n");
+  CHECK(read_file(dir + "/usr1.1") == "got-usr1\n");
+}
+
+TEST_CASE("max-restarts 1 runs the program again with TORCHELASTIC_RESTART_COUNT=1", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  std::string script = "echo $TORCHELASTIC_RESTART_COUNT >> $DIR/count.$RANK; "
+                       "[ $TORCHELASTIC_RESTART_COUNT = 1 ] || exit 3";
+  Child c = launch(dir, "l", {"--nproc-per-node", "2", "--standalone", "--max-restarts", "1"},
+                   sh(script), {{"DIR", dir}});
+  REQUIRE(wait_for(c, 30) == 0);
+  CHECK(read_file(dir + "/count.0") == "0\n1\n");
+  CHECK(read_file(dir + "/count.1") == "0\n1\n");
+  // Out of restarts: the failure is final and says so.
+  Child d = launch(dir, "d", {"--nproc-per-node", "1", "--standalone", "--max-restarts", "1"},
+                   sh("exit 5"));
+  REQUIRE(wait_for(d, 30) == 1);
+  CHECK_THAT(d.output(), Catch::Contains("worker exited with code 5"));
+  CHECK_THAT(d.output(), Catch::Contains("no restarts left"));
+}
+
+TEST_CASE("output is prefixed line by line, never split, and logged per rank", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  // Each worker writes 300 long lines as fast as it can, some without a trailing newline at the end.
+  std::string script =
+      "i=0; while [ $i -lt 300 ]; do echo \"rank$RANK line$i $(printf '%0200d' 0)\"; i=$((i+1)); done; "
+      "printf 'tail-without-newline'";
+  Child c = launch(dir, "l", {"--nproc-per-node", "3", "--standalone", "--log-dir", dir + "/logs"},
+                   sh(script));
+  REQUIRE(wait_for(c, 60) == 0);
+  std::string out = c.output();
+  std::regex line_re(R"(^\[node 0 rank (\d)\] rank(\d) line\d+ 0{200}$)");
+  int matched = 0;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(" line") == std::string::npos) continue;
+    std::smatch m;
+    REQUIRE(std::regex_match(line, m, line_re));
+    CHECK(m[1] == m[2]);
+    ++matched;
+  }
+  CHECK(matched == 900);
+  CHECK(lines_with(out, "tail-without-newline").size() == 3);
+  for (int r = 0; r < 3; ++r) {
+    std::string log = read_file(dir + "/logs/attempt_0/node0.rank" + std::to_string(r) + ".log");
+    CHECK(lines_with(log, "rank" + std::to_string(r) + " line").size() == 300);
+    CHECK(log.rfind("[node", 0) == std::string::npos);  // files hold the raw output
+  }
+}
+
+TEST_CASE("refused: mismatched fingerprint, every launcher names the field", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  std::string port = std::to_string(free_port());
+  auto args = [&](int node, const std::string& nproc) {
+    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(node),
+                                    "--nproc-per-node", nproc, "--master-port", port,
+                                    "--rdzv-timeout", "20"};
+  };
+  Child n0 = launch(dir, "n0", args(0, "2"), sh("exit 0"));
+  Child n1 = launch(dir, "n1", args(1, "1"), sh("exit 0 # a different program"));
+  REQUIRE(wait_for(n0, 30) == 3);
+  REQUIRE(wait_for(n1, 30) == 3);
+  for (auto* c : {&n0, &n1}) {
+    std::string out = c->output();
+    CHECK_THAT(out, Catch::Contains("rendezvous refused 1 node(s)"));
+    CHECK_THAT(out, Catch::Contains("node_rank 1"));
+    CHECK_THAT(out, Catch::Contains("nproc_per_node is '1' there but '2' on the reference"));
+    CHECK_THAT(out, Catch::Contains("program_hash"));
+  }
+  CHECK(read_pids(dir, 1).empty());  // nothing ran
+}
+
+TEST_CASE("refused: a different --rdzv-id", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  std::string port = std::to_string(free_port());
+  auto args = [&](int node, const std::string& id) {
+    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(node),
+                                    "--nproc-per-node", "1", "--master-port", port, "--rdzv-id", id,
+                                    "--rdzv-timeout", "20"};
+  };
+  Child n0 = launch(dir, "n0", args(0, "jobA"), sh("exit 0"));
+  Child n1 = launch(dir, "n1", args(1, "jobB"), sh("exit 0"));
+  REQUIRE(wait_for(n0, 30) == 3);
+  REQUIRE(wait_for(n1, 30) == 3);
+  CHECK_THAT(n1.output(), Catch::Contains("rdzv_id is 'jobB' there but 'jobA' on the reference"));
+}
+
+TEST_CASE("refused: duplicate node rank", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  std::string port = std::to_string(free_port());
+  auto args = [&](int node) {
+    return std::vector<std::string>{"--nnodes", "3", "--node-rank", std::to_string(node),
+                                    "--nproc-per-node", "1", "--master-port", port,
+                                    "--rdzv-timeout", "20"};
+  };
+  Child n0 = launch(dir, "n0", args(0), sh("exit 0"));
+  Child a = launch(dir, "a", args(1), sh("exit 0"));
+  Child b = launch(dir, "b", args(1), sh("exit 0"));
+  for (auto* c : {&n0, &a, &b}) {
+    REQUIRE(wait_for(*c, 30) == 3);
+    CHECK_THAT(c->output(), Catch::Contains("duplicate node_rank 1: claimed by"));
+  }
+}
+
+TEST_CASE("rendezvous timeout says how many joined and which ranks are missing", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  std::string port = std::to_string(free_port());
+  Child n0 = launch(dir, "n0", {"--nnodes", "3", "--node-rank", "0", "--nproc-per-node", "1",
+                                "--master-port", port, "--rdzv-timeout", "1.5"},
+                    sh("exit 0"));
+  Child n2 = launch(dir, "n2", {"--nnodes", "3", "--node-rank", "2", "--nproc-per-node", "1",
+                                "--master-port", port, "--rdzv-timeout", "1.5"},
+                    sh("exit 0"));
+  REQUIRE(wait_for(n0, 20) == 3);
+  REQUIRE(wait_for(n2, 20) == 3);
+  CHECK_THAT(n0.output(), Catch::Contains("rendezvous timed out after 2 s: 2/3 nodes joined (missing node_rank 1)"));
+  CHECK_THAT(n2.output(), Catch::Contains("missing node_rank 1"));
+}
+
+TEST_CASE("a port already in use is named", "[multiproc]") {
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(s, 4) == 0);
+  socklen_t len = sizeof a;
+  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  std::string port = std::to_string(ntohs(a.sin_port));
+  std::string dir = make_temp_dir();
+  Child c = launch(dir, "l", {"--nnodes", "1", "--node-rank", "0", "--master-port", port}, sh("exit 0"));
+  REQUIRE(wait_for(c, 20) == 3);
+  CHECK_THAT(c.output(), Catch::Contains("port " + port + " is already in use"));
+  ::close(s);
+}
+
+TEST_CASE("dry-run shows values and where they came from", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  Child c = start({ft_bin(), "launch", "--dry-run", "--nproc-per-node", "2", "--", "python", "x.py"},
+                  {{"NNODES", "4"}, {"PET_NNODES", "\x01"}, {"FT_NNODES", "\x01"}, {"NODE_RANK", "3"},
+                   {"SLURM_JOB_ID", "991"}, {"SLURM_NNODES", "9"}, {"SLURM_JOB_NODELIST", "gpu[3-6]"},
+                   {"MASTER_ADDR", "\x01"}, {"PET_MASTER_ADDR", "\x01"}},
+                  dir + "/dry.out");
+  REQUIRE(wait_for(c, 20) == 0);
+  std::string out = c.output();
+  CHECK_THAT(out, Catch::Contains("env NNODES"));
+  CHECK_THAT(out, Catch::Contains("flag --nproc-per-node"));
+  CHECK_THAT(out, Catch::Contains("first host of SLURM_JOB_NODELIST=gpu[3-6]"));
+  CHECK_THAT(out, Catch::Contains("SLURM_JOB_ID"));
+  CHECK_THAT(out, Catch::Contains("RANK=6"));
+  CHECK_THAT(out, Catch::Contains("MASTER_ADDR=gpu3"));
+  CHECK_THAT(out, Catch::Contains("WORLD_SIZE=8"));
+}
+
+TEST_CASE("a program that cannot run is a clear error", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  Child c = launch(dir, "l", {"--standalone"}, {"/nonexistent/train"});
+  auto st = wait_for(c, 20);
+  REQUIRE(st.has_value());
+  CHECK(*st != 0);
+  CHECK_THAT(c.output(), Catch::Contains("cannot run '/nonexistent/train': No such file or directory"));
+}
+
+TEST_CASE("version names ft, LibTorch, CUDA and NCCL", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  Child c = start({ft_bin(), "--version"}, {}, dir + "/v.out");
+  REQUIRE(wait_for(c, 20) == 0);
+  std::string out = c.output();
+  CHECK_THAT(out, Catch::Matches(R"((.|\n)*ft \d+\.\d+\.\d+ \(commit [0-9a-f]+(-dirty)?\)(.|\n)*)"));
+  CHECK_THAT(out, Catch::Contains("LibTorch 2."));
+  CHECK_THAT(out, Catch::Contains("NCCL"));
+  CHECK_THAT(out, Catch::Contains("CUDA"));
+}

@@ -1,0 +1,107 @@
+// Unit tests: option precedence (flag > FT_/PET_ > plain env > SLURM > default), SLURM host lists,
+// validation messages.
+#include <catch2/catch.hpp>
+
+#include "core/error.h"
+#include "hostlist.h"
+#include "options.h"
+
+using namespace ft::launcher;
+
+namespace {
+LaunchConfig config(const std::map<std::string, std::string>& flags, const EnvMap& env,
+                    int gpus = 0) {
+  return make_launch_config(resolve_options(flags, env), {"true"}, gpus, 8);
+}
+}  // namespace
+
+TEST_CASE("SLURM host lists expand like scontrol show hostnames", "[unit]") {
+  CHECK(expand_hostlist("gpu[01-04,07],cpu5") ==
+        std::vector<std::string>{"gpu01", "gpu02", "gpu03", "gpu04", "gpu07", "cpu5"});
+  CHECK(expand_hostlist("node1") == std::vector<std::string>{"node1"});
+  CHECK(expand_hostlist("a[8-10]") == std::vector<std::string>{"a8", "a9", "a10"});
+  CHECK(expand_hostlist("r[1-2]n[01-02]") ==
+        std::vector<std::string>{"r1n01", "r1n02", "r2n01", "r2n02"});
+  CHECK(expand_hostlist("x[009-011]") == std::vector<std::string>{"x009", "x010", "x011"});
+  CHECK_THROWS_WITH(expand_hostlist("gpu[01-04"), Catch::Contains("missing ']'"));
+  CHECK_THROWS_WITH(expand_hostlist("gpu[04-01]"), Catch::Contains("range '04-01'"));
+  CHECK_THROWS_AS(expand_hostlist("gpu[a-b]"), ft::ConfigError);
+}
+
+TEST_CASE("precedence: flag > FT_/PET_ > plain env > SLURM > default", "[unit]") {
+  EnvMap env = {{"NNODES", "2"}, {"PET_NNODES", "3"}, {"SLURM_NNODES", "5"}, {"SLURM_JOB_ID", "77"}};
+  auto r = resolve_options({}, env);
+  CHECK(r["nnodes"].value == "3");
+  CHECK(r["nnodes"].source == "env PET_NNODES");
+  r = resolve_options({{"nnodes", "4"}}, env);
+  CHECK(r["nnodes"].value == "4");
+  CHECK(r["nnodes"].source == "flag --nnodes");
+  env.erase("PET_NNODES");
+  CHECK(resolve_options({}, env)["nnodes"].source == "env NNODES");
+  env.erase("NNODES");
+  CHECK(resolve_options({}, env)["nnodes"].value == "5");
+  CHECK(resolve_options({}, env)["nnodes"].source == "SLURM_NNODES");
+  CHECK(resolve_options({}, {})["nnodes"].source == "default");
+  // FT_ beats PET_.
+  CHECK(resolve_options({}, {{"FT_MASTER_PORT", "1"}, {"PET_MASTER_PORT", "2"}})["master-port"].value == "1");
+}
+
+TEST_CASE("SLURM supplies nnodes, node rank, master (first host) and job id", "[unit]") {
+  EnvMap env = {{"SLURM_JOB_ID", "4242"}, {"SLURM_NNODES", "4"}, {"SLURM_NODEID", "2"},
+                {"SLURM_JOB_NODELIST", "gpu[07-08,10],gpu12"},
+                {"SLURM_LAUNCH_NODE_IPADDR", "10.9.9.9"}};
+  auto c = config({}, env);
+  CHECK(c.max_nodes == 4);
+  CHECK(c.node_rank == 2);
+  CHECK(c.rdzv_host == "gpu07");  // never the submit host
+  CHECK(c.rdzv_id == "4242");
+  CHECK(c.sources["master-addr"].source.find("SLURM_JOB_NODELIST") != std::string::npos);
+  // A plain MASTER_ADDR (e.g. from the sbatch script) wins over the node list.
+  env["MASTER_ADDR"] = "10.0.0.1";
+  CHECK(config({}, env).rdzv_host == "10.0.0.1");
+}
+
+TEST_CASE("nproc-per-node auto/gpu/cpu/number", "[unit]") {
+  CHECK(config({}, {}, 0).nproc_per_node == 1);
+  CHECK(config({}, {}, 8).nproc_per_node == 8);
+  CHECK(config({{"nproc-per-node", "cpu"}}, {}, 0).nproc_per_node == 8);
+  CHECK(config({{"nproc-per-node", "3"}}, {}, 0).nproc_per_node == 3);
+  CHECK_THROWS_WITH(config({{"nproc-per-node", "gpu"}}, {}, 0), Catch::Contains("sees no GPU"));
+  CHECK_THROWS_WITH(config({{"nproc-per-node", "x"}}, {{"NPROC_PER_NODE", "x"}}, 0),
+                    Catch::Contains("--nproc-per-node must be an integer"));
+}
+
+TEST_CASE("rdzv endpoint, standalone and nnodes ranges", "[unit]") {
+  auto c = config({{"rdzv-endpoint", "10.1.2.3:1234"}, {"master-addr", "ignored"}}, {});
+  CHECK(c.rdzv_host == "10.1.2.3");
+  CHECK(c.rdzv_port == 1234);
+  c = config({{"standalone", "1"}, {"nnodes", "3"}}, {});
+  CHECK(c.max_nodes == 1);
+  CHECK(c.rdzv_port == 0);
+  CHECK(c.rdzv_host == "127.0.0.1");
+  c = config({{"nnodes", "2:4"}}, {});
+  CHECK(c.min_nodes == 2);
+  CHECK(c.max_nodes == 4);
+  CHECK_THROWS_WITH(config({{"nnodes", "4:2"}}, {}), Catch::Contains("MIN <= MAX"));
+  CHECK_THROWS_WITH(config({{"nnodes", "2:4"}, {"node-rank", "1"}}, {}),
+                    Catch::Contains("cannot be combined with an elastic"));
+  CHECK_THROWS_WITH(config({{"nnodes", "2"}}, {{"NODE_RANK", "2"}}),
+                    Catch::Contains("--node-rank 2 (from env NODE_RANK) must be below --nnodes 2"));
+  CHECK_THROWS_WITH(config({{"nnodes", "2"}, {"master-port", "0"}}, {}),
+                    Catch::Contains("only with --nnodes 1"));
+  CHECK_THROWS_WITH(config({{"rdzv-endpoint", "nohostport"}}, {}), Catch::Contains("HOST:PORT"));
+  CHECK_THROWS_WITH(config({{"term-grace", "-1"}}, {}), Catch::Contains("--term-grace"));
+}
+
+TEST_CASE("a program is required", "[unit]") {
+  CHECK_THROWS_WITH(make_launch_config(resolve_options({}, {}), {}, 0, 1),
+                    Catch::Contains("no program to run"));
+}
+
+TEST_CASE("the option table documents every option with its env mirrors", "[unit]") {
+  std::string md = options_markdown();
+  for (const auto& spec : launch_option_specs()) {
+    CHECK(md.find("`--" + spec.name + "`") != std::string::npos);
+    for (const auto& e : spec.env) CHECK(md.find("`" + e + "`") != std::string::npos);
+  }
+}

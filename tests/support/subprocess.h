@@ -1,0 +1,42 @@
+// Test support: start real processes (ft launch, workers) with their output in a file, wait with a
+// deadline, inspect what is left. Not thread-safe; one test thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ft::test {
+
+struct Child {
+  pid_t pid = -1;
+  std::string out_path;  // stdout and stderr together
+  std::string output() const;
+};
+
+// Starts argv with the current environment plus `env` (a value of "\x01" removes the variable).
+Child start(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+            const std::string& out_path);
+
+// Exit status as a shell reports it (code, or 128+signal); nullopt if still running at the deadline.
+std::optional<int> wait_for(Child& c, double timeout_s);
+// Kills (SIGKILL) and reaps a child that is still running.
+void kill_and_reap(Child& c);
+
+// A free TCP port on loopback (bound then released).
+int free_port();
+// True when pid exists and is not a zombie.
+bool pid_alive(pid_t pid);
+std::string read_file(const std::string& path);
+std::string make_temp_dir();
+// All lines of `text` containing `needle`.
+std::vector<std::string> lines_with(const std::string& text, const std::string& needle);
+
+inline std::string ft_bin() { return FT_BIN; }
+inline std::string ft_python() { return FT_PYTHON; }
+inline std::string test_dir() { return FT_TEST_DIR; }
+
+}  // namespace ft::test
