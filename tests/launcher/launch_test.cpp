@@ -252,8 +252,10 @@ TEST_CASE("USR1 is forwarded to workers without stopping them", "[multiproc]") {
 
 TEST_CASE("max-restarts 1 runs the program again with TORCHELASTIC_RESTART_COUNT=1", "[multiproc]") {
   std::string dir = make_temp_dir();
+  // Round 0 fails once both workers have recorded it (else teardown may beat rank 1's echo).
   std::string script = "echo $TORCHELASTIC_RESTART_COUNT >> $DIR/count.$RANK; "
-                       "[ $TORCHELASTIC_RESTART_COUNT = 1 ] || exit 3";
+                       "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then "
+                       "while [ $(cat $DIR/count.* | wc -l) -lt 2 ]; do sleep 0.02; done; exit 3; fi";
   Child c = launch(dir, "l", {"--nproc-per-node", "2", "--standalone", "--max-restarts", "1"},
                    sh(script), {{"DIR", dir}});
   REQUIRE(wait_for(c, 30) == 0);
@@ -304,8 +306,8 @@ TEST_CASE("refused: mismatched fingerprint, every launcher names the field", "[m
                                     "--nproc-per-node", nproc, "--master-port", port,
                                     "--rdzv-timeout", "20"};
   };
-  Child n0 = launch(dir, "n0", args(0, "2"), sh("exit 0"));
-  Child n1 = launch(dir, "n1", args(1, "1"), sh("exit 0 # a different program"));
+  Child n0 = launch(dir, "n0", args(0, "2"), sh("touch $DIR/ran.0"), {{"DIR", dir}});
+  Child n1 = launch(dir, "n1", args(1, "1"), sh("touch $DIR/ran.1 # another program"), {{"DIR", dir}});
   REQUIRE(wait_for(n0, 30) == 3);
   REQUIRE(wait_for(n1, 30) == 3);
   for (auto* c : {&n0, &n1}) {
@@ -315,7 +317,10 @@ TEST_CASE("refused: mismatched fingerprint, every launcher names the field", "[m
     CHECK_THAT(out, Catch::Contains("nproc_per_node is '1' there but '2' on the reference"));
     CHECK_THAT(out, Catch::Contains("program_hash"));
   }
-  CHECK(read_pids(dir, 1).empty());  // nothing ran
+  // Nothing ran anywhere.
+  CHECK(read_file(dir + "/ran.0").empty());
+  CHECK(::access((dir + "/ran.0").c_str(), F_OK) != 0);
+  CHECK(::access((dir + "/ran.1").c_str(), F_OK) != 0);
 }
 
 TEST_CASE("refused: a different --rdzv-id", "[multiproc]") {
