@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -423,4 +424,65 @@ TEST_CASE("version names ft, LibTorch, CUDA and NCCL", "[multiproc]") {
   CHECK_THAT(out, Catch::Contains("LibTorch 2."));
   CHECK_THAT(out, Catch::Contains("NCCL"));
   CHECK_THAT(out, Catch::Contains("CUDA"));
+}
+
+TEST_CASE("SLURM environment alone lays out a 2-node job", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  std::string port = std::to_string(free_port());
+  auto slurm = [&](int node) {
+    return std::map<std::string, std::string>{
+        {"DIR", dir}, {"SLURM_JOB_ID", "5151"}, {"SLURM_NNODES", "2"},
+        {"SLURM_NODEID", std::to_string(node)}, {"SLURM_JOB_NODELIST", "localhost,node[02]"},
+        {"SLURM_LAUNCH_NODE_IPADDR", "192.0.2.1"}, {"FT_MASTER_PORT", port},
+        {"FT_NPROC_PER_NODE", "1"}, {"FT_RDZV_TIMEOUT", "30"}};
+  };
+  // `launch` clears scheduler variables; start these directly.
+  auto run = [&](int node) {
+    return start({ft_bin(), "launch", "--", "/bin/sh", "-c", kWriteEnv}, slurm(node),
+                 dir + "/s" + std::to_string(node) + ".out");
+  };
+  Child a = run(1), b = run(0);
+  REQUIRE(wait_for(a, 60) == 0);
+  REQUIRE(wait_for(b, 60) == 0);
+  auto e1 = parse_env_file(dir + "/env.1");
+  CHECK(e1["NODE_RANK"] == "1");
+  CHECK(e1["WORLD_SIZE"] == "2");
+  CHECK(e1["MASTER_ADDR"] == "localhost");  // first host of the node list, never the submit host
+  CHECK(e1["TORCHELASTIC_RUN_ID"] == "5151");
+}
+
+TEST_CASE("PET_ variables and --rdzv-endpoint configure a launch like torchrun's", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  std::string port = std::to_string(free_port());
+  Child c = launch(dir, "pet", {"--rdzv-endpoint", "127.0.0.1:" + port, "--node-rank", "0"},
+                   sh(kWriteEnv), {{"DIR", dir}, {"PET_NPROC_PER_NODE", "2"}, {"PET_MAX_RESTARTS", "2"}});
+  REQUIRE(wait_for(c, 60) == 0);
+  auto e = parse_env_file(dir + "/env.1");
+  CHECK(e["WORLD_SIZE"] == "2");
+  CHECK(e["MASTER_PORT"] == port);
+  CHECK(e["TORCHELASTIC_MAX_RESTARTS"] == "2");
+}
+
+TEST_CASE("elastic nnodes MIN:MAX starts with MIN nodes after the last call", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  std::string port = std::to_string(free_port());
+  Child c = launch(dir, "el", {"--nnodes", "1:2", "--nproc-per-node", "1", "--master-port", port,
+                               "--rdzv-last-call", "0.5", "--rdzv-timeout", "30"},
+                   sh(kWriteEnv), {{"DIR", dir}});
+  REQUIRE(wait_for(c, 30) == 0);
+  auto e = parse_env_file(dir + "/env.0");
+  CHECK(e["NNODES"] == "1");
+  CHECK(e["WORLD_SIZE"] == "1");
+  // With MAX nodes present it does not wait for the last call.
+  std::string port2 = std::to_string(free_port());
+  std::vector<std::string> a = {"--nnodes", "1:2", "--nproc-per-node", "1", "--master-port", port2,
+                                "--rdzv-last-call", "20", "--rdzv-timeout", "30"};
+  ::mkdir((dir + "/2").c_str(), 0755);
+  auto t0 = Clock::now();
+  Child x = launch(dir, "x", a, sh(kWriteEnv), {{"DIR", dir + "/2"}});
+  Child y = launch(dir, "y", a, sh(kWriteEnv), {{"DIR", dir + "/2"}});
+  REQUIRE(wait_for(x, 30) == 0);
+  REQUIRE(wait_for(y, 30) == 0);
+  CHECK(std::chrono::duration<double>(Clock::now() - t0).count() < 15);
+  CHECK(parse_env_file(dir + "/2/env.1")["NNODES"] == "2");
 }
