@@ -49,6 +49,7 @@ class Agent {
   Outcome run_round(const RoundResult& rr);
   void publish_failure(int round, const json& failure);
   void print_summary(const json& failure) const;
+  void mark_stopped(int round);
 
   LaunchConfig cfg_;
   SignalPipe signals_;
@@ -66,7 +67,8 @@ void Agent::log(const std::string& msg) const {
 
 void Agent::publish_failure(int round, const json& failure) {
   try {
-    std::string stored = rdzv_->store().set_if_absent(Rendezvous::key(round, "failure"), failure.dump());
+    std::string stored =
+        rdzv_->store().set_if_absent(Rendezvous::key(round, "failure"), failure.dump());
     failure_ = json::parse(stored);
   } catch (const BackendError&) {
     failure_ = failure;  // store gone: our own failure is the root cause we know of
@@ -74,15 +76,18 @@ void Agent::publish_failure(int round, const json& failure) {
 }
 
 void Agent::print_summary(const json& f) const {
-  std::string where = fmt::format("node {} ({})", f.value("node_rank", -1), f.value("hostname", "?"));
+  std::string where =
+      fmt::format("node {} ({})", f.value("node_rank", -1), f.value("hostname", "?"));
   std::string text;
   if (f.value("kind", "") == "worker") {
-    text = fmt::format("job failed: first failure on {} rank {} (local rank {}): worker {} after {:.1f} s",
-                       where, f.value("rank", -1), f.value("local_rank", -1),
-                       f.value("description", ""), f.value("elapsed_s", 0.0));
+    text = fmt::format(
+        "job failed: first failure on {} rank {} (local rank {}): worker {} after {:.1f} s", where,
+        f.value("rank", -1), f.value("local_rank", -1), f.value("description", ""),
+        f.value("elapsed_s", 0.0));
     auto tail = f.value("tail", std::vector<std::string>{});
     if (!tail.empty()) {
-      text += fmt::format("\n  last {} line(s) of rank {}'s output:", tail.size(), f.value("rank", -1));
+      text +=
+          fmt::format("\n  last {} line(s) of rank {}'s output:", tail.size(), f.value("rank", -1));
       for (const auto& l : tail) text += "\n  | " + l;
     }
   } else {
@@ -127,72 +132,98 @@ Agent::Outcome Agent::run_round(const RoundResult& rr) {
   }
 
   WorkerGroup group(std::move(specs));
-  log(fmt::format("round {}: {} node(s) x {} worker(s), world size {}, store {}:{}; starting ranks "
-                  "{}..{}",
-                  round, layout.nnodes, layout.nproc_per_node, layout.world_size(),
-                  layout.master_addr, layout.master_port, layout.global_rank(0),
-                  layout.global_rank(layout.nproc_per_node - 1)));
+  log(fmt::format(
+      "round {}: {} node(s) x {} worker(s), world size {}, store {}:{}; starting ranks "
+      "{}..{}",
+      round, layout.nnodes, layout.nproc_per_node, layout.world_size(), layout.master_addr,
+      layout.master_port, layout.global_rank(0), layout.global_rank(layout.nproc_per_node - 1)));
   RdzvStore& store = rdzv_->store();
   try {
     group.spawn();
   } catch (const ConfigError& e) {
-    json f = {{"kind", "error"}, {"node_rank", node_rank_}, {"hostname", hostname()},
-              {"description", fmt::format("could not start its workers: {}", e.what())}};
-    publish_failure(round, f);
+    // Not restartable: the same program would fail the same way. Every node stops and says why.
+    publish_failure(round,
+                    {{"kind", "error"},
+                     {"node_rank", node_rank_},
+                     {"hostname", hostname()},
+                     {"description", fmt::format("could not start its workers: {}", e.what())}});
     group.stop(0);
-    store.add(Rendezvous::key(round, "stopped"), 1);
-    throw;
+    mark_stopped(round);
+    return Outcome::kFailure;
   }
 
   const auto interval = std::chrono::milliseconds(
       std::max<int64_t>(1, static_cast<int64_t>(cfg_.monitor_interval_s * 1000)));
   bool marked_done = false;
   Outcome outcome;
-  for (;;) {
-    if (group.poll(interval, signals_.fd())) {
-      for (int sig : signals_.drain()) {
-        group.signal_all(sig);  // forward first, so workers see exactly what we saw
-        if (SignalPipe::terminates(sig) && !stop_signal_) {
-          stop_signal_ = sig;
-          log(fmt::format("received {}: stopping this node's workers (grace {:.0f} s)",
-                          signal_name(sig), cfg_.term_grace_s));
-          publish_failure(round, {{"kind", "signal"}, {"node_rank", node_rank_},
-                                  {"hostname", hostname()},
-                                  {"description", fmt::format("launcher received {}", signal_name(sig))}});
+  try {
+    for (;;) {
+      if (group.poll(interval, signals_.fd())) {
+        for (int sig : signals_.drain()) {
+          group.signal_all(sig);  // forward first, so workers see exactly what we saw
+          if (SignalPipe::terminates(sig) && !stop_signal_) {
+            stop_signal_ = sig;
+            log(fmt::format("received {}: stopping this node's workers (grace {:.0f} s)",
+                            signal_name(sig), cfg_.term_grace_s));
+            publish_failure(
+                round, {{"kind", "signal"},
+                        {"node_rank", node_rank_},
+                        {"hostname", hostname()},
+                        {"description", fmt::format("launcher received {}", signal_name(sig))}});
+          }
+        }
+        if (stop_signal_) {
+          outcome = Outcome::kSignal;
+          break;
         }
       }
-      if (stop_signal_) {
-        outcome = Outcome::kSignal;
+      if (auto f = group.first_failure()) {
+        publish_failure(round, {{"kind", "worker"},
+                                {"node_rank", node_rank_},
+                                {"hostname", hostname()},
+                                {"rank", f->global_rank},
+                                {"local_rank", f->local_rank},
+                                {"exit_code", f->exit_code},
+                                {"signal", f->signal},
+                                {"description", f->describe()},
+                                {"elapsed_s", f->elapsed_s},
+                                {"tail", f->tail}});
+        outcome = Outcome::kFailure;
+        break;
+      }
+      if (auto remote = store.try_get(Rendezvous::key(round, "failure"))) {
+        failure_ = json::parse(*remote);
+        outcome = Outcome::kFailure;
+        break;
+      }
+      if (!marked_done && group.all_succeeded()) {
+        store.add(Rendezvous::key(round, "done"), 1);
+        marked_done = true;
+        if (layout.nnodes > 1) log("all local workers finished; waiting for the other nodes");
+      }
+      if (marked_done && store.add(Rendezvous::key(round, "done"), 0) >= layout.nnodes) {
+        outcome = Outcome::kSuccess;
         break;
       }
     }
-    if (auto f = group.first_failure()) {
-      publish_failure(round, {{"kind", "worker"}, {"node_rank", node_rank_},
-                              {"hostname", hostname()}, {"rank", f->global_rank},
-                              {"local_rank", f->local_rank}, {"exit_code", f->exit_code},
-                              {"signal", f->signal}, {"description", f->describe()},
-                              {"elapsed_s", f->elapsed_s}, {"tail", f->tail}});
-      outcome = Outcome::kFailure;
-      break;
-    }
-    if (auto remote = store.try_get(Rendezvous::key(round, "failure"))) {
-      failure_ = json::parse(*remote);
-      outcome = Outcome::kFailure;
-      break;
-    }
-    if (!marked_done && group.all_succeeded()) {
-      store.add(Rendezvous::key(round, "done"), 1);
-      marked_done = true;
-      if (layout.nnodes > 1) log("all local workers finished; waiting for the other nodes");
-    }
-    if (marked_done && store.add(Rendezvous::key(round, "done"), 0) >= layout.nnodes) {
-      outcome = Outcome::kSuccess;
-      break;
-    }
+  } catch (const BackendError&) {
+    // The store host is gone: stop our workers gracefully before reporting it.
+    log("lost the rendezvous store; stopping this node's workers");
+    group.stop(cfg_.term_grace_s);
+    throw;
   }
   if (outcome != Outcome::kSuccess) group.stop(cfg_.term_grace_s);
-  store.add(Rendezvous::key(round, "stopped"), 1);
+  mark_stopped(round);
   return outcome;
+}
+
+void Agent::mark_stopped(int round) {
+  // The host may already be gone after a failure (it waits only so long): that is not an error of
+  // ours.
+  try {
+    rdzv_->store().add(Rendezvous::key(round, "stopped"), 1);
+  } catch (const BackendError&) {
+  }
 }
 
 int Agent::run() {
@@ -204,8 +235,9 @@ int Agent::run() {
   if (fp.addr.empty()) fp.addr = fp.hostname;
   fp.node_rank = cfg_.node_rank.value_or(-1);
   fp.rdzv_id = cfg_.rdzv_id;
-  fp.nnodes = cfg_.min_nodes == cfg_.max_nodes ? std::to_string(cfg_.max_nodes)
-                                               : fmt::format("{}:{}", cfg_.min_nodes, cfg_.max_nodes);
+  fp.nnodes = cfg_.min_nodes == cfg_.max_nodes
+                  ? std::to_string(cfg_.max_nodes)
+                  : fmt::format("{}:{}", cfg_.min_nodes, cfg_.max_nodes);
   fp.nproc = cfg_.nproc_per_node;
   fp.max_restarts = cfg_.max_restarts;
   fp.ft_version = bi.ft_version;
@@ -243,11 +275,13 @@ int Agent::run() {
       const bool restartable = failure_.value("kind", "") == "worker" && !stop_signal_;
       if (restartable && round < cfg_.max_restarts) {
         print_summary(failure_);
-        log(fmt::format("restarting the job: attempt {} of {} restarts", round + 1, cfg_.max_restarts));
+        log(fmt::format("restarting the job: attempt {} of {} restarts", round + 1,
+                        cfg_.max_restarts));
         continue;
       }
       print_summary(failure_);
-      if (rdzv_->is_host()) rdzv_->wait_count(round, "stopped", rr.nnodes, 10.0);
+      // Keep the store up while the other nodes read the failure and stop their workers.
+      if (rdzv_->is_host()) rdzv_->wait_count(round, "stopped", rr.nnodes, cfg_.term_grace_s + 5.0);
       if (stop_signal_) return 128 + stop_signal_;
       if (restartable && cfg_.max_restarts > 0)
         log(fmt::format("no restarts left ({} used)", cfg_.max_restarts));
@@ -261,8 +295,9 @@ int Agent::run() {
     log(fmt::format("error: {}", e.what()));
     return kExitRendezvous;
   } catch (const BackendError& e) {
-    log(fmt::format("error: lost the rendezvous store (node 0's launcher exited or was killed?): {}",
-                    e.what()));
+    log(fmt::format(
+        "error: lost the rendezvous store (node 0's launcher exited or was killed?): {}",
+        e.what()));
     return kExitStoreLost;
   }
 }
@@ -278,7 +313,8 @@ std::string dry_run_text(const LaunchConfig& cfg) {
   std::string s = "ft launch --dry-run: resolved settings\n";
   for (const auto& spec : launch_option_specs()) {
     const auto& r = cfg.sources.at(spec.name);
-    s += fmt::format("  {:<18} {:<22} ({})\n", spec.name, r.value.empty() ? "<unset>" : r.value, r.source);
+    s += fmt::format("  {:<18} {:<22} ({})\n", spec.name, r.value.empty() ? "<unset>" : r.value,
+                     r.source);
   }
   JobLayout l;
   l.node_rank = cfg.node_rank.value_or(0);
@@ -290,14 +326,16 @@ std::string dry_run_text(const LaunchConfig& cfg) {
   l.run_id = cfg.rdzv_id;
   l.role = cfg.role;
   l.cpu_cores = cpu_cores();
-  s += fmt::format("layout: {} node(s) x {} worker(s) = world size {}; this node: {}; ranks {}..{}\n",
-                   cfg.min_nodes == cfg.max_nodes ? std::to_string(cfg.max_nodes)
-                                                  : fmt::format("{}:{}", cfg.min_nodes, cfg.max_nodes),
-                   cfg.nproc_per_node, l.world_size(),
-                   cfg.node_rank ? fmt::format("node_rank {}", *cfg.node_rank)
-                                 : std::string("node_rank assigned at join (shown as 0)"),
-                   l.global_rank(0), l.global_rank(cfg.nproc_per_node - 1));
-  s += fmt::format("rendezvous store: {}:{} (hosted by node_rank 0)\n", cfg.rdzv_host, cfg.rdzv_port);
+  s += fmt::format(
+      "layout: {} node(s) x {} worker(s) = world size {}; this node: {}; ranks {}..{}\n",
+      cfg.min_nodes == cfg.max_nodes ? std::to_string(cfg.max_nodes)
+                                     : fmt::format("{}:{}", cfg.min_nodes, cfg.max_nodes),
+      cfg.nproc_per_node, l.world_size(),
+      cfg.node_rank ? fmt::format("node_rank {}", *cfg.node_rank)
+                    : std::string("node_rank assigned at join (shown as 0)"),
+      l.global_rank(0), l.global_rank(cfg.nproc_per_node - 1));
+  s += fmt::format("rendezvous store: {}:{} (hosted by node_rank 0)\n", cfg.rdzv_host,
+                   cfg.rdzv_port);
   s += fmt::format("program: {}\n", fmt::join(cfg.program, " "));
   EnvMap env = worker_environment(current_environment(), l, 0);
   s += "worker environment of local rank 0:\n";

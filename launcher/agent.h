@@ -18,7 +18,8 @@ constexpr int kExitConfig = 2;
 constexpr int kExitRendezvous = 3;
 constexpr int kExitStoreLost = 4;
 
-// Runs the job described by `cfg`; returns the launcher's exit code (128+signal when stopped by one).
+// Runs the job described by `cfg`; returns the launcher's exit code (128+signal when stopped by
+// one).
 int run_launch(const LaunchConfig& cfg);
 
 // `--dry-run` text: the resolved layout, each value's source and local rank 0's environment.

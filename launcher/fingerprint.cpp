@@ -14,13 +14,20 @@ namespace ft::launcher {
 using nlohmann::json;
 
 std::string Fingerprint::to_json() const {
-  json j = {{"hostname", hostname},     {"addr", addr},
-            {"node_rank", node_rank},   {"rdzv_id", rdzv_id},
-            {"nnodes", nnodes},         {"nproc", nproc},
-            {"max_restarts", max_restarts}, {"ft_version", ft_version},
-            {"ft_commit", ft_commit},   {"torch_version", torch_version},
-            {"cuda_version", cuda_version}, {"nccl_version", nccl_version},
-            {"gpu_name", gpu_name},     {"gpu_count", gpu_count},
+  json j = {{"hostname", hostname},
+            {"addr", addr},
+            {"node_rank", node_rank},
+            {"rdzv_id", rdzv_id},
+            {"nnodes", nnodes},
+            {"nproc", nproc},
+            {"max_restarts", max_restarts},
+            {"ft_version", ft_version},
+            {"ft_commit", ft_commit},
+            {"torch_version", torch_version},
+            {"cuda_version", cuda_version},
+            {"nccl_version", nccl_version},
+            {"gpu_name", gpu_name},
+            {"gpu_count", gpu_count},
             {"program_hash", program_hash}};
   return j.dump();
 }
@@ -97,7 +104,8 @@ std::string which(const std::string& prog) {
   size_t start = 0;
   while (start <= p.size()) {
     size_t colon = p.find(':', start);
-    std::string dir = p.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    std::string dir =
+        p.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
     std::string cand = (dir.empty() ? "." : dir) + "/" + prog;
     struct stat st {};
     if (::stat(cand.c_str(), &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0111)) return cand;

@@ -40,7 +40,8 @@ std::vector<std::string> expand_range_set(const std::string& body, const std::st
   size_t start = 0;
   while (start <= body.size()) {
     size_t comma = body.find(',', start);
-    std::string item = body.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    std::string item =
+        body.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     size_t dash = item.find('-');
     if (dash == std::string::npos) {
       FT_CHECK(all_digits(item), "malformed SLURM host list '", whole, "': '", item,

@@ -15,54 +15,107 @@ namespace ft::launcher {
 const std::vector<OptionSpec>& launch_option_specs() {
   // name, value, default, help, env mirrors (FT_/PET_ first, then plain), scheduler sources
   static const std::vector<OptionSpec> specs = {
-      {"nnodes", "N|MIN:MAX", "1",
+      {"nnodes",
+       "N|MIN:MAX",
+       "1",
        "Number of nodes, or MIN:MAX for an elastic job that starts once MIN nodes have joined.",
-       {"FT_NNODES", "PET_NNODES", "NNODES"}, {"SLURM_NNODES"}},
-      {"nproc-per-node", "N|auto|gpu|cpu", "auto",
-       "Workers on this node. auto/gpu: one per visible GPU (1 when there is none); cpu: one per core.",
-       {"FT_NPROC_PER_NODE", "PET_NPROC_PER_NODE", "NPROC_PER_NODE"}, {}},
-      {"node-rank", "R", "",
+       {"FT_NNODES", "PET_NNODES", "NNODES"},
+       {"SLURM_NNODES"}},
+      {"nproc-per-node",
+       "N|auto|gpu|cpu",
+       "auto",
+       "Workers on this node. auto/gpu: one per visible GPU (1 when there is none); cpu: one per "
+       "core.",
+       {"FT_NPROC_PER_NODE", "PET_NPROC_PER_NODE", "NPROC_PER_NODE"},
+       {}},
+      {"node-rank",
+       "R",
+       "",
        "This node's rank in [0, nnodes). Unset: assigned in the order nodes join.",
-       {"FT_NODE_RANK", "PET_NODE_RANK", "NODE_RANK"}, {"SLURM_NODEID"}},
-      {"master-addr", "HOST", "127.0.0.1",
-       "Address of node 0, which hosts the rendezvous store. Used as given, never reverse-resolved.",
-       {"FT_MASTER_ADDR", "PET_MASTER_ADDR", "MASTER_ADDR"}, {"SLURM_JOB_NODELIST"}},
-      {"master-port", "PORT", "29500",
+       {"FT_NODE_RANK", "PET_NODE_RANK", "NODE_RANK"},
+       {"SLURM_NODEID"}},
+      {"master-addr",
+       "HOST",
+       "127.0.0.1",
+       "Address of node 0, which hosts the rendezvous store. Used as given, never "
+       "reverse-resolved.",
+       {"FT_MASTER_ADDR", "PET_MASTER_ADDR", "MASTER_ADDR"},
+       {"SLURM_JOB_NODELIST"}},
+      {"master-port",
+       "PORT",
+       "29500",
        "Port of the rendezvous store on node 0. 0 picks a free port (single node only).",
-       {"FT_MASTER_PORT", "PET_MASTER_PORT", "MASTER_PORT"}, {}},
-      {"rdzv-endpoint", "HOST:PORT", "",
+       {"FT_MASTER_PORT", "PET_MASTER_PORT", "MASTER_PORT"},
+       {}},
+      {"rdzv-endpoint",
+       "HOST:PORT",
+       "",
        "Rendezvous store endpoint; overrides --master-addr/--master-port when given.",
-       {"FT_RDZV_ENDPOINT", "PET_RDZV_ENDPOINT"}, {}},
-      {"rdzv-id", "ID", "none",
+       {"FT_RDZV_ENDPOINT", "PET_RDZV_ENDPOINT"},
+       {}},
+      {"rdzv-id",
+       "ID",
+       "none",
        "Job id every node must agree on; a node with another id is refused.",
-       {"FT_RDZV_ID", "PET_RDZV_ID"}, {"SLURM_JOB_ID"}},
-      {"rdzv-timeout", "SECONDS", "600",
+       {"FT_RDZV_ID", "PET_RDZV_ID"},
+       {"SLURM_JOB_ID"}},
+      {"rdzv-timeout",
+       "SECONDS",
+       "600",
        "How long to wait for all nodes to join (and for the store to answer).",
-       {"FT_RDZV_TIMEOUT", "PET_RDZV_TIMEOUT"}, {}},
-      {"rdzv-last-call", "SECONDS", "30",
+       {"FT_RDZV_TIMEOUT", "PET_RDZV_TIMEOUT"},
+       {}},
+      {"rdzv-last-call",
+       "SECONDS",
+       "30",
        "With --nnodes MIN:MAX: after MIN nodes joined, how long to wait for more.",
-       {"FT_RDZV_LAST_CALL", "PET_RDZV_LAST_CALL"}, {}},
-      {"standalone", "", "",
+       {"FT_RDZV_LAST_CALL", "PET_RDZV_LAST_CALL"},
+       {}},
+      {"standalone",
+       "",
+       "",
        "Single-node job on a free local port; ignores master/rendezvous settings.",
-       {"FT_STANDALONE", "PET_STANDALONE"}, {}},
-      {"max-restarts", "K", "0",
+       {"FT_STANDALONE", "PET_STANDALONE"},
+       {}},
+      {"max-restarts",
+       "K",
+       "0",
        "Restarts of the whole job after a failure, one budget for all nodes.",
-       {"FT_MAX_RESTARTS", "PET_MAX_RESTARTS"}, {}},
-      {"monitor-interval", "SECONDS", "0.1", "How often workers and the store are checked.",
-       {"FT_MONITOR_INTERVAL", "PET_MONITOR_INTERVAL"}, {}},
-      {"log-dir", "DIR", "",
+       {"FT_MAX_RESTARTS", "PET_MAX_RESTARTS"},
+       {}},
+      {"monitor-interval",
+       "SECONDS",
+       "0.1",
+       "How often workers and the store are checked.",
+       {"FT_MONITOR_INTERVAL", "PET_MONITOR_INTERVAL"},
+       {}},
+      {"log-dir",
+       "DIR",
+       "",
        "Also write each worker's full output to DIR/attempt_<restart>/node<N>.rank<R>.log.",
-       {"FT_LOG_DIR", "PET_LOG_DIR"}, {}},
-      {"advertise-addr", "ADDR", "",
-       "Address other nodes should use for this node. Default: the local address that reaches the store.",
-       {"FT_ADVERTISE_ADDR"}, {}},
-      {"term-grace", "SECONDS", "15",
+       {"FT_LOG_DIR", "PET_LOG_DIR"},
+       {}},
+      {"advertise-addr",
+       "ADDR",
+       "",
+       "Address other nodes should use for this node. Default: the local address that reaches the "
+       "store.",
+       {"FT_ADVERTISE_ADDR"},
+       {}},
+      {"term-grace",
+       "SECONDS",
+       "15",
        "Seconds between SIGTERM and SIGKILL when stopping workers.",
-       {"FT_TERM_GRACE"}, {}},
+       {"FT_TERM_GRACE"},
+       {}},
       {"role", "NAME", "default", "Worker role name (ROLE_NAME).", {"FT_ROLE", "PET_ROLE"}, {}},
-      {"dry-run", "", "",
-       "Print the resolved layout, where each value came from and the worker environment; run nothing.",
-       {"FT_DRY_RUN"}, {}},
+      {"dry-run",
+       "",
+       "",
+       "Print the resolved layout, where each value came from and the worker environment; run "
+       "nothing.",
+       {"FT_DRY_RUN"},
+       {}},
   };
   return specs;
 }
@@ -122,7 +175,8 @@ int to_int(const Resolved& r, const std::string& name, long lo, long hi) {
   errno = 0;
   long v = std::strtol(r.value.c_str(), &end, 10);
   FT_CHECK(errno == 0 && end && *end == '\0' && !r.value.empty() && v >= lo && v <= hi, "--", name,
-           " must be an integer in [", lo, ", ", hi, "], got '", r.value, "' (from ", r.source, ")");
+           " must be an integer in [", lo, ", ", hi, "], got '", r.value, "' (from ", r.source,
+           ")");
   return static_cast<int>(v);
 }
 
@@ -163,9 +217,7 @@ std::map<std::string, Resolved> resolve_options(const std::map<std::string, std:
 
 std::pair<int, int> parse_nnodes(const std::string& text, const std::string& source) {
   size_t colon = text.find(':');
-  auto num = [&](const std::string& s) {
-    return to_int(Resolved{s, source}, "nnodes", 1, 100000);
-  };
+  auto num = [&](const std::string& s) { return to_int(Resolved{s, source}, "nnodes", 1, 100000); };
   if (colon == std::string::npos) {
     int n = num(text);
     return {n, n};
@@ -204,10 +256,11 @@ LaunchConfig make_launch_config(const std::map<std::string, Resolved>& r,
   if (get("rdzv-endpoint").set()) {
     const std::string& ep = get("rdzv-endpoint").value;
     size_t colon = ep.rfind(':');
-    FT_CHECK(colon != std::string::npos && colon > 0, "--rdzv-endpoint must be HOST:PORT, got '", ep,
-             "' (from ", get("rdzv-endpoint").source, ")");
+    FT_CHECK(colon != std::string::npos && colon > 0, "--rdzv-endpoint must be HOST:PORT, got '",
+             ep, "' (from ", get("rdzv-endpoint").source, ")");
     host = ep.substr(0, colon);
-    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+      host = host.substr(1, host.size() - 2);
     port = to_int(Resolved{ep.substr(colon + 1), get("rdzv-endpoint").source}, "rdzv-endpoint port",
                   0, 65535);
   }
@@ -239,9 +292,9 @@ LaunchConfig make_launch_config(const std::map<std::string, Resolved>& r,
   c.role = get("role").value;
 
   if (c.node_rank) {
-    FT_CHECK(c.min_nodes == c.max_nodes,
-             "--node-rank cannot be combined with an elastic --nnodes ", get("nnodes").value,
-             ": ranks are assigned in join order there (node-rank from ", get("node-rank").source, ")");
+    FT_CHECK(c.min_nodes == c.max_nodes, "--node-rank cannot be combined with an elastic --nnodes ",
+             get("nnodes").value, ": ranks are assigned in join order there (node-rank from ",
+             get("node-rank").source, ")");
     FT_CHECK(*c.node_rank < c.max_nodes, "--node-rank ", *c.node_rank, " (from ",
              get("node-rank").source, ") must be below --nnodes ", c.max_nodes, " (from ",
              get("nnodes").source, ")");
@@ -252,7 +305,8 @@ LaunchConfig make_launch_config(const std::map<std::string, Resolved>& r,
 }
 
 std::string options_markdown() {
-  std::string s = "| flag | value | default | environment | SLURM | meaning |\n|---|---|---|---|---|---|\n";
+  std::string s =
+      "| flag | value | default | environment | SLURM | meaning |\n|---|---|---|---|---|---|\n";
   for (const auto& o : launch_option_specs()) {
     std::string env, sched;
     for (const auto& e : o.env) env += (env.empty() ? "" : ", ") + ("`" + e + "`");

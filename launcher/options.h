@@ -1,7 +1,7 @@
 // Every `ft launch` setting, declared once: flag, default, help and the environment variables that
-// mirror it. The table drives CLI parsing, `--help`, `--dry-run` and docs/launcher.md, and `resolve()`
-// applies ft's precedence: flag > FT_* / PET_* > plain env > scheduler (SLURM) > default.
-// Pure data and functions over it; thread-safe.
+// mirror it. The table drives CLI parsing, `--help`, `--dry-run` and docs/launcher.md, and
+// `resolve()` applies ft's precedence: flag > FT_* / PET_* > plain env > scheduler (SLURM) >
+// default. Pure data and functions over it; thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +17,7 @@ struct OptionSpec {
   std::string value_name;     // "N|auto" for help; empty for boolean flags
   std::string default_value;  // "" means unset
   std::string help;
-  std::vector<std::string> env;        // FT_*/PET_* first, then plain variables, in precedence order
+  std::vector<std::string> env;  // FT_*/PET_* first, then plain variables, in precedence order
   std::vector<std::string> scheduler;  // SLURM variables that can supply it (described in help)
   bool is_flag() const { return value_name.empty(); }
 };
@@ -29,7 +29,8 @@ const OptionSpec& launch_option_spec(const std::string& name);
 // A resolved value and where it came from, e.g. {"2", "env NNODES"}.
 struct Resolved {
   std::string value;
-  std::string source;  // "flag --nnodes", "env PET_NNODES", "SLURM_NNODES", "default", "--standalone"
+  std::string
+      source;  // "flag --nnodes", "env PET_NNODES", "SLURM_NNODES", "default", "--standalone"
   bool set() const { return !value.empty(); }
 };
 
@@ -45,23 +46,23 @@ std::map<std::string, Resolved> resolve_options(const std::map<std::string, std:
 struct LaunchConfig {
   int min_nodes = 1;
   int max_nodes = 1;
-  int nproc_per_node = 1;          // resolved from "auto"/"gpu"/"cpu" too
-  std::string nproc_spec;          // as given: "auto", "4"...
-  std::optional<int> node_rank;    // unset: assigned in join order
-  std::string rdzv_host;           // the store's host as every node reaches it
-  uint16_t rdzv_port = 29500;      // 0: pick a free port (single node only)
+  int nproc_per_node = 1;        // resolved from "auto"/"gpu"/"cpu" too
+  std::string nproc_spec;        // as given: "auto", "4"...
+  std::optional<int> node_rank;  // unset: assigned in join order
+  std::string rdzv_host;         // the store's host as every node reaches it
+  uint16_t rdzv_port = 29500;    // 0: pick a free port (single node only)
   std::string rdzv_id = "none";
   double rdzv_timeout_s = 600;
-  double rdzv_last_call_s = 30;    // --nnodes MIN:MAX: wait this long for more nodes after MIN
+  double rdzv_last_call_s = 30;  // --nnodes MIN:MAX: wait this long for more nodes after MIN
   bool standalone = false;
   int max_restarts = 0;
   double monitor_interval_s = 0.1;
-  std::string log_dir;             // "" = console only
-  std::string advertise_addr;      // "" = the address this node uses to reach the store
+  std::string log_dir;         // "" = console only
+  std::string advertise_addr;  // "" = the address this node uses to reach the store
   double term_grace_s = 15;
   bool dry_run = false;
   std::string role = "default";
-  std::vector<std::string> program;  // PROGRAM ARGS...
+  std::vector<std::string> program;         // PROGRAM ARGS...
   std::map<std::string, Resolved> sources;  // for --dry-run
 };
 

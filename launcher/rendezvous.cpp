@@ -37,9 +37,7 @@ std::string numeric(const sockaddr* sa) {
   return buf;
 }
 
-std::string who(const Fingerprint& f) {
-  return fmt::format("{} ({})", f.hostname, f.addr);
-}
+std::string who(const Fingerprint& f) { return fmt::format("{} ({})", f.hostname, f.addr); }
 
 }  // namespace
 
@@ -62,8 +60,7 @@ bool is_local_host(const std::string& host) {
   return local;
 }
 
-Rendezvous::Rendezvous(const LaunchConfig& cfg, Fingerprint mine,
-                       std::function<bool()> interrupted)
+Rendezvous::Rendezvous(const LaunchConfig& cfg, Fingerprint mine, std::function<bool()> interrupted)
     : cfg_(cfg), mine_(std::move(mine)), interrupted_(std::move(interrupted)) {}
 
 std::string Rendezvous::key(int round, const std::string& name) {
@@ -99,15 +96,15 @@ std::string Rendezvous::missing_description(int round, int64_t joined) {
     else
       ranks.insert(r);
   }
-  std::string s = fmt::format("{}/{} nodes joined", joined, cfg_.min_nodes == cfg_.max_nodes
-                                                                ? std::to_string(cfg_.max_nodes)
-                                                                : fmt::format("{}..{}", cfg_.min_nodes, cfg_.max_nodes));
+  std::string s = fmt::format("{}/{} nodes joined", joined,
+                              cfg_.min_nodes == cfg_.max_nodes
+                                  ? std::to_string(cfg_.max_nodes)
+                                  : fmt::format("{}..{}", cfg_.min_nodes, cfg_.max_nodes));
   if (!implicit) {
     std::vector<std::string> missing;
     for (int r = 0; r < cfg_.min_nodes; ++r)
       if (!ranks.count(r)) missing.push_back(std::to_string(r));
-    if (!missing.empty())
-      s += fmt::format(" (missing node_rank {})", fmt::join(missing, ", "));
+    if (!missing.empty()) s += fmt::format(" (missing node_rank {})", fmt::join(missing, ", "));
   }
   return s;
 }
@@ -138,15 +135,15 @@ std::string Rendezvous::coordinate(int round) {
       n = cfg_.max_nodes;
       break;
     }
-    if (min_reached && Clock::now() - *min_reached >=
-                           std::chrono::duration<double>(cfg_.rdzv_last_call_s) &&
+    if (min_reached &&
+        Clock::now() - *min_reached >= std::chrono::duration<double>(cfg_.rdzv_last_call_s) &&
         have_fps(joined)) {
       n = std::min<int64_t>(joined, cfg_.max_nodes);
       break;
     }
     if (Clock::now() >= deadline) {
-      return json{{"error", fmt::format("rendezvous timed out after {:.0f} s: {}", cfg_.rdzv_timeout_s,
-                                        missing_description(round, joined))}}
+      return json{{"error", fmt::format("rendezvous timed out after {:.0f} s: {}",
+                                        cfg_.rdzv_timeout_s, missing_description(round, joined))}}
           .dump();
     }
     std::this_thread::sleep_for(kPollInterval);
@@ -163,12 +160,13 @@ std::string Rendezvous::coordinate(int round) {
     int r = fps[i].node_rank;
     if (r < 0) continue;
     if (r >= n) {
-      errors.push_back(fmt::format("node {} asks for node_rank {} but the job has {} nodes",
-                                   who(fps[i]), r, n));
+      errors.push_back(
+          fmt::format("node {} asks for node_rank {} but the job has {} nodes", who(fps[i]), r, n));
     } else if (auto it = claimed.find(r); it != claimed.end()) {
-      errors.push_back(fmt::format("duplicate node_rank {}: claimed by {} and by {}; give each node "
-                                   "its own --node-rank",
-                                   r, who(fps[it->second]), who(fps[i])));
+      errors.push_back(
+          fmt::format("duplicate node_rank {}: claimed by {} and by {}; give each node "
+                      "its own --node-rank",
+                      r, who(fps[it->second]), who(fps[i])));
     } else {
       claimed[r] = static_cast<int>(i);
     }
@@ -181,12 +179,14 @@ std::string Rendezvous::coordinate(int round) {
     if (diffs.empty()) continue;
     std::vector<std::string> parts;
     for (auto& d : diffs)
-      parts.push_back(fmt::format("{} is '{}' there but '{}' on the reference", d.field, d.actual,
-                                  d.expected));
-    std::string rank_text = fps[i].node_rank >= 0 ? fmt::format("node_rank {} ", fps[i].node_rank) : "";
-    errors.push_back(fmt::format("{}{} differs from {}{}: {}", rank_text, who(fps[i]),
-                                 fps[ref].node_rank >= 0 ? fmt::format("node_rank {} ", fps[ref].node_rank) : "",
-                                 who(fps[ref]), fmt::join(parts, "; ")));
+      parts.push_back(
+          fmt::format("{} is '{}' there but '{}' on the reference", d.field, d.actual, d.expected));
+    std::string rank_text =
+        fps[i].node_rank >= 0 ? fmt::format("node_rank {} ", fps[i].node_rank) : "";
+    errors.push_back(
+        fmt::format("{}{} differs from {}{}: {}", rank_text, who(fps[i]),
+                    fps[ref].node_rank >= 0 ? fmt::format("node_rank {} ", fps[ref].node_rank) : "",
+                    who(fps[ref]), fmt::join(parts, "; ")));
   }
   if (!errors.empty()) {
     return json{{"error", fmt::format("rendezvous refused {} node(s):\n  {}", errors.size(),
@@ -225,8 +225,8 @@ RoundResult Rendezvous::join(int round) {
   }
   // Everyone (the host too) reads the published result. Give the host a little longer than our own
   // timeout to answer, since it may have started after us.
-  const auto deadline =
-      Clock::now() + std::chrono::duration<double>(cfg_.rdzv_timeout_s + (store_->is_host() ? 0 : 5));
+  const auto deadline = Clock::now() + std::chrono::duration<double>(cfg_.rdzv_timeout_s +
+                                                                     (store_->is_host() ? 0 : 5));
   while (result_text.empty()) {
     if (interrupted_()) throw RendezvousError("rendezvous interrupted by a signal");
     if (auto r = store_->try_get(key(round, "result"))) {

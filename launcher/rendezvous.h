@@ -1,10 +1,10 @@
 // Static (and MIN:MAX) rendezvous of launchers over c10d's TCPStore, one round per restart.
 // The launcher that hosts the store coordinates each round: it waits for the nodes, checks their
 // fingerprints (software, layout, program), assigns node ranks and publishes the round's result or
-// the reason it was refused; every launcher then reads the same answer, so all print the same error.
-// Keys live under "ft/r<round>/"; worker keys from an earlier round are purged before the next one
-// starts (torch >= 2.x Python workers attach without a per-round prefix).
-// Not thread-safe; used from the launcher's main thread.
+// the reason it was refused; every launcher then reads the same answer, so all print the same
+// error. Keys live under "ft/r<round>/"; worker keys from an earlier round are purged before the
+// next one starts (torch >= 2.x Python workers attach without a per-round prefix). Not thread-safe;
+// used from the launcher's main thread.
 #pragma once
 
 #include <functional>

@@ -9,7 +9,7 @@ namespace ft::launcher {
 
 class SignalPipe {
  public:
-  SignalPipe();  // installs the handlers; SIGPIPE is ignored so a closed console cannot kill us
+  SignalPipe();   // installs the handlers; SIGPIPE is ignored so a closed console cannot kill us
   ~SignalPipe();  // restores default dispositions
   int fd() const;
   std::vector<int> drain();  // signals received since the last drain, in order

@@ -1,6 +1,7 @@
 #include "store.h"
 
 #include <fmt/format.h>
+
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "core/error.h"
@@ -57,7 +58,8 @@ std::unique_ptr<RdzvStore> RdzvStore::host(uint16_t port, std::chrono::milliseco
           "Stop what holds it (`ss -ltnp 'sport = :{}'`), pick another --master-port, or use "
           "--master-port 0 / --standalone on a single node",
           port, port));
-    throw RendezvousError(fmt::format("cannot start the rendezvous store on port {}: {}", port, msg));
+    throw RendezvousError(
+        fmt::format("cannot start the rendezvous store on port {}: {}", port, msg));
   }
   impl->endpoint = fmt::format("127.0.0.1:{}", impl->store->getPort());
   return std::unique_ptr<RdzvStore>(new RdzvStore(std::move(impl), true));

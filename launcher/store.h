@@ -28,7 +28,7 @@ class RdzvStore {
   bool is_host() const { return is_host_; }
 
   void set(const std::string& key, const std::string& value);
-  std::string get(const std::string& key);             // key must exist
+  std::string get(const std::string& key);  // key must exist
   std::optional<std::string> try_get(const std::string& key);
   int64_t add(const std::string& key, int64_t delta);
   bool check(const std::string& key);

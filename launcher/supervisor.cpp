@@ -1,6 +1,7 @@
 #include "supervisor.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -9,8 +10,6 @@
 
 #include <cerrno>
 #include <cstring>
-
-#include <fmt/format.h>
 
 #include "core/error.h"
 
@@ -31,8 +30,8 @@ std::string WorkerExit::describe() const {
 struct WorkerGroup::Worker {
   WorkerSpec spec;
   pid_t pid = -1;
-  int fd[2] = {-1, -1};       // read ends of stdout, stderr pipes
-  std::string partial[2];     // incomplete last line per stream
+  int fd[2] = {-1, -1};    // read ends of stdout, stderr pipes
+  std::string partial[2];  // incomplete last line per stream
   std::deque<std::string> tail;
   int log_fd = -1;
   bool exited = false;
@@ -93,8 +92,8 @@ void WorkerGroup::spawn() {
       w.log_fd = ::open(w.spec.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (w.log_fd < 0) {
         int e = errno;
-        throw ConfigError(fmt::format("cannot write worker log file {}: {}", w.spec.log_path,
-                                      std::strerror(e)));
+        throw ConfigError(
+            fmt::format("cannot write worker log file {}: {}", w.spec.log_path, std::strerror(e)));
       }
     }
 
@@ -143,9 +142,10 @@ void WorkerGroup::spawn() {
     if (n == sizeof child_errno) {
       ::waitpid(pid, &w.status, 0);
       w.exited = true;
-      throw ConfigError(fmt::format("cannot run '{}': {}. Check the program path after `--` (and "
-                                    "that it is executable on every node)",
-                                    w.spec.argv[0], std::strerror(child_errno)));
+      throw ConfigError(
+          fmt::format("cannot run '{}': {}. Check the program path after `--` (and "
+                      "that it is executable on every node)",
+                      w.spec.argv[0], std::strerror(child_errno)));
     }
   }
 }

@@ -1,9 +1,9 @@
 // Local worker processes of one restart round: spawn, pump their output, reap, signal, stop.
 // Each worker runs in its own process group and gets SIGKILL when its launcher dies
 // (PR_SET_PDEATHSIG), so no orphan survives a killed launcher. Output reaches the console line by
-// line with a "[node N rank R] " prefix, one write(2) per line so lines from different workers never
-// interleave mid-line, and in full to a per-rank log file when one is set.
-// Ordering: only the launcher's main thread uses a WorkerGroup; spawn() forks from that thread.
+// line with a "[node N rank R] " prefix, one write(2) per line so lines from different workers
+// never interleave mid-line, and in full to a per-rank log file when one is set. Ordering: only the
+// launcher's main thread uses a WorkerGroup; spawn() forks from that thread.
 #pragma once
 
 #include <sys/types.h>
@@ -50,8 +50,8 @@ class WorkerGroup {
   // executable), SystemError when fork/pipe fail. Workers already started are killed on failure.
   void spawn();
 
-  // Waits up to `timeout` for output or exits (also waking when `wake_fd` is readable), pumps output
-  // and reaps exited workers. Returns whether `wake_fd` is readable.
+  // Waits up to `timeout` for output or exits (also waking when `wake_fd` is readable), pumps
+  // output and reaps exited workers. Returns whether `wake_fd` is readable.
   bool poll(std::chrono::milliseconds timeout, int wake_fd = -1);
 
   // Sends `sig` to every running worker's process group.

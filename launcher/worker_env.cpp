@@ -5,11 +5,24 @@
 namespace ft::launcher {
 
 const std::vector<std::string>& worker_env_keys() {
-  static const std::vector<std::string> keys = {
-      "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-      "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
-      "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-      "TORCHELASTIC_USE_AGENT_STORE", "NODE_RANK", "NNODES", "OMP_NUM_THREADS"};
+  static const std::vector<std::string> keys = {"RANK",
+                                                "LOCAL_RANK",
+                                                "WORLD_SIZE",
+                                                "LOCAL_WORLD_SIZE",
+                                                "GROUP_RANK",
+                                                "GROUP_WORLD_SIZE",
+                                                "ROLE_RANK",
+                                                "ROLE_WORLD_SIZE",
+                                                "ROLE_NAME",
+                                                "MASTER_ADDR",
+                                                "MASTER_PORT",
+                                                "TORCHELASTIC_RESTART_COUNT",
+                                                "TORCHELASTIC_MAX_RESTARTS",
+                                                "TORCHELASTIC_RUN_ID",
+                                                "TORCHELASTIC_USE_AGENT_STORE",
+                                                "NODE_RANK",
+                                                "NNODES",
+                                                "OMP_NUM_THREADS"};
   return keys;
 }
 
@@ -38,7 +51,8 @@ EnvMap worker_environment(const EnvMap& base, const JobLayout& l, int local_rank
   if (env.find("TORCH_NCCL_ASYNC_ERROR_HANDLING") == env.end())
     env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
   if (env.find("OMP_NUM_THREADS") == env.end())
-    env["OMP_NUM_THREADS"] = std::to_string(std::max(1, l.cpu_cores / std::max(1, l.nproc_per_node)));
+    env["OMP_NUM_THREADS"] =
+        std::to_string(std::max(1, l.cpu_cores / std::max(1, l.nproc_per_node)));
   return env;
 }
 

@@ -31,7 +31,8 @@ Run add_launch(CLI::App& app, const std::vector<std::string>& program) {
     std::string help = spec.help;
     if (!spec.default_value.empty()) help += fmt::format(" [default: {}]", spec.default_value);
     if (!spec.env.empty()) help += fmt::format(" [env: {}]", fmt::join(spec.env, ", "));
-    if (!spec.scheduler.empty()) help += fmt::format(" [SLURM: {}]", fmt::join(spec.scheduler, ", "));
+    if (!spec.scheduler.empty())
+      help += fmt::format(" [SLURM: {}]", fmt::join(spec.scheduler, ", "));
     CLI::Option* o;
     if (spec.is_flag()) {
       o = cmd->add_flag(names)->description(help);
@@ -59,7 +60,7 @@ Run add_launch(CLI::App& app, const std::vector<std::string>& program) {
     BuildInfo bi = build_info(true);
     long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
     auto cfg = launcher::make_launch_config(resolved, prog, bi.cuda_devices,
-                                          static_cast<int>(std::max(1L, cores)));
+                                            static_cast<int>(std::max(1L, cores)));
     if (cfg.dry_run) {
       std::fputs(launcher::dry_run_text(cfg).c_str(), stdout);
       return 0;

@@ -1,5 +1,5 @@
-// ft: launcher and runtime for fine-tuning LLMs on many GPUs. main() only parses, dispatches and maps
-// exceptions to exit codes; every subcommand lives in cmd_*.cpp.
+// ft: launcher and runtime for fine-tuning LLMs on many GPUs. main() only parses, dispatches and
+// maps exceptions to exit codes; every subcommand lives in cmd_*.cpp.
 #include <cstdio>
 #include <cstring>
 #include <map>

@@ -39,8 +39,8 @@ BuildInfo build_info(bool probe_devices) {
 }
 
 std::string version_text(const BuildInfo& b) {
-  std::string s = fmt::format("ft {} (commit {})\nLibTorch {}\n", b.ft_version, b.git_commit,
-                              b.torch_version);
+  std::string s =
+      fmt::format("ft {} (commit {})\nLibTorch {}\n", b.ft_version, b.git_commit, b.torch_version);
   if (b.cuda_compiled) {
     s += fmt::format("CUDA {} compiled in; NCCL {} compiled in\n", b.cuda_version, b.nccl_version);
     if (b.cuda_devices > 0)

@@ -1,6 +1,7 @@
-// Typed errors shared by the launcher and the runtime, and the two kinds of check (STYLE.md "Errors").
-// FT_CHECK validates user input (configs, flags, files, peers) and throws a typed error carrying the bad
-// value and what to do; FT_ASSERT guards internal invariants. Neither is compiled out. Thread-safe.
+// Typed errors shared by the launcher and the runtime, and the two kinds of check (STYLE.md
+// "Errors"). FT_CHECK validates user input (configs, flags, files, peers) and throws a typed error
+// carrying the bad value and what to do; FT_ASSERT guards internal invariants. Neither is compiled
+// out. Thread-safe.
 #pragma once
 
 #include <fmt/format.h>
@@ -11,8 +12,8 @@
 
 namespace ft {
 
-// Base of every error ft raises on purpose. `exit_code()` lets main() map a failure to a process status
-// without knowing every type.
+// Base of every error ft raises on purpose. `exit_code()` lets main() map a failure to a process
+// status without knowing every type.
 class Error : public std::runtime_error {
  public:
   explicit Error(std::string msg) : std::runtime_error(std::move(msg)) {}
@@ -66,20 +67,21 @@ std::string cat(Args&&... args) {
 }  // namespace ft
 
 // User-input check: throws ErrorType with the concatenated message parts.
-#define FT_CHECK_T(ErrorType, cond, ...)                \
-  do {                                                  \
+#define FT_CHECK_T(ErrorType, cond, ...)                          \
+  do {                                                            \
     if (!(cond)) throw ErrorType(::ft::detail::cat(__VA_ARGS__)); \
   } while (0)
 #define FT_CHECK(cond, ...) FT_CHECK_T(::ft::ConfigError, cond, __VA_ARGS__)
 
 // Internal invariant: a failure is a bug in ft, reported with file:line.
-#define FT_ASSERT(cond, ...)                                                                    \
-  do {                                                                                          \
-    if (!(cond)) ::ft::detail::assert_fail(#cond, __FILE__, __LINE__, ::ft::detail::cat(__VA_ARGS__)); \
+#define FT_ASSERT(cond, ...)                                                                \
+  do {                                                                                      \
+    if (!(cond))                                                                            \
+      ::ft::detail::assert_fail(#cond, __FILE__, __LINE__, ::ft::detail::cat(__VA_ARGS__)); \
   } while (0)
 
 // POSIX call check: `FT_SYSCALL(fd = open(...))` throws SystemError with strerror(errno) on -1.
-#define FT_SYSCALL(expr)                                                  \
-  do {                                                                    \
-    if ((expr) == -1) ::ft::throw_errno(#expr, __FILE__, __LINE__);       \
+#define FT_SYSCALL(expr)                                            \
+  do {                                                              \
+    if ((expr) == -1) ::ft::throw_errno(#expr, __FILE__, __LINE__); \
   } while (0)

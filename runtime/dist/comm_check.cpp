@@ -1,9 +1,9 @@
 #include "dist/comm_check.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <chrono>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "dist/process_group.h"
 

@@ -14,7 +14,8 @@ int env_int(const char* name, int fallback, int lo, int hi) {
   char* end = nullptr;
   long x = std::strtol(v, &end, 10);
   FT_CHECK(end && *end == '\0' && x >= lo && x <= hi, "environment variable ", name, "='", v,
-           "' must be an integer in [", lo, ", ", hi, "]; it is normally set by `ft launch` or torchrun");
+           "' must be an integer in [", lo, ", ", hi,
+           "]; it is normally set by `ft launch` or torchrun");
   return static_cast<int>(x);
 }
 

@@ -1,12 +1,12 @@
 #include "dist/process_group.h"
 
 #include <fmt/format.h>
+
+#include <cstdlib>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
-#include <cstdlib>
 
 #include "core/error.h"
 #include "core/net.h"
@@ -36,7 +36,8 @@ ProcessGroup::ProcessGroup(const DistEnv& env, const ProcessGroupOptions& opts)
       so.waitWorkers = false;
       so.timeout = opts.timeout;
       auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
-      impl_->store = c10::make_intrusive<c10d::PrefixStore>(worker_store_prefix(env.restart_count), tcp);
+      impl_->store =
+          c10::make_intrusive<c10d::PrefixStore>(worker_store_prefix(env.restart_count), tcp);
     } else {
       impl_->store = c10::make_intrusive<c10d::HashStore>();
     }
@@ -47,15 +48,17 @@ ProcessGroup::ProcessGroup(const DistEnv& env, const ProcessGroupOptions& opts)
     } else {
       // Bind where this machine reaches the store: right on multi-homed nodes and in containers
       // whose hostname does not resolve.
-      impl_->addr = env.launched() ? local_addr_towards(env.master_addr, env.master_port) : "127.0.0.1";
+      impl_->addr =
+          env.launched() ? local_addr_towards(env.master_addr, env.master_port) : "127.0.0.1";
       if (impl_->addr.empty()) impl_->addr = "127.0.0.1";
       gopts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(impl_->addr));
     }
-    impl_->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, env.rank,
-                                                               env.world_size, gopts);
+    impl_->gloo =
+        c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, env.rank, env.world_size, gopts);
   } catch (const c10::Error& e) {
-    throw BackendError(fmt::format("rank {}/{}: cannot form the Gloo process group through store {}: {}",
-                                   env.rank, env.world_size, endpoint, e.what_without_backtrace()));
+    throw BackendError(
+        fmt::format("rank {}/{}: cannot form the Gloo process group through store {}: {}", env.rank,
+                    env.world_size, endpoint, e.what_without_backtrace()));
   }
 }
 

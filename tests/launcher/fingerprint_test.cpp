@@ -1,10 +1,10 @@
 // Unit tests: node fingerprints round-trip and differ exactly where they must not.
-#include <catch2/catch.hpp>
+#include "fingerprint.h"
 
+#include <catch2/catch.hpp>
 #include <fstream>
 
 #include "core/error.h"
-#include "fingerprint.h"
 #include "support/subprocess.h"
 
 using namespace ft::launcher;
@@ -56,9 +56,11 @@ TEST_CASE("identity fields may differ; software, layout and program may not", "[
   CHECK(d[1].field == "torch_version");
   for (auto mutate : std::vector<void (*)(Fingerprint&)>{
            [](Fingerprint& f) { f.rdzv_id = "other"; }, [](Fingerprint& f) { f.nnodes = "3"; },
-           [](Fingerprint& f) { f.cuda_version = ""; }, [](Fingerprint& f) { f.nccl_version = "2.21"; },
+           [](Fingerprint& f) { f.cuda_version = ""; },
+           [](Fingerprint& f) { f.nccl_version = "2.21"; },
            [](Fingerprint& f) { f.gpu_name = "A100"; }, [](Fingerprint& f) { f.gpu_count = 4; },
-           [](Fingerprint& f) { f.ft_commit = "def"; }, [](Fingerprint& f) { f.program_hash = "1"; },
+           [](Fingerprint& f) { f.ft_commit = "def"; },
+           [](Fingerprint& f) { f.program_hash = "1"; },
            [](Fingerprint& f) { f.max_restarts = 3; }}) {
     Fingerprint c = sample();
     mutate(c);

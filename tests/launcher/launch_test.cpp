@@ -1,13 +1,13 @@
 // Multi-process tests of `ft launch`: real launchers and workers on loopback, free ports, short
 // timeouts. Workers are small shell programs, `ft comm-check` (a real Gloo all-reduce) and a stock
 // PyTorch script.
-#include <catch2/catch.hpp>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <netinet/in.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <fstream>
 #include <regex>
@@ -95,7 +95,8 @@ TEST_CASE("1 node x 3 workers: torchrun environment and a Gloo all-reduce", "[mu
     CHECK(e["NNODES"] == "1");
     CHECK(std::stoi(e["OMP_NUM_THREADS"]) >= 1);
   }
-  Child cc = launch(dir, "cc", {"--nproc-per-node", "3", "--standalone"}, {ft_bin(), "comm-check", "--iters", "2"});
+  Child cc = launch(dir, "cc", {"--nproc-per-node", "3", "--standalone"},
+                    {ft_bin(), "comm-check", "--iters", "2"});
   REQUIRE(wait_for(cc, 60) == 0);
   std::string out = cc.output();
   for (int r = 0; r < 3; ++r)
@@ -107,9 +108,10 @@ TEST_CASE("2 nodes x 2 workers on loopback: ranks, environment and all-reduce", 
   std::string dir = make_temp_dir();
   std::string port = std::to_string(free_port());
   auto args = [&](int node) {
-    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(node),
-                                    "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                                    "--master-port", port, "--rdzv-timeout", "30"};
+    return std::vector<std::string>{
+        "--nnodes",         "2",  "--node-rank",    std::to_string(node),
+        "--nproc-per-node", "2",  "--master-addr",  "127.0.0.1",
+        "--master-port",    port, "--rdzv-timeout", "30"};
   };
   std::vector<std::string> prog = sh(kWriteEnv + " && exec " + ft_bin() + " comm-check --iters 2");
   Child n1 = launch(dir, "n1", args(1), prog, {{"DIR", dir}});  // node 1 first: it must wait for 0
@@ -134,8 +136,8 @@ TEST_CASE("2 nodes x 2 workers on loopback: ranks, environment and all-reduce", 
 TEST_CASE("node ranks are assigned in join order when not given", "[multiproc]") {
   std::string dir = make_temp_dir();
   std::string port = std::to_string(free_port());
-  std::vector<std::string> a = {"--nnodes", "2", "--nproc-per-node", "1", "--master-port", port,
-                                "--rdzv-timeout", "30"};
+  std::vector<std::string> a = {"--nnodes",      "2",  "--nproc-per-node", "1",
+                                "--master-port", port, "--rdzv-timeout",   "30"};
   Child x = launch(dir, "x", a, sh(kWriteEnv), {{"DIR", dir}});
   Child y = launch(dir, "y", a, sh(kWriteEnv), {{"DIR", dir}});
   REQUIRE(wait_for(x, 60) == 0);
@@ -144,7 +146,8 @@ TEST_CASE("node ranks are assigned in join order when not given", "[multiproc]")
   CHECK(parse_env_file(dir + "/env.1")["NODE_RANK"] == "1");
 }
 
-TEST_CASE("a stock PyTorch script runs unchanged, 1 and 2 nodes, and across a restart", "[multiproc]") {
+TEST_CASE("a stock PyTorch script runs unchanged, 1 and 2 nodes, and across a restart",
+          "[multiproc]") {
   if (ft_python().empty()) {
     WARN("FT_PYTHON not configured: skipping the Python script test");
     return;
@@ -157,9 +160,9 @@ TEST_CASE("a stock PyTorch script runs unchanged, 1 and 2 nodes, and across a re
 
   std::string port = std::to_string(free_port());
   auto args = [&](int node) {
-    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(node),
-                                    "--nproc-per-node", "1", "--master-port", port,
-                                    "--max-restarts", "1", "--rdzv-timeout", "60"};
+    return std::vector<std::string>{"--nnodes",         "2", "--node-rank",    std::to_string(node),
+                                    "--nproc-per-node", "1", "--master-port",  port,
+                                    "--max-restarts",   "1", "--rdzv-timeout", "60"};
   };
   std::vector<std::string> prog = {ft_python(), script, "--fail-first-attempt"};
   Child n0 = launch(dir, "py2a", args(0), prog);
@@ -183,9 +186,9 @@ TEST_CASE("a failing worker in a 2-node job stops both launchers with a root-cau
   std::string dir = make_temp_dir();
   std::string port = std::to_string(free_port());
   auto args = [&](int node) {
-    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(node),
-                                    "--nproc-per-node", "2", "--master-port", port,
-                                    "--rdzv-timeout", "30", "--term-grace", "3"};
+    return std::vector<std::string>{"--nnodes",         "2",  "--node-rank",   std::to_string(node),
+                                    "--nproc-per-node", "2",  "--master-port", port,
+                                    "--rdzv-timeout",   "30", "--term-grace",  "3"};
   };
   // Rank 3 fails once every worker has started; the others would sleep for a minute.
   std::string script =
@@ -219,8 +222,9 @@ TEST_CASE("SIGTERM and SIGKILL to a launcher leave none of its workers", "[multi
     DYNAMIC_SECTION("signal " << sig) {
       std::string dir = make_temp_dir();
       // A worker that ignores SIGTERM must still go (SIGKILL after the grace).
-      std::string script = "if [ $RANK = 1 ]; then trap '' TERM; fi; echo $$ > $DIR/pid.$RANK; "
-                           "while true; do sleep 0.1; done";
+      std::string script =
+          "if [ $RANK = 1 ]; then trap '' TERM; fi; echo $$ > $DIR/pid.$RANK; "
+          "while true; do sleep 0.1; done";
       Child c = launch(dir, "l", {"--nproc-per-node", "2", "--standalone", "--term-grace", "1"},
                        sh(script), {{"DIR", dir}});
       REQUIRE(wait_until([&] { return read_pids(dir, 2).size() == 2; }, 30));
@@ -229,11 +233,13 @@ TEST_CASE("SIGTERM and SIGKILL to a launcher leave none of its workers", "[multi
       auto st = wait_for(c, 10);
       REQUIRE(st.has_value());
       CHECK(*st == 128 + sig);
-      CHECK(wait_until([&] {
-        for (pid_t p : pids)
-          if (pid_alive(p)) return false;
-        return true;
-      }, 5));
+      CHECK(wait_until(
+          [&] {
+            for (pid_t p : pids)
+              if (pid_alive(p)) return false;
+            return true;
+          },
+          5));
       if (sig == SIGTERM) CHECK_THAT(c.output(), Catch::Contains("received SIGTERM"));
     }
   }
@@ -241,8 +247,9 @@ TEST_CASE("SIGTERM and SIGKILL to a launcher leave none of its workers", "[multi
 
 TEST_CASE("USR1 is forwarded to workers without stopping them", "[multiproc]") {
   std::string dir = make_temp_dir();
-  std::string script = "trap 'echo got-usr1 > $DIR/usr1.$RANK; exit 0' USR1; echo $$ > $DIR/pid.$RANK; "
-                       "while true; do sleep 0.05; done";
+  std::string script =
+      "trap 'echo got-usr1 > $DIR/usr1.$RANK; exit 0' USR1; echo $$ > $DIR/pid.$RANK; "
+      "while true; do sleep 0.05; done";
   Child c = launch(dir, "l", {"--nproc-per-node", "2", "--standalone"}, sh(script), {{"DIR", dir}});
   REQUIRE(wait_until([&] { return read_pids(dir, 2).size() == 2; }, 30));
   ::kill(c.pid, SIGUSR1);
@@ -251,12 +258,14 @@ TEST_CASE("USR1 is forwarded to workers without stopping them", "[multiproc]") {
   CHECK(read_file(dir + "/usr1.1") == "got-usr1\n");
 }
 
-TEST_CASE("max-restarts 1 runs the program again with TORCHELASTIC_RESTART_COUNT=1", "[multiproc]") {
+TEST_CASE("max-restarts 1 runs the program again with TORCHELASTIC_RESTART_COUNT=1",
+          "[multiproc]") {
   std::string dir = make_temp_dir();
   // Round 0 fails once both workers have recorded it (else teardown may beat rank 1's echo).
-  std::string script = "echo $TORCHELASTIC_RESTART_COUNT >> $DIR/count.$RANK; "
-                       "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then "
-                       "while [ $(cat $DIR/count.* | wc -l) -lt 2 ]; do sleep 0.02; done; exit 3; fi";
+  std::string script =
+      "echo $TORCHELASTIC_RESTART_COUNT >> $DIR/count.$RANK; "
+      "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then "
+      "while [ $(cat $DIR/count.* | wc -l) -lt 2 ]; do sleep 0.02; done; exit 3; fi";
   Child c = launch(dir, "l", {"--nproc-per-node", "2", "--standalone", "--max-restarts", "1"},
                    sh(script), {{"DIR", dir}});
   REQUIRE(wait_for(c, 30) == 0);
@@ -272,9 +281,11 @@ TEST_CASE("max-restarts 1 runs the program again with TORCHELASTIC_RESTART_COUNT
 
 TEST_CASE("output is prefixed line by line, never split, and logged per rank", "[multiproc]") {
   std::string dir = make_temp_dir();
-  // Each worker writes 300 long lines as fast as it can, some without a trailing newline at the end.
+  // Each worker writes 300 long lines as fast as it can, some without a trailing newline at the
+  // end.
   std::string script =
-      "i=0; while [ $i -lt 300 ]; do echo \"rank$RANK line$i $(printf '%0200d' 0)\"; i=$((i+1)); done; "
+      "i=0; while [ $i -lt 300 ]; do echo \"rank$RANK line$i $(printf '%0200d' 0)\"; i=$((i+1)); "
+      "done; "
       "printf 'tail-without-newline'";
   Child c = launch(dir, "l", {"--nproc-per-node", "3", "--standalone", "--log-dir", dir + "/logs"},
                    sh(script));
@@ -303,12 +314,14 @@ TEST_CASE("refused: mismatched fingerprint, every launcher names the field", "[m
   std::string dir = make_temp_dir();
   std::string port = std::to_string(free_port());
   auto args = [&](int node, const std::string& nproc) {
-    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(node),
-                                    "--nproc-per-node", nproc, "--master-port", port,
-                                    "--rdzv-timeout", "20"};
+    return std::vector<std::string>{
+        "--nnodes",         "2",   "--node-rank",   std::to_string(node),
+        "--nproc-per-node", nproc, "--master-port", port,
+        "--rdzv-timeout",   "20"};
   };
   Child n0 = launch(dir, "n0", args(0, "2"), sh("touch $DIR/ran.0"), {{"DIR", dir}});
-  Child n1 = launch(dir, "n1", args(1, "1"), sh("touch $DIR/ran.1 # another program"), {{"DIR", dir}});
+  Child n1 =
+      launch(dir, "n1", args(1, "1"), sh("touch $DIR/ran.1 # another program"), {{"DIR", dir}});
   REQUIRE(wait_for(n0, 30) == 3);
   REQUIRE(wait_for(n1, 30) == 3);
   for (auto* c : {&n0, &n1}) {
@@ -328,9 +341,9 @@ TEST_CASE("refused: a different --rdzv-id", "[multiproc]") {
   std::string dir = make_temp_dir();
   std::string port = std::to_string(free_port());
   auto args = [&](int node, const std::string& id) {
-    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(node),
-                                    "--nproc-per-node", "1", "--master-port", port, "--rdzv-id", id,
-                                    "--rdzv-timeout", "20"};
+    return std::vector<std::string>{"--nnodes",         "2", "--node-rank",    std::to_string(node),
+                                    "--nproc-per-node", "1", "--master-port",  port,
+                                    "--rdzv-id",        id,  "--rdzv-timeout", "20"};
   };
   Child n0 = launch(dir, "n0", args(0, "jobA"), sh("exit 0"));
   Child n1 = launch(dir, "n1", args(1, "jobB"), sh("exit 0"));
@@ -343,9 +356,9 @@ TEST_CASE("refused: duplicate node rank", "[multiproc]") {
   std::string dir = make_temp_dir();
   std::string port = std::to_string(free_port());
   auto args = [&](int node) {
-    return std::vector<std::string>{"--nnodes", "3", "--node-rank", std::to_string(node),
+    return std::vector<std::string>{"--nnodes",         "3", "--node-rank",   std::to_string(node),
                                     "--nproc-per-node", "1", "--master-port", port,
-                                    "--rdzv-timeout", "20"};
+                                    "--rdzv-timeout",   "20"};
   };
   Child n0 = launch(dir, "n0", args(0), sh("exit 0"));
   Child a = launch(dir, "a", args(1), sh("exit 0"));
@@ -359,15 +372,19 @@ TEST_CASE("refused: duplicate node rank", "[multiproc]") {
 TEST_CASE("rendezvous timeout says how many joined and which ranks are missing", "[multiproc]") {
   std::string dir = make_temp_dir();
   std::string port = std::to_string(free_port());
-  Child n0 = launch(dir, "n0", {"--nnodes", "3", "--node-rank", "0", "--nproc-per-node", "1",
-                                "--master-port", port, "--rdzv-timeout", "1.5"},
+  Child n0 = launch(dir, "n0",
+                    {"--nnodes", "3", "--node-rank", "0", "--nproc-per-node", "1", "--master-port",
+                     port, "--rdzv-timeout", "1.5"},
                     sh("exit 0"));
-  Child n2 = launch(dir, "n2", {"--nnodes", "3", "--node-rank", "2", "--nproc-per-node", "1",
-                                "--master-port", port, "--rdzv-timeout", "1.5"},
+  Child n2 = launch(dir, "n2",
+                    {"--nnodes", "3", "--node-rank", "2", "--nproc-per-node", "1", "--master-port",
+                     port, "--rdzv-timeout", "1.5"},
                     sh("exit 0"));
   REQUIRE(wait_for(n0, 20) == 3);
   REQUIRE(wait_for(n2, 20) == 3);
-  CHECK_THAT(n0.output(), Catch::Contains("rendezvous timed out after 2 s: 2/3 nodes joined (missing node_rank 1)"));
+  CHECK_THAT(
+      n0.output(),
+      Catch::Contains("rendezvous timed out after 2 s: 2/3 nodes joined (missing node_rank 1)"));
   CHECK_THAT(n2.output(), Catch::Contains("missing node_rank 1"));
 }
 
@@ -382,7 +399,8 @@ TEST_CASE("a port already in use is named", "[multiproc]") {
   ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
   std::string port = std::to_string(ntohs(a.sin_port));
   std::string dir = make_temp_dir();
-  Child c = launch(dir, "l", {"--nnodes", "1", "--node-rank", "0", "--master-port", port}, sh("exit 0"));
+  Child c =
+      launch(dir, "l", {"--nnodes", "1", "--node-rank", "0", "--master-port", port}, sh("exit 0"));
   REQUIRE(wait_for(c, 20) == 3);
   CHECK_THAT(c.output(), Catch::Contains("port " + port + " is already in use"));
   ::close(s);
@@ -390,11 +408,18 @@ TEST_CASE("a port already in use is named", "[multiproc]") {
 
 TEST_CASE("dry-run shows values and where they came from", "[multiproc]") {
   std::string dir = make_temp_dir();
-  Child c = start({ft_bin(), "launch", "--dry-run", "--nproc-per-node", "2", "--", "python", "x.py"},
-                  {{"NNODES", "4"}, {"PET_NNODES", "\x01"}, {"FT_NNODES", "\x01"}, {"NODE_RANK", "3"},
-                   {"SLURM_JOB_ID", "991"}, {"SLURM_NNODES", "9"}, {"SLURM_JOB_NODELIST", "gpu[3-6]"},
-                   {"MASTER_ADDR", "\x01"}, {"PET_MASTER_ADDR", "\x01"}},
-                  dir + "/dry.out");
+  Child c =
+      start({ft_bin(), "launch", "--dry-run", "--nproc-per-node", "2", "--", "python", "x.py"},
+            {{"NNODES", "4"},
+             {"PET_NNODES", "\x01"},
+             {"FT_NNODES", "\x01"},
+             {"NODE_RANK", "3"},
+             {"SLURM_JOB_ID", "991"},
+             {"SLURM_NNODES", "9"},
+             {"SLURM_JOB_NODELIST", "gpu[3-6]"},
+             {"MASTER_ADDR", "\x01"},
+             {"PET_MASTER_ADDR", "\x01"}},
+            dir + "/dry.out");
   REQUIRE(wait_for(c, 20) == 0);
   std::string out = c.output();
   CHECK_THAT(out, Catch::Contains("env NNODES"));
@@ -412,7 +437,8 @@ TEST_CASE("a program that cannot run is a clear error", "[multiproc]") {
   auto st = wait_for(c, 20);
   REQUIRE(st.has_value());
   CHECK(*st != 0);
-  CHECK_THAT(c.output(), Catch::Contains("cannot run '/nonexistent/train': No such file or directory"));
+  CHECK_THAT(c.output(),
+             Catch::Contains("cannot run '/nonexistent/train': No such file or directory"));
 }
 
 TEST_CASE("version names ft, LibTorch, CUDA and NCCL", "[multiproc]") {
@@ -420,7 +446,8 @@ TEST_CASE("version names ft, LibTorch, CUDA and NCCL", "[multiproc]") {
   Child c = start({ft_bin(), "--version"}, {}, dir + "/v.out");
   REQUIRE(wait_for(c, 20) == 0);
   std::string out = c.output();
-  CHECK_THAT(out, Catch::Matches(R"((.|\n)*ft \d+\.\d+\.\d+ \(commit [0-9a-f]+(-dirty)?\)(.|\n)*)"));
+  CHECK_THAT(out,
+             Catch::Matches(R"((.|\n)*ft \d+\.\d+\.\d+ \(commit [0-9a-f]+(-dirty)?\)(.|\n)*)"));
   CHECK_THAT(out, Catch::Contains("LibTorch 2."));
   CHECK_THAT(out, Catch::Contains("NCCL"));
   CHECK_THAT(out, Catch::Contains("CUDA"));
@@ -430,11 +457,15 @@ TEST_CASE("SLURM environment alone lays out a 2-node job", "[multiproc]") {
   std::string dir = make_temp_dir();
   std::string port = std::to_string(free_port());
   auto slurm = [&](int node) {
-    return std::map<std::string, std::string>{
-        {"DIR", dir}, {"SLURM_JOB_ID", "5151"}, {"SLURM_NNODES", "2"},
-        {"SLURM_NODEID", std::to_string(node)}, {"SLURM_JOB_NODELIST", "localhost,node[02]"},
-        {"SLURM_LAUNCH_NODE_IPADDR", "192.0.2.1"}, {"FT_MASTER_PORT", port},
-        {"FT_NPROC_PER_NODE", "1"}, {"FT_RDZV_TIMEOUT", "30"}};
+    return std::map<std::string, std::string>{{"DIR", dir},
+                                              {"SLURM_JOB_ID", "5151"},
+                                              {"SLURM_NNODES", "2"},
+                                              {"SLURM_NODEID", std::to_string(node)},
+                                              {"SLURM_JOB_NODELIST", "localhost,node[02]"},
+                                              {"SLURM_LAUNCH_NODE_IPADDR", "192.0.2.1"},
+                                              {"FT_MASTER_PORT", port},
+                                              {"FT_NPROC_PER_NODE", "1"},
+                                              {"FT_RDZV_TIMEOUT", "30"}};
   };
   // `launch` clears scheduler variables; start these directly.
   auto run = [&](int node) {
@@ -454,8 +485,9 @@ TEST_CASE("SLURM environment alone lays out a 2-node job", "[multiproc]") {
 TEST_CASE("PET_ variables and --rdzv-endpoint configure a launch like torchrun's", "[multiproc]") {
   std::string dir = make_temp_dir();
   std::string port = std::to_string(free_port());
-  Child c = launch(dir, "pet", {"--rdzv-endpoint", "127.0.0.1:" + port, "--node-rank", "0"},
-                   sh(kWriteEnv), {{"DIR", dir}, {"PET_NPROC_PER_NODE", "2"}, {"PET_MAX_RESTARTS", "2"}});
+  Child c =
+      launch(dir, "pet", {"--rdzv-endpoint", "127.0.0.1:" + port, "--node-rank", "0"},
+             sh(kWriteEnv), {{"DIR", dir}, {"PET_NPROC_PER_NODE", "2"}, {"PET_MAX_RESTARTS", "2"}});
   REQUIRE(wait_for(c, 60) == 0);
   auto e = parse_env_file(dir + "/env.1");
   CHECK(e["WORLD_SIZE"] == "2");
@@ -466,8 +498,9 @@ TEST_CASE("PET_ variables and --rdzv-endpoint configure a launch like torchrun's
 TEST_CASE("elastic nnodes MIN:MAX starts with MIN nodes after the last call", "[multiproc]") {
   std::string dir = make_temp_dir();
   std::string port = std::to_string(free_port());
-  Child c = launch(dir, "el", {"--nnodes", "1:2", "--nproc-per-node", "1", "--master-port", port,
-                               "--rdzv-last-call", "0.5", "--rdzv-timeout", "30"},
+  Child c = launch(dir, "el",
+                   {"--nnodes", "1:2", "--nproc-per-node", "1", "--master-port", port,
+                    "--rdzv-last-call", "0.5", "--rdzv-timeout", "30"},
                    sh(kWriteEnv), {{"DIR", dir}});
   REQUIRE(wait_for(c, 30) == 0);
   auto e = parse_env_file(dir + "/env.0");
@@ -475,8 +508,9 @@ TEST_CASE("elastic nnodes MIN:MAX starts with MIN nodes after the last call", "[
   CHECK(e["WORLD_SIZE"] == "1");
   // With MAX nodes present it does not wait for the last call.
   std::string port2 = std::to_string(free_port());
-  std::vector<std::string> a = {"--nnodes", "1:2", "--nproc-per-node", "1", "--master-port", port2,
-                                "--rdzv-last-call", "20", "--rdzv-timeout", "30"};
+  std::vector<std::string> a = {"--nnodes",       "1:2", "--nproc-per-node", "1",
+                                "--master-port",  port2, "--rdzv-last-call", "20",
+                                "--rdzv-timeout", "30"};
   ::mkdir((dir + "/2").c_str(), 0755);
   auto t0 = Clock::now();
   Child x = launch(dir, "x", a, sh(kWriteEnv), {{"DIR", dir + "/2"}});
@@ -485,4 +519,26 @@ TEST_CASE("elastic nnodes MIN:MAX starts with MIN nodes after the last call", "[
   REQUIRE(wait_for(y, 30) == 0);
   CHECK(std::chrono::duration<double>(Clock::now() - t0).count() < 15);
   CHECK(parse_env_file(dir + "/2/env.1")["NNODES"] == "2");
+}
+
+TEST_CASE("SIGKILL of the store-hosting launcher stops the other node too", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  std::string port = std::to_string(free_port());
+  auto args = [&](int node) {
+    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(node),
+                                    "--nproc-per-node", "1", "--master-port", port,
+                                    "--rdzv-timeout", "30", "--term-grace", "2"};
+  };
+  std::string script = "echo $$ > $DIR/pid.$RANK; exec sleep 60";
+  Child n0 = launch(dir, "n0", args(0), sh(script), {{"DIR", dir}});
+  Child n1 = launch(dir, "n1", args(1), sh(script), {{"DIR", dir}});
+  REQUIRE(wait_until([&] { return read_pids(dir, 2).size() == 2; }, 30));
+  auto pids = read_pids(dir, 2);
+  ::kill(n0.pid, SIGKILL);
+  REQUIRE(wait_for(n0, 5) == 128 + SIGKILL);
+  auto st = wait_for(n1, 10);
+  REQUIRE(st.has_value());
+  CHECK(*st == 4);
+  CHECK_THAT(n1.output(), Catch::Contains("lost the rendezvous store"));
+  CHECK(wait_until([&] { return !pid_alive(pids[0]) && !pid_alive(pids[1]); }, 5));
 }

@@ -1,10 +1,11 @@
 // Unit tests: option precedence (flag > FT_/PET_ > plain env > SLURM > default), SLURM host lists,
 // validation messages.
+#include "options.h"
+
 #include <catch2/catch.hpp>
 
 #include "core/error.h"
 #include "hostlist.h"
-#include "options.h"
 
 using namespace ft::launcher;
 
@@ -29,7 +30,8 @@ TEST_CASE("SLURM host lists expand like scontrol show hostnames", "[unit]") {
 }
 
 TEST_CASE("precedence: flag > FT_/PET_ > plain env > SLURM > default", "[unit]") {
-  EnvMap env = {{"NNODES", "2"}, {"PET_NNODES", "3"}, {"SLURM_NNODES", "5"}, {"SLURM_JOB_ID", "77"}};
+  EnvMap env = {
+      {"NNODES", "2"}, {"PET_NNODES", "3"}, {"SLURM_NNODES", "5"}, {"SLURM_JOB_ID", "77"}};
   auto r = resolve_options({}, env);
   CHECK(r["nnodes"].value == "3");
   CHECK(r["nnodes"].source == "env PET_NNODES");
@@ -43,11 +45,14 @@ TEST_CASE("precedence: flag > FT_/PET_ > plain env > SLURM > default", "[unit]")
   CHECK(resolve_options({}, env)["nnodes"].source == "SLURM_NNODES");
   CHECK(resolve_options({}, {})["nnodes"].source == "default");
   // FT_ beats PET_.
-  CHECK(resolve_options({}, {{"FT_MASTER_PORT", "1"}, {"PET_MASTER_PORT", "2"}})["master-port"].value == "1");
+  CHECK(resolve_options({}, {{"FT_MASTER_PORT", "1"}, {"PET_MASTER_PORT", "2"}})["master-port"]
+            .value == "1");
 }
 
 TEST_CASE("SLURM supplies nnodes, node rank, master (first host) and job id", "[unit]") {
-  EnvMap env = {{"SLURM_JOB_ID", "4242"}, {"SLURM_NNODES", "4"}, {"SLURM_NODEID", "2"},
+  EnvMap env = {{"SLURM_JOB_ID", "4242"},
+                {"SLURM_NNODES", "4"},
+                {"SLURM_NODEID", "2"},
                 {"SLURM_JOB_NODELIST", "gpu[07-08,10],gpu12"},
                 {"SLURM_LAUNCH_NODE_IPADDR", "10.9.9.9"}};
   auto c = config({}, env);

@@ -21,7 +21,8 @@ struct Child {
 Child start(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
             const std::string& out_path);
 
-// Exit status as a shell reports it (code, or 128+signal); nullopt if still running at the deadline.
+// Exit status as a shell reports it (code, or 128+signal); nullopt if still running at the
+// deadline.
 std::optional<int> wait_for(Child& c, double timeout_s);
 // Kills (SIGKILL) and reaps a child that is still running.
 void kill_and_reap(Child& c);
