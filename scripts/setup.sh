@@ -49,10 +49,15 @@ else
     touch "$stamp"
   fi
 fi
+# torch.utils.cmake_prefix_path is <torch package>/share/cmake; find it without importing torch
+# (an import costs seconds, and this runs on every make).
 info=$("$py" - <<'PY'
-import torch, torch.utils
-print(torch.utils.cmake_prefix_path)
-print(torch.__version__)
+import importlib.metadata, importlib.util, os
+spec = importlib.util.find_spec("torch")
+root = list(spec.submodule_search_locations)[0]
+assert os.path.isdir(os.path.join(root, "share", "cmake", "Torch")), "no LibTorch CMake files in " + root
+print(os.path.join(root, "share", "cmake"))
+print(importlib.metadata.version("torch"))
 PY
 ) || { echo "[setup] error: '$py' cannot import torch. Set FT_PYTHON to a Python with torch, or unset it." >&2; exit 1; }
 prefix=$(sed -n 1p <<<"$info"); tver=$(sed -n 2p <<<"$info")
