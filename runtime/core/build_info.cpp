@@ -1,11 +1,10 @@
 #include "core/build_info.h"
 
-#include <ATen/Context.h>
+#include <dlfcn.h>
 #include <fmt/format.h>
 #include <torch/version.h>
 
 #ifdef FT_WITH_CUDA
-#include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #endif
@@ -16,6 +15,44 @@ extern const char* const kFtVersion;
 extern const char* const kGitCommit;
 }  // namespace detail
 
+namespace {
+
+#ifdef FT_WITH_CUDA
+// Opens the first library that loads; nullptr when none does (no driver: a CPU machine).
+void* open_first(std::initializer_list<std::string> names) {
+  for (const auto& n : names)
+    if (void* h = ::dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
+  return nullptr;
+}
+
+// GPUs through the CUDA driver API (libcuda ships with the driver, honours CUDA_VISIBLE_DEVICES and
+// creates no context), so probing needs neither libtorch_cuda nor the CUDA runtime.
+void probe_gpus(BuildInfo& b) {
+  void* cuda = open_first({"libcuda.so.1", "libcuda.so"});
+  if (!cuda) return;
+  using Init = int (*)(unsigned);
+  using Count = int (*)(int*);
+  using Get = int (*)(int*, int);
+  using Name = int (*)(char*, int, int);
+  auto init = reinterpret_cast<Init>(::dlsym(cuda, "cuInit"));
+  auto count = reinterpret_cast<Count>(::dlsym(cuda, "cuDeviceGetCount"));
+  auto get = reinterpret_cast<Get>(::dlsym(cuda, "cuDeviceGet"));
+  auto name = reinterpret_cast<Name>(::dlsym(cuda, "cuDeviceGetName"));
+  int n = 0;
+  if (init && count && init(0) == 0 && count(&n) == 0 && n > 0) {
+    b.cuda_devices = n;
+    int dev = 0;
+    char buf[256] = {0};
+    if (get && name && get(&dev, 0) == 0 && name(buf, sizeof buf - 1, dev) == 0) b.gpu_name = buf;
+  }
+  void* nccl = open_first(
+      {"libnccl.so.2", std::string(FT_TORCH_LIB_DIR) + "/../../nvidia/nccl/lib/libnccl.so.2"});
+  b.nccl_loadable = nccl != nullptr;
+}
+#endif
+
+}  // namespace
+
 BuildInfo build_info(bool probe_devices) {
   BuildInfo b;
   b.ft_version = detail::kFtVersion;
@@ -25,13 +62,7 @@ BuildInfo build_info(bool probe_devices) {
   b.cuda_compiled = true;
   b.cuda_version = fmt::format("{}.{}", CUDART_VERSION / 1000, (CUDART_VERSION % 1000) / 10);
   b.nccl_version = fmt::format("{}.{}.{}", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
-  if (probe_devices && at::hasCUDA()) {
-    b.cuda_devices = static_cast<int>(c10::cuda::device_count());
-    if (b.cuda_devices > 0) {
-      cudaDeviceProp prop{};
-      if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) b.gpu_name = prop.name;
-    }
-  }
+  if (probe_devices) probe_gpus(b);
 #else
   (void)probe_devices;
 #endif
@@ -44,9 +75,10 @@ std::string version_text(const BuildInfo& b) {
   if (b.cuda_compiled) {
     s += fmt::format("CUDA {} compiled in; NCCL {} compiled in\n", b.cuda_version, b.nccl_version);
     if (b.cuda_devices > 0)
-      s += fmt::format("CUDA available: {} device(s), {}\n", b.cuda_devices, b.gpu_name);
+      s += fmt::format("CUDA available: {} device(s), {}; NCCL available: {}\n", b.cuda_devices,
+                       b.gpu_name, b.nccl_loadable ? "yes" : "no (libnccl.so.2 not found)");
     else
-      s += "CUDA available: no (no visible GPU); NCCL available: no\n";
+      s += "CUDA available: no (no GPU or driver visible); NCCL available: no\n";
   } else {
     s += "CUDA: not compiled in; NCCL: not compiled in\n";
   }

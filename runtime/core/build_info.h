@@ -1,6 +1,7 @@
 // What this binary is: ft version and commit, the LibTorch it was built and runs with, and which
 // accelerator stacks are compiled in and usable on this machine. Used by `ft --version` and by the
-// launcher's node fingerprint. Thread-safe (pure functions; CUDA queries are done by LibTorch).
+// launcher's node fingerprint. GPUs are probed through the CUDA driver (dlopen), without loading
+// libtorch_cuda. Thread-safe.
 #pragma once
 
 #include <string>
@@ -16,6 +17,7 @@ struct BuildInfo {
   std::string nccl_version;    // NCCL version, "" if not compiled in
   int cuda_devices = 0;        // visible CUDA devices now (0 on CPU machines)
   std::string gpu_name;        // name of device 0, "" when none
+  bool nccl_loadable = false;  // libnccl.so.2 could be opened (only probed when a GPU is visible)
 };
 
 // Queries once per call; `probe_devices=false` skips touching the CUDA driver.
