@@ -259,6 +259,13 @@ int Agent::run() {
     return interrupted;
   });
 
+  if (cfg_.node_rank.value_or(-1) == 0 && cfg_.max_nodes > 1 && !is_local_host(cfg_.rdzv_host)) {
+    log(
+        fmt::format("warning: this node is node_rank 0 and hosts the rendezvous store, but "
+                    "--master-addr {} is not an address of this machine; the other nodes will look "
+                    "for the store there. Run node_rank 0 on {} or fix --master-addr",
+                    cfg_.rdzv_host, cfg_.rdzv_host));
+  }
   try {
     rdzv_->open();
     if (rdzv_->is_host())

@@ -1,9 +1,12 @@
 #include "options.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <ctime>
 
 #include "core/error.h"
 #include "hostlist.h"
@@ -14,109 +17,66 @@ namespace ft::launcher {
 
 const std::vector<OptionSpec>& launch_option_specs() {
   // name, value, default, help, env mirrors (FT_/PET_ first, then plain), scheduler sources
+  // clang-format off
   static const std::vector<OptionSpec> specs = {
-      {"nnodes",
-       "N|MIN:MAX",
-       "1",
+      {"nnodes", "N|MIN:MAX", "1",
        "Number of nodes, or MIN:MAX for an elastic job that starts once MIN nodes have joined.",
-       {"FT_NNODES", "PET_NNODES", "NNODES"},
-       {"SLURM_NNODES"}},
-      {"nproc-per-node",
-       "N|auto|gpu|cpu",
-       "auto",
-       "Workers on this node. auto/gpu: one per visible GPU (1 when there is none); cpu: one per "
-       "core.",
-       {"FT_NPROC_PER_NODE", "PET_NPROC_PER_NODE", "NPROC_PER_NODE"},
-       {}},
-      {"node-rank",
-       "R",
-       "",
+       {"FT_NNODES", "PET_NNODES", "NNODES"}, {"SLURM_NNODES"}},
+      {"nproc-per-node", "N|auto|gpu|cpu", "auto",
+       "Workers on this node. auto/gpu: one per visible GPU (1 when there is none); cpu: one per core.",
+       {"FT_NPROC_PER_NODE", "PET_NPROC_PER_NODE", "NPROC_PER_NODE"}, {}},
+      {"node-rank", "R", "",
        "This node's rank in [0, nnodes). Unset: assigned in the order nodes join.",
-       {"FT_NODE_RANK", "PET_NODE_RANK", "NODE_RANK"},
-       {"SLURM_NODEID"}},
-      {"master-addr",
-       "HOST",
-       "127.0.0.1",
-       "Address of node 0, which hosts the rendezvous store. Used as given, never "
-       "reverse-resolved.",
+       {"FT_NODE_RANK", "PET_NODE_RANK", "NODE_RANK"}, {"SLURM_NODEID"}},
+      {"master-addr", "HOST", "127.0.0.1",
+       "Address of node 0, which hosts the rendezvous store. Used as given, never reverse-resolved.",
        {"FT_MASTER_ADDR", "PET_MASTER_ADDR", "MASTER_ADDR"},
-       {"SLURM_JOB_NODELIST"}},
-      {"master-port",
-       "PORT",
-       "29500",
+       {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"}},
+      {"master-port", "PORT", "29500",
        "Port of the rendezvous store on node 0. 0 picks a free port (single node only).",
-       {"FT_MASTER_PORT", "PET_MASTER_PORT", "MASTER_PORT"},
-       {}},
-      {"rdzv-endpoint",
-       "HOST:PORT",
-       "",
+       {"FT_MASTER_PORT", "PET_MASTER_PORT", "MASTER_PORT"}, {}},
+      {"rdzv-endpoint", "HOST:PORT", "",
        "Rendezvous store endpoint; overrides --master-addr/--master-port when given.",
-       {"FT_RDZV_ENDPOINT", "PET_RDZV_ENDPOINT"},
-       {}},
-      {"rdzv-id",
-       "ID",
-       "none",
+       {"FT_RDZV_ENDPOINT", "PET_RDZV_ENDPOINT"}, {}},
+      {"rdzv-backend", "static|c10d", "static",
+       "Accepted for torchrun compatibility: both mean ft's rendezvous over c10d's TCPStore.",
+       {"FT_RDZV_BACKEND", "PET_RDZV_BACKEND"}, {}},
+      {"rdzv-id", "ID", "none",
        "Job id every node must agree on; a node with another id is refused.",
-       {"FT_RDZV_ID", "PET_RDZV_ID"},
-       {"SLURM_JOB_ID"}},
-      {"rdzv-timeout",
-       "SECONDS",
-       "600",
+       {"FT_RDZV_ID", "PET_RDZV_ID"}, {"SLURM_JOB_ID"}},
+      {"rdzv-timeout", "SECONDS", "600",
        "How long to wait for all nodes to join (and for the store to answer).",
-       {"FT_RDZV_TIMEOUT", "PET_RDZV_TIMEOUT"},
-       {}},
-      {"rdzv-last-call",
-       "SECONDS",
-       "30",
+       {"FT_RDZV_TIMEOUT", "PET_RDZV_TIMEOUT"}, {}},
+      {"rdzv-last-call", "SECONDS", "30",
        "With --nnodes MIN:MAX: after MIN nodes joined, how long to wait for more.",
-       {"FT_RDZV_LAST_CALL", "PET_RDZV_LAST_CALL"},
-       {}},
-      {"standalone",
-       "",
-       "",
-       "Single-node job on a free local port; ignores master/rendezvous settings.",
-       {"FT_STANDALONE", "PET_STANDALONE"},
-       {}},
-      {"max-restarts",
-       "K",
-       "0",
+       {"FT_RDZV_LAST_CALL", "PET_RDZV_LAST_CALL"}, {}},
+      {"standalone", "", "",
+       "Single-node job on a free local port with a fresh id; ignores master/rendezvous settings.",
+       {"FT_STANDALONE", "PET_STANDALONE"}, {}},
+      {"max-restarts", "K", "0",
        "Restarts of the whole job after a failure, one budget for all nodes.",
-       {"FT_MAX_RESTARTS", "PET_MAX_RESTARTS"},
-       {}},
-      {"monitor-interval",
-       "SECONDS",
-       "0.1",
-       "How often workers and the store are checked.",
-       {"FT_MONITOR_INTERVAL", "PET_MONITOR_INTERVAL"},
-       {}},
-      {"log-dir",
-       "DIR",
-       "",
+       {"FT_MAX_RESTARTS", "PET_MAX_RESTARTS"}, {}},
+      {"monitor-interval", "SECONDS", "0.1", "How often workers and the store are checked.",
+       {"FT_MONITOR_INTERVAL", "PET_MONITOR_INTERVAL"}, {}},
+      {"log-dir", "DIR", "",
        "Also write each worker's full output to DIR/attempt_<restart>/node<N>.rank<R>.log.",
-       {"FT_LOG_DIR", "PET_LOG_DIR"},
-       {}},
-      {"advertise-addr",
-       "ADDR",
-       "",
-       "Address other nodes should use for this node. Default: the local address that reaches the "
-       "store.",
-       {"FT_ADVERTISE_ADDR"},
-       {}},
-      {"term-grace",
-       "SECONDS",
-       "15",
+       {"FT_LOG_DIR", "PET_LOG_DIR"}, {}},
+      {"advertise-addr", "ADDR", "",
+       "Address other nodes should use for this node. Default: the local address that reaches the store.",
+       {"FT_ADVERTISE_ADDR"}, {}},
+      {"term-grace", "SECONDS", "15",
        "Seconds between SIGTERM and SIGKILL when stopping workers.",
-       {"FT_TERM_GRACE"},
-       {}},
+       {"FT_TERM_GRACE"}, {}},
       {"role", "NAME", "default", "Worker role name (ROLE_NAME).", {"FT_ROLE", "PET_ROLE"}, {}},
-      {"dry-run",
-       "",
-       "",
-       "Print the resolved layout, where each value came from and the worker environment; run "
-       "nothing.",
-       {"FT_DRY_RUN"},
-       {}},
+      {"no-python", "", "",
+       "Run PROGRAM as given even when it ends in .py (otherwise a .py PROGRAM runs as "
+       "`python3 -u PROGRAM`, as torchrun does).",
+       {"FT_NO_PYTHON", "PET_NO_PYTHON"}, {}},
+      {"dry-run", "", "",
+       "Print the resolved layout, where each value came from and the worker environment; run nothing.",
+       {"FT_DRY_RUN"}, {}},
   };
+  // clang-format on
   return specs;
 }
 
@@ -265,15 +225,28 @@ LaunchConfig make_launch_config(const std::map<std::string, Resolved>& r,
                   0, 65535);
   }
   c.rdzv_id = get("rdzv-id").value;
+  const std::string& backend = get("rdzv-backend").value;
+  FT_CHECK(backend == "static" || backend == "c10d", "--rdzv-backend '", backend, "' (from ",
+           get("rdzv-backend").source,
+           ") is not supported: ft rendezvouses over c10d's TCPStore; use static or c10d");
   if (c.standalone) {
     // torchrun's --standalone: one node, a free port on loopback, a fresh id.
     c.min_nodes = c.max_nodes = 1;
     c.node_rank = 0;
     host = "127.0.0.1";
     port = 0;
+    if (get("rdzv-id").source == "default") {
+      c.rdzv_id = fmt::format("standalone-{:x}-{:x}", ::getpid(), ::time(nullptr));
+      c.sources["rdzv-id"] = {c.rdzv_id, "--standalone"};
+    }
     c.sources["nnodes"] = {"1", "--standalone"};
     c.sources["master-addr"] = {host, "--standalone"};
     c.sources["master-port"] = {"0", "--standalone"};
+  }
+  // A single-node job always hosts its own store: never join someone else's port.
+  if (c.max_nodes == 1 && !c.node_rank) {
+    c.node_rank = 0;
+    c.sources["node-rank"] = {"0", "--nnodes 1"};
   }
   c.rdzv_host = host;
   c.rdzv_port = static_cast<uint16_t>(port);
@@ -300,9 +273,60 @@ LaunchConfig make_launch_config(const std::map<std::string, Resolved>& r,
              get("nnodes").source, ")");
   }
   FT_CHECK(!program.empty(), "no program to run: ft launch [options] -- PROGRAM [ARGS...]");
+  const std::string& p0 = program.front();
+  if (!get("no-python").set() && p0.size() > 3 && p0.compare(p0.size() - 3, 3, ".py") == 0) {
+    program.insert(program.begin(), {"python3", "-u"});  // torchrun's default for scripts
+  }
   c.program = std::move(program);
   return c;
 }
+
+std::string suggest_option(const std::string& given) {
+  std::string g = given.substr(given.find_first_not_of('-') == std::string::npos
+                                   ? given.size()
+                                   : given.find_first_not_of('-'));
+  g = g.substr(0, g.find('='));
+  std::replace(g.begin(), g.end(), '_', '-');
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      cur[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j)
+        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+      std::swap(prev, cur);
+    }
+    return prev[b.size()];
+  };
+  std::string best;
+  size_t best_d = 3;  // at most two edits away
+  for (const auto& spec : launch_option_specs()) {
+    size_t d = distance(g, spec.name);
+    if (d < best_d) {
+      best_d = d;
+      best = spec.name;
+    }
+  }
+  return best.empty() ? "" : " (did you mean --" + best + "?)";
+}
+
+namespace {
+// Markdown table cells: '|' splits cells and '<...>' reads as HTML.
+std::string md_escape(const std::string& text) {
+  std::string out;
+  for (char ch : text) {
+    if (ch == '|')
+      out += "\\|";
+    else if (ch == '<')
+      out += "&lt;";
+    else if (ch == '>')
+      out += "&gt;";
+    else
+      out += ch;
+  }
+  return out;
+}
+}  // namespace
 
 std::string options_markdown() {
   std::string s =
@@ -312,9 +336,9 @@ std::string options_markdown() {
     for (const auto& e : o.env) env += (env.empty() ? "" : ", ") + ("`" + e + "`");
     for (const auto& e : o.scheduler) sched += (sched.empty() ? "" : ", ") + ("`" + e + "`");
     s += fmt::format("| `--{}` | {} | {} | {} | {} | {} |\n", o.name,
-                     o.is_flag() ? "flag" : "`" + o.value_name + "`",
+                     o.is_flag() ? "flag" : "`" + md_escape(o.value_name) + "`",
                      o.default_value.empty() ? "unset" : "`" + o.default_value + "`", env, sched,
-                     o.help);
+                     md_escape(o.help));
   }
   return s;
 }

@@ -73,6 +73,9 @@ LaunchConfig make_launch_config(const std::map<std::string, Resolved>& resolved,
 // "N" or "MIN:MAX".
 std::pair<int, int> parse_nnodes(const std::string& text, const std::string& source);
 
+// " (did you mean --nproc-per-node?)" for a mistyped flag, "" when nothing is close.
+std::string suggest_option(const std::string& given);
+
 // Markdown table of the options, for docs/launcher.md (`ft launch --print-options-md`).
 std::string options_markdown();
 

@@ -81,7 +81,27 @@ void Rendezvous::open() {
       // Another launcher on this machine hosts it already: join as a client below.
     }
   }
-  store_ = RdzvStore::connect(cfg_.rdzv_host, cfg_.rdzv_port, timeout);
+  // Short attempts, so a signal (Ctrl-C, scancel) stops a launcher waiting for node 0 at once
+  // rather than after the whole timeout.
+  const auto deadline = Clock::now() + timeout;
+  std::string why;
+  while (Clock::now() < deadline) {
+    if (interrupted_()) throw RendezvousError("rendezvous interrupted by a signal");
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    try {
+      store_ = RdzvStore::connect(cfg_.rdzv_host, cfg_.rdzv_port,
+                                  std::min(left, std::chrono::milliseconds(1000)));
+      store_->set_timeout(timeout);
+      return;
+    } catch (const RendezvousTimeout& e) {
+      why = e.what();
+    }
+  }
+  throw RendezvousTimeout(fmt::format(
+      "could not reach the rendezvous store at {}:{} within {:.0f} s ({}). Check that node 0's "
+      "launcher is running with the same --master-addr/--master-port and that the port is open "
+      "between the nodes",
+      cfg_.rdzv_host, cfg_.rdzv_port, cfg_.rdzv_timeout_s, why));
 }
 
 std::string Rendezvous::missing_description(int round, int64_t joined) {

@@ -77,16 +77,17 @@ std::unique_ptr<RdzvStore> RdzvStore::connect(const std::string& host, uint16_t 
   try {
     impl->store = c10::make_intrusive<c10d::TCPStore>(host, o);
   } catch (const c10::Error& e) {
-    throw RendezvousTimeout(fmt::format(
-        "could not reach the rendezvous store at {} within {:.0f} s: {}. Check that node 0's "
-        "launcher is running with the same --master-addr/--master-port and that the port is open "
-        "between the nodes",
-        impl->endpoint, timeout.count() / 1000.0, e.what_without_backtrace()));
+    std::string why = e.what_without_backtrace();
+    throw RendezvousTimeout(why.substr(0, why.find('\n')));
   }
   return std::unique_ptr<RdzvStore>(new RdzvStore(std::move(impl), false));
 }
 
 uint16_t RdzvStore::port() const { return impl_->store->getPort(); }
+
+void RdzvStore::set_timeout(std::chrono::milliseconds timeout) {
+  impl_->store->setTimeout(timeout);
+}
 
 void RdzvStore::set(const std::string& key, const std::string& value) {
   guarded(impl_->endpoint, "set", key, [&] {

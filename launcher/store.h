@@ -18,13 +18,15 @@ class RdzvStore {
   // Starts the TCPStore server on `port` (0 = a free port) and connects to it.
   // Throws RendezvousError naming the port when it is already in use.
   static std::unique_ptr<RdzvStore> host(uint16_t port, std::chrono::milliseconds timeout);
-  // Connects to a server at host:port, retrying until `timeout`; throws RendezvousTimeout naming
-  // the endpoint. `host` is used as given (an IP is never reverse-resolved).
+  // Connects to a server at host:port, retrying until `timeout`; throws RendezvousTimeout with
+  // c10d's reason. `host` is used as given (an IP is never reverse-resolved).
   static std::unique_ptr<RdzvStore> connect(const std::string& host, uint16_t port,
                                             std::chrono::milliseconds timeout);
   ~RdzvStore();
 
   uint16_t port() const;
+  // Timeout of later blocking store operations.
+  void set_timeout(std::chrono::milliseconds timeout);
   bool is_host() const { return is_host_; }
 
   void set(const std::string& key, const std::string& value);

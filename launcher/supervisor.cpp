@@ -263,7 +263,7 @@ void WorkerGroup::stop(double grace_s) {
 
 bool WorkerGroup::all_exited() const {
   for (auto& w : workers_)
-    if (!w->exited) return false;
+    if (w->pid > 0 && !w->exited) return false;  // never started (spawn failed) counts as gone
   return true;
 }
 

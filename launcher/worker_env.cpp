@@ -22,7 +22,8 @@ const std::vector<std::string>& worker_env_keys() {
                                                 "TORCHELASTIC_USE_AGENT_STORE",
                                                 "NODE_RANK",
                                                 "NNODES",
-                                                "OMP_NUM_THREADS"};
+                                                "OMP_NUM_THREADS",
+                                                "TORCH_NCCL_ASYNC_ERROR_HANDLING"};
   return keys;
 }
 

@@ -9,6 +9,7 @@
 #include "agent.h"
 #include "commands.h"
 #include "core/build_info.h"
+#include "core/error.h"
 #include "options.h"
 
 namespace ft::app {
@@ -54,8 +55,14 @@ Run add_launch(CLI::App& app, const std::vector<std::string>& program) {
       if (opt->count() == 0) continue;
       given[name] = launcher::launch_option_spec(name).is_flag() ? "1" : (*values)[name];
     }
-    std::vector<std::string> prog = program;
-    if (prog.empty()) prog = cmd->remaining();
+    // prefix_command() hands back everything from the first token it does not know: that is the
+    // program, unless it looks like an option (a typo, or a torchrun flag ft does not have).
+    std::vector<std::string> rest = cmd->remaining();
+    if (!rest.empty() && (rest.front().rfind("-", 0) == 0 || !program.empty())) {
+      throw ConfigError(fmt::format("ft launch: unknown option '{}'{}. See `ft launch --help`",
+                                    rest.front(), launcher::suggest_option(rest.front())));
+    }
+    std::vector<std::string> prog = program.empty() ? rest : program;
     auto resolved = launcher::resolve_options(given, launcher::current_environment());
     BuildInfo bi = build_info(true);
     long cores = ::sysconf(_SC_NPROCESSORS_ONLN);

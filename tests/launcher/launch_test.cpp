@@ -389,15 +389,10 @@ TEST_CASE("rendezvous timeout says how many joined and which ranks are missing",
 }
 
 TEST_CASE("a port already in use is named", "[multiproc]") {
-  int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(::listen(s, 4) == 0);
-  socklen_t len = sizeof a;
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  std::string port = std::to_string(ntohs(a.sin_port));
+  int port_num = 0;
+  int s = listen_on_free_port(&port_num);
+  REQUIRE(s >= 0);
+  std::string port = std::to_string(port_num);
   std::string dir = make_temp_dir();
   Child c =
       launch(dir, "l", {"--nnodes", "1", "--node-rank", "0", "--master-port", port}, sh("exit 0"));
@@ -433,7 +428,8 @@ TEST_CASE("dry-run shows values and where they came from", "[multiproc]") {
 
 TEST_CASE("a program that cannot run is a clear error", "[multiproc]") {
   std::string dir = make_temp_dir();
-  Child c = launch(dir, "l", {"--standalone"}, {"/nonexistent/train"});
+  // Two workers: the second is never started, and teardown must not wait for it.
+  Child c = launch(dir, "l", {"--standalone", "--nproc-per-node", "2"}, {"/nonexistent/train"});
   auto st = wait_for(c, 20);
   REQUIRE(st.has_value());
   CHECK(*st != 0);
@@ -525,9 +521,9 @@ TEST_CASE("SIGKILL of the store-hosting launcher stops the other node too", "[mu
   std::string dir = make_temp_dir();
   std::string port = std::to_string(free_port());
   auto args = [&](int node) {
-    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(node),
-                                    "--nproc-per-node", "1", "--master-port", port,
-                                    "--rdzv-timeout", "30", "--term-grace", "2"};
+    return std::vector<std::string>{"--nnodes",         "2",  "--node-rank",   std::to_string(node),
+                                    "--nproc-per-node", "1",  "--master-port", port,
+                                    "--rdzv-timeout",   "30", "--term-grace",  "2"};
   };
   std::string script = "echo $$ > $DIR/pid.$RANK; exec sleep 60";
   Child n0 = launch(dir, "n0", args(0), sh(script), {{"DIR", dir}});
@@ -541,4 +537,59 @@ TEST_CASE("SIGKILL of the store-hosting launcher stops the other node too", "[mu
   CHECK(*st == 4);
   CHECK_THAT(n1.output(), Catch::Contains("lost the rendezvous store"));
   CHECK(wait_until([&] { return !pid_alive(pids[0]) && !pid_alive(pids[1]); }, 5));
+}
+
+TEST_CASE("unknown options are refused with a suggestion, torchrun spellings accepted",
+          "[multiproc]") {
+  std::string dir = make_temp_dir();
+  Child typo =
+      start({ft_bin(), "launch", "--nproc-per-nod", "2", "--", "true"}, {}, dir + "/t.out");
+  REQUIRE(wait_for(typo, 20) == 2);
+  CHECK_THAT(typo.output(),
+             Catch::Contains("unknown option '--nproc-per-nod' (did you mean --nproc-per-node?)"));
+  Child unknown =
+      start({ft_bin(), "launch", "--foo", "1", "--dry-run", "--", "true"}, {}, dir + "/u.out");
+  REQUIRE(wait_for(unknown, 20) == 2);
+  CHECK_THAT(unknown.output(), Catch::Contains("unknown option '--foo'"));
+  // torchrun's form: no `--`, underscores, --rdzv-backend, a .py script run with python3 -u.
+  Child tr = start({ft_bin(), "launch", "--nproc_per_node", "2", "--rdzv-backend", "c10d",
+                    "--dry-run", "train.py", "--lr", "1e-4"},
+                   {}, dir + "/tr.out");
+  REQUIRE(wait_for(tr, 20) == 0);
+  CHECK_THAT(tr.output(), Catch::Contains("program: python3 -u train.py --lr 1e-4"));
+  CHECK_THAT(tr.output(), Catch::Contains("WORLD_SIZE=2"));
+  Child np =
+      start({ft_bin(), "launch", "--no-python", "--dry-run", "train.py"}, {}, dir + "/np.out");
+  REQUIRE(wait_for(np, 20) == 0);
+  CHECK_THAT(np.output(), Catch::Contains("program: train.py"));
+  Child etcd =
+      start({ft_bin(), "launch", "--rdzv-backend", "etcd", "--", "true"}, {}, dir + "/e.out");
+  REQUIRE(wait_for(etcd, 20) == 2);
+  CHECK_THAT(etcd.output(), Catch::Contains("--rdzv-backend 'etcd'"));
+}
+
+TEST_CASE("a launcher waiting for node 0 stops at once on SIGTERM", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  std::string port = std::to_string(free_port());  // nobody listens there
+  Child c =
+      launch(dir, "l",
+             {"--nnodes", "2", "--node-rank", "1", "--master-port", port, "--rdzv-timeout", "60"},
+             sh("exit 0"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  ::kill(c.pid, SIGTERM);
+  auto st = wait_for(c, 5);
+  REQUIRE(st.has_value());
+  CHECK(*st == 128 + SIGTERM);
+}
+
+TEST_CASE("a single-node job on a busy port says so instead of joining it", "[multiproc]") {
+  int port_num = 0;
+  int s = listen_on_free_port(&port_num);
+  REQUIRE(s >= 0);
+  std::string port = std::to_string(port_num);
+  std::string dir = make_temp_dir();
+  Child c = launch(dir, "l", {"--master-port", port}, sh("exit 0"));  // no --node-rank
+  REQUIRE(wait_for(c, 20) == 3);
+  CHECK_THAT(c.output(), Catch::Contains("port " + port + " is already in use"));
+  ::close(s);
 }

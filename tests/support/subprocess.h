@@ -29,6 +29,9 @@ void kill_and_reap(Child& c);
 
 // A free TCP port on loopback (bound then released).
 int free_port();
+// A socket listening on all addresses at a free port (a port some other program holds); -1 on
+// error.
+int listen_on_free_port(int* port);
 // True when pid exists and is not a zombie.
 bool pid_alive(pid_t pid);
 std::string read_file(const std::string& path);
