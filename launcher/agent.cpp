@@ -40,7 +40,7 @@ int cpu_cores() {
 
 class Agent {
  public:
-  explicit Agent(const LaunchConfig& cfg) : cfg_(cfg) {}
+  Agent(const LaunchConfig& cfg, const BuildInfo& node) : cfg_(cfg), node_(node) {}
   int run();
 
  private:
@@ -52,6 +52,7 @@ class Agent {
   void mark_stopped(int round);
 
   LaunchConfig cfg_;
+  BuildInfo node_;
   SignalPipe signals_;
   std::unique_ptr<Rendezvous> rdzv_;
   int node_rank_ = -1;
@@ -227,7 +228,7 @@ void Agent::mark_stopped(int round) {
 }
 
 int Agent::run() {
-  BuildInfo bi = build_info(true);
+  const BuildInfo& bi = node_;
   Fingerprint fp;
   fp.hostname = hostname();
   fp.addr = cfg_.advertise_addr.empty() ? ft::local_addr_towards(cfg_.rdzv_host, cfg_.rdzv_port)
@@ -311,8 +312,8 @@ int Agent::run() {
 
 }  // namespace
 
-int run_launch(const LaunchConfig& cfg) {
-  Agent agent(cfg);
+int run_launch(const LaunchConfig& cfg, const BuildInfo& node) {
+  Agent agent(cfg, node);
   return agent.run();
 }
 

@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "core/build_info.h"
 #include "options.h"
 
 namespace ft::launcher {
@@ -18,9 +19,9 @@ constexpr int kExitConfig = 2;
 constexpr int kExitRendezvous = 3;
 constexpr int kExitStoreLost = 4;
 
-// Runs the job described by `cfg`; returns the launcher's exit code (128+signal when stopped by
-// one).
-int run_launch(const LaunchConfig& cfg);
+// Runs the job described by `cfg` on a node described by `node` (the software and GPU fields of its
+// fingerprint); returns the launcher's exit code (128+signal when stopped by one).
+int run_launch(const LaunchConfig& cfg, const BuildInfo& node);
 
 // `--dry-run` text: the resolved layout, each value's source and local rank 0's environment.
 std::string dry_run_text(const LaunchConfig& cfg);

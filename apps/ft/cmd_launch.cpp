@@ -72,7 +72,7 @@ Run add_launch(CLI::App& app, const std::vector<std::string>& program) {
       std::fputs(launcher::dry_run_text(cfg).c_str(), stdout);
       return 0;
     }
-    return launcher::run_launch(cfg);
+    return launcher::run_launch(cfg, bi);
   };
 }
 

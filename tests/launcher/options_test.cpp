@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <fstream>
+
 #include "core/error.h"
 #include "hostlist.h"
 
@@ -109,4 +111,12 @@ TEST_CASE("the option table documents every option with its env mirrors", "[unit
     CHECK(md.find("`--" + spec.name + "`") != std::string::npos);
     for (const auto& e : spec.env) CHECK(md.find("`" + e + "`") != std::string::npos);
   }
+}
+
+TEST_CASE("docs/launcher.md carries the generated option table", "[unit]") {
+  std::ifstream in(std::string(FT_TEST_DIR) + "/../docs/launcher.md");
+  std::string doc((std::istreambuf_iterator<char>(in)), {});
+  REQUIRE(!doc.empty());
+  INFO("regenerate with: build/bin/ft launch --print-options-md");
+  CHECK(doc.find(options_markdown()) != std::string::npos);
 }
