@@ -5,10 +5,12 @@
 #include <fmt/ranges.h>
 #include <ifaddrs.h>
 #include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -60,6 +62,30 @@ bool is_local_host(const std::string& host) {
   return local;
 }
 
+bool port_accepts(const std::string& host, uint16_t port, std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return false;
+  bool ok = false;
+  for (auto* r = res; r && !ok; r = r->ai_next) {
+    int fd = ::socket(r->ai_family, r->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, r->ai_protocol);
+    if (fd < 0) continue;
+    if (::connect(fd, r->ai_addr, r->ai_addrlen) == 0) {
+      ok = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof err;
+      ok = ::poll(&p, 1, static_cast<int>(timeout.count())) == 1 &&
+           ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return ok;
+}
+
 Rendezvous::Rendezvous(const LaunchConfig& cfg, Fingerprint mine, std::function<bool()> interrupted)
     : cfg_(cfg), mine_(std::move(mine)), interrupted_(std::move(interrupted)) {}
 
@@ -81,12 +107,18 @@ void Rendezvous::open() {
       // Another launcher on this machine hosts it already: join as a client below.
     }
   }
-  // Short attempts, so a signal (Ctrl-C, scancel) stops a launcher waiting for node 0 at once
-  // rather than after the whole timeout.
+  // Wait for the port to accept connections with our own short probes before handing over to
+  // c10d: its client backs off up to a second between refused attempts (slow when node 0 is still
+  // starting), and it cannot be interrupted, while a signal (Ctrl-C, scancel) must stop a launcher
+  // that is still waiting for node 0 at once.
   const auto deadline = Clock::now() + timeout;
-  std::string why;
+  std::string why = "nothing listens there yet";
   while (Clock::now() < deadline) {
     if (interrupted_()) throw RendezvousError("rendezvous interrupted by a signal");
+    if (!port_accepts(cfg_.rdzv_host, cfg_.rdzv_port, std::chrono::milliseconds(250))) {
+      std::this_thread::sleep_for(kPollInterval);
+      continue;
+    }
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     try {
       store_ = RdzvStore::connect(cfg_.rdzv_host, cfg_.rdzv_port,

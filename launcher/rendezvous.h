@@ -7,6 +7,8 @@
 // used from the launcher's main thread.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -63,5 +65,7 @@ class Rendezvous {
 
 // True when `host` names this machine (loopback or one of its interface addresses).
 bool is_local_host(const std::string& host);
+// True when a TCP connection to host:port is accepted within `timeout` (then closed at once).
+bool port_accepts(const std::string& host, uint16_t port, std::chrono::milliseconds timeout);
 
 }  // namespace ft::launcher
