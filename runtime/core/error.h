@@ -45,6 +45,14 @@ class BackendError : public Error {
   int exit_code() const override { return 4; }
 };
 
+// A file ft reads is malformed or inconsistent: model weights, config.json, tokenizer.json, a
+// dataset line. The message names the file and the tensor / key / line.
+class FormatError : public Error {
+ public:
+  using Error::Error;
+  int exit_code() const override { return 2; }
+};
+
 // An operating-system call failed (fork, pipe, bind ...).
 class SystemError : public Error {
  public:
