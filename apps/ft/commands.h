@@ -14,5 +14,6 @@ using Run = std::function<int()>;
 // `program` receives what follows `--` on the command line (split off before CLI11 parses).
 Run add_launch(CLI::App& app, const std::vector<std::string>& program);
 Run add_comm_check(CLI::App& app);
+Run add_presets(CLI::App& app);
 
 }  // namespace ft::app

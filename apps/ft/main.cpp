@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   auto* version_cmd = app.add_subcommand("version", "Print ft, LibTorch, CUDA and NCCL versions");
   runs["launch"] = ft::app::add_launch(app, program);
   runs["comm-check"] = ft::app::add_comm_check(app);
+  runs["presets"] = ft::app::add_presets(app);
 
   try {
     std::vector<std::string> rev(args.rbegin(), args.rend());

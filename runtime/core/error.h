@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -60,10 +61,21 @@ class SystemError : public Error {
 };
 
 namespace detail {
+// Formats with fmt where it can, else with operator<< (shapes, devices and other c10 types).
+template <typename T>
+void append(std::string& out, const T& v) {
+  if constexpr (fmt::is_formattable<T>::value) {
+    out += fmt::format("{}", v);
+  } else {
+    std::ostringstream ss;
+    ss << v;
+    out += ss.str();
+  }
+}
 template <typename... Args>
-std::string cat(Args&&... args) {
+std::string cat(const Args&... args) {
   std::string out;
-  ((out += fmt::format("{}", std::forward<Args>(args))), ...);
+  (append(out, args), ...);
   return out;
 }
 [[noreturn]] void assert_fail(const char* expr, const char* file, int line, const std::string& msg);

@@ -1,0 +1,132 @@
+#include "config/preset.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <fstream>
+
+#include "config/schema.h"
+#include "core/error.h"
+
+namespace ft::config {
+
+using nlohmann::json;
+
+namespace detail {
+extern const ShippedPreset kShippedPresets[];
+extern const size_t kShippedPresetCount;
+}  // namespace detail
+
+const std::vector<ShippedPreset>& shipped_presets() {
+  static const std::vector<ShippedPreset> all(detail::kShippedPresets,
+                                              detail::kShippedPresets + detail::kShippedPresetCount);
+  return all;
+}
+
+namespace {
+
+// Objects merge key by key; anything else (lists included) is replaced.
+void merge_into(json& dst, const json& src) {
+  for (const auto& [k, v] : src.items()) {
+    if (v.is_object() && dst.contains(k) && dst[k].is_object())
+      merge_into(dst[k], v);
+    else
+      dst[k] = v;
+  }
+}
+
+bool is_file(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+json parse_text(const std::string& text, const std::string& where) {
+  try {
+    json j = json::parse(text);
+    FT_CHECK(j.is_object(), where, ": a preset must be a JSON object");
+    return j;
+  } catch (const json::parse_error& e) {
+    throw ConfigError(fmt::format("{}: not valid JSON: {}", where, e.what()));
+  }
+}
+
+// Loads one layer and, recursively, its bases; returns the merged object (without defaults).
+json load_layer(const std::string& ref, const std::string& relative_to, std::vector<std::string>& chain) {
+  std::string where, text;
+  auto shipped = std::find_if(shipped_presets().begin(), shipped_presets().end(),
+                              [&](const ShippedPreset& p) { return p.name == ref; });
+  std::string path = ref;
+  if (!relative_to.empty() && !ref.empty() && ref[0] != '/' && !is_file(ref)) {
+    std::string dir = relative_to.substr(0, relative_to.rfind('/') + 1);
+    if (is_file(dir + ref)) path = dir + ref;
+  }
+  if (is_file(path)) {
+    std::ifstream in(path);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+    where = path;
+  } else if (shipped != shipped_presets().end()) {
+    text = shipped->json_text;
+    where = "preset " + ref;
+  } else {
+    std::vector<std::string> names;
+    for (const auto& p : shipped_presets()) names.push_back(p.name);
+    throw ConfigError(fmt::format("no preset named '{}' and no such file; shipped presets: {}", ref,
+                                  fmt::join(names, ", ")));
+  }
+  FT_CHECK(std::find(chain.begin(), chain.end(), where) == chain.end(), "preset base cycle: ",
+           fmt::format("{}", fmt::join(chain, " -> ")), " -> ", where);
+  chain.push_back(where);
+  json layer = parse_text(text, where);
+  validate_preset(layer, where);
+  json merged = json::object();
+  if (layer.contains("base")) {
+    FT_CHECK(layer["base"].is_string(), where, ": \"base\" must be a preset name or file");
+    merged = load_layer(layer["base"].get<std::string>(), is_file(path) ? path : "", chain);
+  }
+  layer.erase("base");
+  merge_into(merged, layer);
+  return merged;
+}
+
+}  // namespace
+
+json resolve_preset(const std::string& name_or_file, const std::vector<std::string>& sets) {
+  std::vector<std::string> chain;
+  json resolved = schema_defaults();
+  json layers = load_layer(name_or_file, "", chain);
+  merge_into(resolved, layers);
+  resolved["name"] = layers.value("name", name_or_file);
+  for (const auto& set : sets) {
+    size_t eq = set.find('=');
+    FT_CHECK(eq != std::string::npos && eq > 0, "--set expects key.path=value, got '", set, "'");
+    std::string key = set.substr(0, eq);
+    const Setting* s = find_setting(key);
+    if (!s) {
+      // Let the validator phrase the error (with its suggestion).
+      json probe = json::object();
+      std::string pointer = "/" + key;
+      std::replace(pointer.begin(), pointer.end(), '.', '/');
+      probe[json::json_pointer(pointer)] = 0;
+      validate_preset(probe, "--set");
+      throw ConfigError(fmt::format("--set: \"{}\" is a section, not a setting", key));
+    }
+    std::string pointer = "/" + key;
+    std::replace(pointer.begin(), pointer.end(), '.', '/');
+    resolved[json::json_pointer(pointer)] = parse_setting_value(*s, set.substr(eq + 1), "--set");
+  }
+  validate_preset(resolved, "resolved preset");
+  return resolved;
+}
+
+std::string preset_description(const std::string& name) {
+  for (const auto& p : shipped_presets()) {
+    if (p.name != name) continue;
+    json j = json::parse(p.json_text, nullptr, /*allow_exceptions=*/false);
+    return j.is_object() ? j.value("description", "") : "";
+  }
+  return "";
+}
+
+}  // namespace ft::config

@@ -1,0 +1,27 @@
+// Presets: resolving a shipped preset name or a user file (with "base" inheritance and --set
+// overrides) into one validated JSON object holding every schema key, and the typed view the
+// runtime reads. Shipped presets are compiled into the binary, so `ft` works from any directory.
+// Pure functions; thread-safe.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace ft::config {
+
+struct ShippedPreset {
+  std::string name;
+  std::string json_text;
+};
+const std::vector<ShippedPreset>& shipped_presets();
+
+// Resolves NAME (a shipped preset) or FILE (a path to a .json; may say "base": NAME|FILE), applies
+// `sets` ("a.b=value", typed by the schema) and fills every other key with its default. Throws
+// ConfigError naming the file or "--set" and the dotted key.
+nlohmann::json resolve_preset(const std::string& name_or_file, const std::vector<std::string>& sets);
+
+// One-line description of a shipped preset.
+std::string preset_description(const std::string& name);
+
+}  // namespace ft::config

@@ -1,0 +1,305 @@
+#include "config/schema.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace ft::config {
+
+using nlohmann::json;
+
+namespace {
+constexpr double kNoRange = 1, kNoRangeMax = 0;  // min > max: no range check
+const double kInf = std::numeric_limits<double>::infinity();
+
+Setting I(std::string key, int64_t def, double lo, double hi, std::string help) {
+  return {std::move(key), Kind::kInt, def, std::move(help), lo, hi, {}};
+}
+Setting F(std::string key, double def, double lo, double hi, std::string help) {
+  return {std::move(key), Kind::kFloat, def, std::move(help), lo, hi, {}};
+}
+Setting B(std::string key, bool def, std::string help) {
+  return {std::move(key), Kind::kBool, def, std::move(help), kNoRange, kNoRangeMax, {}};
+}
+Setting S(std::string key, std::string def, std::string help) {
+  return {std::move(key), Kind::kString, def, std::move(help), kNoRange, kNoRangeMax, {}};
+}
+Setting C(std::string key, std::string def, std::vector<std::string> choices, std::string help) {
+  return {std::move(key), Kind::kChoice, def, std::move(help), kNoRange, kNoRangeMax, std::move(choices)};
+}
+Setting L(std::string key, std::vector<std::string> def, std::vector<std::string> allowed,
+          std::string help) {
+  return {std::move(key), Kind::kStringList, def, std::move(help), kNoRange, kNoRangeMax,
+          std::move(allowed)};
+}
+
+const std::vector<std::string> kProjections = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                               "gate_proj", "up_proj", "down_proj"};
+
+std::string kind_name(const Setting& s) {
+  switch (s.kind) {
+    case Kind::kInt: return "integer";
+    case Kind::kFloat: return "number";
+    case Kind::kBool: return "boolean";
+    case Kind::kString: return "string";
+    case Kind::kChoice: return "one of " + fmt::format("{}", fmt::join(s.choices, "|"));
+    case Kind::kStringList: return "list of strings";
+  }
+  return "?";
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string did_you_mean(const std::string& key) {
+  std::string best;
+  size_t best_d = std::max<size_t>(3, key.size() / 4);
+  for (const auto& s : preset_schema()) {
+    size_t d = edit_distance(key, s.key);
+    // A right leaf under the wrong section ("lr" vs "train.lr") is a good guess too.
+    std::string leaf = s.key.substr(s.key.rfind('.') + 1);
+    std::string key_leaf = key.substr(key.rfind('.') + 1);
+    if (leaf == key_leaf) d = std::min<size_t>(d, 1);
+    if (d < best_d) {
+      best_d = d;
+      best = s.key;
+    }
+  }
+  return best.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", best);
+}
+
+void check_value(const Setting& s, const json& v, const std::string& where) {
+  const std::string got = v.dump();
+  auto fail = [&](const std::string& what) {
+    throw ConfigError(fmt::format("{}: \"{}\" must be {}, got {}", where, s.key, what, got));
+  };
+  switch (s.kind) {
+    case Kind::kInt:
+      if (!v.is_number_integer()) fail("an integer");
+      break;
+    case Kind::kFloat:
+      if (!v.is_number()) fail("a number");
+      break;
+    case Kind::kBool:
+      if (!v.is_boolean()) fail("true or false");
+      break;
+    case Kind::kString:
+      if (!v.is_string()) fail("a string");
+      break;
+    case Kind::kChoice:
+      if (!v.is_string() ||
+          std::find(s.choices.begin(), s.choices.end(), v.get<std::string>()) == s.choices.end())
+        fail(kind_name(s));
+      break;
+    case Kind::kStringList:
+      if (!v.is_array()) fail("a list of strings");
+      for (const auto& item : v) {
+        if (!item.is_string()) fail("a list of strings");
+        if (!s.choices.empty() &&
+            std::find(s.choices.begin(), s.choices.end(), item.get<std::string>()) == s.choices.end())
+          fail(fmt::format("a list drawn from {}", fmt::join(s.choices, ", ")));
+      }
+      break;
+  }
+  if ((s.kind == Kind::kInt || s.kind == Kind::kFloat) && s.min <= s.max) {
+    double x = v.get<double>();
+    if (!(x >= s.min && x <= s.max)) {
+      std::string range = s.max == kInf ? fmt::format(">= {}", s.min)
+                                        : fmt::format("in [{}, {}]", s.min, s.max);
+      fail(range);
+    }
+  }
+}
+
+void walk(const json& node, const std::string& prefix, const std::string& where) {
+  FT_CHECK(node.is_object(), where, ": \"", prefix, "\" must be an object");
+  for (const auto& [k, v] : node.items()) {
+    std::string key = prefix.empty() ? k : prefix + "." + k;
+    if (prefix.empty() && (k == "base" || k == "name" || k == "description")) continue;
+    if (const Setting* s = find_setting(key)) {
+      check_value(*s, v, where);
+      continue;
+    }
+    // A section: some setting lives below it.
+    bool is_section = false;
+    for (const auto& s : preset_schema())
+      if (s.key.rfind(key + ".", 0) == 0) is_section = true;
+    if (is_section && v.is_object()) {
+      walk(v, key, where);
+      continue;
+    }
+    if (is_section)
+      throw ConfigError(fmt::format("{}: \"{}\" is a section: set its keys (see `ft presets show`)",
+                                    where, key));
+    throw ConfigError(fmt::format("{}: unknown key \"{}\"{}", where, key, did_you_mean(key)));
+  }
+}
+
+}  // namespace
+
+const std::vector<Setting>& preset_schema() {
+  // clang-format off
+  static const std::vector<Setting> schema = {
+    // model: the shape used when no --model directory is given (random init, for demos/benchmarks)
+    I("model.vocab_size", 32000, 1, kInf, "Vocabulary size of a randomly initialised model."),
+    I("model.hidden_size", 4096, 1, kInf, "Hidden size."),
+    I("model.intermediate_size", 11008, 1, kInf, "MLP inner size."),
+    I("model.num_layers", 32, 1, kInf, "Transformer blocks."),
+    I("model.num_heads", 32, 1, kInf, "Attention heads."),
+    I("model.num_kv_heads", 32, 1, kInf, "Key/value heads (GQA when fewer than num_heads)."),
+    F("model.rope_theta", 10000.0, 1, kInf, "Rotary base."),
+    B("model.tie_embeddings", false, "Share the embedding and the LM head."),
+    I("model.max_seq_len", 4096, 1, kInf, "Longest sequence the model is used with."),
+    // data
+    C("data.format", "auto", {"auto", "text", "alpaca", "chat", "tokenized", "synthetic"},
+      "Record format of the JSONL data; auto detects it from the first record."),
+    C("data.template", "llama3", {"llama3", "llama2", "chatml", "mistral", "none"},
+      "Chat/instruction template used to render alpaca and chat records."),
+    I("data.seq_len", 2048, 8, kInf, "Tokens per training sequence."),
+    B("data.pack", true, "Pack several records into one sequence (attention stays within each record)."),
+    B("data.train_on_prompt", false, "Also train on prompt tokens (by default only responses count)."),
+    C("data.on_bad_record", "error", {"error", "skip"},
+      "A malformed JSONL line stops the run (error) or is skipped and counted (skip)."),
+    I("data.synthetic_samples", 4096, 1, kInf, "Records of the built-in synthetic task."),
+    // train
+    I("train.micro_batch", 1, 1, kInf, "Sequences per micro-batch on each rank."),
+    I("train.grad_accum", 1, 1, kInf, "Micro-batches per optimizer step."),
+    I("train.max_steps", 0, 0, kInf, "Optimizer steps; 0 = run for train.epochs."),
+    F("train.epochs", 1.0, 0, kInf, "Passes over the data when max_steps is 0."),
+    F("train.lr", 2e-5, 0, kInf, "Peak learning rate."),
+    F("train.min_lr_ratio", 0.1, 0, 1, "Final learning rate as a fraction of the peak."),
+    I("train.warmup_steps", 0, 0, kInf, "Linear warmup steps."),
+    C("train.schedule", "cosine", {"cosine", "linear", "constant"}, "Decay after warmup."),
+    F("train.weight_decay", 0.0, 0, kInf, "AdamW decoupled weight decay (never on norms and biases)."),
+    F("train.beta1", 0.9, 0, 0.999999, "AdamW beta1."),
+    F("train.beta2", 0.999, 0, 0.99999999, "AdamW beta2."),
+    F("train.eps", 1e-8, 0, 1, "AdamW epsilon."),
+    F("train.grad_clip", 1.0, 0, kInf, "Global gradient-norm clip; 0 disables."),
+    I("train.seed", 42, 0, kInf, "Seed for initialisation, data order, dropout."),
+    I("train.log_every", 1, 1, kInf, "Optimizer steps between log lines."),
+    C("train.activation_checkpointing", "none", {"none", "full", "every_n"},
+      "Recompute activations in backward: none, every block, or every n-th block."),
+    I("train.checkpoint_every_n_layers", 2, 1, kInf, "n for activation_checkpointing = every_n."),
+    // precision
+    C("precision.mode", "bf16", {"fp32", "bf16", "fp16"},
+      "Compute dtype; bf16/fp16 keep fp32 master weights and optimizer state."),
+    F("precision.loss_scale_init", 65536.0, 1, kInf, "fp16: initial dynamic loss scale."),
+    I("precision.loss_scale_window", 1000, 1, kInf, "fp16: overflow-free steps before the scale doubles."),
+    // lora
+    B("lora.enabled", false, "Train LoRA adapters on a frozen base instead of every weight."),
+    I("lora.r", 16, 1, 4096, "Adapter rank."),
+    F("lora.alpha", 32.0, 0, kInf, "Adapter scale numerator (alpha/r, or alpha/sqrt(r) with rslora)."),
+    F("lora.dropout", 0.05, 0, 0.99, "Dropout on the adapter input."),
+    L("lora.target_modules", kProjections, kProjections, "Projections that get adapters (PEFT names)."),
+    B("lora.rslora", false, "Rank-stabilised scaling alpha/sqrt(r)."),
+    // strategy (consumed by the distributed strategies)
+    C("strategy.kind", "ddp", {"ddp", "zero3", "fsdp"}, "How parameters, gradients and optimizer state are spread over ranks."),
+    F("strategy.ddp.bucket_mb", 25.0, 0.001, kInf, "ddp: gradient all-reduce bucket size (MB)."),
+    F("strategy.zero3.prefetch_bucket_size", 5e7, 0, kInf, "zero3: elements prefetched ahead of use."),
+    F("strategy.zero3.param_persistence_threshold", 1e5, 0, kInf, "zero3: parameters with fewer elements stay whole."),
+    F("strategy.zero3.reduce_bucket_size", 5e8, 1, kInf, "zero3: elements per gradient reduce-scatter bucket."),
+    B("strategy.zero3.offload_optimizer", false, "zero3: keep optimizer state in CPU memory."),
+    B("strategy.zero3.offload_param", false, "zero3: keep parameter shards in CPU memory."),
+    C("strategy.fsdp.sharding_strategy", "FULL_SHARD", {"FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"},
+      "fsdp: what is sharded and when it is regathered."),
+    B("strategy.fsdp.forward_prefetch", false, "fsdp: gather the next unit during forward."),
+    C("strategy.fsdp.backward_prefetch", "BACKWARD_PRE", {"BACKWARD_PRE", "BACKWARD_POST", "NONE"}, "fsdp: when the previous unit is gathered in backward."),
+    C("strategy.fsdp.param_dtype", "bf16", {"fp32", "bf16", "fp16"}, "fsdp mixed precision: gather/compute dtype."),
+    C("strategy.fsdp.reduce_dtype", "fp32", {"fp32", "bf16", "fp16"}, "fsdp mixed precision: gradient reduction dtype."),
+    B("strategy.fsdp.cpu_offload", false, "fsdp: keep parameter shards in CPU memory."),
+    // output
+    I("output.save_every", 0, 0, kInf, "Optimizer steps between checkpoints; 0 = only at the end."),
+  };
+  // clang-format on
+  return schema;
+}
+
+const Setting* find_setting(const std::string& key) {
+  for (const auto& s : preset_schema())
+    if (s.key == key) return &s;
+  return nullptr;
+}
+
+json schema_defaults() {
+  json out = json::object();
+  for (const auto& s : preset_schema()) {
+    std::string pointer = "/" + s.key;
+    std::replace(pointer.begin(), pointer.end(), '.', '/');
+    out[json::json_pointer(pointer)] = s.default_value;
+  }
+  return out;
+}
+
+void validate_preset(const json& preset, const std::string& where) { walk(preset, "", where); }
+
+json parse_setting_value(const Setting& s, const std::string& text, const std::string& where) {
+  json v;
+  switch (s.kind) {
+    case Kind::kString:
+    case Kind::kChoice:
+      v = text;
+      break;
+    case Kind::kStringList: {
+      if (!text.empty() && text.front() == '[') {
+        try {
+          v = json::parse(text);
+        } catch (const json::exception&) {
+          throw ConfigError(fmt::format("{}: \"{}\" = {} is not a JSON list", where, s.key, text));
+        }
+      } else {
+        v = json::array();
+        size_t start = 0;
+        while (start <= text.size()) {
+          size_t comma = text.find(',', start);
+          std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+          if (!item.empty()) v.push_back(item);
+          if (comma == std::string::npos) break;
+          start = comma + 1;
+        }
+      }
+      break;
+    }
+    default:
+      try {
+        v = json::parse(text);
+      } catch (const json::exception&) {
+        throw ConfigError(fmt::format("{}: \"{}\" must be {}, got '{}'", where, s.key,
+                                      s.kind == Kind::kInt     ? "an integer"
+                                      : s.kind == Kind::kFloat ? "a number"
+                                                               : "true or false",
+                                      text));
+      }
+      if (s.kind == Kind::kFloat && v.is_number_integer()) v = v.get<double>();
+  }
+  check_value(s, v, where);
+  return v;
+}
+
+std::string schema_markdown() {
+  std::string md = "| key | type | default | meaning |\n|---|---|---|---|\n";
+  for (const auto& s : preset_schema()) {
+    std::string type = kind_name(s);
+    if ((s.kind == Kind::kInt || s.kind == Kind::kFloat) && s.min <= s.max)
+      type += s.max == kInf ? fmt::format(", >= {}", s.min) : fmt::format(", {}..{}", s.min, s.max);
+    std::string t;
+    for (char c : type) t += c == '|' ? std::string("\\|") : std::string(1, c);
+    md += fmt::format("| `{}` | {} | `{}` | {} |\n", s.key, t, s.default_value.dump(), s.help);
+  }
+  return md;
+}
+
+}  // namespace ft::config

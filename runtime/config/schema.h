@@ -1,0 +1,39 @@
+// The preset schema: every training setting declared once (dotted key, type, default, range or
+// choices, help). The table drives preset validation, `--set` parsing, `ft presets show` and
+// docs/presets.md. Pure data and functions; thread-safe.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace ft::config {
+
+enum class Kind { kInt, kFloat, kBool, kString, kChoice, kStringList };
+
+struct Setting {
+  std::string key;  // dotted path, "train.micro_batch"
+  Kind kind;
+  nlohmann::json default_value;
+  std::string help;
+  double min = 0, max = 0;              // kInt / kFloat range, inclusive; unused when min > max
+  std::vector<std::string> choices;     // kChoice (and allowed items of kStringList when non-empty)
+};
+
+const std::vector<Setting>& preset_schema();
+const Setting* find_setting(const std::string& key);
+
+// A JSON object holding every schema key at its default, nested by the dotted paths.
+nlohmann::json schema_defaults();
+
+// Validates a (nested) preset object: unknown keys (with "did you mean"), wrong types and values
+// out of range or choices are ConfigErrors naming `where` (a file or "--set") and the dotted key.
+void validate_preset(const nlohmann::json& preset, const std::string& where);
+
+// Parses the text of `--set key=value` by the key's declared type.
+nlohmann::json parse_setting_value(const Setting& s, const std::string& text, const std::string& where);
+
+// Markdown reference of the schema (docs/presets.md).
+std::string schema_markdown();
+
+}  // namespace ft::config

@@ -1,0 +1,197 @@
+#include "model/llama.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace ft::model {
+
+at::Tensor Linear::forward(const at::Tensor& x, bool training) const {
+  at::Tensor y = at::linear(x, weight, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt);
+  if (lora_a.defined()) {
+    at::Tensor h = lora_dropout > 0 && training ? at::dropout(x, lora_dropout, true) : x;
+    y = y + at::linear(at::linear(h, lora_a), lora_b) * lora_scale;
+  }
+  return y;
+}
+
+at::Tensor rope_inv_freq(const LlamaConfig& c) {
+  const int64_t dim = c.head_dim;
+  auto f32 = at::TensorOptions().dtype(at::kFloat);
+  // 1 / base^(arange(0, dim, 2) / dim), in fp32 as transformers does.
+  at::Tensor exponent = at::arange(0, dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) /
+                        static_cast<double>(dim);
+  at::Tensor inv_freq = 1.0 / at::pow(at::scalar_tensor(c.rope.theta, f32), exponent);
+  if (c.rope.type == "linear") {
+    inv_freq = inv_freq / c.rope.factor;
+  } else if (c.rope.type == "llama3") {
+    const double factor = c.rope.factor, lo = c.rope.low_freq_factor, hi = c.rope.high_freq_factor;
+    const double old_ctx = static_cast<double>(c.rope.original_max_position_embeddings);
+    const double low_freq_wavelen = old_ctx / lo, high_freq_wavelen = old_ctx / hi;
+    at::Tensor wavelen = 2 * M_PI / inv_freq;
+    at::Tensor llama = at::where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq);
+    at::Tensor smooth = (old_ctx / wavelen - lo) / (hi - lo);
+    at::Tensor smoothed = (1 - smooth) * llama / factor + smooth * llama;
+    at::Tensor medium = at::logical_not(wavelen < high_freq_wavelen) *
+                        at::logical_not(wavelen > low_freq_wavelen);
+    inv_freq = at::where(medium, smoothed, llama);
+  }
+  return inv_freq.contiguous();
+}
+
+LlamaModel::LlamaModel(const LlamaConfig& config, at::TensorOptions options) : config_(config) {
+  config_.validate("model config");
+  const auto& c = config_;
+  const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+  auto make = [&](std::initializer_list<int64_t> shape) { return at::empty(shape, options); };
+  auto linear = [&](int64_t out, int64_t in, bool bias) {
+    Linear l;
+    l.weight = make({out, in});
+    if (bias) l.bias = make({out});
+    return l;
+  };
+  embed_tokens_ = make({c.vocab_size, c.hidden_size});
+  layers_.resize(c.num_hidden_layers);
+  for (auto& L : layers_) {
+    L.input_layernorm = make({c.hidden_size});
+    L.q_proj = linear(q, c.hidden_size, c.attention_bias);
+    L.k_proj = linear(kv, c.hidden_size, c.attention_bias);
+    L.v_proj = linear(kv, c.hidden_size, c.attention_bias);
+    L.o_proj = linear(c.hidden_size, q, c.attention_bias);
+    L.post_attention_layernorm = make({c.hidden_size});
+    L.gate_proj = linear(c.intermediate_size, c.hidden_size, c.mlp_bias);
+    L.up_proj = linear(c.intermediate_size, c.hidden_size, c.mlp_bias);
+    L.down_proj = linear(c.hidden_size, c.intermediate_size, c.mlp_bias);
+  }
+  norm_ = make({c.hidden_size});
+  if (!c.tie_word_embeddings) lm_head_ = make({c.vocab_size, c.hidden_size});
+  inv_freq_ = rope_inv_freq(c).to(options.device());
+}
+
+std::vector<NamedTensor> LlamaModel::parameters() {
+  std::vector<NamedTensor> out;
+  out.push_back({"model.embed_tokens.weight", &embed_tokens_});
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    auto& L = layers_[i];
+    std::string p = fmt::format("model.layers.{}.", i);
+    auto lin = [&](const std::string& name, Linear& l) {
+      out.push_back({p + name + ".weight", &l.weight});
+      if (l.bias.defined()) out.push_back({p + name + ".bias", &l.bias});
+    };
+    out.push_back({p + "input_layernorm.weight", &L.input_layernorm});
+    lin("self_attn.q_proj", L.q_proj);
+    lin("self_attn.k_proj", L.k_proj);
+    lin("self_attn.v_proj", L.v_proj);
+    lin("self_attn.o_proj", L.o_proj);
+    out.push_back({p + "post_attention_layernorm.weight", &L.post_attention_layernorm});
+    lin("mlp.gate_proj", L.gate_proj);
+    lin("mlp.up_proj", L.up_proj);
+    lin("mlp.down_proj", L.down_proj);
+  }
+  out.push_back({"model.norm.weight", &norm_});
+  if (lm_head_.defined()) out.push_back({"lm_head.weight", &lm_head_});
+  return out;
+}
+
+void LlamaModel::init_random(uint64_t seed) {
+  at::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  for (auto& p : parameters()) {
+    at::Tensor& t = *p.tensor;
+    const bool is_norm = p.name.find("norm") != std::string::npos;
+    const bool is_bias = p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
+    if (is_norm) {
+      t.fill_(1.0);
+    } else if (is_bias) {
+      t.zero_();
+    } else {
+      // Draw on CPU in fp32 so the values do not depend on the device or the storage dtype.
+      at::Tensor cpu = at::empty(t.sizes(), at::kFloat);
+      cpu.normal_(0.0, config_.initializer_range, gen);
+      t.copy_(cpu);
+    }
+  }
+}
+
+void LlamaModel::load(const std::function<void(const std::string&, at::Tensor&)>& fill) {
+  at::NoGradGuard no_grad;
+  for (auto& p : parameters()) fill(p.name, *p.tensor);
+}
+
+at::Tensor LlamaModel::rope_cos_sin(const at::Tensor& position_ids, at::ScalarType dtype,
+                                    bool sin) const {
+  at::Tensor freqs = position_ids.unsqueeze(-1).to(at::kFloat) * inv_freq_;  // [B, T, hd/2]
+  at::Tensor emb = at::cat({freqs, freqs}, -1);
+  return (sin ? emb.sin() : emb.cos()).to(dtype);
+}
+
+namespace {
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor h = x.to(at::kFloat);
+  at::Tensor var = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * at::rsqrt(var + eps);
+  return weight * h.to(x.scalar_type());
+}
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  int64_t half = x.size(-1) / 2;
+  return at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+at::Tensor LlamaModel::hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids_in,
+                                     bool training) const {
+  const auto& c = config_;
+  FT_CHECK(input_ids.dim() == 2, "input_ids must be [batch, seq], got ", input_ids.sizes());
+  const int64_t B = input_ids.size(0), T = input_ids.size(1);
+  at::Tensor position_ids = position_ids_in.defined()
+                                ? position_ids_in
+                                : at::arange(T, input_ids.options()).unsqueeze(0).expand({B, T});
+  at::Tensor h = at::embedding(embed_tokens_, input_ids);
+  const auto dtype = h.scalar_type();
+  at::Tensor cos = rope_cos_sin(position_ids, dtype, false).unsqueeze(1);  // [B, 1, T, hd]
+  at::Tensor sin = rope_cos_sin(position_ids, dtype, true).unsqueeze(1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  for (const auto& L : layers_) {
+    at::Tensor x = rms_norm(h, L.input_layernorm, c.rms_norm_eps);
+    at::Tensor q = L.q_proj.forward(x, training).view({B, T, -1, c.head_dim}).transpose(1, 2);
+    at::Tensor k = L.k_proj.forward(x, training).view({B, T, -1, c.head_dim}).transpose(1, 2);
+    at::Tensor v = L.v_proj.forward(x, training).view({B, T, -1, c.head_dim}).transpose(1, 2);
+    q = q * cos + rotate_half(q) * sin;
+    k = k * cos + rotate_half(k) * sin;
+    at::Tensor a = at::scaled_dot_product_attention(
+        q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/T > 1, scale,
+        /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads);
+    a = a.transpose(1, 2).reshape({B, T, -1});
+    h = h + L.o_proj.forward(a, training);
+    x = rms_norm(h, L.post_attention_layernorm, c.rms_norm_eps);
+    at::Tensor m = at::silu(L.gate_proj.forward(x, training)) * L.up_proj.forward(x, training);
+    h = h + L.down_proj.forward(m, training);
+  }
+  return rms_norm(h, norm_, c.rms_norm_eps);
+}
+
+at::Tensor LlamaModel::forward(const at::Tensor& input_ids, const at::Tensor& position_ids,
+                               bool training) const {
+  return at::linear(hidden_states(input_ids, position_ids, training), lm_head());
+}
+
+LossSum causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
+  FT_CHECK(logits.dim() == 3 && labels.dim() == 2 && logits.size(0) == labels.size(0) &&
+               logits.size(1) == labels.size(1),
+           "logits ", logits.sizes(), " and labels ", labels.sizes(), " do not match");
+  const int64_t V = logits.size(2);
+  at::Tensor shift_logits = logits.slice(1, 0, -1).reshape({-1, V}).to(at::kFloat);
+  at::Tensor shift_labels = labels.slice(1, 1).reshape({-1});
+  LossSum out;
+  out.sum = at::cross_entropy_loss(shift_logits, shift_labels, /*weight=*/{},
+                                   at::Reduction::Sum, /*ignore_index=*/-100);
+  out.tokens = shift_labels.ne(-100).sum().item<int64_t>();
+  return out;
+}
+
+}  // namespace ft::model

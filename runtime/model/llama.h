@@ -1,0 +1,94 @@
+// Llama-family decoder (Llama 2, Llama 3/3.1, Mistral) on ATen with autograd: RMSNorm, rotary
+// embeddings (rotate-half on HF's q/k layout, linear and llama3 scaling), grouped-query attention
+// through scaled_dot_product_attention, SwiGLU MLP. Parameters carry Hugging Face names so weight
+// files map one to one. The model owns its parameter tensors; a strategy (later) may replace their
+// storage with shards. Not thread-safe: one training thread per model.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace ft::model {
+
+struct NamedTensor {
+  std::string name;  // Hugging Face parameter name, e.g. "model.layers.0.self_attn.q_proj.weight"
+  at::Tensor* tensor;
+};
+
+// A projection y = x W^T (+ b), with an optional LoRA adapter added by model/lora.
+struct Linear {
+  at::Tensor weight;  // [out, in]
+  at::Tensor bias;    // [out] or undefined
+  at::Tensor lora_a;  // [r, in] or undefined
+  at::Tensor lora_b;  // [out, r] or undefined
+  double lora_scale = 0;
+  double lora_dropout = 0;
+  at::Tensor forward(const at::Tensor& x, bool training) const;
+};
+
+struct LlamaLayer {
+  at::Tensor input_layernorm;           // [hidden]
+  Linear q_proj, k_proj, v_proj, o_proj;  // [heads*hd, hidden], [kv*hd, hidden] x2, [hidden, heads*hd]
+  at::Tensor post_attention_layernorm;  // [hidden]
+  Linear gate_proj, up_proj, down_proj;   // [inter, hidden] x2, [hidden, inter]
+};
+
+class LlamaModel {
+ public:
+  // Allocates every parameter (uninitialised) with `options` (dtype, device).
+  LlamaModel(const LlamaConfig& config, at::TensorOptions options);
+
+  const LlamaConfig& config() const { return config_; }
+
+  // Every base parameter with its HF name, in file order: embeddings, layers, final norm, head.
+  // A tied head is not listed (it is the embedding).
+  std::vector<NamedTensor> parameters();
+
+  // transformers' init: normal(0, initializer_range) for projections and embeddings, ones for
+  // norms, zeros for biases, from a CPU generator seeded with `seed` (identical on every machine).
+  void init_random(uint64_t seed);
+
+  // Fills every parameter through `fill(name, dst)`, which must copy the named tensor into `dst`
+  // (checking its shape). Used with io::ModelFiles; a missing name is the caller's error to raise.
+  void load(const std::function<void(const std::string& name, at::Tensor& dst)>& fill);
+
+  // input_ids: [B, T] int64. position_ids: [B, T] int64 or undefined (0..T-1).
+  // Returns logits [B, T, vocab] in the parameters' dtype.
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& position_ids = {},
+                     bool training = false) const;
+
+  // Final hidden states [B, T, hidden] (before the LM head).
+  at::Tensor hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids,
+                           bool training) const;
+  const at::Tensor& lm_head() const { return config_.tie_word_embeddings ? embed_tokens_ : lm_head_; }
+
+  std::vector<LlamaLayer>& layers() { return layers_; }
+
+ private:
+  at::Tensor rope_cos_sin(const at::Tensor& position_ids, at::ScalarType dtype, bool sin) const;
+  LlamaConfig config_;
+  at::Tensor embed_tokens_;  // [vocab, hidden]
+  std::vector<LlamaLayer> layers_;
+  at::Tensor norm_;          // [hidden]
+  at::Tensor lm_head_;       // [vocab, hidden], undefined when tied
+  at::Tensor inv_freq_;      // [head_dim/2] fp32, rotary inverse frequencies (with scaling)
+};
+
+// Rotary inverse frequencies exactly as transformers computes them (fp32).
+at::Tensor rope_inv_freq(const LlamaConfig& config);
+
+// Sum of next-token cross-entropy over positions whose shifted label is not -100, in fp32, and the
+// number of such tokens. logits [B, T, V], labels [B, T] int64 (the shift happens here, as in HF).
+struct LossSum {
+  at::Tensor sum;  // [] fp32
+  int64_t tokens = 0;
+};
+LossSum causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels);
+
+}  // namespace ft::model

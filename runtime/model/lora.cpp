@@ -1,0 +1,150 @@
+#include "model/lora.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/error.h"
+
+namespace ft::model {
+
+using nlohmann::json;
+
+namespace {
+const std::set<std::string> kModules = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                        "gate_proj", "up_proj", "down_proj"};
+
+// (module path, projection) pairs of a layer, in PEFT's key order.
+std::vector<std::pair<std::string, Linear*>> projections(LlamaLayer& L) {
+  return {{"self_attn.q_proj", &L.q_proj}, {"self_attn.k_proj", &L.k_proj},
+          {"self_attn.v_proj", &L.v_proj}, {"self_attn.o_proj", &L.o_proj},
+          {"mlp.gate_proj", &L.gate_proj}, {"mlp.up_proj", &L.up_proj},
+          {"mlp.down_proj", &L.down_proj}};
+}
+
+std::string leaf(const std::string& path) { return path.substr(path.rfind('.') + 1); }
+}  // namespace
+
+double LoraConfig::scale() const {
+  return use_rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r);
+}
+
+void LoraConfig::validate(const std::string& where) const {
+  FT_CHECK(r >= 1, where, ": lora r must be >= 1, got ", r);
+  FT_CHECK(alpha > 0, where, ": lora alpha must be > 0, got ", alpha);
+  FT_CHECK(dropout >= 0 && dropout < 1, where, ": lora dropout must be in [0, 1), got ", dropout);
+  FT_CHECK(!target_modules.empty(), where, ": lora target_modules is empty");
+  for (const auto& m : target_modules)
+    FT_CHECK(kModules.count(m), where, ": lora target module '", m,
+             "' is not a Llama projection (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj)");
+}
+
+std::string peft_key(const std::string& module, char which) {
+  return fmt::format("base_model.model.{}.lora_{}.weight", module, which);
+}
+
+LoraConfig load_lora_config(const std::string& path) {
+  std::ifstream in(path);
+  FT_CHECK_T(FormatError, in.good(), "cannot read adapter config ", path);
+  json j;
+  try {
+    in >> j;
+  } catch (const json::exception& e) {
+    throw FormatError(fmt::format("{}: not valid JSON ({})", path, e.what()));
+  }
+  auto str = [&](const char* k, const std::string& d) {
+    return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : d;
+  };
+  FT_CHECK_T(FormatError, str("peft_type", "LORA") == "LORA", path, ": peft_type \"",
+             str("peft_type", ""), "\" is not LORA");
+  FT_CHECK_T(FormatError, str("bias", "none") == "none", path, ": bias \"", str("bias", ""),
+             "\" is not supported (ft trains no biases in LoRA)");
+  FT_CHECK_T(FormatError, !j.contains("modules_to_save") || j["modules_to_save"].is_null(), path,
+             ": modules_to_save is not supported");
+  for (const char* k : {"rank_pattern", "alpha_pattern"})
+    FT_CHECK_T(FormatError, !j.contains(k) || j[k].is_null() || j[k].empty(), path, ": ", k,
+               " (per-layer ranks) is not supported");
+  FT_CHECK_T(FormatError, !j.value("fan_in_fan_out", false), path, ": fan_in_fan_out is not supported");
+  LoraConfig c;
+  try {
+    c.r = j.at("r").get<int64_t>();
+    c.alpha = j.value("lora_alpha", static_cast<double>(c.r));
+    c.dropout = j.value("lora_dropout", 0.0);
+    c.use_rslora = j.value("use_rslora", false);
+    c.base_model_name_or_path = str("base_model_name_or_path", "");
+    const json& t = j.at("target_modules");
+    c.target_modules.clear();
+    if (t.is_string()) {
+      c.target_modules.push_back(t.get<std::string>());
+    } else {
+      for (const auto& m : t) c.target_modules.push_back(m.get<std::string>());
+    }
+  } catch (const json::exception& e) {
+    throw FormatError(fmt::format("{}: {}", path, e.what()));
+  }
+  std::sort(c.target_modules.begin(), c.target_modules.end());
+  try {
+    c.validate(path);
+  } catch (const ConfigError& e) {
+    throw FormatError(e.what());
+  }
+  return c;
+}
+
+std::string lora_config_json(const LoraConfig& c) {
+  json j = {{"peft_type", "LORA"},
+            {"task_type", "CAUSAL_LM"},
+            {"r", c.r},
+            {"lora_alpha", c.alpha},
+            {"lora_dropout", c.dropout},
+            {"target_modules", c.target_modules},
+            {"use_rslora", c.use_rslora},
+            {"bias", "none"},
+            {"fan_in_fan_out", false},
+            {"init_lora_weights", true},
+            {"inference_mode", true},
+            {"modules_to_save", nullptr},
+            {"base_model_name_or_path", c.base_model_name_or_path}};
+  return j.dump(2) + "\n";
+}
+
+void attach_lora(LlamaModel& model, const LoraConfig& config, uint64_t seed) {
+  config.validate("lora");
+  at::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const std::set<std::string> targets(config.target_modules.begin(), config.target_modules.end());
+  for (auto& L : model.layers()) {
+    for (auto& [path, lin] : projections(L)) {
+      if (!targets.count(leaf(path))) continue;
+      const int64_t out = lin->weight.size(0), in = lin->weight.size(1);
+      auto opts = lin->weight.options();
+      at::Tensor a = at::empty({config.r, in}, at::kFloat);
+      const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+      a.uniform_(-bound, bound, gen);
+      lin->lora_a = a.to(opts);
+      lin->lora_b = at::zeros({out, config.r}, opts);
+      lin->lora_scale = config.scale();
+      lin->lora_dropout = config.dropout;
+    }
+  }
+}
+
+std::vector<NamedTensor> lora_parameters(LlamaModel& model) {
+  std::vector<NamedTensor> out;
+  auto& layers = model.layers();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    for (auto& [path, lin] : projections(layers[i])) {
+      if (!lin->lora_a.defined()) continue;
+      std::string module = fmt::format("model.layers.{}.{}", i, path);
+      out.push_back({peft_key(module, 'A'), &lin->lora_a});
+      out.push_back({peft_key(module, 'B'), &lin->lora_b});
+    }
+  }
+  return out;
+}
+
+}  // namespace ft::model

@@ -1,0 +1,45 @@
+// LoRA adapters on a LlamaModel's projections, in PEFT's format: adapter_config.json and
+// adapter_model.safetensors keys "base_model.model.<module>.lora_A.weight" [r, in] and
+// "...lora_B.weight" [out, r]; scale alpha/r, or alpha/sqrt(r) with rsLoRA. The base stays frozen.
+// Not thread-safe (mutates the model).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model/llama.h"
+
+namespace ft::model {
+
+struct LoraConfig {
+  int64_t r = 16;
+  double alpha = 32;
+  double dropout = 0.0;
+  std::vector<std::string> target_modules = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                             "gate_proj", "up_proj", "down_proj"};
+  bool use_rslora = false;
+  std::string base_model_name_or_path;  // identity of the base, written into adapter_config.json
+  double scale() const;
+  // Throws ConfigError on r < 1, unknown target module names, bias other than "none"...
+  void validate(const std::string& where) const;
+};
+
+// Reads a PEFT adapter_config.json; refuses (FormatError naming the file and key) what ft does not
+// implement: peft_type other than LORA, bias != "none", modules_to_save, per-layer rank patterns.
+LoraConfig load_lora_config(const std::string& path);
+std::string lora_config_json(const LoraConfig& c);
+
+// Adds adapters to every targeted projection: lora_A ~ PEFT's kaiming-uniform (bound 1/sqrt(in))
+// from a CPU generator seeded with `seed`, lora_B = 0. Freezes nothing by itself; the trainer
+// decides what requires grad.
+void attach_lora(LlamaModel& model, const LoraConfig& config, uint64_t seed);
+
+// The adapter tensors with their PEFT names, in a fixed order.
+std::vector<NamedTensor> lora_parameters(LlamaModel& model);
+
+// The PEFT key of a module's adapter matrix: peft_key("model.layers.0.self_attn.q_proj", 'A').
+std::string peft_key(const std::string& module, char which);
+
+}  // namespace ft::model
