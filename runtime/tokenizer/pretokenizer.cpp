@@ -1,0 +1,262 @@
+#include "tokenizer/pretokenizer.h"
+
+#include <stdexcept>
+
+#include "tokenizer/normalizer.h"
+#include "tokenizer/unicode.h"
+
+namespace ft::tokenizer {
+
+namespace {
+
+// GPT-2's pattern, built into HF's ByteLevel pre-tokenizer (use_regex = true).
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+}  // namespace
+
+MetaspaceOptions MetaspaceOptions::parse(const Json& obj, const std::string& key,
+                                         const JsonFields& f) {
+  MetaspaceOptions m;
+  m.replacement = f.character(obj, key, "replacement");
+  m.split = f.boolean(obj, key, "split", true);
+  if (const Json* scheme = f.optional(obj, "prepend_scheme")) {
+    const std::string s = scheme->is_string() ? scheme->get<std::string>() : scheme->dump();
+    if (s == "always") {
+      m.scheme = PrependScheme::kAlways;
+    } else if (s == "first") {
+      m.scheme = PrependScheme::kFirst;
+    } else if (s == "never") {
+      m.scheme = PrependScheme::kNever;
+    } else {
+      f.fail(JsonFields::join(key, "prepend_scheme"),
+             "expected \"always\", \"first\" or \"never\", got " + s);
+    }
+  }
+  // tokenizers < 0.15 wrote add_prefix_space instead; HF still reads it and rejects a false
+  // one that contradicts the (possibly defaulted) scheme.
+  if (!f.boolean(obj, key, "add_prefix_space", true)) {
+    if (m.scheme != PrependScheme::kNever) {
+      f.fail(JsonFields::join(key, "add_prefix_space"),
+             "add_prefix_space false does not match prepend_scheme (HF refuses this too)");
+    }
+  }
+  return m;
+}
+
+PreTokenizer::PreTokenizer(const Json& pre_tokenizer, const std::string& key, const JsonFields& f) {
+  parse(pre_tokenizer, key, f);
+}
+
+void PreTokenizer::parse(const Json& p, const std::string& key, const JsonFields& f) {
+  const std::string type = f.type_of(p, key);
+  if (type == "Sequence") {
+    const Json& list = f.array(p, key, "pretokenizers");
+    for (size_t i = 0; i < list.size(); ++i) {
+      parse(list[i], JsonFields::index(JsonFields::join(key, "pretokenizers"), i), f);
+    }
+    return;
+  }
+  Step step;
+  if (type == "Split") {
+    step.kind = Step::Kind::kSplit;
+    const Json& pattern = f.object(p, key, "pattern");
+    const std::string pkey = JsonFields::join(key, "pattern");
+    if (f.optional(pattern, "Regex") != nullptr) {
+      const std::string re = f.string(pattern, pkey, "Regex");
+      try {
+        step.regex = Regex::oniguruma(re);
+      } catch (const std::invalid_argument& e) {
+        f.fail(JsonFields::join(pkey, "Regex"), e.what());
+      }
+    } else if (f.optional(pattern, "String") != nullptr) {
+      step.literal = f.string(pattern, pkey, "String");
+      if (step.literal.empty()) f.fail(JsonFields::join(pkey, "String"), "empty pattern");
+    } else {
+      f.fail(pkey, "expected {\"Regex\": ...} or {\"String\": ...}, got " + pattern.dump());
+    }
+    const std::string behavior = f.string(p, key, "behavior");
+    if (behavior == "Removed") {
+      step.behavior = Behavior::kRemoved;
+    } else if (behavior == "Isolated") {
+      step.behavior = Behavior::kIsolated;
+    } else if (behavior == "MergedWithPrevious") {
+      step.behavior = Behavior::kMergedWithPrevious;
+    } else if (behavior == "MergedWithNext") {
+      step.behavior = Behavior::kMergedWithNext;
+    } else if (behavior == "Contiguous") {
+      step.behavior = Behavior::kContiguous;
+    } else {
+      f.fail(JsonFields::join(key, "behavior"), "unknown split behavior \"" + behavior + "\"");
+    }
+    step.invert = f.boolean(p, key, "invert", false);
+  } else if (type == "ByteLevel") {
+    step.kind = Step::Kind::kByteLevel;
+    step.add_prefix_space = f.boolean(p, key, "add_prefix_space", true);
+    step.use_regex = f.boolean(p, key, "use_regex", true);
+    if (step.use_regex && !gpt2_regex_) gpt2_regex_ = Regex::oniguruma(kGpt2Pattern);
+  } else if (type == "Metaspace") {
+    step.kind = Step::Kind::kMetaspace;
+    step.metaspace = MetaspaceOptions::parse(p, key, f);
+  } else {
+    f.unsupported(key, "pre_tokenizer", type, "Sequence, Split, ByteLevel, Metaspace");
+  }
+  steps_.push_back(std::move(step));
+}
+
+void PreTokenizer::split(const Piece& piece, const std::vector<std::pair<size_t, size_t>>& matches,
+                         Behavior behavior, bool invert, std::vector<Piece>& out) {
+  // The whole text as (begin, end, is_match) spans, as HF's Pattern::find_matches gives them.
+  struct Span {
+    size_t begin;
+    size_t end;
+    bool match;
+  };
+  std::vector<Span> spans;
+  spans.reserve(2 * matches.size() + 1);
+  size_t prev = 0;
+  for (const auto& [b, e] : matches) {
+    if (prev != b) spans.push_back({prev, b, invert});
+    spans.push_back({b, e, !invert});
+    prev = e;
+  }
+  if (prev != piece.text.size()) spans.push_back({prev, piece.text.size(), invert});
+
+  // Then NormalizedString::split's behaviors; `remove` marks what Removed drops.
+  struct Out {
+    size_t begin;
+    size_t end;
+    bool remove;
+  };
+  std::vector<Out> parts;
+  parts.reserve(spans.size());
+  switch (behavior) {
+    case Behavior::kIsolated:
+      for (const Span& s : spans) parts.push_back({s.begin, s.end, false});
+      break;
+    case Behavior::kRemoved:
+      for (const Span& s : spans) parts.push_back({s.begin, s.end, s.match});
+      break;
+    case Behavior::kContiguous: {
+      bool previous = false;
+      for (const Span& s : spans) {
+        if (s.match == previous && !parts.empty()) {
+          parts.back().end = s.end;
+        } else {
+          parts.push_back({s.begin, s.end, false});
+        }
+        previous = s.match;
+      }
+      break;
+    }
+    case Behavior::kMergedWithPrevious: {
+      bool previous = false;
+      for (const Span& s : spans) {
+        if (s.match && !previous && !parts.empty()) {
+          parts.back().end = s.end;
+        } else {
+          parts.push_back({s.begin, s.end, false});
+        }
+        previous = s.match;
+      }
+      break;
+    }
+    case Behavior::kMergedWithNext: {
+      bool previous = false;
+      for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
+        if (it->match && !previous && !parts.empty()) {
+          parts.back().begin = it->begin;
+        } else {
+          parts.push_back({it->begin, it->end, false});
+        }
+        previous = it->match;
+      }
+      std::reverse(parts.begin(), parts.end());
+      break;
+    }
+  }
+  for (const Out& o : parts) {
+    if (o.remove || o.begin == o.end) continue;
+    out.push_back(
+        Piece{piece.text.substr(o.begin, o.end - o.begin), -1, piece.at_start && o.begin == 0});
+  }
+}
+
+void PreTokenizer::apply(const Step& step, const Piece& piece, std::vector<Piece>& out) const {
+  std::vector<std::pair<size_t, size_t>> matches;
+  switch (step.kind) {
+    case Step::Kind::kSplit:
+      if (step.regex) {
+        step.regex->find_all(piece.text, matches);
+      } else {
+        for (size_t hit = piece.text.find(step.literal); hit != std::string::npos;
+             hit = piece.text.find(step.literal, hit + step.literal.size())) {
+          matches.emplace_back(hit, hit + step.literal.size());
+        }
+      }
+      split(piece, matches, step.behavior, step.invert, out);
+      return;
+
+    case Step::Kind::kByteLevel: {
+      Piece p = piece;
+      // HF adds the space to every piece, not only the first one.
+      if (step.add_prefix_space && (p.text.empty() || p.text[0] != ' ')) p.text.insert(0, " ");
+      std::vector<Piece> words;
+      if (step.use_regex) {
+        gpt2_regex_->find_all(p.text, matches);
+        split(p, matches, Behavior::kIsolated, false, words);
+      } else if (!p.text.empty()) {
+        words.push_back(std::move(p));
+      }
+      const auto& chars = byte_level_chars();
+      for (Piece& w : words) {
+        std::string mapped;
+        mapped.reserve(w.text.size() * 2);
+        for (const char c : w.text) mapped += chars[static_cast<unsigned char>(c)];
+        w.text = std::move(mapped);
+        out.push_back(std::move(w));
+      }
+      return;
+    }
+
+    case Step::Kind::kMetaspace: {
+      const MetaspaceOptions& m = step.metaspace;
+      Piece p{replace_all(piece.text, " ", m.replacement), -1, piece.at_start};
+      const bool starts = p.text.compare(0, m.replacement.size(), m.replacement) == 0;
+      // "first" prepends only to the piece that begins the input, so text after a special
+      // token gets no "▁" (the non-legacy Llama / Mistral behaviour).
+      if (!starts && (m.scheme == PrependScheme::kAlways ||
+                      (m.scheme == PrependScheme::kFirst && p.at_start))) {
+        p.text.insert(0, m.replacement);
+      }
+      if (!m.split) {
+        if (!p.text.empty()) out.push_back(std::move(p));
+        return;
+      }
+      for (size_t hit = p.text.find(m.replacement); hit != std::string::npos;
+           hit = p.text.find(m.replacement, hit + m.replacement.size())) {
+        matches.emplace_back(hit, hit + m.replacement.size());
+      }
+      split(p, matches, Behavior::kMergedWithNext, false, out);
+      return;
+    }
+  }
+}
+
+void PreTokenizer::pre_tokenize(std::vector<Piece>& pieces) const {
+  std::vector<Piece> next;
+  for (const Step& step : steps_) {
+    next.clear();
+    next.reserve(pieces.size() * 2);
+    for (Piece& p : pieces) {
+      if (p.is_token()) {
+        next.push_back(std::move(p));
+      } else {
+        apply(step, p, next);
+      }
+    }
+    pieces.swap(next);
+  }
+}
+
+}  // namespace ft::tokenizer

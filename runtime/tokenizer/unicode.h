@@ -1,0 +1,46 @@
+// UTF-8 helpers the tokenizer needs to match Hugging Face `tokenizers` (Rust) byte for byte:
+// validation, code-point iteration, Rust's lossy decoding, Unicode White_Space and GPT-2's
+// byte-to-character table. Pure functions over caller-owned strings; thread-safe.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace ft::tokenizer {
+
+// Byte offset of the first byte that makes `s` invalid UTF-8 (overlong forms, surrogates and code
+// points above U+10FFFF are invalid, as in Rust's str), or std::string_view::npos if it is valid.
+size_t find_invalid_utf8(std::string_view s);
+
+// Length in bytes of the UTF-8 sequence that starts with `lead`; 1 for a stray byte.
+inline size_t utf8_len(unsigned char lead) {
+  if (lead < 0x80) return 1;
+  if ((lead >> 5) == 0x6) return 2;
+  if ((lead >> 4) == 0xE) return 3;
+  if ((lead >> 3) == 0x1E) return 4;
+  return 1;
+}
+
+// Decodes the code point at `pos` of valid UTF-8 `s`; stores its length in `*len`.
+char32_t decode_utf8(std::string_view s, size_t pos, size_t* len);
+
+// Appends the UTF-8 encoding of `cp` to `out`.
+void append_utf8(char32_t cp, std::string& out);
+
+// Unicode's White_Space property: what Rust's `\s` and `char::is_whitespace` match.
+bool is_white_space(char32_t cp);
+
+// Rust's String::from_utf8_lossy: each maximal invalid subsequence becomes one U+FFFD.
+std::string utf8_lossy(std::string_view bytes);
+
+// GPT-2's reversible byte -> printable character table used by the ByteLevel pre-tokenizer and
+// decoder: entry b is the UTF-8 text of the character standing for byte b.
+const std::array<std::string, 256>& byte_level_chars();
+
+// The byte that ByteLevel character `cp` stands for, or -1 if `cp` is not one of them.
+int byte_level_byte(char32_t cp);
+
+}  // namespace ft::tokenizer
