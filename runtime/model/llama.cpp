@@ -144,7 +144,7 @@ at::Tensor rotate_half(const at::Tensor& x) {
 }  // namespace
 
 at::Tensor LlamaModel::hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids_in,
-                                     bool training) const {
+                                     bool training, const at::Tensor& segment_ids) const {
   const auto& c = config_;
   FT_CHECK(input_ids.dim() == 2, "input_ids must be [batch, seq], got ", input_ids.sizes());
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
@@ -156,6 +156,13 @@ at::Tensor LlamaModel::hidden_states(const at::Tensor& input_ids, const at::Tens
   at::Tensor cos = rope_cos_sin(position_ids, dtype, false).unsqueeze(1);  // [B, 1, T, hd]
   at::Tensor sin = rope_cos_sin(position_ids, dtype, true).unsqueeze(1);
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  // Packed sequences: causal within each segment, nothing across segments. [B, 1, T, T] bool.
+  at::Tensor mask;
+  if (segment_ids.defined()) {
+    at::Tensor same = segment_ids.unsqueeze(2).eq(segment_ids.unsqueeze(1));
+    at::Tensor causal = at::ones({T, T}, input_ids.options().dtype(at::kBool)).tril();
+    mask = (same & causal).unsqueeze(1);
+  }
   for (const auto& L : layers_) {
     at::Tensor x = rms_norm(h, L.input_layernorm, c.rms_norm_eps);
     at::Tensor q = L.q_proj.forward(x, training).view({B, T, -1, c.head_dim}).transpose(1, 2);
@@ -164,7 +171,8 @@ at::Tensor LlamaModel::hidden_states(const at::Tensor& input_ids, const at::Tens
     q = q * cos + rotate_half(q) * sin;
     k = k * cos + rotate_half(k) * sin;
     at::Tensor a = at::scaled_dot_product_attention(
-        q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/T > 1, scale,
+        q, k, v, mask.defined() ? c10::optional<at::Tensor>(mask) : c10::nullopt,
+        /*dropout_p=*/0.0, /*is_causal=*/!mask.defined() && T > 1, scale,
         /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads);
     a = a.transpose(1, 2).reshape({B, T, -1});
     h = h + L.o_proj.forward(a, training);
@@ -176,8 +184,8 @@ at::Tensor LlamaModel::hidden_states(const at::Tensor& input_ids, const at::Tens
 }
 
 at::Tensor LlamaModel::forward(const at::Tensor& input_ids, const at::Tensor& position_ids,
-                               bool training) const {
-  return at::linear(hidden_states(input_ids, position_ids, training), lm_head());
+                               bool training, const at::Tensor& segment_ids) const {
+  return at::linear(hidden_states(input_ids, position_ids, training, segment_ids), lm_head());
 }
 
 LossSum causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {

@@ -58,14 +58,15 @@ class LlamaModel {
   // (checking its shape). Used with io::ModelFiles; a missing name is the caller's error to raise.
   void load(const std::function<void(const std::string& name, at::Tensor& dst)>& fill);
 
-  // input_ids: [B, T] int64. position_ids: [B, T] int64 or undefined (0..T-1).
+  // input_ids: [B, T] int64. position_ids: [B, T] int64 or undefined (0..T-1). segment_ids:
+  // [B, T] int64 or undefined; with packed sequences, tokens attend only within their segment.
   // Returns logits [B, T, vocab] in the parameters' dtype.
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& position_ids = {},
-                     bool training = false) const;
+                     bool training = false, const at::Tensor& segment_ids = {}) const;
 
   // Final hidden states [B, T, hidden] (before the LM head).
   at::Tensor hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids,
-                           bool training) const;
+                           bool training, const at::Tensor& segment_ids = {}) const;
   const at::Tensor& lm_head() const { return config_.tie_word_embeddings ? embed_tokens_ : lm_head_; }
 
   std::vector<LlamaLayer>& layers() { return layers_; }
