@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   runs["launch"] = ft::app::add_launch(app, program);
   runs["comm-check"] = ft::app::add_comm_check(app);
   runs["presets"] = ft::app::add_presets(app);
+  runs["train"] = ft::app::add_train(app);
 
   try {
     std::vector<std::string> rev(args.rbegin(), args.rend());

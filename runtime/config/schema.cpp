@@ -26,9 +26,6 @@ Setting F(std::string key, double def, double lo, double hi, std::string help) {
 Setting B(std::string key, bool def, std::string help) {
   return {std::move(key), Kind::kBool, def, std::move(help), kNoRange, kNoRangeMax, {}};
 }
-Setting S(std::string key, std::string def, std::string help) {
-  return {std::move(key), Kind::kString, def, std::move(help), kNoRange, kNoRangeMax, {}};
-}
 Setting C(std::string key, std::string def, std::vector<std::string> choices, std::string help) {
   return {std::move(key), Kind::kChoice, def, std::move(help), kNoRange, kNoRangeMax, std::move(choices)};
 }

@@ -1,0 +1,77 @@
+#include "train/metrics.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace ft::train {
+
+int64_t peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return 0;
+}
+
+MetricsLog::MetricsLog(const std::string& path) : path_(path) {
+  if (path.empty()) return;
+  out_.open(path, std::ios::out | std::ios::trunc);
+  FT_CHECK(out_.good(), "cannot write ", path);
+}
+
+void MetricsLog::write(const StepRecord& r) {
+  if (!out_.is_open()) return;
+  const auto& s = r.stats;
+  nlohmann::json j = {{"step", s.step},
+                      {"loss", s.loss},
+                      {"lr", s.lr},
+                      {"grad_norm", std::isfinite(s.grad_norm) ? nlohmann::json(s.grad_norm) : nlohmann::json()},
+                      {"tokens", s.tokens},
+                      {"tokens_per_s", r.tokens_per_s},
+                      {"step_time_s", r.step_time_s},
+                      {"skipped", s.skipped},
+                      {"skipped_total", s.skipped_total},
+                      {"loss_scale", s.loss_scale},
+                      {"samples", r.samples_consumed},
+                      {"memory", {{"param_bytes", r.memory.param_bytes},
+                                  {"grad_bytes", r.memory.grad_bytes},
+                                  {"optimizer_bytes", r.memory.optimizer_bytes},
+                                  {"peak_rss_bytes", r.peak_rss_bytes}}}};
+  out_ << j.dump() << '\n';
+  out_.flush();
+  FT_CHECK(out_.good(), "writing ", path_, " failed (disk full?)");
+}
+
+Progress::Progress(int64_t total_steps, int64_t log_every)
+    : total_(total_steps), every_(std::max<int64_t>(1, log_every)),
+      tty_(::isatty(STDOUT_FILENO) == 1), start_(std::chrono::steady_clock::now()) {}
+
+void Progress::update(const StepRecord& r) {
+  const auto& s = r.stats;
+  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  double eta = s.step > 0 ? elapsed / s.step * (total_ - s.step) : 0;
+  std::string text = fmt::format("step {}/{} loss {:.4f} lr {:.2e} grad_norm {:.3f} {:.0f} tok/s{}",
+                                 s.step, total_, s.loss, s.lr, s.grad_norm, r.tokens_per_s,
+                                 s.skipped ? " (fp16 overflow: step skipped)" : "");
+  if (tty_) {
+    const int width = 24;
+    int filled = total_ > 0 ? static_cast<int>(width * s.step / total_) : 0;
+    fmt::print("\r[{}{}] {} ETA {:.0f}s   ", std::string(filled, '#'), std::string(width - filled, '.'),
+               text, eta);
+    std::fflush(stdout);
+  } else if (s.step % every_ == 0 || s.step == total_ || s.skipped) {
+    fmt::print("{} elapsed {:.1f}s ETA {:.0f}s\n", text, elapsed, eta);
+    std::fflush(stdout);
+  }
+}
+
+void Progress::finish() {
+  if (tty_) fmt::print("\n");
+}
+
+}  // namespace ft::train

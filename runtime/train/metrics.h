@@ -1,0 +1,49 @@
+// What a run reports: metrics.jsonl (one JSON object per optimizer step, flushed as written, so a
+// killed run keeps every finished step) and the console (a progress bar with ETA on a terminal,
+// one line per logging interval otherwise). Not thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "train/trainer.h"
+
+namespace ft::train {
+
+struct StepRecord {
+  StepStats stats;
+  double step_time_s = 0;
+  double tokens_per_s = 0;
+  MemoryStats memory;
+  int64_t peak_rss_bytes = 0;
+  int64_t samples_consumed = 0;
+};
+
+class MetricsLog {
+ public:
+  explicit MetricsLog(const std::string& path);  // "" = no file
+  void write(const StepRecord& r);
+
+ private:
+  std::ofstream out_;
+  std::string path_;
+};
+
+class Progress {
+ public:
+  Progress(int64_t total_steps, int64_t log_every);
+  void update(const StepRecord& r);
+  void finish();
+
+ private:
+  int64_t total_, every_;
+  bool tty_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// Peak resident set size of this process (VmHWM), bytes.
+int64_t peak_rss_bytes();
+
+}  // namespace ft::train

@@ -1,0 +1,41 @@
+// AdamW over fp32 master parameters with LibTorch's fused kernel (one pass over all tensors), in two
+// groups: with weight decay, and without it for norms and biases. Owns the optimizer state
+// (exp_avg, exp_avg_sq, step per tensor). Not thread-safe.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <string>
+#include <vector>
+
+namespace ft::train {
+
+struct AdamWOptions {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+};
+
+class AdamW {
+ public:
+  // `params` are fp32 leaves whose `.grad()` holds the (unscaled) gradient at step() time.
+  AdamW(const std::vector<std::pair<std::string, at::Tensor>>& params, AdamWOptions options);
+
+  void step(double lr);
+  int64_t steps() const { return steps_; }
+  // Resident bytes of the state (exp_avg + exp_avg_sq + steps).
+  int64_t state_bytes() const;
+
+  // True for parameters AdamW does not decay: norms and biases.
+  static bool no_decay(const std::string& name);
+
+ private:
+  struct Group {
+    double weight_decay;
+    std::vector<at::Tensor> params, exp_avg, exp_avg_sq, steps;  // each entry like its param, fp32
+  };
+  AdamWOptions options_;
+  std::vector<Group> groups_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace ft::train

@@ -1,0 +1,135 @@
+#include "train/run.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "data/synthetic.h"
+#include "model/llama.h"
+#include "model/lora.h"
+#include "train/metrics.h"
+#include "train/trainer.h"
+
+namespace ft::train {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+model::LlamaConfig model_config_from_preset(const json& p) {
+  const json& m = p.at("model");
+  model::LlamaConfig c;
+  c.vocab_size = m.at("vocab_size");
+  c.hidden_size = m.at("hidden_size");
+  c.intermediate_size = m.at("intermediate_size");
+  c.num_hidden_layers = m.at("num_layers");
+  c.num_attention_heads = m.at("num_heads");
+  c.num_key_value_heads = m.at("num_kv_heads");
+  FT_CHECK(c.hidden_size % c.num_attention_heads == 0, "preset: model.hidden_size (", c.hidden_size,
+           ") must be a multiple of model.num_heads (", c.num_attention_heads, ")");
+  c.head_dim = c.hidden_size / c.num_attention_heads;
+  c.rope.theta = m.at("rope_theta");
+  c.tie_word_embeddings = m.at("tie_embeddings");
+  c.max_position_embeddings = m.at("max_seq_len");
+  c.rms_norm_eps = 1e-5;
+  c.validate("preset model");
+  return c;
+}
+
+RunSummary run_training(const RunOptions& o) {
+  const json& p = o.preset;
+  // --- validate everything before touching the output directory ---
+  FT_CHECK(!o.output_dir.empty(), "--output is required");
+  FT_CHECK(!fs::exists(fs::path(o.output_dir) / "metrics.jsonl"), "--output ", o.output_dir,
+           " already holds a run (metrics.jsonl); choose another directory so nothing is written over");
+  FT_CHECK(o.model_dir.empty(), "--model: loading Hugging Face weights into `ft train` lands with the "
+           "safetensors room (this build trains randomly initialised models only)");
+  const std::string format = p["data"]["format"];
+  FT_CHECK(o.data_path.empty() && format == "synthetic",
+           "data.format '", format, "'", o.data_path.empty() ? "" : " with --data " + o.data_path,
+           ": only the built-in synthetic task is implemented so far (JSONL data is in progress); "
+           "use --preset tiny-demo or --set data.format=synthetic");
+  const int64_t max_steps = p["train"]["max_steps"];
+  FT_CHECK(max_steps > 0, "train.max_steps must be set (> 0) for the synthetic task, which has no "
+           "epochs");
+  model::LlamaConfig mc = model_config_from_preset(p);
+  const std::string precision = p["precision"]["mode"];
+  const at::ScalarType dtype = precision_dtype(precision);
+  const uint64_t seed = p["train"]["seed"];
+  const int64_t grad_accum = p["train"]["grad_accum"];
+
+  std::error_code ec;
+  fs::create_directories(o.output_dir, ec);
+  FT_CHECK(!ec, "cannot create --output ", o.output_dir, ": ", ec.message());
+  std::ofstream(fs::path(o.output_dir) / "preset.json") << p.dump(2) << "\n";
+
+  model::LlamaModel model(mc, at::TensorOptions().dtype(dtype));
+  model.init_random(seed);
+  const bool lora = p["lora"]["enabled"];
+  if (lora) {
+    model::LoraConfig lc;
+    lc.r = p["lora"]["r"];
+    lc.alpha = p["lora"]["alpha"];
+    lc.dropout = p["lora"]["dropout"];
+    lc.target_modules = p["lora"]["target_modules"].get<std::vector<std::string>>();
+    lc.use_rslora = p["lora"]["rslora"];
+    model::attach_lora(model, lc, seed + 1);
+  }
+
+  data::SyntheticOptions so;
+  so.vocab_size = mc.vocab_size;
+  so.seq_len = p["data"]["seq_len"];
+  so.micro_batch = p["train"]["micro_batch"];
+  so.train_on_prompt = p["data"]["train_on_prompt"];
+  so.seed = seed;
+  data::SyntheticSource source(so);
+
+  TrainOptions to;
+  to.precision = precision;
+  to.lora = lora;
+  to.schedule = {p["train"]["lr"], p["train"]["warmup_steps"], max_steps, p["train"]["min_lr_ratio"],
+                 p["train"]["schedule"]};
+  to.adamw = {p["train"]["beta1"], p["train"]["beta2"], p["train"]["eps"], p["train"]["weight_decay"]};
+  to.grad_clip = p["train"]["grad_clip"];
+  to.loss_scale_init = p["precision"]["loss_scale_init"];
+  to.loss_scale_window = p["precision"]["loss_scale_window"];
+  SingleProcess strategy;
+  Trainer trainer(model, to, strategy);
+
+  fmt::print("ft train: {} parameters ({} trained), {} layers, hidden {}, {} precision, {} x {} "
+             "sequences of {} tokens per step, {} steps -> {}\n",
+             mc.num_parameters(), lora ? "LoRA adapters" : "all", mc.num_hidden_layers,
+             mc.hidden_size, precision, grad_accum, so.micro_batch, so.seq_len, max_steps,
+             o.output_dir);
+  std::fflush(stdout);
+  MetricsLog log((fs::path(o.output_dir) / "metrics.jsonl").string());
+  Progress progress(max_steps, p["train"]["log_every"]);
+  RunSummary sum;
+  while (trainer.steps() < max_steps) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<Batch> mbs;
+    for (int64_t i = 0; i < grad_accum; ++i) mbs.push_back(source.next());
+    StepRecord r;
+    r.stats = trainer.step(mbs);
+    r.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.tokens_per_s = static_cast<double>(r.stats.tokens) / std::max(r.step_time_s, 1e-9);
+    r.memory = trainer.memory();
+    r.peak_rss_bytes = peak_rss_bytes();
+    r.samples_consumed = source.samples_consumed();
+    log.write(r);
+    progress.update(r);
+    if (!r.stats.skipped) {
+      if (sum.steps == 0) sum.first_loss = r.stats.loss;
+      sum.last_loss = r.stats.loss;
+      sum.steps = r.stats.step;
+    }
+    sum.skipped_steps = r.stats.skipped_total;
+  }
+  progress.finish();
+  return sum;
+}
+
+}  // namespace ft::train

@@ -1,0 +1,32 @@
+// A whole training run as `ft train` performs it: resolve what the preset asks for, build the
+// model (random init from the preset's shape, or a Hugging Face directory), attach LoRA, pick the
+// data source and strategy, train, report. Validates every input before writing anything, and never
+// writes over an earlier run. Not thread-safe.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "model/config.h"
+
+namespace ft::train {
+
+struct RunOptions {
+  nlohmann::json preset;   // resolved (config::resolve_preset)
+  std::string model_dir;   // "" = random init from preset.model
+  std::string data_path;   // "" = the preset's data (synthetic)
+  std::string output_dir;  // created; must not hold an earlier run
+};
+
+struct RunSummary {
+  int64_t steps = 0;
+  double first_loss = 0, last_loss = 0;
+  int64_t skipped_steps = 0;
+};
+
+RunSummary run_training(const RunOptions& options);
+
+// The model shape a preset describes (used when no model directory is given).
+model::LlamaConfig model_config_from_preset(const nlohmann::json& preset);
+
+}  // namespace ft::train
