@@ -9,14 +9,17 @@
 namespace ft::app {
 
 Run add_presets(CLI::App& app) {
-  auto* cmd = app.add_subcommand("presets", "List the shipped training presets, or show one resolved");
-  auto* show = cmd->add_subcommand("show", "Print a preset fully resolved (every key, defaults included)");
+  auto* cmd =
+      app.add_subcommand("presets", "List the shipped training presets, or show one resolved");
+  auto* show =
+      cmd->add_subcommand("show", "Print a preset fully resolved (every key, defaults included)");
   auto name = std::make_shared<std::string>();
   auto sets = std::make_shared<std::vector<std::string>>();
   auto schema_md = std::make_shared<bool>(false);
   show->add_option("preset", *name, "Shipped preset name or a preset JSON file")->required();
   show->add_option("--set", *sets, "Override a key: --set train.lr=1e-4 (repeatable)");
-  cmd->add_flag("--print-schema-md", *schema_md, "Print the preset schema as Markdown (docs)")->group("");
+  cmd->add_flag("--print-schema-md", *schema_md, "Print the preset schema as Markdown (docs)")
+      ->group("");
   return [show, name, sets, schema_md]() -> int {
     if (*schema_md) {
       std::fputs(config::schema_markdown().c_str(), stdout);

@@ -15,15 +15,17 @@ Run add_train(CLI::App& app) {
   auto sets = std::make_shared<std::vector<std::string>>();
   auto opts = std::make_shared<train::RunOptions>();
   cmd->add_option("--preset", *preset, "Shipped preset name or preset JSON file")->required();
-  cmd->add_option("--model", opts->model_dir, "Hugging Face model directory (default: random init)");
+  cmd->add_option("--model", opts->model_dir,
+                  "Hugging Face model directory (default: random init)");
   cmd->add_option("--data", opts->data_path, "Training data (JSONL)");
   cmd->add_option("--output", opts->output_dir, "Output directory (must not hold an earlier run)")
       ->required();
   cmd->add_option("--set", *sets, "Override a preset key: --set train.lr=1e-4 (repeatable)");
   return [preset, sets, opts]() -> int {
     auto env = dist::read_dist_env();
-    FT_CHECK(env.world_size == 1, "ft train runs on one rank in this build (WORLD_SIZE=",
-             env.world_size, "); the distributed strategies (ddp, zero3, fsdp) are not implemented yet");
+    FT_CHECK(env.world_size == 1,
+             "ft train runs on one rank in this build (WORLD_SIZE=", env.world_size,
+             "); the distributed strategies (ddp, zero3, fsdp) are not implemented yet");
     opts->preset = config::resolve_preset(*preset, *sets);
     auto s = train::run_training(*opts);
     fmt::print("ft train: {} steps, loss {:.4f} -> {:.4f}{}\n", s.steps, s.first_loss, s.last_loss,

@@ -20,8 +20,8 @@ extern const size_t kShippedPresetCount;
 }  // namespace detail
 
 const std::vector<ShippedPreset>& shipped_presets() {
-  static const std::vector<ShippedPreset> all(detail::kShippedPresets,
-                                              detail::kShippedPresets + detail::kShippedPresetCount);
+  static const std::vector<ShippedPreset> all(
+      detail::kShippedPresets, detail::kShippedPresets + detail::kShippedPresetCount);
   return all;
 }
 
@@ -53,7 +53,8 @@ json parse_text(const std::string& text, const std::string& where) {
 }
 
 // Loads one layer and, recursively, its bases; returns the merged object (without defaults).
-json load_layer(const std::string& ref, const std::string& relative_to, std::vector<std::string>& chain) {
+json load_layer(const std::string& ref, const std::string& relative_to,
+                std::vector<std::string>& chain) {
   std::string where, text;
   auto shipped = std::find_if(shipped_presets().begin(), shipped_presets().end(),
                               [&](const ShippedPreset& p) { return p.name == ref; });
@@ -75,8 +76,8 @@ json load_layer(const std::string& ref, const std::string& relative_to, std::vec
     throw ConfigError(fmt::format("no preset named '{}' and no such file; shipped presets: {}", ref,
                                   fmt::join(names, ", ")));
   }
-  FT_CHECK(std::find(chain.begin(), chain.end(), where) == chain.end(), "preset base cycle: ",
-           fmt::format("{}", fmt::join(chain, " -> ")), " -> ", where);
+  FT_CHECK(std::find(chain.begin(), chain.end(), where) == chain.end(),
+           "preset base cycle: ", fmt::format("{}", fmt::join(chain, " -> ")), " -> ", where);
   chain.push_back(where);
   json layer = parse_text(text, where);
   validate_preset(layer, where);

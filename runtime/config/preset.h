@@ -19,7 +19,8 @@ const std::vector<ShippedPreset>& shipped_presets();
 // Resolves NAME (a shipped preset) or FILE (a path to a .json; may say "base": NAME|FILE), applies
 // `sets` ("a.b=value", typed by the schema) and fills every other key with its default. Throws
 // ConfigError naming the file or "--set" and the dotted key.
-nlohmann::json resolve_preset(const std::string& name_or_file, const std::vector<std::string>& sets);
+nlohmann::json resolve_preset(const std::string& name_or_file,
+                              const std::vector<std::string>& sets);
 
 // One-line description of a shipped preset.
 std::string preset_description(const std::string& name);

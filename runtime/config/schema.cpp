@@ -27,25 +27,32 @@ Setting B(std::string key, bool def, std::string help) {
   return {std::move(key), Kind::kBool, def, std::move(help), kNoRange, kNoRangeMax, {}};
 }
 Setting C(std::string key, std::string def, std::vector<std::string> choices, std::string help) {
-  return {std::move(key), Kind::kChoice, def, std::move(help), kNoRange, kNoRangeMax, std::move(choices)};
+  return {std::move(key), Kind::kChoice,     def, std::move(help), kNoRange,
+          kNoRangeMax,    std::move(choices)};
 }
 Setting L(std::string key, std::vector<std::string> def, std::vector<std::string> allowed,
           std::string help) {
-  return {std::move(key), Kind::kStringList, def, std::move(help), kNoRange, kNoRangeMax,
-          std::move(allowed)};
+  return {std::move(key), Kind::kStringList, def, std::move(help), kNoRange,
+          kNoRangeMax,    std::move(allowed)};
 }
 
-const std::vector<std::string> kProjections = {"q_proj", "k_proj", "v_proj", "o_proj",
+const std::vector<std::string> kProjections = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                "gate_proj", "up_proj", "down_proj"};
 
 std::string kind_name(const Setting& s) {
   switch (s.kind) {
-    case Kind::kInt: return "integer";
-    case Kind::kFloat: return "number";
-    case Kind::kBool: return "boolean";
-    case Kind::kString: return "string";
-    case Kind::kChoice: return "one of " + fmt::format("{}", fmt::join(s.choices, "|"));
-    case Kind::kStringList: return "list of strings";
+    case Kind::kInt:
+      return "integer";
+    case Kind::kFloat:
+      return "number";
+    case Kind::kBool:
+      return "boolean";
+    case Kind::kString:
+      return "string";
+    case Kind::kChoice:
+      return "one of " + fmt::format("{}", fmt::join(s.choices, "|"));
+    case Kind::kStringList:
+      return "list of strings";
   }
   return "?";
 }
@@ -106,8 +113,8 @@ void check_value(const Setting& s, const json& v, const std::string& where) {
       if (!v.is_array()) fail("a list of strings");
       for (const auto& item : v) {
         if (!item.is_string()) fail("a list of strings");
-        if (!s.choices.empty() &&
-            std::find(s.choices.begin(), s.choices.end(), item.get<std::string>()) == s.choices.end())
+        if (!s.choices.empty() && std::find(s.choices.begin(), s.choices.end(),
+                                            item.get<std::string>()) == s.choices.end())
           fail(fmt::format("a list drawn from {}", fmt::join(s.choices, ", ")));
       }
       break;
@@ -115,8 +122,8 @@ void check_value(const Setting& s, const json& v, const std::string& where) {
   if ((s.kind == Kind::kInt || s.kind == Kind::kFloat) && s.min <= s.max) {
     double x = v.get<double>();
     if (!(x >= s.min && x <= s.max)) {
-      std::string range = s.max == kInf ? fmt::format(">= {}", s.min)
-                                        : fmt::format("in [{}, {}]", s.min, s.max);
+      std::string range =
+          s.max == kInf ? fmt::format(">= {}", s.min) : fmt::format("in [{}, {}]", s.min, s.max);
       fail(range);
     }
   }
@@ -140,8 +147,8 @@ void walk(const json& node, const std::string& prefix, const std::string& where)
       continue;
     }
     if (is_section)
-      throw ConfigError(fmt::format("{}: \"{}\" is a section: set its keys (see `ft presets show`)",
-                                    where, key));
+      throw ConfigError(
+          fmt::format("{}: \"{}\" is a section: set its keys (see `ft presets show`)", where, key));
     throw ConfigError(fmt::format("{}: unknown key \"{}\"{}", where, key, did_you_mean(key)));
   }
 }
@@ -262,7 +269,8 @@ json parse_setting_value(const Setting& s, const std::string& text, const std::s
         size_t start = 0;
         while (start <= text.size()) {
           size_t comma = text.find(',', start);
-          std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+          std::string item =
+              text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
           if (!item.empty()) v.push_back(item);
           if (comma == std::string::npos) break;
           start = comma + 1;

@@ -16,8 +16,8 @@ struct Setting {
   Kind kind;
   nlohmann::json default_value;
   std::string help;
-  double min = 0, max = 0;              // kInt / kFloat range, inclusive; unused when min > max
-  std::vector<std::string> choices;     // kChoice (and allowed items of kStringList when non-empty)
+  double min = 0, max = 0;           // kInt / kFloat range, inclusive; unused when min > max
+  std::vector<std::string> choices;  // kChoice (and allowed items of kStringList when non-empty)
 };
 
 const std::vector<Setting>& preset_schema();
@@ -31,7 +31,8 @@ nlohmann::json schema_defaults();
 void validate_preset(const nlohmann::json& preset, const std::string& where);
 
 // Parses the text of `--set key=value` by the key's declared type.
-nlohmann::json parse_setting_value(const Setting& s, const std::string& text, const std::string& where);
+nlohmann::json parse_setting_value(const Setting& s, const std::string& text,
+                                   const std::string& where);
 
 // Markdown reference of the schema (docs/presets.md).
 std::string schema_markdown();

@@ -37,7 +37,8 @@ SyntheticSource::SyntheticSource(SyntheticOptions options, int64_t start_sample)
 void SyntheticSource::sample(int64_t index, std::vector<int64_t>& tokens,
                              std::vector<bool>& trained) const {
   uint64_t h = mix(options_.seed ^ mix(static_cast<uint64_t>(index) + 1));
-  const int64_t n = options_.min_len + static_cast<int64_t>(h % (options_.max_len - options_.min_len + 1));
+  const int64_t n =
+      options_.min_len + static_cast<int64_t>(h % (options_.max_len - options_.min_len + 1));
   tokens.clear();
   trained.clear();
   std::vector<int64_t> prompt(n);

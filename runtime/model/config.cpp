@@ -34,9 +34,10 @@ void LlamaConfig::validate(const std::string& where) const {
   pos("num_key_value_heads", num_key_value_heads);
   pos("head_dim", head_dim);
   FT_CHECK(num_attention_heads % num_key_value_heads == 0, where, ": num_attention_heads (",
-           num_attention_heads, ") must be a multiple of num_key_value_heads (", num_key_value_heads,
-           ")");
-  FT_CHECK(head_dim % 2 == 0, where, ": head_dim must be even for rotary embeddings, got ", head_dim);
+           num_attention_heads, ") must be a multiple of num_key_value_heads (",
+           num_key_value_heads, ")");
+  FT_CHECK(head_dim % 2 == 0, where, ": head_dim must be even for rotary embeddings, got ",
+           head_dim);
   FT_CHECK(rms_norm_eps > 0, where, ": rms_norm_eps must be > 0");
   FT_CHECK(rope.theta > 0, where, ": rope_theta must be > 0");
   FT_CHECK(rope.type == "default" || rope.type == "linear" || rope.type == "llama3", where,
@@ -144,7 +145,8 @@ LlamaConfig load_llama_config(const std::string& path) {
     read_rope(j["rope_parameters"], c.rope, path, "rope_parameters");
   if (j.contains("rope_scaling") && j["rope_scaling"].is_object())
     read_rope(j["rope_scaling"], c.rope, path, "rope_scaling");
-  if (c.rope.type == "llama3" && !j["rope_scaling"].is_object() && !j["rope_parameters"].is_object())
+  if (c.rope.type == "llama3" && !j["rope_scaling"].is_object() &&
+      !j["rope_parameters"].is_object())
     c.rope.original_max_position_embeddings = c.max_position_embeddings;
   try {
     c.validate(path);
@@ -155,34 +157,36 @@ LlamaConfig load_llama_config(const std::string& path) {
 }
 
 std::string llama_config_json(const LlamaConfig& c) {
-  json j = {{"architectures", {c.model_type == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM"}},
-            {"model_type", c.model_type},
-            {"vocab_size", c.vocab_size},
-            {"hidden_size", c.hidden_size},
-            {"intermediate_size", c.intermediate_size},
-            {"num_hidden_layers", c.num_hidden_layers},
-            {"num_attention_heads", c.num_attention_heads},
-            {"num_key_value_heads", c.num_key_value_heads},
-            {"head_dim", c.head_dim},
-            {"max_position_embeddings", c.max_position_embeddings},
-            {"rms_norm_eps", c.rms_norm_eps},
-            {"initializer_range", c.initializer_range},
-            {"tie_word_embeddings", c.tie_word_embeddings},
-            {"attention_bias", c.attention_bias},
-            {"mlp_bias", c.mlp_bias},
-            {"hidden_act", "silu"},
-            {"rope_theta", c.rope.theta},
-            {"bos_token_id", c.bos_token_id},
-            {"eos_token_id", c.eos_token_id},
-            {"torch_dtype", "float32"}};
+  json j = {
+      {"architectures", {c.model_type == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM"}},
+      {"model_type", c.model_type},
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.hidden_size},
+      {"intermediate_size", c.intermediate_size},
+      {"num_hidden_layers", c.num_hidden_layers},
+      {"num_attention_heads", c.num_attention_heads},
+      {"num_key_value_heads", c.num_key_value_heads},
+      {"head_dim", c.head_dim},
+      {"max_position_embeddings", c.max_position_embeddings},
+      {"rms_norm_eps", c.rms_norm_eps},
+      {"initializer_range", c.initializer_range},
+      {"tie_word_embeddings", c.tie_word_embeddings},
+      {"attention_bias", c.attention_bias},
+      {"mlp_bias", c.mlp_bias},
+      {"hidden_act", "silu"},
+      {"rope_theta", c.rope.theta},
+      {"bos_token_id", c.bos_token_id},
+      {"eos_token_id", c.eos_token_id},
+      {"torch_dtype", "float32"}};
   if (c.rope.type == "linear") {
     j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope.factor}};
   } else if (c.rope.type == "llama3") {
-    j["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", c.rope.factor},
-                         {"low_freq_factor", c.rope.low_freq_factor},
-                         {"high_freq_factor", c.rope.high_freq_factor},
-                         {"original_max_position_embeddings", c.rope.original_max_position_embeddings}};
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", c.rope.factor},
+        {"low_freq_factor", c.rope.low_freq_factor},
+        {"high_freq_factor", c.rope.high_freq_factor},
+        {"original_max_position_embeddings", c.rope.original_max_position_embeddings}};
   }
   return j.dump(2) + "\n";
 }

@@ -1,5 +1,5 @@
-// The architecture of a Llama-family model (Llama 2, Llama 3/3.1, Mistral), read from a Hugging Face
-// config.json or built from a preset's shape. Plain data; thread-safe.
+// The architecture of a Llama-family model (Llama 2, Llama 3/3.1, Mistral), read from a Hugging
+// Face config.json or built from a preset's shape. Plain data; thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -10,9 +10,9 @@ namespace ft::model {
 struct RopeConfig {
   std::string type = "default";  // default | linear | llama3
   double theta = 10000.0;
-  double factor = 1.0;                        // linear, llama3
-  double low_freq_factor = 1.0;               // llama3
-  double high_freq_factor = 4.0;              // llama3
+  double factor = 1.0;                              // linear, llama3
+  double low_freq_factor = 1.0;                     // llama3
+  double high_freq_factor = 4.0;                    // llama3
   int64_t original_max_position_embeddings = 8192;  // llama3
 };
 

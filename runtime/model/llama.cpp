@@ -9,7 +9,8 @@
 namespace ft::model {
 
 at::Tensor Linear::forward(const at::Tensor& x, bool training) const {
-  at::Tensor y = at::linear(x, weight, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt);
+  at::Tensor y =
+      at::linear(x, weight, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt);
   if (lora_a.defined()) {
     at::Tensor h = lora_dropout > 0 && training ? at::dropout(x, lora_dropout, true) : x;
     y = y + at::linear(at::linear(h, lora_a), lora_b) * lora_scale;
@@ -34,8 +35,8 @@ at::Tensor rope_inv_freq(const LlamaConfig& c) {
     at::Tensor llama = at::where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq);
     at::Tensor smooth = (old_ctx / wavelen - lo) / (hi - lo);
     at::Tensor smoothed = (1 - smooth) * llama / factor + smooth * llama;
-    at::Tensor medium = at::logical_not(wavelen < high_freq_wavelen) *
-                        at::logical_not(wavelen > low_freq_wavelen);
+    at::Tensor medium =
+        at::logical_not(wavelen < high_freq_wavelen) * at::logical_not(wavelen > low_freq_wavelen);
     inv_freq = at::where(medium, smoothed, llama);
   }
   return inv_freq.contiguous();
@@ -196,8 +197,8 @@ LossSum causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
   at::Tensor shift_logits = logits.slice(1, 0, -1).reshape({-1, V}).to(at::kFloat);
   at::Tensor shift_labels = labels.slice(1, 1).reshape({-1});
   LossSum out;
-  out.sum = at::cross_entropy_loss(shift_logits, shift_labels, /*weight=*/{},
-                                   at::Reduction::Sum, /*ignore_index=*/-100);
+  out.sum = at::cross_entropy_loss(shift_logits, shift_labels, /*weight=*/{}, at::Reduction::Sum,
+                                   /*ignore_index=*/-100);
   out.tokens = shift_labels.ne(-100).sum().item<int64_t>();
   return out;
 }

@@ -33,10 +33,11 @@ struct Linear {
 };
 
 struct LlamaLayer {
-  at::Tensor input_layernorm;           // [hidden]
-  Linear q_proj, k_proj, v_proj, o_proj;  // [heads*hd, hidden], [kv*hd, hidden] x2, [hidden, heads*hd]
-  at::Tensor post_attention_layernorm;  // [hidden]
-  Linear gate_proj, up_proj, down_proj;   // [inter, hidden] x2, [hidden, inter]
+  at::Tensor input_layernorm;  // [hidden]
+  Linear q_proj, k_proj, v_proj,
+      o_proj;  // [heads*hd, hidden], [kv*hd, hidden] x2, [hidden, heads*hd]
+  at::Tensor post_attention_layernorm;   // [hidden]
+  Linear gate_proj, up_proj, down_proj;  // [inter, hidden] x2, [hidden, inter]
 };
 
 class LlamaModel {
@@ -67,7 +68,9 @@ class LlamaModel {
   // Final hidden states [B, T, hidden] (before the LM head).
   at::Tensor hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids,
                            bool training, const at::Tensor& segment_ids = {}) const;
-  const at::Tensor& lm_head() const { return config_.tie_word_embeddings ? embed_tokens_ : lm_head_; }
+  const at::Tensor& lm_head() const {
+    return config_.tie_word_embeddings ? embed_tokens_ : lm_head_;
+  }
 
   std::vector<LlamaLayer>& layers() { return layers_; }
 
@@ -76,9 +79,9 @@ class LlamaModel {
   LlamaConfig config_;
   at::Tensor embed_tokens_;  // [vocab, hidden]
   std::vector<LlamaLayer> layers_;
-  at::Tensor norm_;          // [hidden]
-  at::Tensor lm_head_;       // [vocab, hidden], undefined when tied
-  at::Tensor inv_freq_;      // [head_dim/2] fp32, rotary inverse frequencies (with scaling)
+  at::Tensor norm_;      // [hidden]
+  at::Tensor lm_head_;   // [vocab, hidden], undefined when tied
+  at::Tensor inv_freq_;  // [head_dim/2] fp32, rotary inverse frequencies (with scaling)
 };
 
 // Rotary inverse frequencies exactly as transformers computes them (fp32).

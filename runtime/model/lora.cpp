@@ -15,7 +15,7 @@ namespace ft::model {
 using nlohmann::json;
 
 namespace {
-const std::set<std::string> kModules = {"q_proj", "k_proj", "v_proj", "o_proj",
+const std::set<std::string> kModules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                         "gate_proj", "up_proj", "down_proj"};
 
 // (module path, projection) pairs of a layer, in PEFT's key order.
@@ -39,8 +39,9 @@ void LoraConfig::validate(const std::string& where) const {
   FT_CHECK(dropout >= 0 && dropout < 1, where, ": lora dropout must be in [0, 1), got ", dropout);
   FT_CHECK(!target_modules.empty(), where, ": lora target_modules is empty");
   for (const auto& m : target_modules)
-    FT_CHECK(kModules.count(m), where, ": lora target module '", m,
-             "' is not a Llama projection (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj)");
+    FT_CHECK(
+        kModules.count(m), where, ": lora target module '", m,
+        "' is not a Llama projection (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj)");
 }
 
 std::string peft_key(const std::string& module, char which) {
@@ -68,7 +69,8 @@ LoraConfig load_lora_config(const std::string& path) {
   for (const char* k : {"rank_pattern", "alpha_pattern"})
     FT_CHECK_T(FormatError, !j.contains(k) || j[k].is_null() || j[k].empty(), path, ": ", k,
                " (per-layer ranks) is not supported");
-  FT_CHECK_T(FormatError, !j.value("fan_in_fan_out", false), path, ": fan_in_fan_out is not supported");
+  FT_CHECK_T(FormatError, !j.value("fan_in_fan_out", false), path,
+             ": fan_in_fan_out is not supported");
   LoraConfig c;
   try {
     c.r = j.at("r").get<int64_t>();

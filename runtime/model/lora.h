@@ -17,7 +17,7 @@ struct LoraConfig {
   int64_t r = 16;
   double alpha = 32;
   double dropout = 0.0;
-  std::vector<std::string> target_modules = {"q_proj", "k_proj", "v_proj", "o_proj",
+  std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                              "gate_proj", "up_proj", "down_proj"};
   bool use_rslora = false;
   std::string base_model_name_or_path;  // identity of the base, written into adapter_config.json

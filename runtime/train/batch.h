@@ -31,8 +31,8 @@ class BatchSource {
 };
 
 // How parameters, gradients and optimizer state are spread over ranks. The loop calls these hooks
-// in the same order on every rank. World size 1 is `SingleProcess`; the distributed strategies (ddp,
-// zero3, fsdp) implement the same interface.
+// in the same order on every rank. World size 1 is `SingleProcess`; the distributed strategies
+// (ddp, zero3, fsdp) implement the same interface.
 class Strategy {
  public:
   virtual ~Strategy() = default;

@@ -27,29 +27,33 @@ MetricsLog::MetricsLog(const std::string& path) : path_(path) {
 void MetricsLog::write(const StepRecord& r) {
   if (!out_.is_open()) return;
   const auto& s = r.stats;
-  nlohmann::json j = {{"step", s.step},
-                      {"loss", s.loss},
-                      {"lr", s.lr},
-                      {"grad_norm", std::isfinite(s.grad_norm) ? nlohmann::json(s.grad_norm) : nlohmann::json()},
-                      {"tokens", s.tokens},
-                      {"tokens_per_s", r.tokens_per_s},
-                      {"step_time_s", r.step_time_s},
-                      {"skipped", s.skipped},
-                      {"skipped_total", s.skipped_total},
-                      {"loss_scale", s.loss_scale},
-                      {"samples", r.samples_consumed},
-                      {"memory", {{"param_bytes", r.memory.param_bytes},
-                                  {"grad_bytes", r.memory.grad_bytes},
-                                  {"optimizer_bytes", r.memory.optimizer_bytes},
-                                  {"peak_rss_bytes", r.peak_rss_bytes}}}};
+  nlohmann::json j = {
+      {"step", s.step},
+      {"loss", s.loss},
+      {"lr", s.lr},
+      {"grad_norm", std::isfinite(s.grad_norm) ? nlohmann::json(s.grad_norm) : nlohmann::json()},
+      {"tokens", s.tokens},
+      {"tokens_per_s", r.tokens_per_s},
+      {"step_time_s", r.step_time_s},
+      {"skipped", s.skipped},
+      {"skipped_total", s.skipped_total},
+      {"loss_scale", s.loss_scale},
+      {"samples", r.samples_consumed},
+      {"memory",
+       {{"param_bytes", r.memory.param_bytes},
+        {"grad_bytes", r.memory.grad_bytes},
+        {"optimizer_bytes", r.memory.optimizer_bytes},
+        {"peak_rss_bytes", r.peak_rss_bytes}}}};
   out_ << j.dump() << '\n';
   out_.flush();
   FT_CHECK(out_.good(), "writing ", path_, " failed (disk full?)");
 }
 
 Progress::Progress(int64_t total_steps, int64_t log_every)
-    : total_(total_steps), every_(std::max<int64_t>(1, log_every)),
-      tty_(::isatty(STDOUT_FILENO) == 1), start_(std::chrono::steady_clock::now()) {}
+    : total_(total_steps),
+      every_(std::max<int64_t>(1, log_every)),
+      tty_(::isatty(STDOUT_FILENO) == 1),
+      start_(std::chrono::steady_clock::now()) {}
 
 void Progress::update(const StepRecord& r) {
   const auto& s = r.stats;
@@ -61,8 +65,8 @@ void Progress::update(const StepRecord& r) {
   if (tty_) {
     const int width = 24;
     int filled = total_ > 0 ? static_cast<int>(width * s.step / total_) : 0;
-    fmt::print("\r[{}{}] {} ETA {:.0f}s   ", std::string(filled, '#'), std::string(width - filled, '.'),
-               text, eta);
+    fmt::print("\r[{}{}] {} ETA {:.0f}s   ", std::string(filled, '#'),
+               std::string(width - filled, '.'), text, eta);
     std::fflush(stdout);
   } else if (s.step % every_ == 0 || s.step == total_ || s.skipped) {
     fmt::print("{} elapsed {:.1f}s ETA {:.0f}s\n", text, elapsed, eta);

@@ -5,7 +5,8 @@ namespace ft::train {
 bool AdamW::no_decay(const std::string& name) {
   auto ends_with = [&](const char* s) {
     std::string suf = s;
-    return name.size() >= suf.size() && name.compare(name.size() - suf.size(), suf.size(), suf) == 0;
+    return name.size() >= suf.size() &&
+           name.compare(name.size() - suf.size(), suf.size(), suf) == 0;
   };
   return name.find("norm") != std::string::npos || ends_with(".bias");
 }

@@ -1,5 +1,5 @@
-// AdamW over fp32 master parameters with LibTorch's fused kernel (one pass over all tensors), in two
-// groups: with weight decay, and without it for norms and biases. Owns the optimizer state
+// AdamW over fp32 master parameters with LibTorch's fused kernel (one pass over all tensors), in
+// two groups: with weight decay, and without it for norms and biases. Owns the optimizer state
 // (exp_avg, exp_avg_sq, step per tensor). Not thread-safe.
 #pragma once
 

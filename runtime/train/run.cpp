@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "data/synthetic.h"
+#include "io/safetensors.h"
 #include "model/llama.h"
 #include "model/lora.h"
 #include "train/metrics.h"
@@ -43,19 +44,25 @@ RunSummary run_training(const RunOptions& o) {
   const json& p = o.preset;
   // --- validate everything before touching the output directory ---
   FT_CHECK(!o.output_dir.empty(), "--output is required");
-  FT_CHECK(!fs::exists(fs::path(o.output_dir) / "metrics.jsonl"), "--output ", o.output_dir,
-           " already holds a run (metrics.jsonl); choose another directory so nothing is written over");
-  FT_CHECK(o.model_dir.empty(), "--model: loading Hugging Face weights into `ft train` lands with the "
-           "safetensors room (this build trains randomly initialised models only)");
+  FT_CHECK(
+      !fs::exists(fs::path(o.output_dir) / "metrics.jsonl"), "--output ", o.output_dir,
+      " already holds a run (metrics.jsonl); choose another directory so nothing is written over");
   const std::string format = p["data"]["format"];
-  FT_CHECK(o.data_path.empty() && format == "synthetic",
-           "data.format '", format, "'", o.data_path.empty() ? "" : " with --data " + o.data_path,
+  FT_CHECK(o.data_path.empty() && format == "synthetic", "data.format '", format, "'",
+           o.data_path.empty() ? "" : " with --data " + o.data_path,
            ": only the built-in synthetic task is implemented so far (JSONL data is in progress); "
            "use --preset tiny-demo or --set data.format=synthetic");
   const int64_t max_steps = p["train"]["max_steps"];
-  FT_CHECK(max_steps > 0, "train.max_steps must be set (> 0) for the synthetic task, which has no "
+  FT_CHECK(max_steps > 0,
+           "train.max_steps must be set (> 0) for the synthetic task, which has no "
            "epochs");
-  model::LlamaConfig mc = model_config_from_preset(p);
+  model::LlamaConfig mc = o.model_dir.empty()
+                              ? model_config_from_preset(p)
+                              : model::load_llama_config(o.model_dir + "/config.json");
+  // Open (and validate) the weight files before anything is written.
+  std::unique_ptr<io::SafetensorsIndex> weights;
+  if (!o.model_dir.empty())
+    weights = std::make_unique<io::SafetensorsIndex>(io::SafetensorsIndex::open(o.model_dir));
   const std::string precision = p["precision"]["mode"];
   const at::ScalarType dtype = precision_dtype(precision);
   const uint64_t seed = p["train"]["seed"];
@@ -67,8 +74,17 @@ RunSummary run_training(const RunOptions& o) {
   std::ofstream(fs::path(o.output_dir) / "preset.json") << p.dump(2) << "\n";
 
   model::LlamaModel model(mc, at::TensorOptions().dtype(dtype));
-  model.init_random(seed);
+  if (weights) {
+    model.load([&](const std::string& name, at::Tensor& dst) {
+      FT_CHECK_T(FormatError, weights->has(name), o.model_dir, ": weight \"", name,
+                 "\" is missing from the model files");
+      weights->copy_to(name, dst);
+    });
+  } else {
+    model.init_random(seed);
+  }
   const bool lora = p["lora"]["enabled"];
+  model::LoraConfig lora_config;
   if (lora) {
     model::LoraConfig lc;
     lc.r = p["lora"]["r"];
@@ -76,7 +92,9 @@ RunSummary run_training(const RunOptions& o) {
     lc.dropout = p["lora"]["dropout"];
     lc.target_modules = p["lora"]["target_modules"].get<std::vector<std::string>>();
     lc.use_rslora = p["lora"]["rslora"];
+    lc.base_model_name_or_path = o.model_dir;
     model::attach_lora(model, lc, seed + 1);
+    lora_config = lc;
   }
 
   data::SyntheticOptions so;
@@ -90,20 +108,21 @@ RunSummary run_training(const RunOptions& o) {
   TrainOptions to;
   to.precision = precision;
   to.lora = lora;
-  to.schedule = {p["train"]["lr"], p["train"]["warmup_steps"], max_steps, p["train"]["min_lr_ratio"],
-                 p["train"]["schedule"]};
-  to.adamw = {p["train"]["beta1"], p["train"]["beta2"], p["train"]["eps"], p["train"]["weight_decay"]};
+  to.schedule = {p["train"]["lr"], p["train"]["warmup_steps"], max_steps,
+                 p["train"]["min_lr_ratio"], p["train"]["schedule"]};
+  to.adamw = {p["train"]["beta1"], p["train"]["beta2"], p["train"]["eps"],
+              p["train"]["weight_decay"]};
   to.grad_clip = p["train"]["grad_clip"];
   to.loss_scale_init = p["precision"]["loss_scale_init"];
   to.loss_scale_window = p["precision"]["loss_scale_window"];
   SingleProcess strategy;
   Trainer trainer(model, to, strategy);
 
-  fmt::print("ft train: {} parameters ({} trained), {} layers, hidden {}, {} precision, {} x {} "
-             "sequences of {} tokens per step, {} steps -> {}\n",
-             mc.num_parameters(), lora ? "LoRA adapters" : "all", mc.num_hidden_layers,
-             mc.hidden_size, precision, grad_accum, so.micro_batch, so.seq_len, max_steps,
-             o.output_dir);
+  fmt::print(
+      "ft train: {} parameters ({} trained), {} layers, hidden {}, {} precision, {} x {} "
+      "sequences of {} tokens per step, {} steps -> {}\n",
+      mc.num_parameters(), lora ? "LoRA adapters" : "all", mc.num_hidden_layers, mc.hidden_size,
+      precision, grad_accum, so.micro_batch, so.seq_len, max_steps, o.output_dir);
   std::fflush(stdout);
   MetricsLog log((fs::path(o.output_dir) / "metrics.jsonl").string());
   Progress progress(max_steps, p["train"]["log_every"]);
@@ -129,7 +148,36 @@ RunSummary run_training(const RunOptions& o) {
     sum.skipped_steps = r.stats.skipped_total;
   }
   progress.finish();
+  save_final_model(model, lora ? &lora_config : nullptr,
+                   (fs::path(o.output_dir) / "final").string());
   return sum;
+}
+
+void save_final_model(model::LlamaModel& model, const model::LoraConfig* lora,
+                      const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  FT_CHECK(!ec, "cannot create ", dir, ": ", ec.message());
+  io::NamedTensors tensors;
+  if (lora) {
+    // PEFT's format: adapter_config.json + adapter_model.safetensors, fp32.
+    for (auto& p : model::lora_parameters(model))
+      tensors.emplace_back(p.name, p.tensor->detach().to(at::kFloat).contiguous());
+    io::write_safetensors(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
+    std::ofstream(dir + "/adapter_config.json") << model::lora_config_json(*lora);
+  } else {
+    // Hugging Face layout: config.json + model.safetensors (sharded past 5 GB), in the training
+    // dtype.
+    for (auto& p : model.parameters())
+      tensors.emplace_back(p.name, p.tensor->detach().contiguous());
+    io::write_sharded(dir, tensors, io::kDefaultMaxShardBytes, {{"format", "pt"}});
+    json config = json::parse(model::llama_config_json(model.config()));
+    const auto st = model.parameters().front().tensor->scalar_type();
+    config["torch_dtype"] = st == at::kBFloat16 ? "bfloat16"
+                            : st == at::kHalf   ? "float16"
+                                                : "float32";
+    std::ofstream(dir + "/config.json") << config.dump(2) << "\n";
+  }
 }
 
 }  // namespace ft::train

@@ -8,6 +8,8 @@
 #include <string>
 
 #include "model/config.h"
+#include "model/llama.h"
+#include "model/lora.h"
 
 namespace ft::train {
 
@@ -25,6 +27,11 @@ struct RunSummary {
 };
 
 RunSummary run_training(const RunOptions& options);
+
+// Writes the trained model to `dir`: a PEFT adapter when `lora` is given, else HF-format
+// safetensors + config.json. Files are written atomically.
+void save_final_model(model::LlamaModel& model, const model::LoraConfig* lora,
+                      const std::string& dir);
 
 // The model shape a preset describes (used when no model directory is given).
 model::LlamaConfig model_config_from_preset(const nlohmann::json& preset);

@@ -6,7 +6,8 @@
 namespace ft::train {
 
 double Schedule::lr_at(int64_t step) const {
-  if (warmup_steps > 0 && step <= warmup_steps) return lr * static_cast<double>(step) / warmup_steps;
+  if (warmup_steps > 0 && step <= warmup_steps)
+    return lr * static_cast<double>(step) / warmup_steps;
   if (kind == "constant") return lr;
   const double span = std::max<int64_t>(1, total_steps - warmup_steps);
   const double progress = std::clamp((step - warmup_steps) / span, 0.0, 1.0);

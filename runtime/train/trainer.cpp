@@ -31,8 +31,8 @@ Trainer::Trainer(model::LlamaModel& model, TrainOptions options, Strategy& strat
   for (auto& p : base) p.tensor->requires_grad_(false);
   at::NoGradGuard no_grad;
   for (auto& p : trained) {
-    FT_ASSERT(p.tensor->scalar_type() == compute_dtype_, p.name, " is ",
-              p.tensor->scalar_type(), ", expected the compute dtype");
+    FT_ASSERT(p.tensor->scalar_type() == compute_dtype_, p.name, " is ", p.tensor->scalar_type(),
+              ", expected the compute dtype");
     at::Tensor master = compute_dtype_ == master_dtype_ ? *p.tensor : p.tensor->to(master_dtype_);
     masters_.emplace_back(p.name, master);
     compute_.push_back(*p.tensor);
@@ -66,7 +66,8 @@ StepStats Trainer::compute_gradients(const std::vector<Batch>& micro_batches) {
 
   double loss_sum = 0;
   for (const auto& b : micro_batches) {
-    at::Tensor logits = model_.forward(b.input_ids, b.position_ids, /*training=*/true, b.segment_ids);
+    at::Tensor logits =
+        model_.forward(b.input_ids, b.position_ids, /*training=*/true, b.segment_ids);
     model::LossSum ls = model::causal_lm_loss_sum(logits, b.labels);
     // Each micro-batch contributes its token-loss sum over the whole step's tokens: the sum of
     // these gradients is exactly the gradient of the step's mean token loss.

@@ -27,18 +27,18 @@ struct TrainOptions {
 };
 
 struct StepStats {
-  int64_t step = 0;          // optimizer steps taken (skipped fp16 steps do not count)
-  double loss = 0;           // mean token loss of the step
+  int64_t step = 0;  // optimizer steps taken (skipped fp16 steps do not count)
+  double loss = 0;   // mean token loss of the step
   double lr = 0;
-  double grad_norm = 0;      // before clipping
-  int64_t tokens = 0;        // target tokens in the step, all ranks
-  bool skipped = false;      // fp16 overflow: no update
+  double grad_norm = 0;  // before clipping
+  int64_t tokens = 0;    // target tokens in the step, all ranks
+  bool skipped = false;  // fp16 overflow: no update
   int64_t skipped_total = 0;
   double loss_scale = 1;
 };
 
 struct MemoryStats {
-  int64_t param_bytes = 0;    // model parameters (compute copies) + fp32 masters where separate
+  int64_t param_bytes = 0;  // model parameters (compute copies) + fp32 masters where separate
   int64_t grad_bytes = 0;
   int64_t optimizer_bytes = 0;
 };
@@ -66,7 +66,7 @@ class Trainer {
   TrainOptions options_;
   Strategy& strategy_;
   at::ScalarType compute_dtype_;
-  at::ScalarType master_dtype_;  // fp32 (fp64 only in tests)
+  at::ScalarType master_dtype_;                              // fp32 (fp64 only in tests)
   std::vector<std::pair<std::string, at::Tensor>> masters_;  // fp32 leaves the optimizer updates
   std::vector<at::Tensor> compute_;  // the model's tensors for each master (same tensor in fp32)
   std::unique_ptr<AdamW> optimizer_;

@@ -1,7 +1,6 @@
 // Preset schema and resolution: shipped presets validate, inheritance and --set work, and every bad
 // input names its file / key with a suggestion.
 #include <catch2/catch.hpp>
-
 #include <fstream>
 
 #include "config/preset.h"
@@ -40,13 +39,13 @@ TEST_CASE("every shipped preset resolves and validates", "[unit]") {
 TEST_CASE("base inheritance and --set overrides with type checks", "[unit]") {
   json t = resolve_preset("tiny-lora", {"train.lr=5e-4", "lora.target_modules=q_proj,v_proj",
                                         "train.max_steps=7", "data.pack=false"});
-  CHECK(t["lora"]["enabled"] == true);                 // from tiny-lora
-  CHECK(t["model"]["hidden_size"] == 128);             // from its base tiny-demo
-  CHECK(t["train"]["lr"] == 5e-4);                     // --set
+  CHECK(t["lora"]["enabled"] == true);      // from tiny-lora
+  CHECK(t["model"]["hidden_size"] == 128);  // from its base tiny-demo
+  CHECK(t["train"]["lr"] == 5e-4);          // --set
   CHECK(t["train"]["max_steps"] == 7);
   CHECK(t["data"]["pack"] == false);
   CHECK(t["lora"]["target_modules"] == json::array({"q_proj", "v_proj"}));
-  CHECK(t["train"]["beta2"] == 0.999);                 // schema default
+  CHECK(t["train"]["beta2"] == 0.999);  // schema default
 
   std::string dir = ft::test::make_temp_dir();
   std::ofstream(dir + "/mine.json") << R"({"base": "lora-7b", "train": {"lr": 1e-4}})";
@@ -72,8 +71,9 @@ TEST_CASE("bad presets are refused naming file and key", "[unit]") {
   f = file("typo2.json", R"({"train": {"micro_bach": 2}})");
   CHECK_THROWS_WITH(resolve_preset(f, {}), Catch::Contains("did you mean \"train.micro_batch\"?"));
   f = file("type.json", R"({"train": {"micro_batch": "8"}})");
-  CHECK_THROWS_WITH(resolve_preset(f, {}),
-                    Catch::Contains("type.json: \"train.micro_batch\" must be an integer, got \"8\""));
+  CHECK_THROWS_WITH(
+      resolve_preset(f, {}),
+      Catch::Contains("type.json: \"train.micro_batch\" must be an integer, got \"8\""));
   f = file("range.json", R"({"train": {"micro_batch": 0}})");
   CHECK_THROWS_WITH(resolve_preset(f, {}), Catch::Contains("\"train.micro_batch\" must be >= 1"));
   f = file("choice.json", R"({"strategy": {"kind": "zero2"}})");
@@ -86,7 +86,8 @@ TEST_CASE("bad presets are refused naming file and key", "[unit]") {
   file("cycle_b.json", R"({"base": "cycle_a.json"})");
   CHECK_THROWS_WITH(resolve_preset(f, {}), Catch::Contains("preset base cycle"));
   CHECK_THROWS_WITH(resolve_preset("no-such-preset", {}), Catch::Contains("shipped presets: "));
-  CHECK_THROWS_WITH(resolve_preset("tiny-demo", {"train.lr"}), Catch::Contains("--set expects key.path=value"));
+  CHECK_THROWS_WITH(resolve_preset("tiny-demo", {"train.lr"}),
+                    Catch::Contains("--set expects key.path=value"));
   CHECK_THROWS_WITH(resolve_preset("tiny-demo", {"train.lr=fast"}),
                     Catch::Contains("--set: \"train.lr\" must be a number, got 'fast'"));
   CHECK_THROWS_WITH(resolve_preset("tiny-demo", {"train.lrr=1"}),

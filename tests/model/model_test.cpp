@@ -1,8 +1,6 @@
 // Fidelity of ft's Llama-family model against Hugging Face transformers and PEFT: the fixtures in
 // tests/model/fixtures were written by make_fixtures.py (transformers' own save_pretrained plus its
 // logits, loss and gradients); these tests need no Python.
-#include "support/catch_torch.h"
-
 #include <fstream>
 
 #include "core/error.h"
@@ -10,6 +8,7 @@
 #include "model/config.h"
 #include "model/llama.h"
 #include "model/lora.h"
+#include "support/catch_torch.h"
 #include "support/subprocess.h"
 
 using namespace ft;
@@ -17,13 +16,16 @@ using namespace ft::model;
 
 namespace {
 
-std::string fixture(const std::string& name) { return std::string(FT_TEST_DIR) + "/model/fixtures/" + name; }
+std::string fixture(const std::string& name) {
+  return std::string(FT_TEST_DIR) + "/model/fixtures/" + name;
+}
 
 // max |a - b| / max |b|: the error relative to the reference's scale.
 double rel_err(const at::Tensor& a, const at::Tensor& b) {
   REQUIRE(a.sizes() == b.sizes());
   double scale = b.abs().max().item<double>();
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() / std::max(scale, 1e-30);
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() /
+         std::max(scale, 1e-30);
 }
 
 LlamaModel load_model(const std::string& dir) {
@@ -121,18 +123,22 @@ TEST_CASE("config.json: both rope formats, refusals name the file and key", "[un
   CHECK(c.head_dim == 8);
   CHECK(c.num_key_value_heads == 2);
   // Older "type" spelling.
-  c = load_llama_config(write("{" + base + R"(, "rope_scaling": {"type": "linear", "factor": 4}})"));
+  c = load_llama_config(
+      write("{" + base + R"(, "rope_scaling": {"type": "linear", "factor": 4}})"));
   CHECK(c.rope.type == "linear");
   CHECK(c.rope.factor == 4.0);
   // The config ft writes reads back the same.
   c = load_llama_config(write(llama_config_json(c)));
   CHECK(c.rope.factor == 4.0);
-  CHECK(c.num_parameters() == LlamaModel(c, at::kFloat).parameters().size() * 0 + c.num_parameters());
+  CHECK(c.num_parameters() ==
+        LlamaModel(c, at::kFloat).parameters().size() * 0 + c.num_parameters());
 
   CHECK_THROWS_WITH(load_llama_config(write(R"({"vocab_size": 10})")),
                     Catch::Contains("config.json: required key \"hidden_size\" is missing"));
-  CHECK_THROWS_WITH(load_llama_config(write("{" + base + R"(, "rope_scaling": {"rope_type": "dynamic", "factor": 2}})")),
-                    Catch::Contains("\"rope_scaling\" type 'dynamic' is not supported"));
+  CHECK_THROWS_WITH(
+      load_llama_config(
+          write("{" + base + R"(, "rope_scaling": {"rope_type": "dynamic", "factor": 2}})")),
+      Catch::Contains("\"rope_scaling\" type 'dynamic' is not supported"));
   CHECK_THROWS_WITH(load_llama_config(write("{" + base + R"(, "model_type": "gpt2"})")),
                     Catch::Contains("model_type \"gpt2\""));
   CHECK_THROWS_WITH(load_llama_config(write("{" + base + R"(, "hidden_size": "64"})")),
@@ -141,8 +147,11 @@ TEST_CASE("config.json: both rope formats, refusals name the file and key", "[un
       "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 8,
       "num_key_value_heads": 3})")),
                     Catch::Contains("multiple of num_key_value_heads"));
-  CHECK_THROWS_WITH(load_llama_config(write("{" + base + R"(, "model_type": "mistral", "sliding_window": 4096, "max_position_embeddings": 32768})")),
-                    Catch::Contains("sliding_window 4096"));
+  CHECK_THROWS_WITH(
+      load_llama_config(write(
+          "{" + base +
+          R"(, "model_type": "mistral", "sliding_window": 4096, "max_position_embeddings": 32768})")),
+      Catch::Contains("sliding_window 4096"));
   CHECK_THROWS_AS(load_llama_config(write("{not json")), FormatError);
   CHECK_THROWS_AS(load_llama_config(dir + "/missing.json"), FormatError);
 }

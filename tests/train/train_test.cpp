@@ -1,12 +1,11 @@
 // The training loop: exact gradient accumulation, schedules, mixed precision (bf16, fp16 with
 // overflow skipping), and the built-in synthetic task.
-#include "support/catch_torch.h"
-
 #include <set>
 
 #include "data/synthetic.h"
 #include "model/llama.h"
 #include "model/lora.h"
+#include "support/catch_torch.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
 #include "train/trainer.h"
@@ -88,7 +87,8 @@ TEST_CASE("4 x 2 micro-batches give the gradient and update of 1 x 8", "[unit]")
         ta.apply_update(sa);
         tb.apply_update(sb);
         for (size_t i = 0; i < ta.masters().size(); ++i) {
-          at::Tensor da = ta.masters()[i].second - before[i], db = tb.masters()[i].second - before[i];
+          at::Tensor da = ta.masters()[i].second - before[i],
+                     db = tb.masters()[i].second - before[i];
           CHECK(da.abs().max().item<double>() > 0);
           CHECK(max_rel(da, db) < 1e-6);
         }
@@ -209,6 +209,6 @@ TEST_CASE("LoRA trains only the adapters", "[unit]") {
   data::SyntheticSource src(so);
   tr.step({src.next()});
   tr.step({src.next()});
-  CHECK(at::equal(m.layers()[0].q_proj.weight, q_before));        // base frozen
+  CHECK(at::equal(m.layers()[0].q_proj.weight, q_before));            // base frozen
   CHECK(m.layers()[0].q_proj.lora_b.abs().sum().item<double>() > 0);  // adapter moved from zero
 }

@@ -1,0 +1,96 @@
+// `ft train` as a user runs it: real processes, real output directories.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <sstream>
+
+#include "support/subprocess.h"
+
+using namespace ft::test;
+
+namespace {
+int run(const std::vector<std::string>& args, const std::string& out, double timeout = 240) {
+  std::vector<std::string> argv = {ft_bin()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Child c = start(argv, {{"WORLD_SIZE", "\x01"}, {"RANK", "\x01"}}, out);
+  auto st = wait_for(c, timeout);
+  if (!st) kill_and_reap(c);
+  return st.value_or(-1);
+}
+bool exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("ft train writes metrics, the preset and a model that ft train loads again",
+          "[multiproc]") {
+  std::string dir = make_temp_dir();
+  std::string out = dir + "/run";
+  REQUIRE(run({"train", "--preset", "tiny-demo", "--output", out, "--set", "train.max_steps=6",
+               "--set", "train.log_every=2"},
+              dir + "/1.log") == 0);
+  auto metrics = lines(read_file(out + "/metrics.jsonl"));
+  REQUIRE(metrics.size() == 6);
+  for (const char* key :
+       {"\"step\":", "\"loss\":", "\"lr\":", "\"grad_norm\":", "\"tokens\":", "\"tokens_per_s\":",
+        "\"step_time_s\":", "\"memory\":", "\"peak_rss_bytes\":"})
+    CHECK_THAT(metrics.back(), Catch::Contains(key));
+  CHECK_THAT(metrics.back(), Catch::Contains("\"step\":6"));
+  CHECK_THAT(read_file(out + "/preset.json"), Catch::Contains("\"max_steps\": 6"));
+  CHECK(exists(out + "/final/model.safetensors"));
+  CHECK(exists(out + "/final/config.json"));
+  CHECK(lines(read_file(dir + "/1.log")).size() >= 3);  // a line every 2 steps (not a terminal)
+
+  // The saved model is a Hugging Face directory ft can start from.
+  REQUIRE(run({"train", "--preset", "tiny-demo", "--model", out + "/final", "--output",
+               dir + "/run2", "--set", "train.max_steps=1"},
+              dir + "/2.log") == 0);
+  CHECK(exists(dir + "/run2/metrics.jsonl"));
+
+  // An earlier run is never written over.
+  std::string before = read_file(out + "/metrics.jsonl");
+  CHECK(run({"train", "--preset", "tiny-demo", "--output", out, "--set", "train.max_steps=1"},
+            dir + "/3.log") == 2);
+  CHECK_THAT(read_file(dir + "/3.log"), Catch::Contains("already holds a run"));
+  CHECK(read_file(out + "/metrics.jsonl") == before);
+}
+
+TEST_CASE("ft train with LoRA writes a PEFT adapter", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  REQUIRE(run({"train", "--preset", "tiny-lora", "--output", dir + "/lora", "--set",
+               "train.max_steps=3"},
+              dir + "/l.log") == 0);
+  CHECK(exists(dir + "/lora/final/adapter_model.safetensors"));
+  std::string cfg = read_file(dir + "/lora/final/adapter_config.json");
+  CHECK_THAT(cfg, Catch::Contains("\"peft_type\": \"LORA\""));
+  CHECK_THAT(cfg, Catch::Contains("\"r\": 8"));
+  std::string st = read_file(dir + "/lora/final/adapter_model.safetensors");
+  CHECK_THAT(st, Catch::Contains("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"));
+}
+
+TEST_CASE("ft train refuses bad input before writing anything", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  {
+    std::ofstream f(dir + "/bad.json");
+    f << R"({"base": "tiny-demo", "train": {"micro_batch": "eight"}})";
+  }
+  CHECK(run({"train", "--preset", dir + "/bad.json", "--output", dir + "/o1"}, dir + "/b.log") ==
+        2);
+  CHECK_THAT(read_file(dir + "/b.log"),
+             Catch::Contains("bad.json: \"train.micro_batch\" must be an integer"));
+  CHECK_FALSE(exists(dir + "/o1"));
+  CHECK(run({"train", "--preset", "tiny-demo", "--output", dir + "/o2", "--set", "train.lr=fast"},
+            dir + "/c.log") == 2);
+  CHECK_FALSE(exists(dir + "/o2"));
+  CHECK(
+      run({"train", "--preset", "tiny-demo", "--model", dir + "/nothing", "--output", dir + "/o3"},
+          dir + "/d.log") == 2);
+  CHECK_THAT(read_file(dir + "/d.log"), Catch::Contains("config.json"));
+  CHECK_FALSE(exists(dir + "/o3"));
+}
