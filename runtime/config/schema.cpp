@@ -178,7 +178,6 @@ const std::vector<Setting>& preset_schema() {
     B("data.train_on_prompt", false, "Also train on prompt tokens (by default only responses count)."),
     C("data.on_bad_record", "error", {"error", "skip"},
       "A malformed JSONL line stops the run (error) or is skipped and counted (skip)."),
-    I("data.synthetic_samples", 4096, 1, kInf, "Records of the built-in synthetic task."),
     // train
     I("train.micro_batch", 1, 1, kInf, "Sequences per micro-batch on each rank."),
     I("train.grad_accum", 1, 1, kInf, "Micro-batches per optimizer step."),

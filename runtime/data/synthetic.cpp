@@ -87,6 +87,7 @@ train::Batch SyntheticSource::next() {
       }
       ++segment;
       ++next_sample_;
+      if (!options_.pack) break;
     }
     for (; t < T; ++t) S[b][t] = segment;  // padding: its own segment, no loss
   }

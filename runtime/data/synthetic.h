@@ -16,6 +16,7 @@ struct SyntheticOptions {
   int64_t seq_len = 128;
   int64_t micro_batch = 8;
   bool train_on_prompt = false;
+  bool pack = true;             // several samples per row; false: one sample per row, padded
   uint64_t seed = 42;                 // task seed: the permutation and the samples
   int64_t min_len = 3, max_len = 10;  // symbols per prompt
 };

@@ -52,6 +52,13 @@ RunSummary run_training(const RunOptions& o) {
            o.data_path.empty() ? "" : " with --data " + o.data_path,
            ": only the built-in synthetic task is implemented so far (JSONL data is in progress); "
            "use --preset tiny-demo or --set data.format=synthetic");
+  // Settings this build cannot honour are refused, never silently ignored.
+  FT_CHECK(p["train"]["activation_checkpointing"] == "none",
+           "train.activation_checkpointing=", p["train"]["activation_checkpointing"].get<std::string>(),
+           " is not implemented yet; use --set train.activation_checkpointing=none");
+  FT_CHECK(p["output"]["save_every"] == 0,
+           "output.save_every: periodic checkpoints are not implemented yet (the final model is "
+           "always saved); use --set output.save_every=0");
   const int64_t max_steps = p["train"]["max_steps"];
   FT_CHECK(max_steps > 0,
            "train.max_steps must be set (> 0) for the synthetic task, which has no "
@@ -66,6 +73,9 @@ RunSummary run_training(const RunOptions& o) {
   const std::string precision = p["precision"]["mode"];
   const at::ScalarType dtype = precision_dtype(precision);
   const uint64_t seed = p["train"]["seed"];
+  const int64_t seq_len = p["data"]["seq_len"];
+  FT_CHECK(seq_len <= mc.max_position_embeddings, "data.seq_len ", seq_len,
+           " exceeds the model's max_position_embeddings ", mc.max_position_embeddings);
   const int64_t grad_accum = p["train"]["grad_accum"];
 
   std::error_code ec;
@@ -102,6 +112,7 @@ RunSummary run_training(const RunOptions& o) {
   so.seq_len = p["data"]["seq_len"];
   so.micro_batch = p["train"]["micro_batch"];
   so.train_on_prompt = p["data"]["train_on_prompt"];
+  so.pack = p["data"]["pack"];
   so.seed = seed;
   data::SyntheticSource source(so);
 

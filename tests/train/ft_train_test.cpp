@@ -93,4 +93,10 @@ TEST_CASE("ft train refuses bad input before writing anything", "[multiproc]") {
           dir + "/d.log") == 2);
   CHECK_THAT(read_file(dir + "/d.log"), Catch::Contains("config.json"));
   CHECK_FALSE(exists(dir + "/o3"));
+  // A setting this build cannot honour is refused, not ignored.
+  CHECK(run({"train", "--preset", "tiny-demo", "--output", dir + "/o4", "--set",
+             "train.activation_checkpointing=full"},
+            dir + "/e.log") == 2);
+  CHECK_THAT(read_file(dir + "/e.log"), Catch::Contains("activation_checkpointing=full is not implemented"));
+  CHECK_FALSE(exists(dir + "/o4"));
 }

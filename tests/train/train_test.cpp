@@ -130,6 +130,13 @@ TEST_CASE("the synthetic task is deterministic, packed and masked", "[unit]") {
   for (int64_t b = 0; b < 3; ++b)
     for (int64_t t = 0; t < 64; ++t)
       if (P[b][t].item<int64_t>() == 0) CHECK(L[b][t].item<int64_t>() == -100);
+  // Unpacked: one sample per row.
+  data::SyntheticOptions up = so;
+  up.pack = false;
+  data::SyntheticSource u(up);
+  auto bu = u.next();
+  CHECK(u.samples_consumed() == 3);
+  CHECK(bu.segment_ids.max().item<int64_t>() == 1);  // the sample, then padding
   std::vector<int64_t> tok;
   std::vector<bool> trained;
   x.sample(0, tok, trained);
