@@ -205,7 +205,7 @@ const std::vector<Setting>& preset_schema() {
     // lora
     B("lora.enabled", false, "Train LoRA adapters on a frozen base instead of every weight."),
     I("lora.r", 16, 1, 4096, "Adapter rank."),
-    F("lora.alpha", 32.0, 0, kInf, "Adapter scale numerator (alpha/r, or alpha/sqrt(r) with rslora)."),
+    F("lora.alpha", 32.0, 1e-6, kInf, "Adapter scale numerator (alpha/r, or alpha/sqrt(r) with rslora)."),
     F("lora.dropout", 0.05, 0, 0.99, "Dropout on the adapter input."),
     L("lora.target_modules", kProjections, kProjections, "Projections that get adapters (PEFT names)."),
     B("lora.rslora", false, "Rank-stabilised scaling alpha/sqrt(r)."),

@@ -63,7 +63,7 @@ void SyntheticSource::sample(int64_t index, std::vector<int64_t>& tokens,
   trained.push_back(true);
 }
 
-train::Batch SyntheticSource::next() {
+Batch SyntheticSource::next() {
   const int64_t B = options_.micro_batch, T = options_.seq_len;
   auto opts = at::TensorOptions().dtype(at::kLong);
   at::Tensor ids = at::full({B, T}, kPad, opts), labels = at::full({B, T}, -100, opts);

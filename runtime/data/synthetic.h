@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "train/batch.h"
+#include "data/batch.h"
 
 namespace ft::data {
 
@@ -16,18 +16,18 @@ struct SyntheticOptions {
   int64_t seq_len = 128;
   int64_t micro_batch = 8;
   bool train_on_prompt = false;
-  bool pack = true;             // several samples per row; false: one sample per row, padded
+  bool pack = true;                   // several samples per row; false: one sample per row, padded
   uint64_t seed = 42;                 // task seed: the permutation and the samples
   int64_t min_len = 3, max_len = 10;  // symbols per prompt
 };
 
-class SyntheticSource : public train::BatchSource {
+class SyntheticSource : public data::BatchSource {
  public:
   static constexpr int64_t kPad = 0, kBos = 1, kEos = 2, kSep = 3;
   static constexpr int64_t kMaxSymbols = 64;
 
   explicit SyntheticSource(SyntheticOptions options, int64_t start_sample = 0);
-  train::Batch next() override;
+  data::Batch next() override;
   int64_t samples_consumed() const override { return next_sample_; }
 
   // Sample i's tokens and loss mask (true = trained), for tests.

@@ -1,4 +1,4 @@
-// ft's own safetensors reader and writer (NOTES.md "Formats"): memory-mapped, every size and offset
+// ft's own safetensors reader and writer (the safetensors format (u64 header length, JSON header, data buffer)): memory-mapped, every size and offset
 // bounds-checked, sharded checkpoints through model.safetensors.index.json. A SafetensorsFile owns
 // its mapping and every tensor it hands out shares that ownership, so views outlive the file
 // object. Opened files and indexes are immutable: reading them from many threads at once is safe.

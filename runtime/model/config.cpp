@@ -111,7 +111,7 @@ LlamaConfig load_llama_config(const std::string& path) {
   c.num_key_value_heads = get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads, path);
   FT_CHECK_T(FormatError, c.num_attention_heads > 0, path, ": num_attention_heads must be >= 1");
   c.head_dim = get_or<int64_t>(j, "head_dim", c.hidden_size / c.num_attention_heads, path);
-  c.max_position_embeddings = get_or<int64_t>(j, "max_position_embeddings", 4096, path);
+  c.max_position_embeddings = get_or<int64_t>(j, "max_position_embeddings", 2048, path);
   c.rms_norm_eps = get_or<double>(j, "rms_norm_eps", 1e-6, path);
   c.initializer_range = get_or<double>(j, "initializer_range", 0.02, path);
   c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false, path);
@@ -123,6 +123,9 @@ LlamaConfig load_llama_config(const std::string& path) {
   } else {
     c.eos_token_id = get_or<int64_t>(j, "eos_token_id", 2, path);
   }
+  const double attention_dropout = get_or<double>(j, "attention_dropout", 0.0, path);
+  FT_CHECK_T(FormatError, attention_dropout == 0.0, path, ": attention_dropout ", attention_dropout,
+             " is not supported (ft's attention has no dropout)");
   std::string act = get_or<std::string>(j, "hidden_act", "silu", path);
   FT_CHECK_T(FormatError, act == "silu", path, ": hidden_act \"", act,
              "\" is not supported (Llama-family models use silu)");
@@ -145,9 +148,6 @@ LlamaConfig load_llama_config(const std::string& path) {
     read_rope(j["rope_parameters"], c.rope, path, "rope_parameters");
   if (j.contains("rope_scaling") && j["rope_scaling"].is_object())
     read_rope(j["rope_scaling"], c.rope, path, "rope_scaling");
-  if (c.rope.type == "llama3" && !j["rope_scaling"].is_object() &&
-      !j["rope_parameters"].is_object())
-    c.rope.original_max_position_embeddings = c.max_position_embeddings;
   try {
     c.validate(path);
   } catch (const ConfigError& e) {
@@ -178,6 +178,7 @@ std::string llama_config_json(const LlamaConfig& c) {
       {"bos_token_id", c.bos_token_id},
       {"eos_token_id", c.eos_token_id},
       {"torch_dtype", "float32"}};
+  if (c.model_type == "mistral") j["sliding_window"] = nullptr;  // full attention, as trained
   if (c.rope.type == "linear") {
     j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope.factor}};
   } else if (c.rope.type == "llama3") {

@@ -71,6 +71,14 @@ LoraConfig load_lora_config(const std::string& path) {
                " (per-layer ranks) is not supported");
   FT_CHECK_T(FormatError, !j.value("fan_in_fan_out", false), path,
              ": fan_in_fan_out is not supported");
+  // Variants that change the adapter's math or where it applies: refused, never ignored.
+  for (const char* k : {"use_dora", "lora_bias"})
+    FT_CHECK_T(FormatError, !(j.contains(k) && j[k].is_boolean() && j[k].get<bool>()), path, ": ",
+               k, " is not supported");
+  for (const char* k :
+       {"layers_to_transform", "layers_pattern", "exclude_modules", "layer_replication"})
+    FT_CHECK_T(FormatError, !j.contains(k) || j[k].is_null() || (j[k].is_array() && j[k].empty()),
+               path, ": ", k, " is not supported (ft adapts every layer)");
   LoraConfig c;
   try {
     c.r = j.at("r").get<int64_t>();

@@ -33,6 +33,7 @@ void MetricsLog::write(const StepRecord& r) {
       {"lr", s.lr},
       {"grad_norm", std::isfinite(s.grad_norm) ? nlohmann::json(s.grad_norm) : nlohmann::json()},
       {"tokens", s.tokens},
+      {"input_tokens", r.input_tokens},
       {"tokens_per_s", r.tokens_per_s},
       {"step_time_s", r.step_time_s},
       {"skipped", s.skipped},

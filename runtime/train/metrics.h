@@ -15,7 +15,8 @@ namespace ft::train {
 struct StepRecord {
   StepStats stats;
   double step_time_s = 0;
-  double tokens_per_s = 0;
+  int64_t input_tokens = 0;  // non-padding tokens processed this step (this rank)
+  double tokens_per_s = 0;   // input_tokens / step_time_s
   MemoryStats memory;
   int64_t peak_rss_bytes = 0;
   int64_t samples_consumed = 0;

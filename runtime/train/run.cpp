@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "core/error.h"
 #include "data/synthetic.h"
@@ -44,17 +45,17 @@ RunSummary run_training(const RunOptions& o) {
   const json& p = o.preset;
   // --- validate everything before touching the output directory ---
   FT_CHECK(!o.output_dir.empty(), "--output is required");
-  FT_CHECK(
-      !fs::exists(fs::path(o.output_dir) / "metrics.jsonl"), "--output ", o.output_dir,
-      " already holds a run (metrics.jsonl); choose another directory so nothing is written over");
+  FT_CHECK(!fs::exists(o.output_dir) || fs::is_empty(o.output_dir), "--output ", o.output_dir,
+           " already holds a run (it is not empty); choose another directory so nothing is "
+           "written over");
   const std::string format = p["data"]["format"];
   FT_CHECK(o.data_path.empty() && format == "synthetic", "data.format '", format, "'",
            o.data_path.empty() ? "" : " with --data " + o.data_path,
            ": only the built-in synthetic task is implemented so far (JSONL data is in progress); "
            "use --preset tiny-demo or --set data.format=synthetic");
   // Settings this build cannot honour are refused, never silently ignored.
-  FT_CHECK(p["train"]["activation_checkpointing"] == "none",
-           "train.activation_checkpointing=", p["train"]["activation_checkpointing"].get<std::string>(),
+  FT_CHECK(p["train"]["activation_checkpointing"] == "none", "train.activation_checkpointing=",
+           p["train"]["activation_checkpointing"].get<std::string>(),
            " is not implemented yet; use --set train.activation_checkpointing=none");
   FT_CHECK(p["output"]["save_every"] == 0,
            "output.save_every: periodic checkpoints are not implemented yet (the final model is "
@@ -77,11 +78,6 @@ RunSummary run_training(const RunOptions& o) {
   FT_CHECK(seq_len <= mc.max_position_embeddings, "data.seq_len ", seq_len,
            " exceeds the model's max_position_embeddings ", mc.max_position_embeddings);
   const int64_t grad_accum = p["train"]["grad_accum"];
-
-  std::error_code ec;
-  fs::create_directories(o.output_dir, ec);
-  FT_CHECK(!ec, "cannot create --output ", o.output_dir, ": ", ec.message());
-  std::ofstream(fs::path(o.output_dir) / "preset.json") << p.dump(2) << "\n";
 
   model::LlamaModel model(mc, at::TensorOptions().dtype(dtype));
   if (weights) {
@@ -106,6 +102,12 @@ RunSummary run_training(const RunOptions& o) {
     model::attach_lora(model, lc, seed + 1);
     lora_config = lc;
   }
+
+  // Everything the run needs is loaded and checked: only now is anything written.
+  std::error_code ec;
+  fs::create_directories(o.output_dir, ec);
+  FT_CHECK(!ec, "cannot create --output ", o.output_dir, ": ", ec.message());
+  write_text_atomic((fs::path(o.output_dir) / "preset.json").string(), p.dump(2) + "\n");
 
   data::SyntheticOptions so;
   so.vocab_size = mc.vocab_size;
@@ -140,12 +142,13 @@ RunSummary run_training(const RunOptions& o) {
   RunSummary sum;
   while (trainer.steps() < max_steps) {
     auto t0 = std::chrono::steady_clock::now();
-    std::vector<Batch> mbs;
+    std::vector<data::Batch> mbs;
     for (int64_t i = 0; i < grad_accum; ++i) mbs.push_back(source.next());
     StepRecord r;
     r.stats = trainer.step(mbs);
     r.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    r.tokens_per_s = static_cast<double>(r.stats.tokens) / std::max(r.step_time_s, 1e-9);
+    for (const auto& b : mbs) r.input_tokens += b.input_tokens();
+    r.tokens_per_s = static_cast<double>(r.input_tokens) / std::max(r.step_time_s, 1e-9);
     r.memory = trainer.memory();
     r.peak_rss_bytes = peak_rss_bytes();
     r.samples_consumed = source.samples_consumed();
@@ -159,35 +162,55 @@ RunSummary run_training(const RunOptions& o) {
     sum.skipped_steps = r.stats.skipped_total;
   }
   progress.finish();
-  save_final_model(model, lora ? &lora_config : nullptr,
+  save_final_model(model, lora ? &lora_config : nullptr, trainer.masters(),
                    (fs::path(o.output_dir) / "final").string());
   return sum;
 }
 
+void write_text_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    out.flush();
+    FT_CHECK_T(SystemError, out.good(), "writing ", tmp, " failed (disk full?)");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  FT_CHECK_T(SystemError, !ec, "cannot rename ", tmp, " to ", path, ": ", ec.message());
+}
+
 void save_final_model(model::LlamaModel& model, const model::LoraConfig* lora,
+                      const std::vector<std::pair<std::string, at::Tensor>>& masters,
                       const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   FT_CHECK(!ec, "cannot create ", dir, ": ", ec.message());
+  // The fp32 master of a trained tensor is saved rather than its rounded compute copy.
+  std::map<std::string, at::Tensor> master_of(masters.begin(), masters.end());
+  auto best = [&](const std::string& name, const at::Tensor& t) {
+    auto it = master_of.find(name);
+    return (it != master_of.end() ? it->second : t).detach().contiguous();
+  };
   io::NamedTensors tensors;
   if (lora) {
     // PEFT's format: adapter_config.json + adapter_model.safetensors, fp32.
     for (auto& p : model::lora_parameters(model))
-      tensors.emplace_back(p.name, p.tensor->detach().to(at::kFloat).contiguous());
+      tensors.emplace_back(p.name, best(p.name, *p.tensor).to(at::kFloat));
     io::write_safetensors(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
-    std::ofstream(dir + "/adapter_config.json") << model::lora_config_json(*lora);
+    write_text_atomic(dir + "/adapter_config.json", model::lora_config_json(*lora));
   } else {
     // Hugging Face layout: config.json + model.safetensors (sharded past 5 GB), in the training
-    // dtype.
+    // dtype (the masters rounded once).
     for (auto& p : model.parameters())
-      tensors.emplace_back(p.name, p.tensor->detach().contiguous());
+      tensors.emplace_back(p.name, best(p.name, *p.tensor).to(p.tensor->scalar_type()));
     io::write_sharded(dir, tensors, io::kDefaultMaxShardBytes, {{"format", "pt"}});
     json config = json::parse(model::llama_config_json(model.config()));
     const auto st = model.parameters().front().tensor->scalar_type();
     config["torch_dtype"] = st == at::kBFloat16 ? "bfloat16"
                             : st == at::kHalf   ? "float16"
                                                 : "float32";
-    std::ofstream(dir + "/config.json") << config.dump(2) << "\n";
+    write_text_atomic(dir + "/config.json", config.dump(2) + "\n");
   }
 }
 

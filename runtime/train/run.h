@@ -29,9 +29,13 @@ struct RunSummary {
 RunSummary run_training(const RunOptions& options);
 
 // Writes the trained model to `dir`: a PEFT adapter when `lora` is given, else HF-format
-// safetensors + config.json. Files are written atomically.
+// safetensors + config.json, taking each trained tensor from its fp32 master in `masters`. Every
+// file is written to a temporary name and renamed into place.
 void save_final_model(model::LlamaModel& model, const model::LoraConfig* lora,
+                      const std::vector<std::pair<std::string, at::Tensor>>& masters,
                       const std::string& dir);
+// Writes `text` to path.tmp and renames it over `path`.
+void write_text_atomic(const std::string& path, const std::string& text);
 
 // The model shape a preset describes (used when no model directory is given).
 model::LlamaConfig model_config_from_preset(const nlohmann::json& preset);

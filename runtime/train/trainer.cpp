@@ -9,8 +9,6 @@
 
 namespace ft::train {
 
-int64_t Batch::target_tokens() const { return labels.slice(1, 1).ne(-100).sum().item<int64_t>(); }
-
 at::ScalarType precision_dtype(const std::string& p) {
   if (p == "bf16") return at::kBFloat16;
   if (p == "fp16") return at::kHalf;
@@ -48,11 +46,11 @@ Trainer::Trainer(model::LlamaModel& model, TrainOptions options, Strategy& strat
   }
 }
 
-StepStats Trainer::step(const std::vector<Batch>& micro_batches) {
+StepStats Trainer::step(const std::vector<data::Batch>& micro_batches) {
   return apply_update(compute_gradients(micro_batches));
 }
 
-StepStats Trainer::compute_gradients(const std::vector<Batch>& micro_batches) {
+StepStats Trainer::compute_gradients(const std::vector<data::Batch>& micro_batches) {
   FT_CHECK(!micro_batches.empty(), "an optimizer step needs at least one micro-batch");
   int64_t local_tokens = 0;
   for (const auto& b : micro_batches) local_tokens += b.target_tokens();

@@ -9,10 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "data/batch.h"
 #include "model/llama.h"
-#include "train/batch.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
+#include "train/strategy.h"
 
 namespace ft::train {
 
@@ -50,10 +51,10 @@ class Trainer {
   Trainer(model::LlamaModel& model, TrainOptions options, Strategy& strategy);
 
   // One optimizer step: compute_gradients, then apply_update.
-  StepStats step(const std::vector<Batch>& micro_batches);
+  StepStats step(const std::vector<data::Batch>& micro_batches);
   // Forward + backward over the step's micro-batches, leaving the step's gradient (of the mean
   // token loss over all of them) in the masters' .grad(); returns loss and tokens.
-  StepStats compute_gradients(const std::vector<Batch>& micro_batches);
+  StepStats compute_gradients(const std::vector<data::Batch>& micro_batches);
   // Reduce over ranks, unscale (fp16), clip and update; zeroes the gradients.
   StepStats apply_update(StepStats stats);
   MemoryStats memory() const;

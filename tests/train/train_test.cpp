@@ -27,7 +27,7 @@ model::LlamaConfig tiny() {
   return c;
 }
 
-train::Batch cat_batches(const std::vector<train::Batch>& bs) {
+data::Batch cat_batches(const std::vector<data::Batch>& bs) {
   std::vector<at::Tensor> a, b, c, d;
   for (auto& x : bs) {
     a.push_back(x.input_ids);
@@ -50,14 +50,14 @@ TEST_CASE("4 x 2 micro-batches give the gradient and update of 1 x 8", "[unit]")
   so.seq_len = 40;
   so.micro_batch = 2;
   data::SyntheticSource src(so);
-  std::vector<train::Batch> micro;
+  std::vector<data::Batch> micro;
   std::set<int64_t> token_counts;
   for (int i = 0; i < 4; ++i) {
     micro.push_back(src.next());
     token_counts.insert(micro.back().target_tokens());
   }
   CHECK(token_counts.size() > 1);  // micro-batches really carry different numbers of targets
-  train::Batch whole = cat_batches(micro);
+  data::Batch whole = cat_batches(micro);
 
   // fp32 (what training runs in): gradients agree to rounding. fp64: the whole update agrees, which
   // shows the normalisation itself is exact.

@@ -1,34 +1,15 @@
-// A micro-batch as the training loop consumes it, and the interfaces between the loop and what
-// surrounds it: where batches come from (data) and how work is spread over ranks (strategy).
-// Plain data + interfaces; implementations document their own thread-safety.
+// How parameters, gradients and optimizer state are spread over ranks: the slot between the model
+// and the training loop that the distributed strategies (ddp, zero3, fsdp) fill. World size 1 is
+// SingleProcess. Implementations document their own thread-safety.
 #pragma once
 
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace ft::train {
-
-struct Batch {
-  at::Tensor input_ids;     // [B, T] int64
-  at::Tensor labels;        // [B, T] int64, -100 where a token is not trained on
-  at::Tensor position_ids;  // [B, T] int64, restarting at 0 in each packed segment
-  at::Tensor segment_ids;   // [B, T] int64 (packed sequences) or undefined
-  // Tokens that carry a loss after the next-token shift (labels[:, 1:] != -100).
-  int64_t target_tokens() const;
-};
-
-class BatchSource {
- public:
-  virtual ~BatchSource() = default;
-  virtual Batch next() = 0;
-  // Samples handed out so far, counted globally (independent of world size): the data position a
-  // checkpoint records.
-  virtual int64_t samples_consumed() const = 0;
-};
 
 // How parameters, gradients and optimizer state are spread over ranks. The loop calls these hooks
 // in the same order on every rank. World size 1 is `SingleProcess`; the distributed strategies

@@ -1,0 +1,73 @@
+// Optimizer-step rate of ft's training loop on random tokens (no data pipeline in the timing), for
+// comparison with bench/train_step_ref.py, the same model and loop in plain PyTorch.
+//   ft_bench_train_step --hidden 256 --layers 2 --heads 4 --inter 688 --vocab 32000 --batch 8
+//                       --seq 128 --steps 20 --warmup 3 --precision fp32
+// Prints one JSON line: {"steps_per_s": ..., "step_time_s": {"median": ..., "min": ...}, ...}.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+
+#include "model/llama.h"
+#include "train/trainer.h"
+
+using namespace ft;
+
+int main(int argc, char** argv) {
+  CLI::App app{"ft training-step benchmark"};
+  int64_t hidden = 256, layers = 2, heads = 4, kv_heads = 0, inter = 688, vocab = 32000, batch = 8,
+          seq = 128, steps = 20, warmup = 3, threads = 0;
+  std::string precision = "fp32";
+  app.add_option("--hidden", hidden);
+  app.add_option("--layers", layers);
+  app.add_option("--heads", heads);
+  app.add_option("--kv-heads", kv_heads);
+  app.add_option("--inter", inter);
+  app.add_option("--vocab", vocab);
+  app.add_option("--batch", batch);
+  app.add_option("--seq", seq);
+  app.add_option("--steps", steps);
+  app.add_option("--warmup", warmup);
+  app.add_option("--threads", threads);
+  app.add_option("--precision", precision);
+  CLI11_PARSE(app, argc, argv);
+  if (threads > 0) at::set_num_threads(static_cast<int>(threads));
+
+  model::LlamaConfig c;
+  c.vocab_size = vocab;
+  c.hidden_size = hidden;
+  c.intermediate_size = inter;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = heads;
+  c.num_key_value_heads = kv_heads > 0 ? kv_heads : heads;
+  c.head_dim = hidden / heads;
+  c.max_position_embeddings = seq;
+  model::LlamaModel m(c, at::TensorOptions().dtype(train::precision_dtype(precision)));
+  m.init_random(0);
+  train::TrainOptions to;
+  to.precision = precision;
+  to.schedule = {1e-4, 0, 1000000, 1.0, "constant"};
+  to.grad_clip = 1.0;
+  train::SingleProcess sp;
+  train::Trainer tr(m, to, sp);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  std::vector<double> times;
+  for (int64_t i = 0; i < warmup + steps; ++i) {
+    at::Tensor ids = at::randint(vocab, {batch, seq}, gen, at::kLong);
+    data::Batch b{ids, ids, at::Tensor(), at::Tensor()};
+    auto t0 = std::chrono::steady_clock::now();
+    tr.step({b});
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (i >= warmup) times.push_back(dt);
+  }
+  std::sort(times.begin(), times.end());
+  double median = times[times.size() / 2];
+  fmt::print(
+      "{{\"impl\": \"ft\", \"steps_per_s\": {:.4f}, \"step_time_s\": {{\"median\": {:.5f}, "
+      "\"min\": {:.5f}}}, \"threads\": {}, \"params\": {}}}\n",
+      1.0 / median, median, times.front(), at::get_num_threads(), c.num_parameters());
+  return 0;
+}

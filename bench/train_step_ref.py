@@ -1,0 +1,47 @@
+"""The plain PyTorch reference for bench/train_step.cpp: the same Llama model (Hugging Face
+transformers' LlamaForCausalLM, sdpa attention), the same random-token batches and step (forward,
+mean token loss, backward, global-norm clip 1.0, torch.optim.AdamW with its CPU default), the same
+torch build and thread count. Prints one JSON line like the C++ benchmark."""
+import argparse
+import json
+import time
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+p = argparse.ArgumentParser()
+for name, default in [("hidden", 256), ("layers", 2), ("heads", 4), ("kv-heads", 0), ("inter", 688),
+                      ("vocab", 32000), ("batch", 8), ("seq", 128), ("steps", 20), ("warmup", 3),
+                      ("threads", 0)]:
+    p.add_argument("--" + name, type=int, default=default)
+p.add_argument("--precision", default="fp32")
+a = p.parse_args()
+if a.threads > 0:
+    torch.set_num_threads(a.threads)
+assert a.precision == "fp32", "the reference loop runs fp32 only"
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.inter,
+                  num_hidden_layers=a.layers, num_attention_heads=a.heads,
+                  num_key_value_heads=a.kv_heads or a.heads, max_position_embeddings=a.seq,
+                  attn_implementation="sdpa", tie_word_embeddings=False)
+model = LlamaForCausalLM(cfg).float().train()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+gen = torch.Generator().manual_seed(1)
+times = []
+for i in range(a.warmup + a.steps):
+    ids = torch.randint(0, a.vocab, (a.batch, a.seq), generator=gen)
+    t0 = time.perf_counter()
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    dt = time.perf_counter() - t0
+    if i >= a.warmup:
+        times.append(dt)
+times.sort()
+median = times[len(times) // 2]
+print(json.dumps({"impl": "pytorch", "steps_per_s": round(1 / median, 4),
+                  "step_time_s": {"median": round(median, 5), "min": round(times[0], 5)},
+                  "threads": torch.get_num_threads(),
+                  "params": sum(p.numel() for p in model.parameters())}))

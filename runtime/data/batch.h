@@ -1,0 +1,34 @@
+// A micro-batch as the training loop consumes it, and the interface of where batches come from.
+// Plain data + an interface; implementations document their own thread-safety.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ft::data {
+
+struct Batch {
+  at::Tensor input_ids;     // [B, T] int64
+  at::Tensor labels;        // [B, T] int64, -100 where a token is not trained on
+  at::Tensor position_ids;  // [B, T] int64, restarting at 0 in each packed segment
+  at::Tensor segment_ids;   // [B, T] int64 (packed sequences) or undefined
+  // Tokens that carry a loss after the next-token shift (labels[:, 1:] != -100).
+  int64_t target_tokens() const;
+  // Tokens that are not padding (id 0 in a padding segment); all tokens when unsegmented.
+  int64_t input_tokens() const;
+};
+
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual Batch next() = 0;
+  // Samples handed out so far, counted globally (independent of world size): the data position a
+  // checkpoint records.
+  virtual int64_t samples_consumed() const = 0;
+};
+
+}  // namespace ft::data
