@@ -193,9 +193,13 @@ LossSum causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
   FT_CHECK(logits.dim() == 3 && labels.dim() == 2 && logits.size(0) == labels.size(0) &&
                logits.size(1) == labels.size(1),
            "logits ", logits.sizes(), " and labels ", labels.sizes(), " do not match");
-  const int64_t V = logits.size(2);
-  at::Tensor shift_logits = logits.slice(1, 0, -1).reshape({-1, V}).to(at::kFloat);
-  at::Tensor shift_labels = labels.slice(1, 1).reshape({-1});
+    const int64_t V = logits.size(2);
+  // Shift the labels rather than the logits (as transformers does): position t predicts label t+1,
+  // the last position predicts nothing. Slicing [B, T, V] logits would copy all of them.
+  at::Tensor shift_labels =
+      at::cat({labels.slice(1, 1), at::full({labels.size(0), 1}, -100, labels.options())}, 1)
+          .reshape({-1});
+  at::Tensor shift_logits = logits.reshape({-1, V}).to(at::kFloat);
   LossSum out;
   out.sum = at::cross_entropy_loss(shift_logits, shift_labels, /*weight=*/{}, at::Reduction::Sum,
                                    /*ignore_index=*/-100);

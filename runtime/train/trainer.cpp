@@ -121,8 +121,16 @@ StepStats Trainer::apply_update(StepStats st) {
 
   ++step_;
   st.lr = options_.schedule.lr_at(step_);
-  optimizer_->step(st.lr);
-  for (auto& g : grads) g.zero_();
+    optimizer_->step(st.lr);
+  grads.clear();
+  // fp32: drop the gradients (the next backward allocates them, as PyTorch's set_to_none does);
+  // separate masters keep theirs as zeroed accumulators.
+  for (auto& [n, m] : masters_) {
+    if (separate_masters)
+      m.mutable_grad().zero_();
+    else
+      m.mutable_grad() = at::Tensor();
+  }
   if (separate_masters)
     for (size_t i = 0; i < compute_.size(); ++i) compute_[i].copy_(masters_[i].second);
   st.step = step_;
