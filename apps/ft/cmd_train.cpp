@@ -18,6 +18,8 @@ Run add_train(CLI::App& app) {
   cmd->add_option("--model", opts->model_dir,
                   "Hugging Face model directory (default: random init)");
   cmd->add_option("--data", opts->data_path, "Training data (JSONL)");
+  cmd->add_option("--tokenizer", opts->tokenizer_path,
+                  "tokenizer.json for --data (default: the one in --model)");
   cmd->add_option("--output", opts->output_dir, "Output directory (must not hold an earlier run)")
       ->required();
   cmd->add_option("--set", *sets, "Override a preset key: --set train.lr=1e-4 (repeatable)");

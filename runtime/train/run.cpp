@@ -9,10 +9,12 @@
 #include <map>
 
 #include "core/error.h"
+#include "data/jsonl_source.h"
 #include "data/synthetic.h"
 #include "io/safetensors.h"
 #include "model/llama.h"
 #include "model/lora.h"
+#include "tokenizer/tokenizer.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 
@@ -49,10 +51,14 @@ RunSummary run_training(const RunOptions& o) {
            " already holds a run (it is not empty); choose another directory so nothing is "
            "written over");
   const std::string format = p["data"]["format"];
-  FT_CHECK(o.data_path.empty() && format == "synthetic", "data.format '", format, "'",
-           o.data_path.empty() ? "" : " with --data " + o.data_path,
-           ": only the built-in synthetic task is implemented so far (JSONL data is in progress); "
-           "use --preset tiny-demo or --set data.format=synthetic");
+  const bool synthetic = format == "synthetic";
+  FT_CHECK(synthetic == o.data_path.empty(),
+           synthetic ? "data.format is synthetic, which generates its data: drop --data "
+                     : "data.format '",
+           synthetic ? "" : format,
+           synthetic ? ""
+                     : "' reads JSONL: give the file with --data PATH (or use the built-in task: "
+                       "--set data.format=synthetic)");
   // Settings this build cannot honour are refused, never silently ignored.
   FT_CHECK(p["train"]["activation_checkpointing"] == "none", "train.activation_checkpointing=",
            p["train"]["activation_checkpointing"].get<std::string>(),
@@ -61,9 +67,9 @@ RunSummary run_training(const RunOptions& o) {
            "output.save_every: periodic checkpoints are not implemented yet (the final model is "
            "always saved); use --set output.save_every=0");
   const int64_t max_steps = p["train"]["max_steps"];
-  FT_CHECK(max_steps > 0,
-           "train.max_steps must be set (> 0) for the synthetic task, which has no "
-           "epochs");
+  FT_CHECK(max_steps > 0, "train.max_steps must be set (> 0): ",
+           synthetic ? "the synthetic task has no epochs"
+                     : "step counts from train.epochs are not implemented yet");
   model::LlamaConfig mc = o.model_dir.empty()
                               ? model_config_from_preset(p)
                               : model::load_llama_config(o.model_dir + "/config.json");
@@ -103,20 +109,53 @@ RunSummary run_training(const RunOptions& o) {
     lora_config = lc;
   }
 
+  std::unique_ptr<data::JsonlSource> jsonl;
+  if (!synthetic) {
+    data::JsonlOptions jo;
+    jo.path = o.data_path;
+    jo.tokenizer_path = !o.tokenizer_path.empty() ? o.tokenizer_path
+                        : !o.model_dir.empty()    ? o.model_dir + "/tokenizer.json"
+                                                  : "";
+    FT_CHECK(!jo.tokenizer_path.empty(),
+             "--data needs a tokenizer: give --tokenizer "
+             "PATH/tokenizer.json, or a --model directory that holds tokenizer.json");
+    jo.tokenizer = std::make_shared<const tokenizer::Tokenizer>(
+        tokenizer::Tokenizer::from_file(jo.tokenizer_path));
+    FT_CHECK(static_cast<int64_t>(jo.tokenizer->vocab_size()) <= mc.vocab_size, "the tokenizer ",
+             jo.tokenizer_path, " has ", jo.tokenizer->vocab_size(),
+             " tokens but the model's vocabulary is ", mc.vocab_size,
+             "; use the model's own tokenizer (or --set model.vocab_size)");
+    jo.format = data::parse_record_format(format == "tokenized" ? "tokens" : format);
+    jo.chat_template = data::parse_chat_template(p["data"]["template"].get<std::string>());
+    jo.seq_len = seq_len;
+    jo.micro_batch = p["train"]["micro_batch"];
+    jo.pack = p["data"]["pack"];
+    jo.train_on_prompt = p["data"]["train_on_prompt"];
+    jo.on_bad_record = data::parse_bad_record_policy(p["data"]["on_bad_record"].get<std::string>());
+    jo.seed = seed;
+    jsonl = std::make_unique<data::JsonlSource>(jo);
+  }
+
   // Everything the run needs is loaded and checked: only now is anything written.
   std::error_code ec;
   fs::create_directories(o.output_dir, ec);
   FT_CHECK(!ec, "cannot create --output ", o.output_dir, ": ", ec.message());
   write_text_atomic((fs::path(o.output_dir) / "preset.json").string(), p.dump(2) + "\n");
 
-  data::SyntheticOptions so;
-  so.vocab_size = mc.vocab_size;
-  so.seq_len = p["data"]["seq_len"];
-  so.micro_batch = p["train"]["micro_batch"];
-  so.train_on_prompt = p["data"]["train_on_prompt"];
-  so.pack = p["data"]["pack"];
-  so.seed = seed;
-  data::SyntheticSource source(so);
+  std::unique_ptr<data::BatchSource> source_ptr;
+  if (synthetic) {
+    data::SyntheticOptions so;
+    so.vocab_size = mc.vocab_size;
+    so.seq_len = seq_len;
+    so.micro_batch = p["train"]["micro_batch"];
+    so.train_on_prompt = p["data"]["train_on_prompt"];
+    so.pack = p["data"]["pack"];
+    so.seed = seed;
+    source_ptr = std::make_unique<data::SyntheticSource>(so);
+  } else {
+    source_ptr = std::move(jsonl);
+  }
+  data::BatchSource& source = *source_ptr;
 
   TrainOptions to;
   to.precision = precision;
@@ -135,7 +174,8 @@ RunSummary run_training(const RunOptions& o) {
       "ft train: {} parameters ({} trained), {} layers, hidden {}, {} precision, {} x {} "
       "sequences of {} tokens per step, {} steps -> {}\n",
       mc.num_parameters(), lora ? "LoRA adapters" : "all", mc.num_hidden_layers, mc.hidden_size,
-      precision, grad_accum, so.micro_batch, so.seq_len, max_steps, o.output_dir);
+      precision, grad_accum, p["train"]["micro_batch"].get<int64_t>(), seq_len, max_steps,
+      o.output_dir);
   std::fflush(stdout);
   MetricsLog log((fs::path(o.output_dir) / "metrics.jsonl").string());
   Progress progress(max_steps, p["train"]["log_every"]);

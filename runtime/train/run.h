@@ -16,7 +16,8 @@ namespace ft::train {
 struct RunOptions {
   nlohmann::json preset;   // resolved (config::resolve_preset)
   std::string model_dir;   // "" = random init from preset.model
-  std::string data_path;   // "" = the preset's data (synthetic)
+    std::string data_path;   // "" = the preset's data (synthetic)
+  std::string tokenizer_path;  // tokenizer.json for --data; default: <model_dir>/tokenizer.json
   std::string output_dir;  // created; must not hold an earlier run
 };
 

@@ -40,7 +40,7 @@ TEST_CASE("fingerprints round-trip through JSON", "[unit]") {
   CHECK_THROWS_AS(Fingerprint::from_json("not json"), ft::RendezvousError);
 }
 
-TEST_CASE("identity fields may differ; software, layout and program may not", "[unit]") {
+TEST_CASE("identity fields may differ but software, layout and program may not", "[unit]") {
   Fingerprint a = sample(), b = sample();
   b.hostname = "gpu02";
   b.addr = "10.0.0.2";

@@ -69,7 +69,7 @@ TEST_CASE("logits, loss and gradients equal transformers' (fp32)", "[unit]") {
   }
 }
 
-TEST_CASE("LoRA forward and adapter gradients equal PEFT's; PEFT files load", "[unit]") {
+TEST_CASE("LoRA forward and adapter gradients equal PEFT's and PEFT files load", "[unit]") {
   for (auto [name, base] : {std::pair{"lora_llama3", "llama3_gqa_tied"},
                             std::pair{"rslora_llama2", "llama2_mha_linear"}}) {
     DYNAMIC_SECTION(name) {

@@ -97,6 +97,61 @@ TEST_CASE("ft train refuses bad input before writing anything", "[multiproc]") {
   CHECK(run({"train", "--preset", "tiny-demo", "--output", dir + "/o4", "--set",
              "train.activation_checkpointing=full"},
             dir + "/e.log") == 2);
-  CHECK_THAT(read_file(dir + "/e.log"), Catch::Contains("activation_checkpointing=full is not implemented"));
+  CHECK_THAT(read_file(dir + "/e.log"),
+             Catch::Contains("activation_checkpointing=full is not implemented"));
   CHECK_FALSE(exists(dir + "/o4"));
+}
+
+TEST_CASE("ft train on JSONL chat data with a tokenizer and a bad line names file and line",
+          "[multiproc]") {
+  std::string dir = make_temp_dir();
+  {
+    std::ofstream f(dir + "/chat.jsonl");
+    for (int i = 0; i < 24; ++i)
+      f << R"({"messages": [{"role": "user", "content": "What is )" << i << R"( plus one?"},)"
+        << R"({"role": "assistant", "content": "It is )" << i + 1 << R"(."}]})"
+        << "\n";
+  }
+  std::string tok = test_dir() + "/tokenizer/fixtures/llama3/tokenizer.json";
+  std::vector<std::string> common = {"--tokenizer", tok,
+                                     "--set",       "data.format=chat",
+                                     "--set",       "data.template=llama3",
+                                     "--set",       "model.vocab_size=1152",
+                                     "--set",       "data.seq_len=64",
+                                     "--set",       "train.max_steps=3"};
+  std::vector<std::string> args = {
+      "train", "--preset", "tiny-demo", "--data", dir + "/chat.jsonl", "--output", dir + "/run"};
+  args.insert(args.end(), common.begin(), common.end());
+  REQUIRE(run(args, dir + "/ok.log") == 0);
+  CHECK(lines(read_file(dir + "/run/metrics.jsonl")).size() == 3);
+
+  {
+    std::ofstream f(dir + "/bad.jsonl");
+    f << R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})"
+      << "\n";
+    f << R"({"messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "yo"}]})"
+      << "\n";
+  }
+  args = {"train", "--preset", "tiny-demo", "--data", dir + "/bad.jsonl", "--output", dir + "/bad"};
+  args.insert(args.end(), common.begin(), common.end());
+  CHECK(run(args, dir + "/bad.log") != 0);
+  CHECK_THAT(read_file(dir + "/bad.log"), Catch::Contains("bad.jsonl:2:"));
+  // A vocabulary smaller than the tokenizer's is refused before anything is written.
+  args = {"train",
+          "--preset",
+          "tiny-demo",
+          "--data",
+          dir + "/chat.jsonl",
+          "--output",
+          dir + "/small",
+          "--tokenizer",
+          tok,
+          "--set",
+          "data.format=chat",
+          "--set",
+          "train.max_steps=1"};
+  CHECK(run(args, dir + "/small.log") == 2);
+  CHECK_THAT(read_file(dir + "/small.log"),
+             Catch::Contains("has 1150 tokens but the model's vocabulary is 320"));
+  CHECK_FALSE(exists(dir + "/small"));
 }

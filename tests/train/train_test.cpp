@@ -146,7 +146,7 @@ TEST_CASE("the synthetic task is deterministic, packed and masked", "[unit]") {
   CHECK(trained.back());
 }
 
-TEST_CASE("fp32, bf16 and fp16 train the synthetic task; fp16 overflow is skipped and counted",
+TEST_CASE("fp32, bf16 and fp16 train the synthetic task and fp16 overflow is skipped and counted",
           "[unit]") {
   // tiny-demo's model and data.
   model::LlamaConfig c = tiny();

@@ -1,0 +1,151 @@
+#include "data/jsonl_source.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/error.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ft::data {
+namespace {
+
+constexpr int64_t kPad = 0, kIgnore = -100;
+
+// splitmix64, as the synthetic task uses: the order of an epoch depends on (seed, epoch) only.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+std::shared_ptr<const tokenizer::Tokenizer> load_tokenizer(const JsonlOptions& o) {
+  if (o.tokenizer) return o.tokenizer;
+  FT_CHECK(!o.tokenizer_path.empty(), "data: a tokenizer is needed to read ", o.path,
+           ": set the model's tokenizer.json path");
+  return std::make_shared<const tokenizer::Tokenizer>(
+      tokenizer::Tokenizer::from_file(o.tokenizer_path));
+}
+
+}  // namespace
+
+BadRecordPolicy parse_bad_record_policy(std::string_view name) {
+  if (name == "error") return BadRecordPolicy::kError;
+  if (name == "skip") return BadRecordPolicy::kSkip;
+  throw ConfigError(detail::cat("data.on_bad_record '", name, "' is not one of error, skip"));
+}
+
+JsonlSource::JsonlSource(JsonlOptions options, int64_t start_sample)
+    : options_(std::move(options)),
+      tokenizer_(load_tokenizer(options_)),
+      index_(options_.path),
+      format_(options_.format) {
+  const JsonlOptions& o = options_;
+  FT_CHECK(o.seq_len >= 2, "data.seq_len must be >= 2, got ", o.seq_len);
+  FT_CHECK(o.micro_batch >= 1, "train.micro_batch must be >= 1, got ", o.micro_batch);
+  FT_CHECK(o.world_size >= 1 && o.rank >= 0 && o.rank < o.world_size, "data: rank ", o.rank,
+           " is not in [0, world_size ", o.world_size, ")");
+  FT_CHECK(start_sample >= 0, "data: start sample must be >= 0, got ", start_sample);
+  for (const std::string& t : template_special_tokens(o.chat_template)) {
+    FT_CHECK(tokenizer_->token_to_id(t).has_value(), "data.template '", name_of(o.chat_template),
+             "' writes ", t, ", which is not a token of the tokenizer",
+             o.tokenizer_path.empty() ? "" : " " + o.tokenizer_path,
+             ": choose the template of the model's family");
+  }
+  FT_CHECK_T(FormatError, index_.size() > 0, o.path,
+             ": no records (the file has no non-empty lines)");
+  const JsonlLine first = index_.read(0);
+  const std::string origin = detail::cat(o.path, ":", first.line);
+  if (format_ == RecordFormat::kAuto) format_ = detect_format(first.text, origin);
+  tokenize_record(parse_record(first.text, format_, origin), o.chat_template, o.train_on_prompt,
+                  *tokenizer_, origin);
+  const int64_t W = o.world_size;
+  next_global_ = start_sample + (((o.rank - start_sample) % W) + W) % W;
+}
+
+JsonlSource::~JsonlSource() = default;
+
+const std::vector<int64_t>& JsonlSource::order_of(int64_t epoch) {
+  if (epoch == order_epoch_) return order_;
+  const int64_t n = index_.size();
+  order_.resize(static_cast<size_t>(n));
+  std::iota(order_.begin(), order_.end(), 0);
+  uint64_t state = mix(options_.seed ^ mix(static_cast<uint64_t>(epoch) + 1));
+  for (int64_t i = n - 1; i > 0; --i) {  // Fisher-Yates
+    state = mix(state);
+    std::swap(order_[i], order_[state % static_cast<uint64_t>(i + 1)]);
+  }
+  order_epoch_ = epoch;
+  return order_;
+}
+
+int64_t JsonlSource::record_at(int64_t epoch, int64_t position) {
+  FT_ASSERT(position >= 0 && position < index_.size(), "position ", position);
+  return order_of(epoch)[static_cast<size_t>(position)];
+}
+
+TokenizedRecord JsonlSource::next_record() {
+  const int64_t n = index_.size();
+  // A whole epoch of unusable records would loop forever: stop after one full pass of them.
+  for (int64_t failures = 0;; ++failures) {
+    FT_CHECK_T(FormatError, failures <= n, options_.path, ": no usable record in a whole epoch (",
+               skipped_, " malformed records skipped)");
+    const int64_t g = next_global_;
+    next_global_ += options_.world_size;
+    const JsonlLine line = index_.read(record_at(g / n, g % n));
+    const std::string origin = detail::cat(options_.path, ":", line.line);
+    TokenizedRecord r;
+    try {
+      r = tokenize_record(parse_record(line.text, format_, origin), options_.chat_template,
+                          options_.train_on_prompt, *tokenizer_, origin);
+    } catch (const FormatError&) {
+      if (options_.on_bad_record == BadRecordPolicy::kError) throw;
+      ++skipped_;
+      continue;
+    }
+    if (r.ids.empty()) continue;  // nothing to train on (an empty text with no BOS/EOS)
+    if (static_cast<int64_t>(r.ids.size()) > options_.seq_len) {
+      r.ids.resize(static_cast<size_t>(options_.seq_len));  // keep the start
+      r.labels.resize(static_cast<size_t>(options_.seq_len));
+      ++truncated_;
+    }
+    r.labels[0] = kIgnore;  // nothing before a record's first token predicts it
+    pending_global_ = g;
+    return r;
+  }
+}
+
+Batch JsonlSource::next() {
+  const int64_t B = options_.micro_batch, T = options_.seq_len;
+  auto opts = at::TensorOptions().dtype(at::kLong);
+  at::Tensor ids = at::full({B, T}, kPad, opts), labels = at::full({B, T}, kIgnore, opts);
+  at::Tensor pos = at::zeros({B, T}, opts), seg = at::zeros({B, T}, opts);
+  auto I = ids.accessor<int64_t, 2>();
+  auto L = labels.accessor<int64_t, 2>();
+  auto P = pos.accessor<int64_t, 2>();
+  auto S = seg.accessor<int64_t, 2>();
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t t = 0, segment = 0;
+    for (;;) {
+      if (!has_pending_) {
+        pending_ = next_record();
+        has_pending_ = true;
+      }
+      const int64_t len = static_cast<int64_t>(pending_.ids.size());
+      if (t + len > T) break;  // starts the next row instead (len <= T after truncation)
+      for (int64_t i = 0; i < len; ++i, ++t) {
+        I[b][t] = pending_.ids[i];
+        L[b][t] = pending_.labels[i];
+        P[b][t] = i;
+        S[b][t] = segment;
+      }
+      ++segment;
+      has_pending_ = false;
+      if (!options_.pack) break;
+    }
+    for (; t < T; ++t) S[b][t] = segment;  // padding: its own segment, no loss
+  }
+  return {ids, labels, pos, seg};
+}
+
+}  // namespace ft::data

@@ -1,0 +1,91 @@
+// Training batches from a JSONL dataset: records in a deterministic per-epoch shuffle, rendered
+// with a chat template, tokenized, truncated to seq_len and packed into [B, T] rows as the
+// synthetic source packs them. Owns its file index and shares the tokenizer; not thread-safe (a
+// source is read by one loop).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/batch.h"
+#include "data/jsonl.h"
+#include "data/records.h"
+
+namespace ft::tokenizer {
+class Tokenizer;
+}
+
+namespace ft::data {
+
+enum class BadRecordPolicy { kError, kSkip };
+// "error" / "skip"; anything else throws ft::ConfigError.
+BadRecordPolicy parse_bad_record_policy(std::string_view name);
+
+struct JsonlOptions {
+  static constexpr int64_t kDefaultSeqLen = 2048;
+  static constexpr uint64_t kDefaultSeed = 42;
+
+  std::string path;
+  std::string tokenizer_path;                             // used when `tokenizer` is null
+  std::shared_ptr<const tokenizer::Tokenizer> tokenizer;  // takes precedence over the path
+  RecordFormat format = RecordFormat::kAuto;
+  ChatTemplate chat_template = ChatTemplate::kNone;
+  int64_t seq_len = kDefaultSeqLen;
+  int64_t micro_batch = 1;
+  bool pack = true;  // several records per row; false: one record per row, padded
+  bool train_on_prompt = false;
+  BadRecordPolicy on_bad_record = BadRecordPolicy::kError;
+  uint64_t seed = kDefaultSeed;  // shuffle seed; the order of epoch e is a function of (seed, e)
+  int rank = 0, world_size = 1;
+};
+
+// Rank r of W reads the global record stream g = r, r+W, r+2W, ... where g indexes epoch g / N,
+// position g % N of that epoch's shuffle (N records). Padding is id 0 in its own segment, with
+// no loss; the first token of every record carries no loss (nothing before it predicts it).
+class JsonlSource : public BatchSource {
+ public:
+  // Indexes the file and validates the first record (a bad first record is always an error: it
+  // fixes the format when format is auto). `start_sample`: global records already consumed (a
+  // checkpoint's samples_consumed()). Throws ConfigError for bad options, FormatError for a bad
+  // file, tokenizer or first record.
+  explicit JsonlSource(JsonlOptions options, int64_t start_sample = 0);
+  ~JsonlSource() override;
+
+  Batch next() override;
+  // Global records consumed (skipped ones included): this rank's next global index rounded
+  // down to a multiple of world_size; independent of world size for the same position.
+  int64_t samples_consumed() const override { return cursor() - options_.rank; }
+
+  int64_t num_records() const { return index_.size(); }
+  // The epoch of the next record a batch will take.
+  int64_t epoch() const { return cursor() / index_.size(); }
+  int64_t skipped() const { return skipped_; }      // malformed records skipped (this rank)
+  int64_t truncated() const { return truncated_; }  // records cut to seq_len (this rank)
+  RecordFormat format() const { return format_; }
+
+  // The record index at position `position` of epoch `epoch`'s order (for tests and tools).
+  int64_t record_at(int64_t epoch, int64_t position);
+
+ private:
+  // The next usable record on this rank, tokenized and truncated (skips bad ones if allowed).
+  TokenizedRecord next_record();
+  const std::vector<int64_t>& order_of(int64_t epoch);
+  // The global index of the next record a batch will take (the pending one, if any).
+  int64_t cursor() const { return has_pending_ ? pending_global_ : next_global_; }
+
+  JsonlOptions options_;
+  std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
+  JsonlIndex index_;
+  RecordFormat format_;
+  int64_t next_global_;
+  int64_t order_epoch_ = -1;
+  std::vector<int64_t> order_;  // record indices in the order of epoch `order_epoch_`
+  bool has_pending_ = false;    // a record that did not fit the previous row
+  TokenizedRecord pending_;
+  int64_t pending_global_ = 0;
+  int64_t skipped_ = 0, truncated_ = 0;
+};
+
+}  // namespace ft::data

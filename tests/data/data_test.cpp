@@ -1,0 +1,565 @@
+// JSONL data: the line index, each record format and its auto-detection, the chat templates'
+// exact text, prompt masking, packing invariants, the deterministic shuffle, and malformed
+// records (each a FormatError naming file:line, or skipped and counted).
+#include "support/catch_torch.h"
+// (catch_torch.h first: it drops c10's CHECK before Catch defines its own)
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "data/jsonl.h"
+#include "data/jsonl_source.h"
+#include "data/records.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fs = std::filesystem;
+using namespace ft::data;
+using ft::tokenizer::Tokenizer;
+
+namespace {
+
+const std::string kTokenizers = std::string(FT_TEST_DIR) + "/tokenizer/fixtures";
+
+// A temp directory removed at scope exit.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() /
+           ("ft_data_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  static int& counter() {
+    static int n = 0;
+    return n;
+  }
+  std::string write(const std::string& name, const std::string& content) const {
+    const fs::path p = path / name;
+    std::ofstream(p, std::ios::binary) << content;
+    return p.string();
+  }
+};
+
+std::shared_ptr<const Tokenizer> llama3() {
+  static auto t = std::make_shared<const Tokenizer>(
+      Tokenizer::from_file(kTokenizers + "/llama3/tokenizer.json"));
+  return t;
+}
+std::shared_ptr<const Tokenizer> llama2() {
+  static auto t = std::make_shared<const Tokenizer>(
+      Tokenizer::from_file(kTokenizers + "/llama2/tokenizer.json"));
+  return t;
+}
+
+std::string rendered(const Record& r, ChatTemplate t, bool train_on_prompt = false) {
+  std::string out;
+  for (const Segment& s : render(r, t, train_on_prompt, "test")) out += s.text;
+  return out;
+}
+std::string trained_text(const Record& r, ChatTemplate t) {
+  std::string out;
+  for (const Segment& s : render(r, t, false, "test"))
+    if (s.trained) out += s.text;
+  return out;
+}
+
+Record chat(std::vector<Message> m) {
+  Record r;
+  r.format = RecordFormat::kChat;
+  r.messages = std::move(m);
+  return r;
+}
+
+// The FormatError message of parsing `line` as `format`, or "" when it parses.
+std::string parse_error(const std::string& line, RecordFormat format) {
+  try {
+    parse_record(line, format, "train.jsonl:17");
+  } catch (const ft::FormatError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// N text records "record <i>".
+std::string text_records(int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += "{\"text\": \"record " + std::to_string(i) + "\"}\n";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("JsonlIndex records the offsets of non-empty lines and reads them back") {
+  TempDir dir;
+  const std::string path = dir.write(
+      "a.jsonl", "\n{\"text\": \"one\"}\n   \n\r\n{\"text\": \"two\"}\r\n\n{\"text\": \"three\"}");
+  JsonlIndex index(path);
+  REQUIRE(index.size() == 3);
+  CHECK(index.read(0).text == "{\"text\": \"one\"}");
+  CHECK(index.read(0).line == 2);
+  CHECK(index.read(1).text == "{\"text\": \"two\"}");  // '\r' dropped
+  CHECK(index.read(1).line == 5);
+  CHECK(index.read(2).text == "{\"text\": \"three\"}");  // no final newline
+  CHECK(index.read(2).line == 7);
+  CHECK(JsonlIndex(dir.write("empty.jsonl", "\n \n")).size() == 0);
+  CHECK_THROWS_AS(JsonlIndex((dir.path / "missing.jsonl").string()), ft::FormatError);
+  CHECK_THROWS_WITH(JsonlIndex((dir.path / "missing.jsonl").string()),
+                    Catch::Contains("missing.jsonl"));
+}
+
+TEST_CASE("JsonlIndex streams a file larger than its read buffer") {
+  TempDir dir;
+  std::string big;
+  const std::string filler(1000, 'x');
+  for (int i = 0; i < 3000; ++i) big += "{\"text\": \"" + std::to_string(i) + filler + "\"}\n";
+  JsonlIndex index(dir.write("big.jsonl", big));  // ~3 MB: several 1 MiB chunks
+  REQUIRE(index.size() == 3000);
+  for (int i : {0, 1047, 1048, 2999})
+    CHECK(index.read(i).text == "{\"text\": \"" + std::to_string(i) + filler + "\"}");
+  CHECK(index.read(2999).line == 3000);
+}
+
+TEST_CASE("each record format parses and auto-detection finds it") {
+  Record t = parse_record(R"({"text": "hello"})", RecordFormat::kAuto, "f:1");
+  CHECK(t.format == RecordFormat::kText);
+  CHECK(t.text == "hello");
+
+  Record a = parse_record(R"({"instruction": "Add", "input": "1 2", "output": "3"})",
+                          RecordFormat::kAlpaca, "f:1");
+  CHECK(a.instruction == "Add");
+  CHECK(a.input == "1 2");
+  CHECK(a.output == "3");
+  CHECK(parse_record(R"({"instruction": "Hi", "output": "Yo"})", RecordFormat::kAlpaca, "f:1")
+            .input.empty());
+
+  Record c = parse_record(
+      R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},)"
+      R"( {"role": "assistant", "content": "A"}]})",
+      RecordFormat::kChat, "f:1");
+  REQUIRE(c.messages.size() == 3);
+  CHECK(c.messages[1].role == "user");
+  CHECK(c.messages[2].content == "A");
+
+  Record k = parse_record(R"({"input_ids": [1, 2, 3], "labels": [-100, 2, 3]})",
+                          RecordFormat::kTokens, "f:1");
+  CHECK(k.input_ids == std::vector<int64_t>{1, 2, 3});
+  CHECK(k.labels == std::vector<int64_t>{-100, 2, 3});
+
+  CHECK(detect_format(R"({"text": "x"})", "f:1") == RecordFormat::kText);
+  CHECK(detect_format(R"({"instruction": "x", "output": "y"})", "f:1") == RecordFormat::kAlpaca);
+  CHECK(detect_format(R"({"messages": []})", "f:1") == RecordFormat::kChat);
+  CHECK(detect_format(R"({"input_ids": [1]})", "f:1") == RecordFormat::kTokens);
+  CHECK_THROWS_WITH(detect_format(R"({"prompt": "x"})", "f:3"), Catch::Contains("f:3"));
+  CHECK(parse_record_format("alpaca") == RecordFormat::kAlpaca);
+  CHECK_THROWS_AS(parse_record_format("sharegpt"), ft::ConfigError);
+  CHECK(parse_chat_template("chatml") == ChatTemplate::kChatml);
+  CHECK_THROWS_AS(parse_chat_template("gemma"), ft::ConfigError);
+}
+
+TEST_CASE("malformed records are FormatErrors naming the line and the problem") {
+  CHECK_THAT(parse_error("{\"text\": ", RecordFormat::kText),
+             Catch::StartsWith("train.jsonl:17: not valid JSON"));
+  CHECK_THAT(parse_error(R"({"instruction": "x"})", RecordFormat::kAlpaca),
+             Catch::StartsWith("train.jsonl:17: alpaca record: missing \"output\""));
+  CHECK_THAT(parse_error(R"({"text": 3})", RecordFormat::kText),
+             Catch::Contains("text must be a string"));
+  CHECK_THAT(parse_error(R"({"messages": {"role": "user"}})", RecordFormat::kChat),
+             Catch::Contains("chat record: messages must be a list"));
+  CHECK_THAT(parse_error(R"({"messages": []})", RecordFormat::kChat),
+             Catch::Contains("messages is empty"));
+  CHECK(parse_error(R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant",)"
+                    R"( "content": "b"}, {"role": "bot", "content": "c"}]})",
+                    RecordFormat::kChat) ==
+        "train.jsonl:17: chat record: messages[2].role 'bot' is not system/user/assistant");
+  CHECK_THAT(parse_error(R"({"messages": [{"role": "user"}]})", RecordFormat::kChat),
+             Catch::Contains("missing \"messages[0].content\""));
+  CHECK_THAT(parse_error(R"({"input_ids": [1, "2"]})", RecordFormat::kTokens),
+             Catch::Contains("tokens record: input_ids[1] must be an integer"));
+  CHECK_THAT(parse_error(R"({"input_ids": [1, 2.5]})", RecordFormat::kTokens),
+             Catch::Contains("input_ids[1] must be an integer"));
+  CHECK_THAT(parse_error(R"({"input_ids": [1, 2], "labels": [1]})", RecordFormat::kTokens),
+             Catch::Contains("labels has 1 entries but input_ids has 2"));
+  CHECK_THAT(parse_error(R"([1, 2])", RecordFormat::kAuto), Catch::Contains("JSON object"));
+}
+
+TEST_CASE("templates render the models' chat formats exactly") {
+  const Record c = chat({{"system", "Be brief."},
+                         {"user", "Hi"},
+                         {"assistant", "Hello!"},
+                         {"user", "Bye"},
+                         {"assistant", "Bye."}});
+  CHECK(rendered(c, ChatTemplate::kLlama3) ==
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nBye<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\nBye.<|eot_id|>");
+  CHECK(trained_text(c, ChatTemplate::kLlama3) == "Hello!<|eot_id|>Bye.<|eot_id|>");
+
+  CHECK(rendered(c, ChatTemplate::kLlama2) ==
+        "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello! </s>"
+        "<s>[INST] Bye [/INST] Bye. </s>");
+  CHECK(trained_text(c, ChatTemplate::kLlama2) == " Hello! </s> Bye. </s>");
+
+  CHECK(rendered(c, ChatTemplate::kChatml) ==
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
+        "<|im_start|>assistant\nBye.<|im_end|>\n");
+  CHECK(trained_text(c, ChatTemplate::kChatml) == "Hello!<|im_end|>Bye.<|im_end|>");
+
+  const Record no_system =
+      chat({{"user", "Hi"}, {"assistant", "Hello!"}, {"user", "Bye"}, {"assistant", "Bye."}});
+  CHECK(rendered(no_system, ChatTemplate::kMistral) ==
+        "<s>[INST] Hi [/INST]Hello!</s>[INST] Bye [/INST]Bye.</s>");
+  CHECK(trained_text(no_system, ChatTemplate::kMistral) == "Hello!</s>Bye.</s>");
+  CHECK(rendered(c, ChatTemplate::kMistral).rfind("<s>[INST] Be brief.\n\nHi [/INST]", 0) == 0);
+  CHECK(rendered(no_system, ChatTemplate::kLlama2) ==
+        "<s>[INST] Hi [/INST] Hello! </s><s>[INST] Bye [/INST] Bye. </s>");
+
+  Record alpaca;
+  alpaca.format = RecordFormat::kAlpaca;
+  alpaca.instruction = "Add";
+  alpaca.input = "1 2";
+  alpaca.output = "3";
+  CHECK(rendered(alpaca, ChatTemplate::kLlama3) ==
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nAdd\n\n1 2<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n3<|eot_id|>");
+  CHECK(rendered(alpaca, ChatTemplate::kNone) == "Add\n\n1 2\n3");
+  CHECK(trained_text(alpaca, ChatTemplate::kNone) == "3");
+
+  // train_on_prompt: everything trained.
+  for (const Segment& s : render(c, ChatTemplate::kLlama3, true, "t")) CHECK(s.trained);
+
+  // Llama 2 and Mistral need alternating turns.
+  CHECK_THROWS_WITH(
+      render(chat({{"user", "a"}, {"user", "b"}}), ChatTemplate::kLlama2, false, "train.jsonl:4"),
+      Catch::StartsWith("train.jsonl:4: chat record:") &&
+          Catch::Contains("messages[1].role is 'user'"));
+}
+
+TEST_CASE("tokenization masks prompt tokens and trains assistant tokens") {
+  const Tokenizer& tok = *llama3();
+  const Record c = chat({{"user", "What is two plus two?"}, {"assistant", "Four."}});
+  const TokenizedRecord r = tokenize_record(c, ChatTemplate::kLlama3, false, tok, "t:1");
+  // The ids equal tokenizing the whole rendered conversation.
+  const std::vector<int32_t> whole = tok.encode(rendered(c, ChatTemplate::kLlama3), false);
+  REQUIRE(r.ids == std::vector<int64_t>(whole.begin(), whole.end()));
+  REQUIRE(r.labels.size() == r.ids.size());
+  CHECK(r.ids.front() == *tok.token_to_id("<|begin_of_text|>"));
+  CHECK(r.ids.back() == *tok.token_to_id("<|eot_id|>"));
+  // Trained tokens are exactly the answer and its <|eot_id|>.
+  std::vector<int32_t> trained;
+  for (size_t i = 0; i < r.ids.size(); ++i) {
+    if (r.labels[i] != -100) {
+      CHECK(r.labels[i] == r.ids[i]);
+      trained.push_back(static_cast<int32_t>(r.ids[i]));
+    }
+  }
+  CHECK(tok.decode(trained, false) == "Four.<|eot_id|>");
+
+  const TokenizedRecord all = tokenize_record(c, ChatTemplate::kLlama3, true, tok, "t:1");
+  CHECK(all.ids == r.ids);
+  CHECK(all.labels == all.ids);
+
+  // Llama 2 (SentencePiece-style normalizer): still the whole text's ids, answer trained.
+  const Tokenizer& tok2 = *llama2();
+  const TokenizedRecord r2 = tokenize_record(c, ChatTemplate::kLlama2, false, tok2, "t:1");
+  const std::vector<int32_t> whole2 = tok2.encode(rendered(c, ChatTemplate::kLlama2), false);
+  REQUIRE(r2.ids == std::vector<int64_t>(whole2.begin(), whole2.end()));
+  std::vector<int32_t> trained2;
+  for (size_t i = 0; i < r2.ids.size(); ++i)
+    if (r2.labels[i] != -100) trained2.push_back(static_cast<int32_t>(r2.ids[i]));
+  CHECK(r2.ids.front() == 1);   // <s>
+  CHECK(trained2.back() == 2);  // </s> trained
+  CHECK(tok2.decode(trained2, true).find("Four.") != std::string::npos);
+  CHECK(tok2.decode(trained2, true).find("What") == std::string::npos);
+
+  // Text records: BOS from the tokenizer, text and EOS trained.
+  Record t;
+  t.text = "Just text.";
+  const TokenizedRecord rt = tokenize_record(t, ChatTemplate::kLlama3, false, tok, "t:1");
+  CHECK(rt.ids.front() == *tok.bos_id());
+  CHECK(rt.ids.back() == *tok.eos_id());
+  CHECK(rt.labels == rt.ids);
+
+  // Pre-tokenized records pass through; ids outside the vocabulary are refused.
+  Record k;
+  k.format = RecordFormat::kTokens;
+  k.input_ids = {5, 6, 7};
+  k.labels = {-100, 6, 7};
+  const TokenizedRecord rk = tokenize_record(k, ChatTemplate::kNone, false, tok, "t:1");
+  CHECK(rk.ids == k.input_ids);
+  CHECK(rk.labels == k.labels);
+  k.input_ids = {5, 6, 1000000};
+  CHECK_THROWS_WITH(tokenize_record(k, ChatTemplate::kNone, false, tok, "t:9"),
+                    Catch::Contains("t:9") && Catch::Contains("input_ids[2]"));
+}
+
+namespace {
+
+JsonlOptions options_for(const std::string& path) {
+  JsonlOptions o;
+  o.path = path;
+  o.tokenizer = llama3();
+  o.chat_template = ChatTemplate::kLlama3;
+  o.seq_len = 64;
+  o.micro_batch = 4;
+  return o;
+}
+
+// Checks the packing invariants of one batch; returns the number of segments holding a record.
+// Records start with BOS (never id 0); padding is the row's last segment: ids 0, positions 0, no
+// loss.
+int64_t check_packing(const Batch& b, int64_t T) {
+  REQUIRE(b.input_ids.size(1) == T);
+  auto I = b.input_ids.accessor<int64_t, 2>();
+  auto L = b.labels.accessor<int64_t, 2>();
+  auto P = b.position_ids.accessor<int64_t, 2>();
+  auto S = b.segment_ids.accessor<int64_t, 2>();
+  int64_t records = 0;
+  for (int64_t r = 0; r < b.input_ids.size(0); ++r) {
+    bool padding = false;
+    for (int64_t t = 0; t < T; ++t) {
+      const bool starts = t == 0 || S[r][t] != S[r][t - 1];
+      if (starts) {
+        CHECK_FALSE(padding);                              // nothing after the padding
+        CHECK(S[r][t] == (t == 0 ? 0 : S[r][t - 1] + 1));  // segments count up
+        CHECK(P[r][t] == 0);                               // positions restart
+        CHECK(L[r][t] == -100);                            // first token never trained
+        padding = I[r][t] == 0;
+        if (!padding) ++records;
+      } else if (padding) {
+        CHECK(I[r][t] == 0);
+        CHECK(P[r][t] == 0);
+        CHECK(L[r][t] == -100);
+      } else {
+        CHECK(P[r][t] == P[r][t - 1] + 1);
+      }
+      if (L[r][t] != -100) CHECK(L[r][t] == I[r][t]);
+    }
+  }
+  return records;
+}
+
+}  // namespace
+
+TEST_CASE("JsonlSource packs records with segment and position ids") {
+  TempDir dir;
+  std::string lines;
+  for (int i = 0; i < 30; ++i) {
+    lines += R"({"messages": [{"role": "user", "content": "question )" + std::to_string(i) +
+             R"("}, {"role": "assistant", "content": ")" + std::string(i % 7 + 1, 'a') + R"("}]})" +
+             "\n";
+  }
+  lines += R"({"messages": [{"role": "user", "content": ")" + std::string(400, 'q') +
+           R"( and more"}, {"role": "assistant", "content": "x"}]})" + "\n";
+  const std::string path = dir.write("chat.jsonl", lines);
+  JsonlOptions o = options_for(path);
+  JsonlSource src(o);
+  CHECK(src.format() == RecordFormat::kChat);
+  CHECK(src.num_records() == 31);
+  int64_t packed = 0;
+  int64_t trained = 0;
+  while (src.epoch() == 0) {
+    const Batch b = src.next();
+    packed += check_packing(b, o.seq_len);
+    trained += (b.labels != -100).sum().item<int64_t>();
+  }
+  CHECK(packed >= 31);  // every record placed (some of epoch 1 may follow in the last batch)
+  CHECK(trained > 0);
+  CHECK(src.truncated() >= 1);  // the 400-character question
+  CHECK(src.samples_consumed() == 31);
+
+  // pack=false: one record per row.
+  o.pack = false;
+  JsonlSource single(o);
+  const Batch b = single.next();
+  check_packing(b, o.seq_len);
+  CHECK(single.samples_consumed() == o.micro_batch);
+  auto S = b.segment_ids.accessor<int64_t, 2>();
+  for (int64_t r = 0; r < o.micro_batch; ++r) CHECK(S[r][o.seq_len - 1] <= 1);
+}
+
+TEST_CASE("JsonlSource shuffles deterministically from seed and epoch") {
+  TempDir dir;
+  const int n = 50;
+  const std::string path = dir.write("text.jsonl", text_records(n));
+  JsonlOptions o = options_for(path);
+  JsonlSource a(o), b(o);
+  o.seed = 7;
+  JsonlSource other_seed(o);
+  std::vector<int64_t> e0, e1, e0b, e0s;
+  for (int i = 0; i < n; ++i) {
+    e0.push_back(a.record_at(0, i));
+    e1.push_back(a.record_at(1, i));
+    e0b.push_back(b.record_at(0, i));
+    e0s.push_back(other_seed.record_at(0, i));
+  }
+  CHECK(e0 == e0b);
+  CHECK(e0 != e1);
+  CHECK(e0 != e0s);
+  for (const auto* order : {&e0, &e1}) {
+    std::set<int64_t> seen(order->begin(), order->end());
+    CHECK(seen.size() == static_cast<size_t>(n));  // every record exactly once
+  }
+
+  // The batches follow that order: decode the first record of the first batch.
+  o.seed = JsonlOptions::kDefaultSeed;
+  o.pack = false;
+  o.micro_batch = 1;
+  JsonlSource c(o);
+  const Batch first = c.next();
+  std::vector<int32_t> ids;
+  for (int64_t t = 0; t < o.seq_len && first.segment_ids[0][t].item<int64_t>() == 0; ++t)
+    ids.push_back(static_cast<int32_t>(first.input_ids[0][t].item<int64_t>()));
+  CHECK(llama3()->decode(ids, true) == "record " + std::to_string(e0[0]));
+
+  // Every record exactly once per epoch through next(), and world-size independent counting.
+  o.micro_batch = 5;
+  JsonlSource d(o);
+  std::multiset<std::string> texts;
+  for (int step = 0; step < n / 5; ++step) {
+    const Batch bt = d.next();
+    for (int64_t r = 0; r < 5; ++r) {
+      std::vector<int32_t> row;
+      for (int64_t t = 0; t < o.seq_len && bt.segment_ids[r][t].item<int64_t>() == 0; ++t)
+        row.push_back(static_cast<int32_t>(bt.input_ids[r][t].item<int64_t>()));
+      texts.insert(llama3()->decode(row, true));
+    }
+  }
+  CHECK(texts.size() == static_cast<size_t>(n));
+  CHECK(std::set<std::string>(texts.begin(), texts.end()).size() == static_cast<size_t>(n));
+  CHECK(d.samples_consumed() == n);
+  CHECK(d.epoch() == 1);
+
+  o.world_size = 2;
+  o.rank = 1;
+  JsonlSource r1(o);
+  r1.next();
+  CHECK(r1.samples_consumed() == 10);  // 5 records on this rank = 10 globally
+  o.rank = 0;
+  JsonlSource resumed(o, 10);
+  CHECK(resumed.samples_consumed() == 10);
+}
+
+TEST_CASE("JsonlSource: malformed lines are errors naming file:line, or skipped and counted") {
+  TempDir dir;
+  const std::string good = R"({"instruction": "Add", "input": "1 2", "output": "3"})";
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"{\"instruction\": ", "not valid JSON"},
+      {R"({"instruction": "Add"})", "alpaca record: missing \"output\""},
+      {R"({"instruction": "Add", "output": 3})", "output must be a string"},
+  };
+  for (const auto& [line, what] : bad) {
+    const std::string path = dir.write("alpaca.jsonl", good + "\n\n" + good + "\n" + line + "\n");
+    JsonlOptions o = options_for(path);
+    o.micro_batch = 8;
+    JsonlSource src(o);
+    CHECK_THROWS_AS(src.next(), ft::FormatError);
+    JsonlSource src2(o);
+    CHECK_THROWS_WITH(src2.next(), Catch::StartsWith(path + ":4: ") && Catch::Contains(what));
+  }
+
+  const std::vector<std::pair<std::string, std::string>> bad_chat = {
+      {R"({"messages": "hi"})", "messages must be a list"},
+      {R"({"messages": [{"role": "bot", "content": "hi"}]})", "messages[0].role 'bot'"},
+  };
+  for (const auto& [line, what] : bad_chat) {
+    const std::string first = R"({"messages": [{"role": "user", "content": "hi"}]})";
+    const std::string path = dir.write("chat.jsonl", first + "\n" + first + "\n" + line + "\n");
+    JsonlOptions o = options_for(path);
+    o.micro_batch = 8;
+    JsonlSource src(o);
+    CHECK_THROWS_WITH(src.next(),
+                      Catch::StartsWith(path + ":3: chat record: ") && Catch::Contains(what));
+  }
+
+  {
+    const std::string path =
+        dir.write("tok.jsonl", "{\"input_ids\": [1, 2]}\n{\"input_ids\": [1, \"x\"]}\n");
+    JsonlOptions o = options_for(path);
+    o.micro_batch = 8;
+    JsonlSource src(o);
+    CHECK(src.format() == RecordFormat::kTokens);
+    CHECK_THROWS_WITH(src.next(), Catch::StartsWith(path + ":2: tokens record: input_ids[1]"));
+  }
+
+  // A bad first record is refused at construction, whatever the policy.
+  {
+    const std::string path = dir.write("first.jsonl", "{\"messages\": []}\n" + good + "\n");
+    JsonlOptions o = options_for(path);
+    o.on_bad_record = BadRecordPolicy::kSkip;
+    CHECK_THROWS_WITH(JsonlSource(o),
+                      Catch::StartsWith(path + ":1: chat record: messages is empty"));
+  }
+
+  // skip: every bad line skipped and counted; the good ones all arrive.
+  std::string mixed = good + "\n";
+  for (const auto& [line, what] : bad) mixed += line + "\n" + good + "\n";
+  const std::string path = dir.write("mixed.jsonl", mixed);
+  JsonlOptions o = options_for(path);
+  o.on_bad_record = BadRecordPolicy::kSkip;
+  o.pack = false;
+  o.micro_batch = 4;
+  JsonlSource src(o);
+  src.next();  // 4 good records of one epoch: the 3 bad ones skipped on the way
+  CHECK(src.skipped() == 3);
+  CHECK(src.samples_consumed() == 7);
+  CHECK(src.epoch() == 1);
+
+  CHECK(parse_bad_record_policy("skip") == BadRecordPolicy::kSkip);
+  CHECK_THROWS_AS(parse_bad_record_policy("ignore"), ft::ConfigError);
+}
+
+TEST_CASE("JsonlSource refuses a template whose tokens the tokenizer lacks, and empty files") {
+  TempDir dir;
+  JsonlOptions o = options_for(dir.write("t.jsonl", text_records(3)));
+  o.chat_template = ChatTemplate::kChatml;  // <|im_start|> is not a Llama 3 token
+  CHECK_THROWS_WITH(JsonlSource(o), Catch::Contains("<|im_start|>"));
+  o.chat_template = ChatTemplate::kLlama3;
+  o.path = dir.write("empty.jsonl", "\n\n");
+  CHECK_THROWS_WITH(JsonlSource(o), Catch::Contains("empty.jsonl: no records"));
+  o.path = dir.write("t.jsonl", text_records(3));
+  o.seq_len = 1;
+  CHECK_THROWS_AS(JsonlSource(o), ft::ConfigError);
+}
+
+TEST_CASE("JsonlSource resumed at samples_consumed() continues with the same batches") {
+  TempDir dir;
+  std::string lines;
+  for (int i = 0; i < 23; ++i)
+    lines +=
+        "{\"text\": \"" + std::string(static_cast<size_t>(i * 5 % 40 + 1), 'a' + i % 26) + "\"}\n";
+  JsonlOptions o = options_for(dir.write("resume.jsonl", lines));
+  o.seq_len = 32;
+  o.micro_batch = 2;
+  JsonlSource a(o);
+  for (int step = 0; step < 7; ++step) a.next();  // into the second epoch, a record pending
+  JsonlSource b(o, a.samples_consumed());
+  for (int step = 0; step < 5; ++step) {
+    const Batch x = a.next(), y = b.next();
+    CHECK(at::equal(x.input_ids, y.input_ids));
+    CHECK(at::equal(x.labels, y.labels));
+    CHECK(at::equal(x.segment_ids, y.segment_ids));
+  }
+  CHECK(a.samples_consumed() == b.samples_consumed());
+}
+
+// nlohmann's parser rejects lone surrogates and invalid UTF-8 bytes, so such text never reaches the
+// tokenizer.
+TEST_CASE("a string that is not valid Unicode is a FormatError naming file:line") {
+  TempDir dir;
+  const std::string path =
+      dir.write("utf8.jsonl", "{\"text\": \"fine\"}\n{\"text\": \"bad \\udc80 byte\"}\n");
+  JsonlOptions o = options_for(path);
+  o.micro_batch = 4;
+  JsonlSource src(o);
+  CHECK_THROWS_WITH(src.next(), Catch::StartsWith(path + ":2: not valid JSON"));
+}
