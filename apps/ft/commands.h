@@ -16,5 +16,6 @@ Run add_launch(CLI::App& app, const std::vector<std::string>& program);
 Run add_comm_check(CLI::App& app);
 Run add_presets(CLI::App& app);
 Run add_train(CLI::App& app);
+Run add_eval(CLI::App& app);
 
 }  // namespace ft::app

@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   runs["comm-check"] = ft::app::add_comm_check(app);
   runs["presets"] = ft::app::add_presets(app);
   runs["train"] = ft::app::add_train(app);
+  runs["eval"] = ft::app::add_eval(app);
 
   try {
     std::vector<std::string> rev(args.rbegin(), args.rend());

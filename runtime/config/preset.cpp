@@ -93,12 +93,7 @@ json load_layer(const std::string& ref, const std::string& relative_to,
 
 }  // namespace
 
-json resolve_preset(const std::string& name_or_file, const std::vector<std::string>& sets) {
-  std::vector<std::string> chain;
-  json resolved = schema_defaults();
-  json layers = load_layer(name_or_file, "", chain);
-  merge_into(resolved, layers);
-  resolved["name"] = layers.value("name", name_or_file);
+void apply_sets(json& resolved, const std::vector<std::string>& sets) {
   for (const auto& set : sets) {
     size_t eq = set.find('=');
     FT_CHECK(eq != std::string::npos && eq > 0, "--set expects key.path=value, got '", set, "'");
@@ -117,6 +112,15 @@ json resolve_preset(const std::string& name_or_file, const std::vector<std::stri
     std::replace(pointer.begin(), pointer.end(), '.', '/');
     resolved[json::json_pointer(pointer)] = parse_setting_value(*s, set.substr(eq + 1), "--set");
   }
+}
+
+json resolve_preset(const std::string& name_or_file, const std::vector<std::string>& sets) {
+  std::vector<std::string> chain;
+  json resolved = schema_defaults();
+  json layers = load_layer(name_or_file, "", chain);
+  merge_into(resolved, layers);
+  resolved["name"] = layers.value("name", name_or_file);
+  apply_sets(resolved, sets);
   validate_preset(resolved, "resolved preset");
   return resolved;
 }

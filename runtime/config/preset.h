@@ -22,6 +22,9 @@ const std::vector<ShippedPreset>& shipped_presets();
 nlohmann::json resolve_preset(const std::string& name_or_file,
                               const std::vector<std::string>& sets);
 
+// Applies `--set key.path=value` overrides (typed by the schema) to a resolved preset.
+void apply_sets(nlohmann::json& resolved, const std::vector<std::string>& sets);
+
 // One-line description of a shipped preset.
 std::string preset_description(const std::string& name);
 

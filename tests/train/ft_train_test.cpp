@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -154,4 +155,66 @@ TEST_CASE("ft train on JSONL chat data with a tokenizer and a bad line names fil
   CHECK_THAT(read_file(dir + "/small.log"),
              Catch::Contains("has 1150 tokens but the model's vocabulary is 320"));
   CHECK_FALSE(exists(dir + "/small"));
+}
+
+TEST_CASE("ft eval reports loss, tokens and perplexity of a trained model and of a LoRA adapter",
+          "[multiproc]") {
+  std::string dir = make_temp_dir();
+  {
+    std::ofstream f(dir + "/chat.jsonl");
+    for (int i = 0; i < 16; ++i)
+      f << R"({"messages": [{"role": "user", "content": "Say )" << i << R"("},)"
+        << R"({"role": "assistant", "content": "Number )" << i << R"(."}]})"
+        << "\n";
+  }
+  std::string tok = test_dir() + "/tokenizer/fixtures/llama3/tokenizer.json";
+  std::vector<std::string> data = {
+      "--data", dir + "/chat.jsonl", "--tokenizer", tok,
+      "--set",  "data.format=chat",  "--set",       "data.template=llama3",
+      "--set",  "data.seq_len=64"};
+  auto train = [&](const std::string& out, const std::string& preset, int steps,
+                   const std::string& model) {
+    std::vector<std::string> a = {"train",
+                                  "--preset",
+                                  preset,
+                                  "--output",
+                                  dir + "/" + out,
+                                  "--set",
+                                  "train.max_steps=" + std::to_string(steps),
+                                  "--set",
+                                  "model.vocab_size=1152"};
+    if (!model.empty()) a.insert(a.end(), {"--model", model});
+    a.insert(a.end(), data.begin(), data.end());
+    return run(a, dir + "/" + out + ".log");
+  };
+  auto eval = [&](const std::vector<std::string>& extra, const std::string& log) {
+    std::vector<std::string> a = {"eval"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    a.insert(a.end(), data.begin(), data.end());
+    int rc = run(a, dir + "/" + log);
+    return std::make_pair(rc, read_file(dir + "/" + log));
+  };
+  REQUIRE(train("short", "tiny-demo", 1, "") == 0);
+  REQUIRE(train("long", "tiny-demo", 40, "") == 0);
+  auto [rc1, e1] = eval({"--model", dir + "/short/final"}, "e1.log");
+  auto [rc2, e2] = eval({"--model", dir + "/long/final"}, "e2.log");
+  REQUIRE(rc1 == 0);
+  REQUIRE(rc2 == 0);
+  auto num = [](const std::string& json, const std::string& key) {
+    auto at = json.find("\"" + key + "\":");
+    REQUIRE(at != std::string::npos);
+    return std::stod(json.substr(at + key.size() + 3));
+  };
+  CHECK(num(e1, "records") == 16);
+  CHECK(num(e1, "tokens") > 16);
+  CHECK(num(e1, "tokens") == num(e2, "tokens"));   // the same records and masks
+  CHECK(num(e2, "loss") < num(e1, "loss") - 0.5);  // training on the data lowered its loss
+  CHECK(num(e2, "perplexity") == Approx(std::exp(num(e2, "loss"))).epsilon(1e-9));
+
+  // A LoRA adapter trained on top of the short model changes the evaluated loss.
+  REQUIRE(train("lora", "tiny-lora", 20, dir + "/short/final") == 0);
+  auto [rc3, e3] =
+      eval({"--model", dir + "/short/final", "--adapter", dir + "/lora/final"}, "e3.log");
+  REQUIRE(rc3 == 0);
+  CHECK(num(e3, "loss") < num(e1, "loss"));
 }

@@ -1,0 +1,37 @@
+// `ft eval --model DIR [--adapter DIR] --data PATH [--preset NAME|FILE] [--set k=v ...]`: prints
+// JSON with the mean token loss, token count and perplexity over the data.
+#include <fmt/format.h>
+
+#include "commands.h"
+#include "config/preset.h"
+#include "config/schema.h"
+#include "train/evaluate.h"
+
+namespace ft::app {
+
+Run add_eval(CLI::App& app) {
+  auto* cmd =
+      app.add_subcommand("eval", "Mean token loss and perplexity of a model over JSONL data");
+  auto opts = std::make_shared<train::EvalOptions>();
+  auto preset = std::make_shared<std::string>();
+  auto sets = std::make_shared<std::vector<std::string>>();
+  cmd->add_option("--model", opts->model_dir, "Hugging Face model directory")->required();
+  cmd->add_option("--adapter", opts->adapter_dir, "PEFT LoRA adapter directory");
+  cmd->add_option("--data", opts->data_path, "JSONL data")->required();
+  cmd->add_option("--tokenizer", opts->tokenizer_path, "tokenizer.json (default: the model's)");
+  cmd->add_option("--preset", *preset, "Preset whose data.* keys say how to read the data");
+  cmd->add_option("--set", *sets, "Override a preset key: --set data.template=chatml");
+  return [opts, preset, sets]() -> int {
+    if (preset->empty()) {
+      // No preset: the schema's defaults (auto format, llama3 template) with the overrides.
+      opts->preset = config::schema_defaults();
+      config::apply_sets(opts->preset, *sets);
+    } else {
+      opts->preset = config::resolve_preset(*preset, *sets);
+    }
+    fmt::print("{}\n", train::evaluate(*opts).to_json().dump());
+    return 0;
+  };
+}
+
+}  // namespace ft::app
