@@ -202,8 +202,22 @@ RunSummary run_training(const RunOptions& o) {
     sum.skipped_steps = r.stats.skipped_total;
   }
   progress.finish();
-  save_final_model(model, lora ? &lora_config : nullptr, trainer.masters(),
-                   (fs::path(o.output_dir) / "final").string());
+  const std::string final_dir = (fs::path(o.output_dir) / "final").string();
+  save_final_model(model, lora ? &lora_config : nullptr, trainer.masters(), final_dir);
+  // The saved model is usable on its own: the tokenizer it was trained with goes beside it.
+  std::vector<fs::path> tokenizer_files;
+  if (!o.model_dir.empty())
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                          "generation_config.json"})
+      if (fs::exists(fs::path(o.model_dir) / f))
+        tokenizer_files.push_back(fs::path(o.model_dir) / f);
+  if (!synthetic && !o.tokenizer_path.empty()) tokenizer_files.push_back(o.tokenizer_path);
+  for (const auto& src : tokenizer_files) {
+    fs::path dst = fs::path(final_dir) / src.filename();
+    fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
+    FT_CHECK_T(SystemError, !ec, "cannot copy ", src.string(), " to ", dst.string(), ": ",
+               ec.message());
+  }
   return sum;
 }
 

@@ -125,6 +125,8 @@ TEST_CASE("ft train on JSONL chat data with a tokenizer and a bad line names fil
   args.insert(args.end(), common.begin(), common.end());
   REQUIRE(run(args, dir + "/ok.log") == 0);
   CHECK(lines(read_file(dir + "/run/metrics.jsonl")).size() == 3);
+  // The tokenizer it was trained with is saved beside the model.
+  CHECK(read_file(dir + "/run/final/tokenizer.json") == read_file(tok));
 
   {
     std::ofstream f(dir + "/bad.jsonl");
