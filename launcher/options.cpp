@@ -9,6 +9,7 @@
 #include <ctime>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "hostlist.h"
 
 extern char** environ;
@@ -287,21 +288,10 @@ std::string suggest_option(const std::string& given) {
                                    : given.find_first_not_of('-'));
   g = g.substr(0, g.find('='));
   std::replace(g.begin(), g.end(), '_', '-');
-  auto distance = [](const std::string& a, const std::string& b) {
-    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-    for (size_t i = 1; i <= a.size(); ++i) {
-      cur[0] = i;
-      for (size_t j = 1; j <= b.size(); ++j)
-        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-      std::swap(prev, cur);
-    }
-    return prev[b.size()];
-  };
   std::string best;
   size_t best_d = 3;  // at most two edits away
   for (const auto& spec : launch_option_specs()) {
-    size_t d = distance(g, spec.name);
+    size_t d = edit_distance(g, spec.name);
     if (d < best_d) {
       best_d = d;
       best = spec.name;
