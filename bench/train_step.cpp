@@ -12,6 +12,7 @@
 #include <chrono>
 
 #include "model/llama.h"
+#include "parallel/strategy.h"
 #include "train/trainer.h"
 
 using namespace ft;
@@ -51,15 +52,15 @@ int main(int argc, char** argv) {
   to.precision = precision;
   to.schedule = {1e-4, 0, 1000000, 1.0, "constant"};
   to.grad_clip = 1.0;
-  train::SingleProcess sp;
-  train::Trainer tr(m, to, sp);
+  auto engine = parallel::single_process_engine(m, false, train::precision_dtype(precision));
+  train::Trainer tr(m, to, *engine);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-    std::vector<double> times;
+  std::vector<double> times;
   double grad_s = 0, update_s = 0;  // forward+backward vs reduce/clip/AdamW, summed
   for (int64_t i = 0; i < warmup + steps; ++i) {
     at::Tensor ids = at::randint(vocab, {batch, seq}, gen, at::kLong);
     data::Batch b{ids, ids, at::Tensor(), at::Tensor()};
-        auto t0 = std::chrono::steady_clock::now();
+    auto t0 = std::chrono::steady_clock::now();
     auto st = tr.compute_gradients({b});
     auto t1 = std::chrono::steady_clock::now();
     tr.apply_update(st);
@@ -75,9 +76,9 @@ int main(int argc, char** argv) {
   double median = times[times.size() / 2];
   fmt::print(
       "{{\"impl\": \"ft\", \"steps_per_s\": {:.4f}, \"step_time_s\": {{\"median\": {:.5f}, "
-                   "\"min\": {:.5f}}}, \"forward_backward_share\": {:.3f}, \"threads\": {}, "
-             "\"params\": {}}}\n",
-             1.0 / median, median, times.front(), grad_s / (grad_s + update_s), at::get_num_threads(),
-             c.num_parameters());
+      "\"min\": {:.5f}}}, \"forward_backward_share\": {:.3f}, \"threads\": {}, "
+      "\"params\": {}}}\n",
+      1.0 / median, median, times.front(), grad_s / (grad_s + update_s), at::get_num_threads(),
+      c.num_parameters());
   return 0;
 }

@@ -24,12 +24,10 @@ Run add_train(CLI::App& app) {
       ->required();
   cmd->add_option("--set", *sets, "Override a preset key: --set train.lr=1e-4 (repeatable)");
   return [preset, sets, opts]() -> int {
-    auto env = dist::read_dist_env();
-    FT_CHECK(env.world_size == 1,
-             "ft train runs on one rank in this build (WORLD_SIZE=", env.world_size,
-             "); the distributed strategies (ddp, zero3, fsdp) are not implemented yet");
     opts->preset = config::resolve_preset(*preset, *sets);
+    opts->user_settings = config::user_settings(*preset, *sets);
     auto s = train::run_training(*opts);
+    if (dist::read_dist_env().rank != 0) return 0;
     fmt::print("ft train: {} steps, loss {:.4f} -> {:.4f}{}\n", s.steps, s.first_loss, s.last_loss,
                s.skipped_steps ? fmt::format(", {} fp16 steps skipped", s.skipped_steps) : "");
     return 0;

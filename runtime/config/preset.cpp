@@ -91,7 +91,38 @@ json load_layer(const std::string& ref, const std::string& relative_to,
   return merged;
 }
 
+void flatten_keys(const json& j, const std::string& prefix, const std::string& where,
+                  std::map<std::string, std::string>& out) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string key = prefix.empty() ? it.key() : prefix + "." + it.key();
+    if (prefix.empty() && (it.key() == "base" || it.key() == "name" || it.key() == "description"))
+      continue;
+    if (it->is_object())
+      flatten_keys(*it, key, where, out);
+    else
+      out.emplace(key, where);
+  }
+}
+
 }  // namespace
+
+std::map<std::string, std::string> user_settings(const std::string& name_or_file,
+                                                 const std::vector<std::string>& sets) {
+  std::map<std::string, std::string> out;
+  for (const auto& set : sets) out[set.substr(0, set.find('='))] = "--set";
+  std::string ref = name_or_file, relative_to;
+  for (int depth = 0; depth < 64 && is_file(ref); ++depth) {
+    std::ifstream in(ref);
+    std::string text(std::istreambuf_iterator<char>(in), {});
+    json layer = parse_text(text, ref);
+    flatten_keys(layer, "", ref, out);  // nearer layers were added first and win
+    if (!layer.contains("base") || !layer["base"].is_string()) break;
+    std::string base = layer["base"].get<std::string>();
+    std::string dir = ref.substr(0, ref.rfind('/') + 1);
+    ref = base[0] != '/' && !is_file(base) && is_file(dir + base) ? dir + base : base;
+  }
+  return out;
+}
 
 void apply_sets(json& resolved, const std::vector<std::string>& sets) {
   for (const auto& set : sets) {

@@ -4,6 +4,7 @@
 // Pure functions; thread-safe.
 #pragma once
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -21,6 +22,12 @@ const std::vector<ShippedPreset>& shipped_presets();
 // ConfigError naming the file or "--set" and the dotted key.
 nlohmann::json resolve_preset(const std::string& name_or_file,
                               const std::vector<std::string>& sets);
+
+// The settings the user wrote (in their own preset files, following "base" until a shipped preset,
+// and in --set), as dotted key -> where ("--set" or the file): what a strategy checks for knobs
+// that do not apply to it (shipped presets' own knobs are not the user's doing).
+std::map<std::string, std::string> user_settings(const std::string& name_or_file,
+                                                 const std::vector<std::string>& sets);
 
 // Applies `--set key.path=value` overrides (typed by the schema) to a resolved preset.
 void apply_sets(nlohmann::json& resolved, const std::vector<std::string>& sets);

@@ -187,8 +187,8 @@ const std::vector<Setting>& preset_schema() {
       "Recompute activations in backward: none, every block, or every n-th block."),
     I("train.checkpoint_every_n_layers", 2, 1, kInf, "n for activation_checkpointing = every_n."),
     // precision
-    C("precision.mode", "bf16", {"fp32", "bf16", "fp16"},
-      "Compute dtype; bf16/fp16 keep fp32 master weights and optimizer state."),
+    C("precision.mode", "bf16", {"fp32", "bf16", "fp16", "fp64"},
+      "Compute dtype; bf16/fp16 keep fp32 master weights and optimizer state; fp64 is for exact numerical checks."),
     F("precision.loss_scale_init", 65536.0, 1, kInf, "fp16: initial dynamic loss scale."),
     I("precision.loss_scale_window", 1000, 1, kInf, "fp16: overflow-free steps before the scale doubles."),
     // lora
@@ -200,7 +200,7 @@ const std::vector<Setting>& preset_schema() {
     B("lora.rslora", false, "Rank-stabilised scaling alpha/sqrt(r)."),
     // strategy (consumed by the distributed strategies)
     C("strategy.kind", "ddp", {"ddp", "zero3", "fsdp"}, "How parameters, gradients and optimizer state are spread over ranks."),
-    F("strategy.ddp.bucket_mb", 25.0, 0.001, kInf, "ddp: gradient all-reduce bucket size (MB)."),
+    F("strategy.ddp.bucket_mb", 25.0, 0.001, kInf, "ddp: gradient all-reduce bucket size (MiB); a bucket is all-reduced as soon as backward has filled it."),
     F("strategy.zero3.prefetch_bucket_size", 5e7, 0, kInf, "zero3: elements prefetched ahead of use."),
     F("strategy.zero3.param_persistence_threshold", 1e5, 0, kInf, "zero3: parameters with fewer elements stay whole."),
     F("strategy.zero3.reduce_bucket_size", 5e8, 1, kInf, "zero3: elements per gradient reduce-scatter bucket."),
@@ -208,9 +208,9 @@ const std::vector<Setting>& preset_schema() {
     B("strategy.zero3.offload_param", false, "zero3: keep parameter shards in CPU memory."),
     C("strategy.fsdp.sharding_strategy", "FULL_SHARD", {"FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"},
       "fsdp: what is sharded and when it is regathered."),
-    B("strategy.fsdp.forward_prefetch", false, "fsdp: gather the next unit during forward."),
-    C("strategy.fsdp.backward_prefetch", "BACKWARD_PRE", {"BACKWARD_PRE", "BACKWARD_POST", "NONE"}, "fsdp: when the previous unit is gathered in backward."),
-    C("strategy.fsdp.param_dtype", "bf16", {"fp32", "bf16", "fp16"}, "fsdp mixed precision: gather/compute dtype."),
+    B("strategy.fsdp.forward_prefetch", false, "fsdp: gather the next layer while the current one runs forward."),
+    C("strategy.fsdp.backward_prefetch", "BACKWARD_PRE", {"BACKWARD_PRE", "BACKWARD_POST", "NONE"}, "fsdp: BACKWARD_PRE gathers the next layer before computing the current one's gradients; BACKWARD_POST after them, before their reduce-scatter; NONE when needed."),
+    C("strategy.fsdp.param_dtype", "auto", {"auto", "fp32", "bf16", "fp16"}, "fsdp mixed precision: gather/compute dtype; must equal precision.mode (auto: that)."),
     C("strategy.fsdp.reduce_dtype", "fp32", {"fp32", "bf16", "fp16"}, "fsdp mixed precision: gradient reduction dtype."),
     B("strategy.fsdp.cpu_offload", false, "fsdp: keep parameter shards in CPU memory."),
     // output

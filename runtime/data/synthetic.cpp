@@ -74,22 +74,32 @@ Batch SyntheticSource::next() {
   auto S = seg.accessor<int64_t, 2>();
   std::vector<int64_t> tok;
   std::vector<bool> trained;
+  const int W = options_.world_size;
   for (int64_t b = 0; b < B; ++b) {
-    int64_t t = 0, segment = 0;
+    // Global rows are dealt out round-robin; rows of other ranks are generated and dropped, so
+    // the rows of all ranks together are the rows one rank would make, whatever the world size.
     for (;;) {
-      sample(next_sample_, tok, trained);
-      if (t + static_cast<int64_t>(tok.size()) > T) break;  // starts the next row instead
-      for (size_t i = 0; i < tok.size(); ++i, ++t) {
-        I[b][t] = tok[i];
-        L[b][t] = trained[i] ? tok[i] : -100;
-        P[b][t] = static_cast<int64_t>(i);
-        S[b][t] = segment;
+      const bool mine = next_row_ % W == options_.rank;
+      ++next_row_;
+      int64_t t = 0, segment = 0;
+      for (;;) {
+        sample(next_sample_, tok, trained);
+        if (t + static_cast<int64_t>(tok.size()) > T) break;  // starts the next row instead
+        for (size_t i = 0; mine && i < tok.size(); ++i) {
+          I[b][t + i] = tok[i];
+          L[b][t + i] = trained[i] ? tok[i] : -100;
+          P[b][t + i] = static_cast<int64_t>(i);
+          S[b][t + i] = segment;
+        }
+        t += static_cast<int64_t>(tok.size());
+        ++segment;
+        ++next_sample_;
+        if (!options_.pack) break;
       }
-      ++segment;
-      ++next_sample_;
-      if (!options_.pack) break;
+      if (!mine) continue;
+      for (; t < T; ++t) S[b][t] = segment;  // padding: its own segment, no loss
+      break;
     }
-    for (; t < T; ++t) S[b][t] = segment;  // padding: its own segment, no loss
   }
   return {ids, labels, pos, seg};
 }

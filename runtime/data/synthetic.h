@@ -19,6 +19,7 @@ struct SyntheticOptions {
   bool pack = true;                   // several samples per row; false: one sample per row, padded
   uint64_t seed = 42;                 // task seed: the permutation and the samples
   int64_t min_len = 3, max_len = 10;  // symbols per prompt
+  int rank = 0, world_size = 1;       // rank r gets global rows r, r+W, r+2W, ...
 };
 
 class SyntheticSource : public data::BatchSource {
@@ -38,6 +39,7 @@ class SyntheticSource : public data::BatchSource {
   int64_t symbols_;
   std::vector<int64_t> permutation_;  // symbol index -> mapped symbol index
   int64_t next_sample_;
+  int64_t next_row_ = 0;  // global rows made so far (this rank's and the others')
 };
 
 }  // namespace ft::data

@@ -1,7 +1,9 @@
 #include "dist/process_group.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -14,9 +16,11 @@
 namespace ft::dist {
 
 struct ProcessGroup::Impl {
-  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Store> store;  // this group's store (subgroups prefix it further)
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> gloo_options;
   std::string addr;
+  std::vector<int> world_ranks;  // world rank of each group rank
   int rank = 0, size = 1;
 };
 
@@ -42,6 +46,8 @@ ProcessGroup::ProcessGroup(const DistEnv& env, const ProcessGroupOptions& opts)
       impl_->store = c10::make_intrusive<c10d::HashStore>();
     }
     auto gopts = c10d::ProcessGroupGloo::Options::create(opts.timeout);
+    impl_->gloo_options = gopts;
+    for (int r = 0; r < env.world_size; ++r) impl_->world_ranks.push_back(r);
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
       impl_->addr = ifname;
       gopts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
@@ -67,5 +73,28 @@ int ProcessGroup::rank() const { return impl_->rank; }
 int ProcessGroup::size() const { return impl_->size; }
 c10d::Backend& ProcessGroup::backend() { return *impl_->gloo; }
 const std::string& ProcessGroup::transport_addr() const { return impl_->addr; }
+
+std::unique_ptr<ProcessGroup> ProcessGroup::subgroup(const std::string& name,
+                                                     const std::vector<int>& ranks) {
+  auto it = std::find(ranks.begin(), ranks.end(), impl_->rank);
+  FT_ASSERT(it != ranks.end(), "rank ", impl_->rank, " is not a member of group ", name);
+  std::unique_ptr<ProcessGroup> g(new ProcessGroup());
+  g->impl_ = std::make_unique<Impl>();
+  g->impl_->rank = static_cast<int>(it - ranks.begin());
+  g->impl_->size = static_cast<int>(ranks.size());
+  g->impl_->addr = impl_->addr;
+  g->impl_->gloo_options = impl_->gloo_options;
+  for (int r : ranks) g->impl_->world_ranks.push_back(impl_->world_ranks.at(r));
+  g->impl_->store = c10::make_intrusive<c10d::PrefixStore>("group/" + name, impl_->store);
+  try {
+    g->impl_->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        g->impl_->store, g->impl_->rank, g->impl_->size, impl_->gloo_options);
+  } catch (const c10::Error& e) {
+    throw BackendError(fmt::format("rank {}: cannot form the Gloo group '{}' of ranks [{}]: {}",
+                                   impl_->rank, name, fmt::join(ranks, ","),
+                                   e.what_without_backtrace()));
+  }
+  return g;
+}
 
 }  // namespace ft::dist

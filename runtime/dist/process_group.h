@@ -7,6 +7,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dist/dist_env.h"
 
@@ -27,13 +28,21 @@ class ProcessGroup {
   // Throws BackendError naming the store endpoint and rank when the group cannot be formed.
   ProcessGroup(const DistEnv& env, const ProcessGroupOptions& opts = {});
   ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
   int rank() const;
   int size() const;
   c10d::Backend& backend();
   // The interface/address Gloo bound to, for messages.
   const std::string& transport_addr() const;
 
+  // A group of some of this group's ranks (`ranks` lists them in group-rank order and must hold
+  // rank()), on the same store under "group/<name>/". Only the members call it, each with the same
+  // name and list; names must be unique per process group. Collective over the members.
+  std::unique_ptr<ProcessGroup> subgroup(const std::string& name, const std::vector<int>& ranks);
+
  private:
+  ProcessGroup() = default;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -42,11 +42,13 @@ at::Tensor rope_inv_freq(const LlamaConfig& c) {
   return inv_freq.contiguous();
 }
 
-LlamaModel::LlamaModel(const LlamaConfig& config, at::TensorOptions options) : config_(config) {
+LlamaModel::LlamaModel(const LlamaConfig& config, at::TensorOptions options, bool materialize)
+    : config_(config) {
   config_.validate("model config");
   const auto& c = config_;
   const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
-  auto make = [&](std::initializer_list<int64_t> shape) { return at::empty(shape, options); };
+  const at::TensorOptions param_options = materialize ? options : options.device(at::kMeta);
+  auto make = [&](std::initializer_list<int64_t> shape) { return at::empty(shape, param_options); };
   auto linear = [&](int64_t out, int64_t in, bool bias) {
     Linear l;
     l.weight = make({out, in});
@@ -96,24 +98,30 @@ std::vector<NamedTensor> LlamaModel::parameters() {
   return out;
 }
 
+at::Tensor LlamaModel::init_value(const std::string& name, at::IntArrayRef shape,
+                                  at::Generator& gen) const {
+  const bool is_norm = name.find("norm") != std::string::npos;
+  const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+  if (is_norm) return at::ones(shape, at::kFloat);
+  if (is_bias) return at::zeros(shape, at::kFloat);
+  // Drawn on CPU in fp32 so the values do not depend on the device or the storage dtype.
+  at::Tensor cpu = at::empty(shape, at::kFloat);
+  cpu.normal_(0.0, config_.initializer_range, gen);
+  return cpu;
+}
+
 void LlamaModel::init_random(uint64_t seed) {
   at::NoGradGuard no_grad;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  for (auto& p : parameters()) {
-    at::Tensor& t = *p.tensor;
-    const bool is_norm = p.name.find("norm") != std::string::npos;
-    const bool is_bias = p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
-    if (is_norm) {
-      t.fill_(1.0);
-    } else if (is_bias) {
-      t.zero_();
-    } else {
-      // Draw on CPU in fp32 so the values do not depend on the device or the storage dtype.
-      at::Tensor cpu = at::empty(t.sizes(), at::kFloat);
-      cpu.normal_(0.0, config_.initializer_range, gen);
-      t.copy_(cpu);
-    }
-  }
+  for (auto& p : parameters()) p.tensor->copy_(init_value(p.name, p.tensor->sizes(), gen));
+}
+
+int LlamaModel::unit_of(const std::string& name) {
+  // HF "model.layers.<i>." or PEFT "base_model.model.model.layers.<i>."
+  const std::string key = "model.layers.";
+  const auto at = name.find(key);
+  if (at == std::string::npos) return 0;
+  return 1 + std::stoi(name.substr(at + key.size()));
 }
 
 void LlamaModel::load(const std::function<void(const std::string&, at::Tensor&)>& fill) {
@@ -152,7 +160,9 @@ at::Tensor LlamaModel::hidden_states(const at::Tensor& input_ids, const at::Tens
   at::Tensor position_ids = position_ids_in.defined()
                                 ? position_ids_in
                                 : at::arange(T, input_ids.options()).unsqueeze(0).expand({B, T});
+  if (hooks_) hooks_->before_unit(0);
   at::Tensor h = at::embedding(embed_tokens_, input_ids);
+  if (hooks_) hooks_->after_unit(0, h);
   const auto dtype = h.scalar_type();
   at::Tensor cos = rope_cos_sin(position_ids, dtype, false).unsqueeze(1);  // [B, 1, T, hd]
   at::Tensor sin = rope_cos_sin(position_ids, dtype, true).unsqueeze(1);
@@ -164,7 +174,10 @@ at::Tensor LlamaModel::hidden_states(const at::Tensor& input_ids, const at::Tens
     at::Tensor causal = at::ones({T, T}, input_ids.options().dtype(at::kBool)).tril();
     mask = (same & causal).unsqueeze(1);
   }
-  for (const auto& L : layers_) {
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const LlamaLayer& L = layers_[li];
+    const int unit = static_cast<int>(li) + 1;
+    if (hooks_) hooks_->before_unit(unit);
     at::Tensor x = rms_norm(h, L.input_layernorm, c.rms_norm_eps);
     at::Tensor q = L.q_proj.forward(x, training).view({B, T, -1, c.head_dim}).transpose(1, 2);
     at::Tensor k = L.k_proj.forward(x, training).view({B, T, -1, c.head_dim}).transpose(1, 2);
@@ -180,6 +193,7 @@ at::Tensor LlamaModel::hidden_states(const at::Tensor& input_ids, const at::Tens
     x = rms_norm(h, L.post_attention_layernorm, c.rms_norm_eps);
     at::Tensor m = at::silu(L.gate_proj.forward(x, training)) * L.up_proj.forward(x, training);
     h = h + L.down_proj.forward(m, training);
+    if (hooks_) hooks_->after_unit(unit, h);
   }
   return rms_norm(h, norm_, c.rms_norm_eps);
 }
@@ -193,7 +207,7 @@ LossSum causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
   FT_CHECK(logits.dim() == 3 && labels.dim() == 2 && logits.size(0) == labels.size(0) &&
                logits.size(1) == labels.size(1),
            "logits ", logits.sizes(), " and labels ", labels.sizes(), " do not match");
-    const int64_t V = logits.size(2);
+  const int64_t V = logits.size(2);
   // Shift the labels rather than the logits (as transformers does): position t predicts label t+1,
   // the last position predicts nothing. Slicing [B, T, V] logits would copy all of them.
   at::Tensor shift_labels =

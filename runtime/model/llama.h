@@ -40,10 +40,25 @@ struct LlamaLayer {
   Linear gate_proj, up_proj, down_proj;  // [inter, hidden] x2, [hidden, inter]
 };
 
+// Called by the forward pass around its shard units, so a distributed strategy can gather a unit's
+// parameters just before use, release them after, and hook the backward pass. Unit 0 is the root
+// (embeddings, final norm, LM head); unit i >= 1 is layer i-1. Called on the forward's thread.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  // The unit's parameters are read after this returns. Unit 0 comes first and stays in use until
+  // the head has run.
+  virtual void before_unit(int unit) = 0;
+  // `output` is the hidden state the unit produced ([B, T, hidden]; for unit 0 the embeddings).
+  virtual void after_unit(int unit, const at::Tensor& output) = 0;
+};
+
 class LlamaModel {
  public:
-  // Allocates every parameter (uninitialised) with `options` (dtype, device).
-  LlamaModel(const LlamaConfig& config, at::TensorOptions options);
+  // Allocates every parameter (uninitialised) with `options` (dtype, device). With
+  // `materialize` false the parameters are shapes only (meta device): a strategy gives them
+  // storage.
+  LlamaModel(const LlamaConfig& config, at::TensorOptions options, bool materialize = true);
 
   const LlamaConfig& config() const { return config_; }
 
@@ -73,6 +88,15 @@ class LlamaModel {
   }
 
   std::vector<LlamaLayer>& layers() { return layers_; }
+  // Installs (or with nullptr removes) the hooks the forward calls around its units. Not owned.
+  void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+  int num_units() const { return 1 + static_cast<int>(layers_.size()); }
+  // The unit a parameter (HF or PEFT name) belongs to: 0 root, i+1 for model.layers.i.
+  static int unit_of(const std::string& name);
+  // The value init_random gives the parameter `name` of `shape`: fp32 on CPU, drawn from `gen`
+  // (which advances only for projections and embeddings), so streaming every parameter in
+  // parameters() order reproduces init_random exactly without holding the model.
+  at::Tensor init_value(const std::string& name, at::IntArrayRef shape, at::Generator& gen) const;
 
  private:
   at::Tensor rope_cos_sin(const at::Tensor& position_ids, at::ScalarType dtype, bool sin) const;
@@ -82,6 +106,7 @@ class LlamaModel {
   at::Tensor norm_;      // [hidden]
   at::Tensor lm_head_;   // [vocab, hidden], undefined when tied
   at::Tensor inv_freq_;  // [head_dim/2] fp32, rotary inverse frequencies (with scaling)
+  UnitHooks* hooks_ = nullptr;
 };
 
 // Rotary inverse frequencies exactly as transformers computes them (fp32).

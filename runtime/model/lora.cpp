@@ -131,7 +131,10 @@ void attach_lora(LlamaModel& model, const LoraConfig& config, uint64_t seed) {
     for (auto& [path, lin] : projections(L)) {
       if (!targets.count(leaf(path))) continue;
       const int64_t out = lin->weight.size(0), in = lin->weight.size(1);
+      // A model whose base is still shapes only (a strategy will shard it) gets real CPU adapters:
+      // the strategy reads their values when it lays out its shards.
       auto opts = lin->weight.options();
+      if (lin->weight.is_meta()) opts = opts.device(at::kCPU);
       at::Tensor a = at::empty({config.r, in}, at::kFloat);
       const double bound = 1.0 / std::sqrt(static_cast<double>(in));
       a.uniform_(-bound, bound, gen);

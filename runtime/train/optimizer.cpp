@@ -11,12 +11,22 @@ bool AdamW::no_decay(const std::string& name) {
   return name.find("norm") != std::string::npos || ends_with(".bias");
 }
 
+namespace {
+std::vector<AdamW::Param> by_name(const std::vector<std::pair<std::string, at::Tensor>>& params) {
+  std::vector<AdamW::Param> out;
+  for (const auto& [name, t] : params) out.push_back({t, !AdamW::no_decay(name)});
+  return out;
+}
+}  // namespace
+
 AdamW::AdamW(const std::vector<std::pair<std::string, at::Tensor>>& params, AdamWOptions options)
-    : options_(options) {
+    : AdamW(by_name(params), options) {}
+
+AdamW::AdamW(const std::vector<Param>& params, AdamWOptions options) : options_(options) {
   groups_.push_back({options.weight_decay, {}, {}, {}, {}});
   groups_.push_back({0.0, {}, {}, {}, {}});
-  for (const auto& [name, p] : params) {
-    Group& g = groups_[no_decay(name) ? 1 : 0];
+  for (const auto& [p, decay] : params) {
+    Group& g = groups_[decay ? 0 : 1];
     g.params.push_back(p);
     g.exp_avg.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
     g.exp_avg_sq.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));

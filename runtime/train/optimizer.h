@@ -17,7 +17,12 @@ struct AdamWOptions {
 
 class AdamW {
  public:
-  // `params` are fp32 leaves whose `.grad()` holds the (unscaled) gradient at step() time.
+  struct Param {
+    at::Tensor tensor;  // fp32 leaf whose .grad() holds the (unscaled) gradient at step() time
+    bool decay = true;  // weight decay applies
+  };
+  AdamW(const std::vector<Param>& params, AdamWOptions options);
+  // Named parameters: norms and biases are not decayed.
   AdamW(const std::vector<std::pair<std::string, at::Tensor>>& params, AdamWOptions options);
 
   void step(double lr);

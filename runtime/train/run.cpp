@@ -1,5 +1,6 @@
 #include "train/run.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
 
@@ -11,9 +12,12 @@
 #include "core/error.h"
 #include "data/jsonl_source.h"
 #include "data/synthetic.h"
+#include "dist/dist_env.h"
+#include "dist/process_group.h"
 #include "io/safetensors.h"
 #include "model/llama.h"
 #include "model/lora.h"
+#include "parallel/strategy.h"
 #include "tokenizer/tokenizer.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
@@ -85,17 +89,13 @@ RunSummary run_training(const RunOptions& o) {
            " exceeds the model's max_position_embeddings ", mc.max_position_embeddings);
   const int64_t grad_accum = p["train"]["grad_accum"];
 
-  model::LlamaModel model(mc, at::TensorOptions().dtype(dtype));
-  if (weights) {
-    model.load([&](const std::string& name, at::Tensor& dst) {
-      FT_CHECK_T(FormatError, weights->has(name), o.model_dir, ": weight \"", name,
-                 "\" is missing from the model files");
-      weights->copy_to(name, dst);
-    });
-  } else {
-    model.init_random(seed);
-  }
+  const dist::DistEnv env = dist::read_dist_env();
+  const at::Device device = at::kCPU;
+  parallel::StrategyPlan plan = parallel::plan_strategy(p, o.user_settings, env, device);
   const bool lora = p["lora"]["enabled"];
+  // Shapes only: the strategy allocates this rank's part and reads only that from the files.
+  model::LlamaModel model(mc, at::TensorOptions().dtype(dtype).device(device),
+                          /*materialize=*/false);
   model::LoraConfig lora_config;
   if (lora) {
     model::LoraConfig lc;
@@ -108,7 +108,6 @@ RunSummary run_training(const RunOptions& o) {
     model::attach_lora(model, lc, seed + 1);
     lora_config = lc;
   }
-
   std::unique_ptr<data::JsonlSource> jsonl;
   if (!synthetic) {
     data::JsonlOptions jo;
@@ -133,14 +132,63 @@ RunSummary run_training(const RunOptions& o) {
     jo.train_on_prompt = p["data"]["train_on_prompt"];
     jo.on_bad_record = data::parse_bad_record_policy(p["data"]["on_bad_record"].get<std::string>());
     jo.seed = seed;
+    jo.rank = env.rank;
+    jo.world_size = env.world_size;
     jsonl = std::make_unique<data::JsonlSource>(jo);
+  }
+
+  // Every rank has validated its inputs; forming the process group waits for all of them, so no
+  // rank writes into the output directory while another still checks that it is empty.
+  std::unique_ptr<dist::ProcessGroup> world, shard_group, replica_group;
+  parallel::Groups groups;
+  if (env.world_size > 1) {
+    world = std::make_unique<dist::ProcessGroup>(env);
+    groups.world = world.get();
+    const int S = plan.engine.shard_size;
+    if (S > 1 && S == env.world_size) groups.shard = world.get();
+    if (S > 1 && S < env.world_size) {
+      shard_group = world->subgroup(fmt::format("shard{}", env.rank / S), plan.shard_ranks);
+      groups.shard = shard_group.get();
+    }
+    if (plan.replicas > 1) {
+      replica_group = world->subgroup(fmt::format("replica{}", env.rank % S), plan.replica_ranks);
+      groups.replica = replica_group.get();
+    }
+  }
+  const bool rank0 = env.rank == 0;
+  auto specs = parallel::param_specs(model, lora);
+  parallel::Engine engine(model, specs, plan.engine, groups);
+  {
+    // This rank's slices: from the files (mapped; only the pages of the slice are read), or the
+    // random init streamed one tensor at a time in the order world size 1 draws it.
+    parallel::ParamSource adapters = parallel::current_values(specs);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    engine.load([&](const std::string& name, int64_t b, int64_t e) -> at::Tensor {
+      if (name.rfind("base_model.", 0) == 0) return adapters(name, b, e);
+      const auto& slot = *std::find_if(specs.begin(), specs.end(), [&](const auto& s) {
+                            return s.name == name;
+                          })->slot;
+      if (!weights) return model.init_value(name, slot.sizes(), gen).reshape({-1}).slice(0, b, e);
+      FT_CHECK_T(FormatError, weights->has(name), o.model_dir, ": weight \"", name,
+                 "\" is missing from the model files");
+      const io::TensorInfo& info = weights->info(name);
+      FT_CHECK_T(FormatError, at::IntArrayRef(info.shape) == slot.sizes(),
+                 weights->file_of(name).path(), ": ", name, " has shape ",
+                 at::IntArrayRef(info.shape), " but config.json makes it ", slot.sizes());
+      return weights->tensor(name).reshape({-1}).slice(0, b, e);
+    });
   }
 
   // Everything the run needs is loaded and checked: only now is anything written.
   std::error_code ec;
+  if (rank0) {
+    fs::create_directories(o.output_dir, ec);
+    FT_CHECK(!ec, "cannot create --output ", o.output_dir, ": ", ec.message());
+    write_text_atomic((fs::path(o.output_dir) / "preset.json").string(), p.dump(2) + "\n");
+  }
+  engine.sum_over_ranks(0);  // the directory exists before any rank writes into it
   fs::create_directories(o.output_dir, ec);
   FT_CHECK(!ec, "cannot create --output ", o.output_dir, ": ", ec.message());
-  write_text_atomic((fs::path(o.output_dir) / "preset.json").string(), p.dump(2) + "\n");
 
   std::unique_ptr<data::BatchSource> source_ptr;
   if (synthetic) {
@@ -151,6 +199,8 @@ RunSummary run_training(const RunOptions& o) {
     so.train_on_prompt = p["data"]["train_on_prompt"];
     so.pack = p["data"]["pack"];
     so.seed = seed;
+    so.rank = env.rank;
+    so.world_size = env.world_size;
     source_ptr = std::make_unique<data::SyntheticSource>(so);
   } else {
     source_ptr = std::move(jsonl);
@@ -159,7 +209,6 @@ RunSummary run_training(const RunOptions& o) {
 
   TrainOptions to;
   to.precision = precision;
-  to.lora = lora;
   to.schedule = {p["train"]["lr"], p["train"]["warmup_steps"], max_steps,
                  p["train"]["min_lr_ratio"], p["train"]["schedule"]};
   to.adamw = {p["train"]["beta1"], p["train"]["beta2"], p["train"]["eps"],
@@ -167,18 +216,25 @@ RunSummary run_training(const RunOptions& o) {
   to.grad_clip = p["train"]["grad_clip"];
   to.loss_scale_init = p["precision"]["loss_scale_init"];
   to.loss_scale_window = p["precision"]["loss_scale_window"];
-  SingleProcess strategy;
-  Trainer trainer(model, to, strategy);
+  Trainer trainer(model, to, engine);
 
-  fmt::print(
-      "ft train: {} parameters ({} trained), {} layers, hidden {}, {} precision, {} x {} "
-      "sequences of {} tokens per step, {} steps -> {}\n",
-      mc.num_parameters(), lora ? "LoRA adapters" : "all", mc.num_hidden_layers, mc.hidden_size,
-      precision, grad_accum, p["train"]["micro_batch"].get<int64_t>(), seq_len, max_steps,
-      o.output_dir);
-  std::fflush(stdout);
-  MetricsLog log((fs::path(o.output_dir) / "metrics.jsonl").string());
-  Progress progress(max_steps, p["train"]["log_every"]);
+  if (rank0) {
+    fmt::print(
+        "ft train: {} parameters ({} trained), {} layers, hidden {}, {} precision, {} x {} "
+        "sequences of {} tokens per step{}, {} steps -> {}\n",
+        mc.num_parameters(), lora ? "LoRA adapters" : "all", mc.num_hidden_layers, mc.hidden_size,
+        precision, grad_accum, p["train"]["micro_batch"].get<int64_t>(), seq_len,
+        env.world_size > 1 ? fmt::format(" on each of {} ranks", env.world_size) : "", max_steps,
+        o.output_dir);
+    fmt::print("ft train: strategy {}\n", plan.label);
+    std::fflush(stdout);
+  }
+  MetricsLog log(rank0 ? (fs::path(o.output_dir) / "metrics.jsonl").string() : "");
+  MetricsLog rank_log(
+      env.world_size > 1
+          ? (fs::path(o.output_dir) / fmt::format("metrics.rank{}.jsonl", env.rank)).string()
+          : "");
+  Progress progress(rank0 ? max_steps : 0, p["train"]["log_every"]);
   RunSummary sum;
   while (trainer.steps() < max_steps) {
     auto t0 = std::chrono::steady_clock::now();
@@ -193,7 +249,8 @@ RunSummary run_training(const RunOptions& o) {
     r.peak_rss_bytes = peak_rss_bytes();
     r.samples_consumed = source.samples_consumed();
     log.write(r);
-    progress.update(r);
+    rank_log.write(r);
+    if (rank0) progress.update(r);
     if (!r.stats.skipped) {
       if (sum.steps == 0) sum.first_loss = r.stats.loss;
       sum.last_loss = r.stats.loss;
@@ -201,9 +258,16 @@ RunSummary run_training(const RunOptions& o) {
     }
     sum.skipped_steps = r.stats.skipped_total;
   }
-  progress.finish();
+  if (rank0) progress.finish();
+  // The final model: every rank takes part in gathering each tensor; rank 0 writes.
   const std::string final_dir = (fs::path(o.output_dir) / "final").string();
-  save_final_model(model, lora ? &lora_config : nullptr, trainer.masters(), final_dir);
+  io::NamedTensors final_tensors;
+  engine.for_each_full([&](const std::string& name, const at::Tensor& t) {
+    if (!rank0 || lora != (name.rfind("base_model.", 0) == 0)) return;
+    final_tensors.emplace_back(name, t.to(lora ? at::kFloat : dtype).contiguous().clone());
+  });
+  if (!rank0) return sum;
+  save_final_model(mc, lora ? &lora_config : nullptr, final_tensors, final_dir);
   // The saved model is usable on its own: the tokenizer it was trained with goes beside it.
   std::vector<fs::path> tokenizer_files;
   if (!o.model_dir.empty())
@@ -234,37 +298,22 @@ void write_text_atomic(const std::string& path, const std::string& text) {
   FT_CHECK_T(SystemError, !ec, "cannot rename ", tmp, " to ", path, ": ", ec.message());
 }
 
-void save_final_model(model::LlamaModel& model, const model::LoraConfig* lora,
-                      const std::vector<std::pair<std::string, at::Tensor>>& masters,
-                      const std::string& dir) {
+void save_final_model(const model::LlamaConfig& config, const model::LoraConfig* lora,
+                      const io::NamedTensors& tensors, const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   FT_CHECK(!ec, "cannot create ", dir, ": ", ec.message());
-  // The fp32 master of a trained tensor is saved rather than its rounded compute copy.
-  std::map<std::string, at::Tensor> master_of(masters.begin(), masters.end());
-  auto best = [&](const std::string& name, const at::Tensor& t) {
-    auto it = master_of.find(name);
-    return (it != master_of.end() ? it->second : t).detach().contiguous();
-  };
-  io::NamedTensors tensors;
   if (lora) {
     // PEFT's format: adapter_config.json + adapter_model.safetensors, fp32.
-    for (auto& p : model::lora_parameters(model))
-      tensors.emplace_back(p.name, best(p.name, *p.tensor).to(at::kFloat));
     io::write_safetensors(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
     write_text_atomic(dir + "/adapter_config.json", model::lora_config_json(*lora));
   } else {
-    // Hugging Face layout: config.json + model.safetensors (sharded past 5 GB), in the training
-    // dtype (the masters rounded once).
-    for (auto& p : model.parameters())
-      tensors.emplace_back(p.name, best(p.name, *p.tensor).to(p.tensor->scalar_type()));
+    // Hugging Face layout: config.json + model.safetensors (sharded past 5 GB).
     io::write_sharded(dir, tensors, io::kDefaultMaxShardBytes, {{"format", "pt"}});
-    json config = json::parse(model::llama_config_json(model.config()));
-    const auto st = model.parameters().front().tensor->scalar_type();
-    config["torch_dtype"] = st == at::kBFloat16 ? "bfloat16"
-                            : st == at::kHalf   ? "float16"
-                                                : "float32";
-    write_text_atomic(dir + "/config.json", config.dump(2) + "\n");
+    json cj = json::parse(model::llama_config_json(config));
+    const auto st = tensors.front().second.scalar_type();
+    cj["torch_dtype"] = st == at::kBFloat16 ? "bfloat16" : st == at::kHalf ? "float16" : "float32";
+    write_text_atomic(dir + "/config.json", cj.dump(2) + "\n");
   }
 }
 

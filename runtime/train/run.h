@@ -1,12 +1,16 @@
-// A whole training run as `ft train` performs it: resolve what the preset asks for, build the
-// model (random init from the preset's shape, or a Hugging Face directory), attach LoRA, pick the
-// data source and strategy, train, report. Validates every input before writing anything, and never
-// writes over an earlier run. Not thread-safe.
+// A whole training run as `ft train` performs it, on one rank or on every rank of a job under
+// `ft launch`: resolve what the preset asks for, plan the strategy, build the model shapes, let the
+// strategy load this rank's slices (random init from the preset's shape, or a Hugging Face
+// directory), attach LoRA, pick the data source, train, report (rank 0 writes the shared files,
+// every rank its own metrics when there are several). Validates every input before writing
+// anything, and never writes over an earlier run. Not thread-safe.
 #pragma once
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "io/safetensors.h"
 #include "model/config.h"
 #include "model/llama.h"
 #include "model/lora.h"
@@ -14,11 +18,13 @@
 namespace ft::train {
 
 struct RunOptions {
-  nlohmann::json preset;   // resolved (config::resolve_preset)
-  std::string model_dir;   // "" = random init from preset.model
-    std::string data_path;   // "" = the preset's data (synthetic)
+  nlohmann::json preset;  // resolved (config::resolve_preset)
+  // The keys the user set (config::user_settings), for the strategy's knob checks.
+  std::map<std::string, std::string> user_settings;
+  std::string model_dir;       // "" = random init from preset.model
+  std::string data_path;       // "" = the preset's data (synthetic)
   std::string tokenizer_path;  // tokenizer.json for --data; default: <model_dir>/tokenizer.json
-  std::string output_dir;  // created; must not hold an earlier run
+  std::string output_dir;      // created; must not hold an earlier run
 };
 
 struct RunSummary {
@@ -29,12 +35,12 @@ struct RunSummary {
 
 RunSummary run_training(const RunOptions& options);
 
-// Writes the trained model to `dir`: a PEFT adapter when `lora` is given, else HF-format
-// safetensors + config.json, taking each trained tensor from its fp32 master in `masters`. Every
-// file is written to a temporary name and renamed into place.
-void save_final_model(model::LlamaModel& model, const model::LoraConfig* lora,
-                      const std::vector<std::pair<std::string, at::Tensor>>& masters,
-                      const std::string& dir);
+// Writes the trained model to `dir`: a PEFT adapter (`tensors` are the adapters) when `lora` is
+// given, else HF-format safetensors + config.json (`tensors` are every weight, in the dtype to
+// store, `torch_dtype` in config.json). Every file is written to a temporary name and renamed into
+// place.
+void save_final_model(const model::LlamaConfig& config, const model::LoraConfig* lora,
+                      const io::NamedTensors& tensors, const std::string& dir);
 // Writes `text` to path.tmp and renames it over `path`.
 void write_text_atomic(const std::string& path, const std::string& text);
 

@@ -1,8 +1,9 @@
 // One optimizer step at a time: gradient accumulation normalised by the step's total target
-// tokens (so N micro-batches of B equal one batch of N*B exactly), mixed precision (bf16 compute
-// with fp32 master weights and state; fp16 with dynamic loss scaling that skips and counts
-// non-finite steps; fp32), global-norm clipping and AdamW with a schedule. Owns the master
-// weights and the optimizer. Not thread-safe; one trainer per process.
+// tokens over all ranks (so N micro-batches of B equal one batch of N*B exactly, and W ranks equal
+// one), mixed precision (bf16 compute with fp32 master weights and state; fp16 with dynamic loss
+// scaling that skips and counts non-finite steps; fp32), global-norm clipping and AdamW with a
+// schedule. The parameters, gradients and masters live in a parallel::Engine (ddp, zero3, fsdp or
+// one rank); the trainer owns the optimizer over this rank's masters. Not thread-safe.
 #pragma once
 
 #include <memory>
@@ -11,15 +12,14 @@
 
 #include "data/batch.h"
 #include "model/llama.h"
+#include "parallel/engine.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
-#include "train/strategy.h"
 
 namespace ft::train {
 
 struct TrainOptions {
   std::string precision = "fp32";  // fp32 | bf16 | fp16
-  bool lora = false;               // train only the LoRA adapters (base frozen)
   Schedule schedule;
   AdamWOptions adamw;
   double grad_clip = 1.0;          // 0 disables
@@ -29,7 +29,7 @@ struct TrainOptions {
 
 struct StepStats {
   int64_t step = 0;  // optimizer steps taken (skipped fp16 steps do not count)
-  double loss = 0;   // mean token loss of the step
+  double loss = 0;   // mean token loss of the step, all ranks
   double lr = 0;
   double grad_norm = 0;  // before clipping
   int64_t tokens = 0;    // target tokens in the step, all ranks
@@ -38,38 +38,39 @@ struct StepStats {
   double loss_scale = 1;
 };
 
+// This rank's resident state and communication over one step (parallel::Accounting) plus the
+// optimizer state.
 struct MemoryStats {
-  int64_t param_bytes = 0;  // model parameters (compute copies) + fp32 masters where separate
+  int64_t param_bytes = 0;  // parameter shards (compute dtype) + separate fp32 masters
   int64_t grad_bytes = 0;
   int64_t optimizer_bytes = 0;
+  parallel::Accounting engine;
 };
 
 class Trainer {
  public:
-  // `model` holds parameters in the compute dtype (fp32 for fp32; bf16/fp16 otherwise); the trainer
-  // makes fp32 masters of what it trains when the dtype is lower.
-  Trainer(model::LlamaModel& model, TrainOptions options, Strategy& strategy);
+  // `engine` has been loaded (it holds the model's parameters); the trainer builds AdamW over its
+  // masters.
+  Trainer(model::LlamaModel& model, TrainOptions options, parallel::Engine& engine);
 
   // One optimizer step: compute_gradients, then apply_update.
   StepStats step(const std::vector<data::Batch>& micro_batches);
-  // Forward + backward over the step's micro-batches, leaving the step's gradient (of the mean
-  // token loss over all of them) in the masters' .grad(); returns loss and tokens.
+  // Forward + backward over this rank's micro-batches (every rank passes the same number),
+  // leaving the step's global gradient (of the mean token loss over all ranks' tokens) in the
+  // masters' .grad(); returns loss and tokens.
   StepStats compute_gradients(const std::vector<data::Batch>& micro_batches);
-  // Reduce over ranks, unscale (fp16), clip and update; zeroes the gradients.
+  // Unscale (fp16), clip by the global norm and update; zeroes the gradients.
   StepStats apply_update(StepStats stats);
-  MemoryStats memory() const;
+  // Resident bytes and communication since the previous call.
+  MemoryStats memory();
   int64_t steps() const { return step_; }
-  // Trained tensors with their names (HF names, or PEFT names for LoRA), fp32 masters.
-  const std::vector<std::pair<std::string, at::Tensor>>& masters() const { return masters_; }
+  parallel::Engine& engine() { return engine_; }
 
  private:
   model::LlamaModel& model_;
   TrainOptions options_;
-  Strategy& strategy_;
+  parallel::Engine& engine_;
   at::ScalarType compute_dtype_;
-  at::ScalarType master_dtype_;                              // fp32 (fp64 only in tests)
-  std::vector<std::pair<std::string, at::Tensor>> masters_;  // fp32 leaves the optimizer updates
-  std::vector<at::Tensor> compute_;  // the model's tensors for each master (same tensor in fp32)
   std::unique_ptr<AdamW> optimizer_;
   int64_t step_ = 0;
   int64_t skipped_ = 0;

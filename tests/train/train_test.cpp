@@ -5,6 +5,7 @@
 #include "data/synthetic.h"
 #include "model/llama.h"
 #include "model/lora.h"
+#include "parallel/strategy.h"
 #include "support/catch_torch.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
@@ -71,24 +72,27 @@ TEST_CASE("4 x 2 micro-batches give the gradient and update of 1 x 8", "[unit]")
       to.precision = precision;
       to.schedule = {1e-3, 0, 100, 1.0, "constant"};
       to.grad_clip = 1.0;
-      train::SingleProcess sp;
-      train::Trainer ta(a, to, sp), tb(b, to, sp);
+      auto ea = parallel::single_process_engine(a, false, dtype);
+      auto eb = parallel::single_process_engine(b, false, dtype);
+      train::Trainer ta(a, to, *ea), tb(b, to, *eb);
       auto sa = ta.compute_gradients(micro);
       auto sb = tb.compute_gradients({whole});
       CHECK(sa.tokens == sb.tokens);
       CHECK(sa.loss == Approx(sb.loss).epsilon(1e-6));
-      for (size_t i = 0; i < ta.masters().size(); ++i) {
-        INFO(ta.masters()[i].first);
-        CHECK(max_rel(ta.masters()[i].second.grad(), tb.masters()[i].second.grad()) < 1e-6);
+      const auto& ma = ea->masters();
+      const auto& mb = eb->masters();
+      REQUIRE(ma.size() == mb.size());
+      for (size_t i = 0; i < ma.size(); ++i) {
+        INFO("master group " << i);
+        CHECK(max_rel(ma[i].tensor.grad(), mb[i].tensor.grad()) < 1e-6);
       }
       if (std::string(precision) == "fp64") {
         std::vector<at::Tensor> before;
-        for (auto& [n, t] : ta.masters()) before.push_back(t.clone());
+        for (auto& m : ma) before.push_back(m.tensor.clone());
         ta.apply_update(sa);
         tb.apply_update(sb);
-        for (size_t i = 0; i < ta.masters().size(); ++i) {
-          at::Tensor da = ta.masters()[i].second - before[i],
-                     db = tb.masters()[i].second - before[i];
+        for (size_t i = 0; i < ma.size(); ++i) {
+          at::Tensor da = ma[i].tensor - before[i], db = mb[i].tensor - before[i];
           CHECK(da.abs().max().item<double>() > 0);
           CHECK(max_rel(da, db) < 1e-6);
         }
@@ -165,8 +169,8 @@ TEST_CASE("fp32, bf16 and fp16 train the synthetic task and fp16 overflow is ski
       to.schedule = {3e-3, 10, 40, 0.1, "cosine"};
       // Start fp16 far too high so the first steps overflow and must be skipped.
       to.loss_scale_init = fp16 ? 1e9 : 65536;
-      train::SingleProcess sp;
-      train::Trainer tr(m, to, sp);
+      auto engine = parallel::single_process_engine(m, false, train::precision_dtype(precision));
+      train::Trainer tr(m, to, *engine);
       data::SyntheticOptions so;
       so.vocab_size = c.vocab_size;
       so.seq_len = 128;
@@ -190,7 +194,7 @@ TEST_CASE("fp32, bf16 and fp16 train the synthetic task and fp16 overflow is ski
         CHECK(skipped == 0);
       }
       // Masters stay fp32 whatever the compute dtype.
-      for (auto& [n, t] : tr.masters()) CHECK((t.scalar_type() == at::kFloat));
+      for (auto& mst : engine->masters()) CHECK((mst.tensor.scalar_type() == at::kFloat));
     }
   }
 }
@@ -204,11 +208,15 @@ TEST_CASE("LoRA trains only the adapters", "[unit]") {
   model::attach_lora(m, lc, 2);
   at::Tensor q_before = m.layers()[0].q_proj.weight.clone();
   train::TrainOptions to;
-  to.lora = true;
   to.schedule = {1e-2, 0, 100, 1.0, "constant"};
-  train::SingleProcess sp;
-  train::Trainer tr(m, to, sp);
-  CHECK(tr.masters().size() == 2 * 7 * 2);  // A and B, 7 projections, 2 layers
+  int64_t adapter_elements = 0;
+  for (auto& p : model::lora_parameters(m)) adapter_elements += p.tensor->numel();
+  CHECK(model::lora_parameters(m).size() == 2 * 7 * 2);  // A and B, 7 projections, 2 layers
+  auto engine = parallel::single_process_engine(m, true, at::kFloat);
+  train::Trainer tr(m, to, *engine);
+  int64_t master_elements = 0;
+  for (auto& mst : engine->masters()) master_elements += mst.tensor.numel();
+  CHECK(master_elements == adapter_elements);  // only the adapters have masters
   data::SyntheticOptions so;
   so.vocab_size = 80;
   so.seq_len = 48;

@@ -1,0 +1,653 @@
+#include "parallel/engine.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <numeric>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include "core/error.h"
+#include "dist/process_group.h"
+
+namespace ft::parallel {
+
+struct Engine::Member {
+  std::string name;
+  at::Tensor* slot;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  // in the group's flat buffer
+  int64_t numel = 0;
+};
+
+struct Engine::Group {
+  std::vector<Member> members;
+  bool trained = false, decay = true;
+  int S = 1;                // ranks the group is split over
+  int64_t numel = 0;        // sum of the members
+  int64_t padded = 0;       // numel rounded up to a multiple of S
+  int64_t shard_numel = 0;  // padded / S
+  at::Tensor full;          // [padded] compute dtype; its storage is freed while released (S > 1)
+  at::Tensor shard;         // [shard_numel] compute dtype; the same tensor as `full` when S == 1
+  at::Tensor master;        // [shard_numel] master dtype (trained); aliases `shard` if dtypes agree
+  at::Tensor grad_acc;      // [shard_numel] master dtype: the step's gradient (trained)
+  at::Tensor grad_full;     // [padded] reduce dtype: this micro-batch's local gradient (S > 1)
+  int64_t full_bytes() const { return padded * full.element_size(); }
+};
+
+struct Engine::Unit {
+  std::string name;
+  int model_unit = -1;  // the model unit it is (-1: a ddp bucket or the persistent group)
+  bool sharded = false;
+  std::vector<Group> groups;
+  enum class State { kReleased, kGathering, kGathered } state = State::kGathered;
+  std::vector<c10::intrusive_ptr<c10d::Work>> gathers;
+  int trained_members = 0;
+  int pending = 0;          // trained members whose gradient this micro-batch has not arrived
+  bool input_done = false;  // the gradient of the unit's input exists: its backward is over
+  bool ready = false;       // gradients complete for this micro-batch
+  bool launched = false;    // its reduction has been issued
+  int64_t elements() const {
+    int64_t n = 0;
+    for (const auto& g : groups) n += g.padded;
+    return n;
+  }
+};
+
+// A reduction in flight: when it completes, `out` (slices) is added into (or, for all-reduces of a
+// converted copy, copied back to) the groups' accumulators.
+struct Engine::Pending {
+  c10::intrusive_ptr<c10d::Work> work;
+  at::Tensor out;
+  std::vector<at::Tensor> keep;  // inputs that must live until the work completes
+  struct Part {
+    at::Tensor* dst;  // grad_acc
+    int64_t offset, numel;
+    bool copy;  // copy (all-reduce of a converted copy) rather than add (reduce-scatter)
+  };
+  std::vector<Part> parts;
+};
+
+namespace {
+
+class GradHook : public torch::autograd::PostAccumulateGradHook {
+ public:
+  GradHook(Engine* e, int u, int g, int m) : engine_(e), u_(u), g_(g), m_(m) {}
+  void operator()(const torch::autograd::Variable& param) override {
+    engine_->on_param_grad(u_, g_, m_, param);
+  }
+
+ private:
+  Engine* engine_;
+  int u_, g_, m_;
+};
+
+at::Tensor alias(const at::Tensor& flat, int64_t offset, at::IntArrayRef shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i)
+    strides[i] = strides[i + 1] * shape[i + 1];
+  // A tensor of its own (own version counter, own autograd meta) over the flat buffer's storage:
+  // writing the buffer (a gather) never trips autograd's checks on the saved parameter.
+  at::Tensor t = at::empty({0}, flat.options());
+  t.set_(flat.storage(), flat.storage_offset() + offset, shape, strides);
+  return t;
+}
+
+void free_storage(const at::Tensor& t) {
+  c10::Storage s = t.storage();
+  s.set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s.set_nbytes(0);
+}
+
+void alloc_storage(const at::Tensor& t, size_t nbytes) {
+  c10::Storage s = t.storage();
+  s.set_data_ptr_noswap(s.allocator()->allocate(nbytes));
+  s.set_nbytes(nbytes);
+}
+
+c10d::Backend& backend(dist::ProcessGroup* g) { return g->backend(); }
+
+}  // namespace
+
+Engine::Engine(model::LlamaModel& model, std::vector<ParamSpec> specs, EngineOptions options,
+               Groups groups)
+    : model_(model), specs_(std::move(specs)), options_(std::move(options)), groups_(groups) {
+  rank_ = groups_.world ? groups_.world->rank() : 0;
+  world_size_ = groups_.world ? groups_.world->size() : 1;
+  const int S = options_.shard_size;
+  FT_ASSERT(S >= 1 && world_size_ % S == 0, "shard size ", S, " does not divide world size ",
+            world_size_);
+  FT_ASSERT(S == 1 || (groups_.shard && groups_.shard->size() == S), "shard group of ", S,
+            " ranks missing");
+  shard_rank_ = S > 1 ? groups_.shard->rank() : 0;
+  const int n_model_units = model_.num_units();
+  unit_of_model_.assign(n_model_units, -1);
+
+  // Which unit and group each spec goes to.
+  auto add_member = [](Group& g, const ParamSpec& p) {
+    Member m;
+    m.name = p.name;
+    m.slot = p.slot;
+    m.shape = p.slot->sizes().vec();
+    m.numel = p.slot->numel();
+    m.offset = g.numel;
+    g.numel += m.numel;
+    g.members.push_back(std::move(m));
+  };
+  auto group_in = [](Unit& u, bool trained, bool decay) -> Group& {
+    for (auto& g : u.groups)
+      if (g.trained == trained && (!trained || g.decay == decay)) return g;
+    u.groups.emplace_back();
+    u.groups.back().trained = trained;
+    u.groups.back().decay = decay;
+    return u.groups.back();
+  };
+
+  if (options_.buckets || S == 1) {
+    // Everything replicated. Frozen parameters: one group, no communication. Trained ones: ddp
+    // buckets in reverse model order (the order backward produces their gradients).
+    auto frozen = std::make_unique<Unit>();
+    frozen->name = "frozen";
+    for (const auto& p : specs_)
+      if (!p.trained) add_member(group_in(*frozen, false, true), p);
+    const int64_t bucket_elems = std::max<int64_t>(
+        1, options_.bucket_bytes / static_cast<int64_t>(c10::elementSize(options_.master_dtype)));
+    std::unique_ptr<Unit> bucket;
+    int64_t in_bucket = 0;
+    for (auto it = specs_.rbegin(); it != specs_.rend(); ++it) {
+      if (!it->trained) continue;
+      if (!bucket || (in_bucket > 0 && in_bucket + it->slot->numel() > bucket_elems)) {
+        if (bucket) units_.push_back(std::move(bucket));
+        bucket = std::make_unique<Unit>();
+        bucket->name = fmt::format("bucket{}", units_.size());
+        in_bucket = 0;
+      }
+      add_member(group_in(*bucket, true, it->decay), *it);
+      in_bucket += it->slot->numel();
+    }
+    if (bucket) units_.push_back(std::move(bucket));
+    for (size_t i = 0; i < units_.size(); ++i) launch_order_.push_back(static_cast<int>(i));
+    if (!frozen->groups.empty()) units_.push_back(std::move(frozen));
+  } else {
+    // Model units (root, layers), split 1/S; zero3's small parameters in one replicated unit.
+    for (int mu = 0; mu < n_model_units; ++mu) {
+      auto u = std::make_unique<Unit>();
+      u->name = mu == 0 ? "root" : fmt::format("layer{}", mu - 1);
+      u->model_unit = mu;
+      u->sharded = true;
+      unit_of_model_[mu] = static_cast<int>(units_.size());
+      units_.push_back(std::move(u));
+    }
+    auto persistent = std::make_unique<Unit>();
+    persistent->name = "persistent";
+    for (const auto& p : specs_) {
+      if (p.slot->numel() < options_.persistence_threshold) {
+        add_member(group_in(*persistent, p.trained, p.decay), p);
+        continue;
+      }
+      const int mu = model::LlamaModel::unit_of(p.name);
+      FT_ASSERT(mu >= 0 && mu < n_model_units, "parameter ", p.name, " has no unit");
+      add_member(group_in(*units_[unit_of_model_[mu]], p.trained, p.decay), p);
+    }
+    for (int u = n_model_units - 1; u >= 1; --u) launch_order_.push_back(unit_of_model_[u]);
+    launch_order_.push_back(unit_of_model_[0]);
+    if (!persistent->groups.empty()) {
+      launch_order_.push_back(static_cast<int>(units_.size()));
+      units_.push_back(std::move(persistent));
+    }
+  }
+  for (auto& u : units_) {
+    for (auto& g : u->groups) {
+      g.S = u->sharded ? S : 1;
+      g.padded = (g.numel + g.S - 1) / g.S * g.S;
+      g.shard_numel = g.padded / g.S;
+      if (g.trained) u->trained_members += static_cast<int>(g.members.size());
+    }
+    u->pending = u->trained_members;
+  }
+}
+
+Engine::~Engine() {
+  model_.set_unit_hooks(nullptr);
+  // Outstanding work holds tensors of ours; let it finish before they go.
+  for (auto& p : pending_)
+    if (p->work) p->work->wait();
+}
+
+void Engine::load(const ParamSource& source) {
+  FT_ASSERT(!loaded_, "Engine::load called twice");
+  at::NoGradGuard no_grad;
+  const auto copt = at::TensorOptions().dtype(options_.compute_dtype).device(options_.device);
+  // Storage first (shards; the full buffers of sharded groups are allocated, aliased, released).
+  std::map<std::string, std::tuple<int, int, int>> where;  // name -> (unit, group, member)
+  for (size_t ui = 0; ui < units_.size(); ++ui) {
+    auto& u = *units_[ui];
+    for (size_t gi = 0; gi < u.groups.size(); ++gi) {
+      Group& g = u.groups[gi];
+      g.full = at::zeros({g.padded}, copt);
+      g.shard = g.S == 1 ? g.full : at::zeros({g.shard_numel}, copt);
+      for (size_t mi = 0; mi < g.members.size(); ++mi)
+        where[g.members[mi].name] = {static_cast<int>(ui), static_cast<int>(gi),
+                                     static_cast<int>(mi)};
+    }
+  }
+  // Values: only this rank's slice of each parameter is read.
+  for (const auto& p : specs_) {
+    auto [ui, gi, mi] = where.at(p.name);
+    Group& g = units_[ui]->groups[gi];
+    const Member& m = g.members[mi];
+    const int64_t my_begin = (g.S == 1 ? 0 : shard_rank_) * g.shard_numel;
+    const int64_t lo = std::max(m.offset, my_begin);
+    const int64_t hi = std::min(m.offset + m.numel, my_begin + g.shard_numel);
+    const int64_t b = hi > lo ? lo - m.offset : 0, e = hi > lo ? hi - m.offset : 0;
+    at::Tensor v = source(p.name, b, e);
+    FT_ASSERT(v.numel() == e - b, "source gave ", v.numel(), " elements of ", p.name, ", wanted ",
+              e - b);
+    if (e > b) g.shard.narrow(0, lo - my_begin, hi - lo).copy_(v.reshape({-1}));
+  }
+  // Aliases into the full buffers; masters; hooks.
+  for (size_t ui = 0; ui < units_.size(); ++ui) {
+    auto& u = *units_[ui];
+    for (size_t gi = 0; gi < u.groups.size(); ++gi) {
+      Group& g = u.groups[gi];
+      for (size_t mi = 0; mi < g.members.size(); ++mi) {
+        Member& m = g.members[mi];
+        at::Tensor a = alias(g.full, m.offset, m.shape);
+        if (g.trained) {
+          a.requires_grad_(true);
+          torch::autograd::impl::set_post_acc_grad_hooks(
+              a, std::make_unique<GradHook>(this, static_cast<int>(ui), static_cast<int>(gi),
+                                            static_cast<int>(mi)));
+        }
+        *m.slot = a;
+      }
+      if (g.trained) {
+        g.master = options_.master_dtype == options_.compute_dtype
+                       ? g.shard
+                       : g.shard.to(options_.master_dtype);
+        g.grad_acc = at::zeros({g.shard_numel}, g.master.options());
+        g.master.mutable_grad() = g.grad_acc;
+        masters_.push_back({g.master, g.decay, g.S > 1});
+      }
+    }
+    if (u.sharded) {
+      for (auto& g : u.groups) free_storage(g.full);
+      u.state = Unit::State::kReleased;
+    }
+  }
+  for (auto& u : units_)
+    if (u->sharded)
+      acc_.largest_unit_bytes = std::max(acc_.largest_unit_bytes, [&] {
+        int64_t b = 0;
+        for (auto& g : u->groups) b += g.full_bytes();
+        return b;
+      }());
+  if (options_.shard_size > 1 && !options_.buckets) model_.set_unit_hooks(this);
+  loaded_ = true;
+}
+
+// ---- gathering ----
+
+void Engine::gather(int ui) {
+  Unit& u = *units_[ui];
+  if (!u.sharded || u.state != Unit::State::kReleased) return;
+  for (auto& g : u.groups) {
+    alloc_storage(g.full, g.full_bytes());
+    u.gathers.push_back(backend(groups_.shard)._allgather_base(g.full, g.shard));
+    acc_.all_gathers++;
+    acc_.all_gather_bytes += g.full_bytes();
+    acc_.gathered_bytes += g.full_bytes();
+  }
+  acc_.gathered_peak_bytes = std::max(acc_.gathered_peak_bytes, acc_.gathered_bytes);
+  u.state = Unit::State::kGathering;
+}
+
+void Engine::ensure_gathered(int ui) {
+  Unit& u = *units_[ui];
+  if (!u.sharded) return;
+  gather(ui);
+  if (u.state == Unit::State::kGathering) {
+    for (auto& w : u.gathers) wait(*w);
+    u.gathers.clear();
+    u.state = Unit::State::kGathered;
+  }
+}
+
+void Engine::release(int ui) {
+  Unit& u = *units_[ui];
+  if (!u.sharded || u.state == Unit::State::kReleased) return;
+  for (auto& w : u.gathers) wait(*w);
+  u.gathers.clear();
+  for (auto& g : u.groups) {
+    free_storage(g.full);
+    acc_.gathered_bytes -= g.full_bytes();
+  }
+  u.state = Unit::State::kReleased;
+}
+
+// Gathers the units after model unit `from` in direction `step` (+1 forward, -1 backward) as the
+// strategy's prefetch policy allows.
+void Engine::prefetch(int from, int step) {
+  const int n = model_.num_units();
+  if (options_.prefetch_elements >= 0) {  // zero3: by elements
+    int64_t ahead = 0;
+    for (int mu = from + step; mu >= 1 && mu < n; mu += step) {
+      ahead += units_[unit_of_model_[mu]]->elements();
+      if (ahead > options_.prefetch_elements) break;
+      gather(unit_of_model_[mu]);
+    }
+    return;
+  }
+  const int next = from + step;
+  if (next < 1 || next >= n) return;
+  if (step > 0 && options_.forward_prefetch) gather(unit_of_model_[next]);
+  if (step < 0 && options_.backward_prefetch == BackwardPrefetch::kPre)
+    gather(unit_of_model_[next]);
+}
+
+void Engine::before_unit(int mu) {
+  const int ui = unit_of_model_.at(mu);
+  if (ui < 0) return;
+  ensure_gathered(ui);
+  if (mu >= 1) prefetch(mu, +1);
+}
+
+void Engine::after_unit(int mu, const at::Tensor& output) {
+  const int ui = unit_of_model_.at(mu);
+  if (ui < 0) return;
+  if (at::GradMode::is_enabled() && output.requires_grad())
+    output.register_hook([this, mu](const at::TensorBase&) { on_output_grad(mu); });
+  // The root stays gathered: the head needs it at the end of forward and first in backward.
+  if (mu >= 1 && options_.reshard_after_forward) release(ui);
+}
+
+// The gradient of model unit `mu`'s output exists: unit mu+1's backward is over, mu's begins.
+void Engine::on_output_grad(int mu) {
+  const int n = model_.num_units();
+  if (mu + 1 < n) {
+    Unit& next = *units_[unit_of_model_[mu + 1]];
+    next.input_done = true;
+    if (next.pending == 0) mark_ready(unit_of_model_[mu + 1]);
+  }
+  if (mu >= 1) {
+    ensure_gathered(unit_of_model_[mu]);
+    prefetch(mu, -1);
+  }
+}
+
+// ---- gradients ----
+
+void Engine::on_param_grad(int ui, int gi, int mi, const at::Tensor& param) {
+  at::NoGradGuard no_grad;
+  Unit& u = *units_[ui];
+  Group& g = u.groups[gi];
+  const Member& m = g.members[mi];
+  at::Tensor& grad = param.mutable_grad();
+  FT_ASSERT(grad.defined(), "gradient hook without a gradient for ", m.name);
+  if (g.S == 1) {
+    g.grad_acc.narrow(0, m.offset, m.numel).add_(grad.reshape({-1}));
+  } else {
+    if (!g.grad_full.defined())
+      g.grad_full = at::zeros({g.padded}, g.full.options().dtype(options_.reduce_dtype));
+    g.grad_full.narrow(0, m.offset, m.numel).add_(grad.reshape({-1}));
+  }
+  grad = at::Tensor();
+  FT_ASSERT(u.pending > 0, "unit ", u.name, ": more gradients than trained parameters");
+  if (--u.pending == 0 && (!u.sharded || u.input_done)) mark_ready(ui);
+}
+
+void Engine::mark_ready(int ui) {
+  Unit& u = *units_[ui];
+  if (u.ready) return;
+  u.ready = true;
+  // Its backward is over: a sharded unit's gathered parameters can go (not the root's, which the
+  // embedding's backward still reads; end_backward releases it).
+  if (u.sharded && u.model_unit >= 1) {
+    if (options_.backward_prefetch == BackwardPrefetch::kPost && options_.prefetch_elements < 0 &&
+        u.model_unit >= 2)
+      gather(unit_of_model_[u.model_unit - 1]);
+    release(ui);
+  }
+  launch_ready();
+}
+
+void Engine::launch_ready() {
+  while (launch_cursor_ < launch_order_.size() && units_[launch_order_[launch_cursor_]]->ready) {
+    finalize(launch_order_[launch_cursor_]);
+    ++launch_cursor_;
+  }
+}
+
+// Issues the unit's gradient reduction: sharded units every micro-batch (reduce-scatter, through
+// the bucket queue), replicated units once per optimizer step (all-reduce on the last micro-batch).
+void Engine::finalize(int ui) {
+  Unit& u = *units_[ui];
+  if (u.launched) return;
+  u.launched = true;
+  for (size_t gi = 0; gi < u.groups.size(); ++gi) {
+    Group& g = u.groups[gi];
+    if (!g.trained) continue;
+    if (g.S > 1) {
+      if (!g.grad_full.defined())  // no gradient reached it (unused): reduce zeros all the same
+        g.grad_full = at::zeros({g.padded}, g.full.options().dtype(options_.reduce_dtype));
+      reduce_queue_.emplace_back(ui, static_cast<int>(gi));
+      reduce_queue_elements_ += g.padded;
+    } else if (last_micro_ && world_size_ > 1) {
+      auto p = std::make_unique<Pending>();
+      at::Tensor buf = options_.reduce_dtype == g.grad_acc.scalar_type()
+                           ? g.grad_acc
+                           : g.grad_acc.to(options_.reduce_dtype);
+      std::vector<at::Tensor> v{buf};
+      p->work = backend(groups_.world).allreduce(v);
+      p->out = buf;
+      // Reduced in place, or in a converted copy that is copied back.
+      if (!buf.is_same(g.grad_acc)) p->parts.push_back({&g.grad_acc, 0, g.shard_numel, true});
+      acc_.all_reduces++;
+      acc_.all_reduce_bytes += buf.nbytes();
+      pending_.push_back(std::move(p));
+    }
+  }
+  if (reduce_queue_elements_ > 0 && reduce_queue_elements_ >= options_.reduce_bucket_elements)
+    flush_reduce_queue();
+}
+
+void Engine::flush_reduce_queue() {
+  if (reduce_queue_.empty()) return;
+  const int S = options_.shard_size;
+  auto p = std::make_unique<Pending>();
+  at::Tensor in;
+  if (reduce_queue_.size() == 1) {
+    in = units_[reduce_queue_[0].first]->groups[reduce_queue_[0].second].grad_full;
+  } else {
+    // Rank k's slice of the bucket is every group's k-th shard, side by side.
+    std::vector<at::Tensor> rows;
+    for (auto [ui, gi] : reduce_queue_)
+      rows.push_back(units_[ui]->groups[gi].grad_full.view({S, -1}));
+    in = at::cat(rows, 1).reshape({-1});
+  }
+  p->out = at::empty({in.numel() / S}, in.options());
+  int64_t off = 0;
+  for (auto [ui, gi] : reduce_queue_) {
+    Group& g = units_[ui]->groups[gi];
+    p->parts.push_back({&g.grad_acc, off, g.shard_numel, false});
+    off += g.shard_numel;
+    p->keep.push_back(g.grad_full);
+    g.grad_full = at::Tensor();
+  }
+  p->keep.push_back(in);
+  p->work = backend(groups_.shard)._reduce_scatter_base(p->out, in);
+  acc_.reduce_scatters++;
+  acc_.reduce_scatter_bytes += in.nbytes();
+  pending_.push_back(std::move(p));
+  reduce_queue_.clear();
+  reduce_queue_elements_ = 0;
+}
+
+void Engine::drain() {
+  at::NoGradGuard no_grad;
+  for (auto& p : pending_) {
+    wait(*p->work);
+    for (const auto& part : p->parts) {
+      at::Tensor src = p->out.narrow(0, part.offset, part.numel);
+      if (part.copy)
+        part.dst->copy_(src);
+      else
+        part.dst->add_(src);
+    }
+  }
+  pending_.clear();
+}
+
+void Engine::wait(c10d::Work& work) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    work.wait();
+  } catch (const c10::Error& e) {
+    throw BackendError(fmt::format("rank {}: {} collective failed: {}", rank_, options_.kind,
+                                   e.what_without_backtrace()));
+  }
+  acc_.comm_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void Engine::begin_micro_batch(bool last) {
+  FT_ASSERT(loaded_, "Engine used before load()");
+  last_micro_ = last;
+  for (auto& u : units_) {
+    u->pending = u->trained_members;
+    u->input_done = false;
+    u->ready = false;
+    u->launched = false;
+  }
+  launch_cursor_ = 0;
+}
+
+void Engine::end_backward() {
+  // Whatever did not report (units whose input needs no gradient, the root, the persistent
+  // group), in the fixed order.
+  for (int ui : launch_order_) {
+    Unit& u = *units_[ui];
+    u.ready = true;
+    if (u.sharded) release(ui);
+  }
+  launch_ready();
+  flush_reduce_queue();
+  // Sharded gradients must be folded in before the next micro-batch's hooks refill grad_full;
+  // replicated all-reduces (last micro-batch only) are waited for in finish_gradients.
+  drain();
+}
+
+void Engine::finish_gradients() {
+  drain();
+  if (groups_.replica && groups_.replica->size() > 1) {
+    // HYBRID_SHARD: the shards are reduced inside the node; replicas add theirs across nodes.
+    for (auto& u : units_) {
+      if (!u->sharded) continue;
+      for (auto& g : u->groups) {
+        if (!g.trained) continue;
+        auto p = std::make_unique<Pending>();
+        at::Tensor buf = options_.reduce_dtype == g.grad_acc.scalar_type()
+                             ? g.grad_acc
+                             : g.grad_acc.to(options_.reduce_dtype);
+        std::vector<at::Tensor> v{buf};
+        p->work = backend(groups_.replica).allreduce(v);
+        p->out = buf;
+        // Reduced in place, or in a converted copy that is copied back.
+        if (!buf.is_same(g.grad_acc)) p->parts.push_back({&g.grad_acc, 0, g.shard_numel, true});
+        acc_.all_reduces++;
+        acc_.all_reduce_bytes += buf.nbytes();
+        pending_.push_back(std::move(p));
+      }
+    }
+    drain();
+  }
+}
+
+void Engine::after_update() {
+  at::NoGradGuard no_grad;
+  for (auto& u : units_)
+    for (auto& g : u->groups) {
+      if (!g.trained) continue;
+      if (!g.master.is_same(g.shard)) g.shard.copy_(g.master);
+      g.grad_acc.zero_();
+    }
+}
+
+// ---- small collectives ----
+
+double Engine::scalar_collective(double v, bool max) {
+  if (world_size_ == 1) return v;
+  std::vector<at::Tensor> t{at::full({1}, v, at::TensorOptions().dtype(at::kDouble))};
+  c10d::AllreduceOptions o;
+  o.reduceOp = max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+  auto w = backend(groups_.world).allreduce(t, o);
+  wait(*w);
+  acc_.scalar_collectives++;
+  return t[0].item<double>();
+}
+
+double Engine::sum_over_ranks(double v) { return scalar_collective(v, false); }
+double Engine::max_over_ranks(double v) { return scalar_collective(v, true); }
+
+double Engine::global_sq_norm(double sharded_sq, double replicated_sq) {
+  if (options_.shard_size > 1 && !options_.buckets) {
+    std::vector<at::Tensor> t{at::full({1}, sharded_sq, at::TensorOptions().dtype(at::kDouble))};
+    auto w = backend(groups_.shard).allreduce(t);
+    wait(*w);
+    acc_.scalar_collectives++;
+    sharded_sq = t[0].item<double>();
+  }
+  return sharded_sq + replicated_sq;
+}
+
+void Engine::for_each_full(const std::function<void(const std::string&, const at::Tensor&)>& fn) {
+  at::NoGradGuard no_grad;
+  for (auto& u : units_) {
+    for (auto& g : u->groups) {
+      at::Tensor src = g.trained ? g.master : g.shard;
+      at::Tensor full = src;
+      if (g.S > 1) {
+        full = at::empty({g.padded}, src.options());
+        auto w = backend(groups_.shard)._allgather_base(full, src);
+        wait(*w);
+      }
+      for (const auto& m : g.members) fn(m.name, full.narrow(0, m.offset, m.numel).view(m.shape));
+    }
+  }
+}
+
+Accounting Engine::take_accounting() {
+  Accounting a = acc_;
+  a.param_bytes = a.grad_bytes = 0;
+  for (auto& u : units_)
+    for (auto& g : u->groups) {
+      a.param_bytes += g.S > 1 ? g.shard.nbytes() : g.full.nbytes();
+      if (g.trained) {
+        if (!g.master.is_same(g.shard)) a.param_bytes += g.master.nbytes();
+        a.grad_bytes += g.grad_acc.nbytes();
+      }
+    }
+  // Counters restart; the gauges carry on.
+  const Accounting keep = acc_;
+  acc_ = Accounting();
+  acc_.gathered_bytes = keep.gathered_bytes;
+  acc_.gathered_peak_bytes = keep.gathered_bytes;
+  acc_.largest_unit_bytes = keep.largest_unit_bytes;
+  return a;
+}
+
+std::string Engine::describe() const {
+  std::string s;
+  for (const auto& u : units_) {
+    int64_t n = 0;
+    for (const auto& g : u->groups) n += g.numel;
+    s += fmt::format("{}{}: {} groups, {} elements, shard {}\n", u->name,
+                     u->sharded ? "" : " (replicated)", u->groups.size(), n,
+                     u->sharded ? options_.shard_size : 1);
+  }
+  return s;
+}
+
+}  // namespace ft::parallel

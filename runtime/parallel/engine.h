@@ -1,0 +1,181 @@
+// The sharding engine behind every strategy (ddp, zero3, fsdp, and world size 1): it owns the
+// storage of the model's parameters, their gradients and fp32 masters, laid out as flat groups that
+// are either replicated (shard size 1: ddp, NO_SHARD, zero3's persistent small parameters) or split
+// 1/S over a shard group (zero3, FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD inside a node). The model
+// reads its parameters through aliases into those flat buffers; the engine gathers a unit's buffer
+// before use, releases it after, and reduces gradients from autograd hooks while backward runs.
+//
+// Ordering rules (every rank must issue the same collectives in the same order on each group):
+// gathers are issued from the forward's unit hooks and from gradient hooks on the units' outputs;
+// reductions are launched in a fixed order (reverse unit order; ddp buckets in bucket order) as
+// their units become ready, the rest at end_backward(). All calls come from the training thread
+// (CPU autograd runs hooks on the calling thread); not thread-safe.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/llama.h"
+
+namespace c10d {
+class Work;
+}
+namespace ft::dist {
+class ProcessGroup;
+}
+
+namespace ft::parallel {
+
+enum class BackwardPrefetch { kNone, kPre, kPost };
+
+struct EngineOptions {
+  std::string kind = "ddp";  // ddp | zero3 | fsdp: for messages
+  // Ranks one sharded group is split over (1: everything replicated).
+  int shard_size = 1;
+  // ddp: trained parameters go into gradient buckets of this many bytes (reverse model order)
+  // instead of model units; nothing is gathered.
+  bool buckets = false;
+  int64_t bucket_bytes = 25 << 20;
+  bool reshard_after_forward = true;  // FULL_SHARD, zero3; SHARD_GRAD_OP keeps units until backward
+  bool forward_prefetch = false;      // fsdp
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;  // fsdp
+  // zero3: gather the next units ahead while their elements stay within this (-1: fsdp flags).
+  int64_t prefetch_elements = -1;
+  // zero3: parameters with fewer elements stay whole on every rank (all-reduced gradients).
+  int64_t persistence_threshold = 0;
+  // zero3: sharded gradients are reduce-scattered in buckets of this many elements (0: per unit).
+  int64_t reduce_bucket_elements = 0;
+  at::ScalarType compute_dtype = at::kFloat;  // the model's parameters while gathered
+  at::ScalarType master_dtype = at::kFloat;   // masters, gradients, optimizer state
+  at::ScalarType reduce_dtype = at::kFloat;   // gradient communication
+  at::Device device = at::kCPU;
+};
+
+struct ParamSpec {
+  std::string name;  // HF (or PEFT) name
+  at::Tensor* slot;  // the model's tensor, replaced by an alias into the engine's storage
+  bool trained = false;
+  bool decay = true;  // AdamW weight decay applies
+};
+
+// The process groups a strategy communicates over. `shard` splits sharded groups (S ranks);
+// `replica` joins the ranks holding the same shard (HYBRID_SHARD: one per node). Null when the
+// group would have one rank.
+struct Groups {
+  dist::ProcessGroup* world = nullptr;
+  dist::ProcessGroup* shard = nullptr;
+  dist::ProcessGroup* replica = nullptr;
+};
+
+// Elements [begin, end) of a parameter flattened in C order (any dtype, CPU). Called once for
+// every parameter in the order the specs were given, also with begin == end.
+using ParamSource = std::function<at::Tensor(const std::string& name, int64_t begin, int64_t end)>;
+
+// Per-rank figures since the previous take_accounting() (counters) and now (bytes).
+struct Accounting {
+  int64_t param_bytes = 0;          // resident: shards (compute dtype) + separate masters
+  int64_t grad_bytes = 0;           // resident: the step's gradient accumulators
+  int64_t gathered_bytes = 0;       // gathered unit buffers held right now
+  int64_t gathered_peak_bytes = 0;  // most gathered bytes held at once during the period
+  int64_t largest_unit_bytes = 0;   // the biggest gathered unit (compute dtype)
+  int64_t all_gathers = 0, all_gather_bytes = 0;          // parameter gathers (bytes received)
+  int64_t reduce_scatters = 0, reduce_scatter_bytes = 0;  // gradient reduce-scatters (bytes sent)
+  int64_t all_reduces = 0, all_reduce_bytes = 0;          // gradient all-reduces
+  int64_t scalar_collectives = 0;                         // token counts, norms, overflow flags
+  double comm_wait_s = 0;                                 // time blocked waiting for communication
+};
+
+class Engine : public model::UnitHooks {
+ public:
+  // Lays the specs out (nothing is allocated until load). `specs` must list every parameter of
+  // the model that the forward reads, in the order a ParamSource is read.
+  Engine(model::LlamaModel& model, std::vector<ParamSpec> specs, EngineOptions options,
+         Groups groups);
+  ~Engine() override;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Allocates this rank's shards, fills them from `source` (only this rank's slices are read),
+  // makes the fp32 masters and points the model's tensors at the engine's storage.
+  void load(const ParamSource& source);
+
+  // One optimizer step: begin_micro_batch(last) + forward + backward + end_backward() per
+  // micro-batch, then finish_gradients(); masters() then hold the step's global gradient sums.
+  void begin_micro_batch(bool last);
+  void end_backward();
+  void finish_gradients();
+
+  struct Master {
+    at::Tensor tensor;  // [n] master dtype, .grad() the reduced gradient
+    bool decay = true;
+    bool sharded = false;  // a 1/S slice (its norm is summed over the shard group)
+  };
+  const std::vector<Master>& masters() const { return masters_; }
+  // After the optimizer updated the masters: refresh the compute copies; zero the gradients.
+  void after_update();
+
+  // Collectives over all ranks (counted as scalar collectives).
+  double sum_over_ranks(double v);
+  double max_over_ranks(double v);
+  // Global squared gradient norm from this rank's sharded and replicated parts.
+  double global_sq_norm(double sharded_sq, double replicated_sq);
+
+  // Calls fn(name, full value) for every parameter, on every rank: masters (fp32) for trained
+  // parameters, compute values for frozen ones. Collective (gathers group by group).
+  void for_each_full(const std::function<void(const std::string&, const at::Tensor&)>& fn);
+
+  Accounting take_accounting();
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  const EngineOptions& options() const { return options_; }
+  // Units as laid out, for messages and tests: name, shard size, elements.
+  std::string describe() const;
+
+  // model::UnitHooks
+  void before_unit(int unit) override;
+  void after_unit(int unit, const at::Tensor& output) override;
+
+  // Called by the gradient hooks; not for other users.
+  void on_param_grad(int unit, int group, int member, const at::Tensor& param);
+
+ private:
+  struct Member;
+  struct Group;
+  struct Unit;
+  struct Pending;
+  void gather(int u);
+  void ensure_gathered(int u);
+  void release(int u);
+  void prefetch(int from, int step);
+  void on_output_grad(int model_unit);
+  void mark_ready(int u);
+  void finalize(int u);
+  void launch_ready();
+  void flush_reduce_queue();
+  void drain();
+  void wait(c10d::Work& work);
+  double scalar_collective(double v, bool max);
+
+  model::LlamaModel& model_;
+  std::vector<ParamSpec> specs_;
+  EngineOptions options_;
+  Groups groups_;
+  int rank_ = 0, world_size_ = 1, shard_rank_ = 0;
+  std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<int> unit_of_model_;  // model unit -> engine unit (-1: nothing to gather)
+  std::vector<int> launch_order_;   // engine units in the order their reductions are issued
+  size_t launch_cursor_ = 0;
+  std::vector<Master> masters_;
+  std::vector<std::unique_ptr<Pending>> pending_;
+  std::vector<std::pair<int, int>> reduce_queue_;  // (unit, group) awaiting reduce-scatter
+  int64_t reduce_queue_elements_ = 0;
+  bool last_micro_ = true;
+  bool loaded_ = false;
+  Accounting acc_;
+};
+
+}  // namespace ft::parallel

@@ -1,0 +1,163 @@
+#include "parallel/strategy.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "model/lora.h"
+
+namespace ft::parallel {
+
+using nlohmann::json;
+
+namespace {
+
+at::ScalarType dtype_of(const std::string& s) {
+  if (s == "bf16") return at::kBFloat16;
+  if (s == "fp16") return at::kHalf;
+  if (s == "fp64") return at::kDouble;  // tests only
+  return at::kFloat;
+}
+
+}  // namespace
+
+StrategyPlan plan_strategy(const json& p, const std::map<std::string, std::string>& user,
+                           const dist::DistEnv& env, at::Device device) {
+  const std::string kind = p["strategy"]["kind"];
+  // A knob of another strategy is a mistake (a copied config, a typo in kind), not something to
+  // ignore.
+  for (const auto& [key, where] : user) {
+    if (key.rfind("strategy.", 0) != 0 || key == "strategy.kind") continue;
+    const std::string owner = key.substr(9, key.find('.', 9) - 9);
+    FT_CHECK(owner == kind, key, " (set in ", where, ") is a ", owner,
+             " knob but strategy.kind is ", kind, "; remove it, or set strategy.kind=", owner);
+  }
+  const int W = env.world_size;
+  StrategyPlan plan;
+  EngineOptions& e = plan.engine;
+  e.kind = kind;
+  e.device = device;
+  e.compute_dtype = dtype_of(p["precision"]["mode"]);
+  e.master_dtype = e.compute_dtype == at::kDouble ? at::kDouble : at::kFloat;
+  e.reduce_dtype = e.master_dtype;
+  for (int r = 0; r < W; ++r) plan.shard_ranks.push_back(r);
+  auto no_offload = [&](const char* key) {
+    FT_CHECK(device.is_cuda(), key,
+             ": this run is on CPU, where parameters and optimizer state already live in host "
+             "memory; remove it (it is for GPU runs)");
+    FT_CHECK(false, key, " is not implemented yet for GPU runs; remove it");
+  };
+
+  if (kind == "ddp") {
+    e.shard_size = 1;
+    e.buckets = true;
+    e.bucket_bytes =
+        static_cast<int64_t>(p["strategy"]["ddp"]["bucket_mb"].get<double>() * 1024 * 1024);
+    plan.label = fmt::format("ddp: replicated on {} ranks, {} MiB gradient buckets", W,
+                             p["strategy"]["ddp"]["bucket_mb"].get<double>());
+  } else if (kind == "zero3") {
+    const json& z = p["strategy"]["zero3"];
+    if (z["offload_optimizer"].get<bool>()) no_offload("strategy.zero3.offload_optimizer");
+    if (z["offload_param"].get<bool>()) no_offload("strategy.zero3.offload_param");
+    e.shard_size = W;
+    e.reshard_after_forward = true;
+    e.prefetch_elements = static_cast<int64_t>(z["prefetch_bucket_size"].get<double>());
+    e.persistence_threshold = static_cast<int64_t>(z["param_persistence_threshold"].get<double>());
+    e.reduce_bucket_elements = static_cast<int64_t>(z["reduce_bucket_size"].get<double>());
+    plan.label = fmt::format(
+        "zero3: every parameter of >= {} elements split over {} ranks, prefetch {} elements, "
+        "reduce buckets of {} elements",
+        e.persistence_threshold, W, e.prefetch_elements, e.reduce_bucket_elements);
+  } else {
+    FT_CHECK(kind == "fsdp", "strategy.kind must be ddp, zero3 or fsdp, got '", kind, "'");
+    const json& f = p["strategy"]["fsdp"];
+    if (f["cpu_offload"].get<bool>()) no_offload("strategy.fsdp.cpu_offload");
+    const std::string param_dtype = f["param_dtype"];
+    const std::string mode = p["precision"]["mode"];
+    FT_CHECK(param_dtype == "auto" || param_dtype == mode,
+             "strategy.fsdp.param_dtype=", param_dtype, " differs from precision.mode=", mode,
+             ": they are one policy (compute in param_dtype, fp32 masters); set precision.mode=",
+             param_dtype, " or strategy.fsdp.param_dtype=auto");
+    e.reduce_dtype = dtype_of(f["reduce_dtype"]);
+    if (e.compute_dtype == at::kDouble) e.reduce_dtype = at::kDouble;
+    e.forward_prefetch = f["forward_prefetch"];
+    const std::string bp = f["backward_prefetch"];
+    e.backward_prefetch = bp == "BACKWARD_PRE"    ? BackwardPrefetch::kPre
+                          : bp == "BACKWARD_POST" ? BackwardPrefetch::kPost
+                                                  : BackwardPrefetch::kNone;
+    const std::string ss = f["sharding_strategy"];
+    if (ss == "NO_SHARD") {
+      e.shard_size = 1;
+      e.buckets = true;
+    } else if (ss == "HYBRID_SHARD") {
+      FT_CHECK(env.nnodes >= 2 && env.local_world_size >= 2,
+               "strategy.fsdp.sharding_strategy=HYBRID_SHARD shards inside a node and replicates "
+               "across nodes, but this job has ",
+               env.nnodes, " node(s) x ", env.local_world_size, " rank(s); use ",
+               env.nnodes < 2 ? "FULL_SHARD on one node" : "NO_SHARD with one rank per node",
+               " (or launch with --nnodes >= 2 and --nproc-per-node >= 2)");
+      FT_CHECK(W == env.nnodes * env.local_world_size,
+               "HYBRID_SHARD needs the same number of ranks on every node (world size ", W, ", ",
+               env.nnodes, " nodes x ", env.local_world_size, ")");
+      e.shard_size = env.local_world_size;
+      plan.replicas = env.nnodes;
+      const int node = env.rank / env.local_world_size, local = env.rank % env.local_world_size;
+      plan.shard_ranks.clear();
+      for (int r = 0; r < env.local_world_size; ++r)
+        plan.shard_ranks.push_back(node * env.local_world_size + r);
+      for (int n = 0; n < env.nnodes; ++n)
+        plan.replica_ranks.push_back(n * env.local_world_size + local);
+    } else {
+      e.shard_size = W;
+      e.reshard_after_forward = ss == "FULL_SHARD";
+    }
+    plan.label = fmt::format(
+        "fsdp {}: {}", ss,
+        e.shard_size > 1
+            ? fmt::format("layers sharded over {} ranks x {} replicas", e.shard_size, plan.replicas)
+            : std::string("replicated"));
+  }
+  if (W == 1) {
+    e.shard_size = 1;
+    e.buckets = true;
+    plan.label = kind + " on a single rank";
+  }
+  return plan;
+}
+
+std::vector<ParamSpec> param_specs(model::LlamaModel& model, bool lora) {
+  std::vector<ParamSpec> specs;
+  auto decays = [](const std::string& n) {
+    const bool bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
+    return n.find("norm") == std::string::npos && !bias;
+  };
+  for (auto& p : model.parameters()) specs.push_back({p.name, p.tensor, !lora, decays(p.name)});
+  if (lora)
+    for (auto& p : model::lora_parameters(model)) specs.push_back({p.name, p.tensor, true, true});
+  return specs;
+}
+
+ParamSource current_values(const std::vector<ParamSpec>& specs) {
+  std::map<std::string, at::Tensor> values;
+  for (const auto& s : specs) values[s.name] = *s.slot;
+  return [values](const std::string& name, int64_t b, int64_t e) {
+    return values.at(name).detach().reshape({-1}).slice(0, b, e);
+  };
+}
+
+std::unique_ptr<Engine> single_process_engine(model::LlamaModel& model, bool lora,
+                                              at::ScalarType compute_dtype) {
+  EngineOptions o;
+  o.kind = "single";
+  o.buckets = true;
+  o.compute_dtype = compute_dtype;
+  o.master_dtype = compute_dtype == at::kDouble ? at::kDouble : at::kFloat;
+  o.reduce_dtype = o.master_dtype;
+  o.device = model.parameters().front().tensor->device();
+  auto specs = param_specs(model, lora);
+  auto source = current_values(specs);
+  auto e = std::make_unique<Engine>(model, specs, o, Groups{});
+  e->load(source);
+  return e;
+}
+
+}  // namespace ft::parallel

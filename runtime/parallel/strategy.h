@@ -1,0 +1,46 @@
+// The preset's `strategy` section turned into an engine layout for this job: which ranks shard a
+// parameter together (shard group), which hold copies of the same shard (replica group), and the
+// knobs of ddp / zero3 / fsdp. Knobs that do not apply to the chosen strategy, or combinations this
+// job cannot honour, are ConfigErrors. Pure functions; thread-safe.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "dist/dist_env.h"
+#include "parallel/engine.h"
+
+namespace ft::parallel {
+
+struct StrategyPlan {
+  EngineOptions engine;
+  std::string label;  // "fsdp HYBRID_SHARD: shard over 2 ranks x 2 replicas"
+  int replicas = 1;   // copies of each shard (HYBRID_SHARD: the number of nodes)
+  // Group-rank lists of this rank's shard and replica groups (world ranks).
+  std::vector<int> shard_ranks, replica_ranks;
+};
+
+// `user` is config::user_settings(): the keys the user set, with where they were set.
+StrategyPlan plan_strategy(const nlohmann::json& preset,
+                           const std::map<std::string, std::string>& user, const dist::DistEnv& env,
+                           at::Device device);
+
+// Every parameter of `model` in file order (base, then LoRA adapters when `lora`), trained: the
+// adapters for LoRA, every base weight otherwise. AdamW decays neither norms nor biases.
+std::vector<ParamSpec> param_specs(model::LlamaModel& model, bool lora);
+
+// A ParamSource reading the values the specs' tensors hold right now (a materialised model, or
+// the CPU adapters of a meta model): copies nothing until asked.
+ParamSource current_values(const std::vector<ParamSpec>& specs);
+
+// A loaded engine for one process (world size 1, no communication) over a materialised model:
+// what tests and benchmarks use.
+std::unique_ptr<Engine> single_process_engine(model::LlamaModel& model, bool lora,
+                                              at::ScalarType compute_dtype);
+
+}  // namespace ft::parallel
