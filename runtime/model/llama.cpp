@@ -213,7 +213,9 @@ LossSum causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
   at::Tensor shift_labels =
       at::cat({labels.slice(1, 1), at::full({labels.size(0), 1}, -100, labels.options())}, 1)
           .reshape({-1});
-  at::Tensor shift_logits = logits.reshape({-1, V}).to(at::kFloat);
+  // fp32 at least (bf16/fp16 logits are upcast); fp64 stays fp64 for exact checks.
+  at::Tensor shift_logits =
+      logits.reshape({-1, V}).to(logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
   LossSum out;
   out.sum = at::cross_entropy_loss(shift_logits, shift_labels, /*weight=*/{}, at::Reduction::Sum,
                                    /*ignore_index=*/-100);

@@ -436,22 +436,26 @@ void Engine::finalize(int ui) {
       reduce_queue_.emplace_back(ui, static_cast<int>(gi));
       reduce_queue_elements_ += g.padded;
     } else if (last_micro_ && world_size_ > 1) {
-      auto p = std::make_unique<Pending>();
-      at::Tensor buf = options_.reduce_dtype == g.grad_acc.scalar_type()
-                           ? g.grad_acc
-                           : g.grad_acc.to(options_.reduce_dtype);
-      std::vector<at::Tensor> v{buf};
-      p->work = backend(groups_.world).allreduce(v);
-      p->out = buf;
-      // Reduced in place, or in a converted copy that is copied back.
-      if (!buf.is_same(g.grad_acc)) p->parts.push_back({&g.grad_acc, 0, g.shard_numel, true});
-      acc_.all_reduces++;
-      acc_.all_reduce_bytes += buf.nbytes();
-      pending_.push_back(std::move(p));
+      all_reduce_grad(g, groups_.world);
     }
   }
   if (reduce_queue_elements_ > 0 && reduce_queue_elements_ >= options_.reduce_bucket_elements)
     flush_reduce_queue();
+}
+
+// Sums a group's step gradient over `pg`, in place or through a copy in the reduce dtype.
+void Engine::all_reduce_grad(Group& g, dist::ProcessGroup* pg) {
+  auto p = std::make_unique<Pending>();
+  at::Tensor buf = options_.reduce_dtype == g.grad_acc.scalar_type()
+                       ? g.grad_acc
+                       : g.grad_acc.to(options_.reduce_dtype);
+  std::vector<at::Tensor> v{buf};
+  p->work = backend(pg).allreduce(v);
+  p->out = buf;
+  if (!buf.is_same(g.grad_acc)) p->parts.push_back({&g.grad_acc, 0, g.shard_numel, true});
+  acc_.all_reduces++;
+  acc_.all_reduce_bytes += buf.nbytes();
+  pending_.push_back(std::move(p));
 }
 
 void Engine::flush_reduce_queue() {
@@ -547,18 +551,7 @@ void Engine::finish_gradients() {
       if (!u->sharded) continue;
       for (auto& g : u->groups) {
         if (!g.trained) continue;
-        auto p = std::make_unique<Pending>();
-        at::Tensor buf = options_.reduce_dtype == g.grad_acc.scalar_type()
-                             ? g.grad_acc
-                             : g.grad_acc.to(options_.reduce_dtype);
-        std::vector<at::Tensor> v{buf};
-        p->work = backend(groups_.replica).allreduce(v);
-        p->out = buf;
-        // Reduced in place, or in a converted copy that is copied back.
-        if (!buf.is_same(g.grad_acc)) p->parts.push_back({&g.grad_acc, 0, g.shard_numel, true});
-        acc_.all_reduces++;
-        acc_.all_reduce_bytes += buf.nbytes();
-        pending_.push_back(std::move(p));
+        all_reduce_grad(g, groups_.replica);
       }
     }
     drain();

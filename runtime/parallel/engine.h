@@ -155,6 +155,7 @@ class Engine : public model::UnitHooks {
   void mark_ready(int u);
   void finalize(int u);
   void launch_ready();
+  void all_reduce_grad(Group& g, dist::ProcessGroup* pg);
   void flush_reduce_queue();
   void drain();
   void wait(c10d::Work& work);

@@ -44,7 +44,18 @@ void MetricsLog::write(const StepRecord& r) {
        {{"param_bytes", r.memory.param_bytes},
         {"grad_bytes", r.memory.grad_bytes},
         {"optimizer_bytes", r.memory.optimizer_bytes},
-        {"peak_rss_bytes", r.peak_rss_bytes}}}};
+        {"gathered_peak_bytes", r.memory.engine.gathered_peak_bytes},
+        {"largest_unit_bytes", r.memory.engine.largest_unit_bytes},
+        {"peak_rss_bytes", r.peak_rss_bytes}}},
+      {"comm",
+       {{"all_gathers", r.memory.engine.all_gathers},
+        {"all_gather_bytes", r.memory.engine.all_gather_bytes},
+        {"reduce_scatters", r.memory.engine.reduce_scatters},
+        {"reduce_scatter_bytes", r.memory.engine.reduce_scatter_bytes},
+        {"all_reduces", r.memory.engine.all_reduces},
+        {"all_reduce_bytes", r.memory.engine.all_reduce_bytes},
+        {"scalar_collectives", r.memory.engine.scalar_collectives},
+        {"wait_s", r.memory.engine.comm_wait_s}}}};
   out_ << j.dump() << '\n';
   out_.flush();
   FT_CHECK(out_.good(), "writing ", path_, " failed (disk full?)");

@@ -1,0 +1,346 @@
+// The distributed strategies end to end: real `ft launch` jobs of `ft train` workers on loopback
+// (Gloo), compared with the world-size-1 run of the same preset, data and seed at the same global
+// batch; the runtime's own memory and communication accounting read back from
+// metrics.rank<k>.jsonl.
+#include "support/catch_torch.h"
+// (catch_torch.h first: c10 defines a CHECK macro of its own)
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "support/subprocess.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace ft::test;
+
+namespace {
+
+// A small model the equivalence runs can afford many times: 2 layers, hidden 64. Adam's eps is
+// raised from 1e-8 to 1e-6: with eps far below a gradient's rounding noise, Adam turns the last-bit
+// differences of another summation order (2 or 4 partial sums instead of 1) in near-zero gradients
+// into full-size steps, which no implementation keeps within 1e-5; the fp64 runs check the algebra
+// itself far tighter.
+const std::vector<std::string> kBase = {
+    "precision.mode=fp32",  "train.max_steps=20",          "data.seq_len=64",
+    "model.hidden_size=64", "model.intermediate_size=176", "train.lr=1e-3",
+    "train.warmup_steps=2", "train.log_every=100",         "train.eps=1e-6"};
+
+struct Job {
+  std::string dir;  // the run's --output
+  int code = -1;
+  std::string output;
+};
+
+// `ft launch --nproc-per-node N -- ft train --preset tiny-demo --set ... --output DIR`.
+Job run_job(int nproc, const std::vector<std::string>& sets) {
+  Job j;
+  j.dir = make_temp_dir() + "/run";
+  std::vector<std::string> argv = {ft_bin(),
+                                   "launch",
+                                   "--nproc-per-node",
+                                   std::to_string(nproc),
+                                   "--master-port",
+                                   std::to_string(free_port()),
+                                   "--",
+                                   ft_bin(),
+                                   "train",
+                                   "--preset",
+                                   "tiny-demo",
+                                   "--output",
+                                   j.dir};
+  for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
+  for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
+  Child c = start(argv, {}, make_temp_dir() + "/out.txt");
+  auto rc = wait_for(c, 150);
+  if (!rc) kill_and_reap(c);
+  j.code = rc.value_or(-1);
+  j.output = c.output();
+  return j;
+}
+
+std::vector<json> read_jsonl(const std::string& path) {
+  std::vector<json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+double max_rel(const at::Tensor& a, const at::Tensor& b) {
+  const double scale = std::max(a.abs().max().item<double>(), 1e-30);
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() / scale;
+}
+
+// Loss trajectories within `tol` relative, step by step, and every saved tensor within `tol`
+// (relative to the tensor's largest value).
+void check_same_run(const Job& ref, const Job& got, const std::string& weights_file,
+                    double tol = 1e-5) {
+  INFO(got.output);
+  REQUIRE(ref.code == 0);
+  REQUIRE(got.code == 0);
+  auto a = read_jsonl(ref.dir + "/metrics.jsonl"), b = read_jsonl(got.dir + "/metrics.jsonl");
+  REQUIRE(a.size() == 20);
+  REQUIRE(b.size() == a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(b[i]["tokens"] == a[i]["tokens"]);
+    const double la = a[i]["loss"], lb = b[i]["loss"];
+    CHECK(std::abs(la - lb) / la <= tol);
+  }
+  auto fa = ft::io::SafetensorsFile::open(ref.dir + "/final/" + weights_file);
+  auto fb = ft::io::SafetensorsFile::open(got.dir + "/final/" + weights_file);
+  REQUIRE(fa.names() == fb.names());
+  for (const auto& n : fa.names()) {
+    INFO(n);
+    CHECK(max_rel(fa.tensor(n), fb.tensor(n)) <= tol);
+  }
+  // Training moved the weights at all (so the comparison means something).
+  CHECK(a.back()["loss"].get<double>() < a.front()["loss"].get<double>() - 0.1);
+}
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+json last_rank_record(const Job& j, int rank) {
+  auto v = read_jsonl(j.dir + "/metrics.rank" + std::to_string(rank) + ".jsonl");
+  REQUIRE(!v.empty());
+  return v.back();
+}
+
+}  // namespace
+
+TEST_CASE("every strategy on 2 ranks follows the 1-rank run (fp32, same global batch)",
+          "[multiproc]") {
+  Job ref = run_job(1, {"train.micro_batch=8"});
+  const std::vector<std::vector<std::string>> variants = {
+      {"strategy.kind=ddp"},
+      {"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0"},
+      // Norms and attention projections stay whole, MLP projections are split.
+      {"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=5000",
+       "strategy.zero3.prefetch_bucket_size=10000", "strategy.zero3.reduce_bucket_size=20000"},
+      {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"},
+      {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP",
+       "strategy.fsdp.forward_prefetch=true", "strategy.fsdp.backward_prefetch=BACKWARD_POST"},
+      {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=NO_SHARD"}};
+  for (const auto& v : variants) {
+    DYNAMIC_SECTION(v[0] << " " << (v.size() > 1 ? v[1] : "")) {
+      check_same_run(ref, run_job(2, with(v, {"train.micro_batch=4"})), "model.safetensors");
+    }
+  }
+}
+
+TEST_CASE("in fp64 the sharded strategies equal the 1-rank run to rounding", "[multiproc]") {
+  // Same algebra, different summation order only: fp64 leaves nothing but 1e-12-level rounding.
+  Job ref = run_job(1, {"train.micro_batch=8", "precision.mode=fp64"});
+  for (const auto& v : std::vector<std::vector<std::string>>{
+           {"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=5000"},
+           {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"}}) {
+    INFO(v[0]);
+    check_same_run(ref, run_job(2, with(v, {"train.micro_batch=4", "precision.mode=fp64"})),
+                   "model.safetensors", 1e-9);
+  }
+}
+
+TEST_CASE("every strategy on 4 ranks, and with accumulation, follows the 1-rank run",
+          "[multiproc]") {
+  Job ref = run_job(1, {"train.micro_batch=8"});
+  SECTION("4 ranks") {
+    for (const auto& v : std::vector<std::vector<std::string>>{
+             {"strategy.kind=ddp"},
+             {"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=5000"},
+             {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"},
+             {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP"}}) {
+      INFO(v[0]);
+      check_same_run(ref, run_job(4, with(v, {"train.micro_batch=2"})), "model.safetensors");
+    }
+  }
+  SECTION("2 ranks x 2 micro-batches of 2") {
+    for (const auto& v : std::vector<std::vector<std::string>>{
+             {"strategy.kind=ddp"},
+             {"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0"},
+             {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"}}) {
+      INFO(v[0]);
+      check_same_run(ref, run_job(2, with(v, {"train.micro_batch=2", "train.grad_accum=2"})),
+                     "model.safetensors");
+    }
+  }
+}
+
+TEST_CASE("LoRA under every strategy follows the 1-rank run", "[multiproc]") {
+  const std::vector<std::string> lora = {"lora.enabled=true", "lora.r=4", "lora.alpha=8",
+                                         "lora.dropout=0", "train.lr=3e-3"};
+  Job ref = run_job(1, with(lora, {"train.micro_batch=8"}));
+  for (const auto& v : std::vector<std::vector<std::string>>{
+           {"strategy.kind=ddp"},
+           {"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0"},
+           {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"}}) {
+    INFO(v[0]);
+    check_same_run(ref, run_job(2, with(with(lora, v), {"train.micro_batch=4"})),
+                   "adapter_model.safetensors");
+  }
+}
+
+TEST_CASE("on 4 ranks zero3 and FULL_SHARD hold a quarter of ddp's state plus one unit",
+          "[multiproc]") {
+  const std::vector<std::string> small = {"train.max_steps=2", "train.micro_batch=2"};
+  Job ddp = run_job(4, with(small, {"strategy.kind=ddp"}));
+  REQUIRE(ddp.code == 0);
+  // Parameters of the run's model: tied 320x64 embedding, 2 layers, final norm.
+  const int64_t h = 64, inter = 176, kv = 32;  // 4 heads of 16, 2 of them for keys/values
+  const int64_t layer = 2 * h + h * h * 2 + h * kv * 2 + 3 * h * inter;
+  const int64_t n = 320 * h + 2 * layer + h;
+  json d = last_rank_record(ddp, 0)["memory"];
+  // ddp: every rank holds everything: fp32 weights, fp32 gradients, two fp32 Adam moments.
+  CHECK(d["param_bytes"] == 4 * n);
+  CHECK(d["grad_bytes"] == 4 * n);
+  CHECK(d["optimizer_bytes"].get<int64_t>() >= 8 * n);
+  CHECK(d["optimizer_bytes"].get<int64_t>() <= 8 * n + 64);  // + the step counters
+  const int64_t ddp_total = d["param_bytes"].get<int64_t>() + d["grad_bytes"].get<int64_t>() +
+                            d["optimizer_bytes"].get<int64_t>();
+  for (const auto& v : std::vector<std::vector<std::string>>{
+           {"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0"},
+           {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"}}) {
+    INFO(v[0]);
+    Job j = run_job(4, with(small, v));
+    INFO(j.output);
+    REQUIRE(j.code == 0);
+    for (int r = 0; r < 4; ++r) {
+      json m = last_rank_record(j, r)["memory"];
+      const int64_t total = m["param_bytes"].get<int64_t>() + m["grad_bytes"].get<int64_t>() +
+                            m["optimizer_bytes"].get<int64_t>();
+      const int64_t unit = m["largest_unit_bytes"];
+      INFO("rank " << r << ": " << total << " bytes, ddp " << ddp_total << ", unit " << unit);
+      // The largest unit is a layer (bigger than the root's embedding + norm here), each of its
+      // two flat tensors padded to a multiple of 4.
+      REQUIRE(layer > 320 * h + h);
+      CHECK(unit >= 4 * layer);
+      CHECK(unit <= 4 * (layer + 8));
+      CHECK(total <= ddp_total / 4 + unit);
+      // And the shards really are a quarter (padding aside).
+      CHECK(m["param_bytes"].get<int64_t>() <= 4 * (n / 4 + 16));
+    }
+  }
+}
+
+TEST_CASE("collectives: ddp once per step whatever the accumulation, FULL_SHARD gathers twice",
+          "[multiproc]") {
+  auto comm = [](const Job& j) { return last_rank_record(j, 1)["comm"]; };
+  Job a1 = run_job(2, {"train.max_steps=2", "train.micro_batch=4", "strategy.kind=ddp"});
+  Job a4 = run_job(
+      2, {"train.max_steps=2", "train.micro_batch=1", "train.grad_accum=4", "strategy.kind=ddp"});
+  INFO(a1.output << a4.output);
+  REQUIRE(a1.code == 0);
+  REQUIRE(a4.code == 0);
+  // One 25 MiB bucket, split by weight decay into two flat tensors: two all-reduces per step.
+  CHECK(comm(a1)["all_reduces"] == 2);
+  CHECK(comm(a4)["all_reduces"] == 2);
+  CHECK(comm(a4)["all_reduce_bytes"] == comm(a1)["all_reduce_bytes"]);
+  CHECK(comm(a1)["all_gathers"] == 0);
+
+  const std::vector<std::string> two_micro = {"train.max_steps=2", "train.micro_batch=2",
+                                              "train.grad_accum=2", "strategy.kind=fsdp"};
+  Job full = run_job(2, with(two_micro, {"strategy.fsdp.sharding_strategy=FULL_SHARD"}));
+  Job grad_op = run_job(2, with(two_micro, {"strategy.fsdp.sharding_strategy=SHARD_GRAD_OP"}));
+  INFO(full.output << grad_op.output);
+  REQUIRE(full.code == 0);
+  REQUIRE(grad_op.code == 0);
+  // Units: the root (2 flat tensors: decayed embedding, undecayed norm) and 2 layers (2 each).
+  // Per micro-batch FULL_SHARD gathers the root once and each layer in forward and backward;
+  // SHARD_GRAD_OP gathers each layer once.
+  CHECK(comm(full)["all_gathers"] == 2 * (2 + 2 * 2 * 2));
+  CHECK(comm(grad_op)["all_gathers"] == 2 * (2 + 2 * 2));
+  // Gradients are reduce-scattered every micro-batch, one per unit.
+  CHECK(comm(full)["reduce_scatters"] == 2 * 3);
+  CHECK(comm(full)["all_reduces"] == 0);
+}
+
+TEST_CASE("two launchers x 2 workers with HYBRID_SHARD: shards inside a node, replicas across",
+          "[multiproc]") {
+  Job ref = run_job(1, {"train.micro_batch=8"});
+  Job hy;
+  hy.dir = make_temp_dir() + "/run";
+  const std::string port = std::to_string(free_port());
+  std::vector<Child> nodes;
+  for (int node = 0; node < 2; ++node) {
+    std::vector<std::string> argv = {ft_bin(),
+                                     "launch",
+                                     "--nnodes",
+                                     "2",
+                                     "--node-rank",
+                                     std::to_string(node),
+                                     "--nproc-per-node",
+                                     "2",
+                                     "--master-addr",
+                                     "127.0.0.1",
+                                     "--master-port",
+                                     port,
+                                     "--",
+                                     ft_bin(),
+                                     "train",
+                                     "--preset",
+                                     "tiny-demo",
+                                     "--output",
+                                     hy.dir};
+    for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
+    for (const auto& s : {"train.micro_batch=2", "strategy.kind=fsdp",
+                          "strategy.fsdp.sharding_strategy=HYBRID_SHARD"})
+      argv.insert(argv.end(), {"--set", s});
+    nodes.push_back(start(argv, {}, make_temp_dir() + "/node.txt"));
+  }
+  hy.code = 0;
+  for (auto& c : nodes) {
+    auto rc = wait_for(c, 150);
+    if (!rc) kill_and_reap(c);
+    hy.output += c.output();
+    if (rc.value_or(-1) != 0) hy.code = rc.value_or(-1);
+  }
+  check_same_run(ref, hy, "model.safetensors");
+  // Every rank holds half of the model (sharded over its node's 2 ranks, not over all 4) and
+  // all-reduces its shard's gradient with the other node's replica.
+  json r0 = last_rank_record(hy, 0), r3 = last_rank_record(hy, 3);
+  CHECK(r0["memory"]["param_bytes"] == r3["memory"]["param_bytes"]);
+  Job ddp = run_job(1, {"train.max_steps=1"});
+  REQUIRE(ddp.code == 0);
+  const int64_t whole = read_jsonl(ddp.dir + "/metrics.jsonl").back()["memory"]["param_bytes"];
+  CHECK(r0["memory"]["param_bytes"].get<int64_t>() >= whole / 2);
+  CHECK(r0["memory"]["param_bytes"].get<int64_t>() <= whole / 2 + 64);
+  CHECK(r3["comm"]["all_reduces"].get<int64_t>() > 0);
+  CHECK(r3["comm"]["reduce_scatters"].get<int64_t>() > 0);
+}
+
+TEST_CASE("strategy settings that do not apply are refused before anything is written",
+          "[multiproc]") {
+  struct Case {
+    std::vector<std::string> sets;
+    std::string says;
+  };
+  for (const auto& c : std::vector<Case>{
+           {{"strategy.kind=ddp", "strategy.zero3.offload_param=true"},
+            "is a zero3 knob but strategy.kind is ddp"},
+           {{"strategy.kind=zero3", "strategy.fsdp.forward_prefetch=true"},
+            "is a fsdp knob but strategy.kind is zero3"},
+           {{"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=HYBRID_SHARD"},
+            "HYBRID_SHARD shards inside a node and replicates across nodes"},
+           {{"strategy.kind=zero3", "strategy.zero3.offload_optimizer=true"}, "this run is on CPU"},
+           {{"strategy.kind=fsdp", "strategy.fsdp.param_dtype=bf16"},
+            "differs from precision.mode=fp32"}}) {
+    INFO(c.sets[1]);
+    const std::string dir = make_temp_dir() + "/run";
+    std::vector<std::string> argv = {ft_bin(), "train", "--preset", "tiny-demo", "--output", dir};
+    for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
+    for (const auto& s : c.sets) argv.insert(argv.end(), {"--set", s});
+    Child ch = start(argv, {}, make_temp_dir() + "/out.txt");
+    auto rc = wait_for(ch, 60);
+    INFO(ch.output());
+    CHECK(rc == 2);
+    CHECK(ch.output().find(c.says) != std::string::npos);
+    CHECK(!fs::exists(dir));
+  }
+}
