@@ -1,5 +1,6 @@
 #include "train/run.h"
 
+#include <ATen/Context.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
 
@@ -169,6 +170,9 @@ RunSummary run_training(const RunOptions& o) {
   to.loss_scale_window = p["precision"]["loss_scale_window"];
   SingleProcess strategy;
   Trainer trainer(model, to, strategy);
+  // LoRA dropout draws from LibTorch's default generators, which start from a random seed in each
+  // process: seeding them makes a run with dropout repeat exactly.
+  at::manual_seed(seed);
 
   fmt::print(
       "ft train: {} parameters ({} trained), {} layers, hidden {}, {} precision, {} x {} "
