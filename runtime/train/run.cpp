@@ -61,9 +61,6 @@ RunSummary run_training(const RunOptions& o) {
                      : "' reads JSONL: give the file with --data PATH (or use the built-in task: "
                        "--set data.format=synthetic)");
   // Settings this build cannot honour are refused, never silently ignored.
-  FT_CHECK(p["train"]["activation_checkpointing"] == "none", "train.activation_checkpointing=",
-           p["train"]["activation_checkpointing"].get<std::string>(),
-           " is not implemented yet; use --set train.activation_checkpointing=none");
   FT_CHECK(p["output"]["save_every"] == 0,
            "output.save_every: periodic checkpoints are not implemented yet (the final model is "
            "always saved); use --set output.save_every=0");
@@ -85,6 +82,9 @@ RunSummary run_training(const RunOptions& o) {
   FT_CHECK(seq_len <= mc.max_position_embeddings, "data.seq_len ", seq_len,
            " exceeds the model's max_position_embeddings ", mc.max_position_embeddings);
   const int64_t grad_accum = p["train"]["grad_accum"];
+  const auto checkpointing = model::parse_activation_checkpointing(
+      p["train"]["activation_checkpointing"].get<std::string>());
+  const int64_t checkpoint_every_n = p["train"]["checkpoint_every_n_layers"];
 
   model::LlamaModel model(mc, at::TensorOptions().dtype(dtype));
   if (weights) {
@@ -96,6 +96,7 @@ RunSummary run_training(const RunOptions& o) {
   } else {
     model.init_random(seed);
   }
+  model.set_activation_checkpointing(checkpointing, checkpoint_every_n);
   const bool lora = p["lora"]["enabled"];
   model::LoraConfig lora_config;
   if (lora) {
