@@ -184,8 +184,11 @@ const std::vector<Setting>& preset_schema() {
     I("train.seed", 42, 0, kInf, "Seed for initialisation, data order, dropout."),
     I("train.log_every", 1, 1, kInf, "Optimizer steps between log lines."),
     C("train.activation_checkpointing", "none", {"none", "full", "every_n"},
-      "Recompute activations in backward: none, every block, or every n-th block."),
-    I("train.checkpoint_every_n_layers", 2, 1, kInf, "n for activation_checkpointing = every_n."),
+      "Recompute layer activations in backward instead of keeping them: none; full (every "
+      "layer); every_n (layers whose index % checkpoint_every_n_layers == 0). Same gradients, "
+      "less memory, one more forward of those layers per step."),
+    I("train.checkpoint_every_n_layers", 2, 1, kInf,
+      "n for activation_checkpointing = every_n: layers 0, n, 2n, ... are checkpointed."),
     // precision
     C("precision.mode", "bf16", {"fp32", "bf16", "fp16", "fp64"},
       "Compute dtype; bf16/fp16 keep fp32 master weights and optimizer state; fp64 is for exact numerical checks."),

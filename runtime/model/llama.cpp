@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "model/activation_checkpoint.h"
 
 namespace ft::model {
 
@@ -16,6 +17,26 @@ at::Tensor Linear::forward(const at::Tensor& x, bool training) const {
     y = y + at::linear(at::linear(h, lora_a), lora_b) * lora_scale;
   }
   return y;
+}
+
+bool Linear::requires_grad() const {
+  for (const at::Tensor* t : {&weight, &bias, &lora_a, &lora_b})
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+bool LlamaLayer::requires_grad() const {
+  for (const Linear* l : {&q_proj, &k_proj, &v_proj, &o_proj, &gate_proj, &up_proj, &down_proj})
+    if (l->requires_grad()) return true;
+  return input_layernorm.requires_grad() || post_attention_layernorm.requires_grad();
+}
+
+ActivationCheckpointing parse_activation_checkpointing(const std::string& name) {
+  if (name == "none") return ActivationCheckpointing::kNone;
+  if (name == "full") return ActivationCheckpointing::kFull;
+  if (name == "every_n") return ActivationCheckpointing::kEveryN;
+  FT_CHECK(false, "train.activation_checkpointing must be none, full or every_n, got '", name, "'");
+  return ActivationCheckpointing::kNone;
 }
 
 at::Tensor rope_inv_freq(const LlamaConfig& c) {
@@ -129,6 +150,25 @@ void LlamaModel::load(const std::function<void(const std::string&, at::Tensor&)>
   for (auto& p : parameters()) fill(p.name, *p.tensor);
 }
 
+void LlamaModel::set_activation_checkpointing(ActivationCheckpointing mode, int64_t every_n) {
+  FT_CHECK(every_n >= 1, "train.checkpoint_every_n_layers must be >= 1, got ", every_n);
+  checkpointing_ = mode;
+  checkpoint_every_n_ = every_n;
+}
+
+bool LlamaModel::checkpoints_layer(int64_t index) const {
+  switch (checkpointing_) {
+    case ActivationCheckpointing::kNone:
+      return false;
+    case ActivationCheckpointing::kFull:
+      return true;
+    case ActivationCheckpointing::kEveryN:
+      return index % checkpoint_every_n_ == 0;
+  }
+  FT_ASSERT(false, "unknown ActivationCheckpointing ", static_cast<int>(checkpointing_));
+  return false;
+}
+
 at::Tensor LlamaModel::rope_cos_sin(const at::Tensor& position_ids, at::ScalarType dtype,
                                     bool sin) const {
   at::Tensor freqs = position_ids.unsqueeze(-1).to(at::kFloat) * inv_freq_;  // [B, T, hd/2]
@@ -152,6 +192,31 @@ at::Tensor rotate_half(const at::Tensor& x) {
 
 }  // namespace
 
+at::Tensor LlamaModel::layer_forward(const LlamaLayer& L, const at::Tensor& hidden,
+                                     const at::Tensor& cos, const at::Tensor& sin,
+                                     const at::Tensor& mask, bool training) const {
+  const auto& c = config_;
+  const int64_t B = hidden.size(0), T = hidden.size(1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  at::Tensor h = hidden;
+  at::Tensor x = rms_norm(h, L.input_layernorm, c.rms_norm_eps);
+  at::Tensor q = L.q_proj.forward(x, training).view({B, T, -1, c.head_dim}).transpose(1, 2);
+  at::Tensor k = L.k_proj.forward(x, training).view({B, T, -1, c.head_dim}).transpose(1, 2);
+  at::Tensor v = L.v_proj.forward(x, training).view({B, T, -1, c.head_dim}).transpose(1, 2);
+  q = q * cos + rotate_half(q) * sin;
+  k = k * cos + rotate_half(k) * sin;
+  at::Tensor a = at::scaled_dot_product_attention(
+      q, k, v, mask.defined() ? c10::optional<at::Tensor>(mask) : c10::nullopt,
+      /*dropout_p=*/0.0, /*is_causal=*/!mask.defined() && T > 1, scale,
+      /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads);
+  a = a.transpose(1, 2).reshape({B, T, -1});
+  h = h + L.o_proj.forward(a, training);
+  x = rms_norm(h, L.post_attention_layernorm, c.rms_norm_eps);
+  at::Tensor m = at::silu(L.gate_proj.forward(x, training)) * L.up_proj.forward(x, training);
+  h = h + L.down_proj.forward(m, training);
+  return h;
+}
+
 at::Tensor LlamaModel::hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids_in,
                                      bool training, const at::Tensor& segment_ids) const {
   const auto& c = config_;
@@ -166,7 +231,6 @@ at::Tensor LlamaModel::hidden_states(const at::Tensor& input_ids, const at::Tens
   const auto dtype = h.scalar_type();
   at::Tensor cos = rope_cos_sin(position_ids, dtype, false).unsqueeze(1);  // [B, 1, T, hd]
   at::Tensor sin = rope_cos_sin(position_ids, dtype, true).unsqueeze(1);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   // Packed sequences: causal within each segment, nothing across segments. [B, 1, T, T] bool.
   at::Tensor mask;
   if (segment_ids.defined()) {
@@ -174,25 +238,20 @@ at::Tensor LlamaModel::hidden_states(const at::Tensor& input_ids, const at::Tens
     at::Tensor causal = at::ones({T, T}, input_ids.options().dtype(at::kBool)).tril();
     mask = (same & causal).unsqueeze(1);
   }
-  for (size_t li = 0; li < layers_.size(); ++li) {
-    const LlamaLayer& L = layers_[li];
-    const int unit = static_cast<int>(li) + 1;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const LlamaLayer& L = layers_[i];
+    const int unit = static_cast<int>(i) + 1;
+    // Unit hooks stay outside the checkpointed block: a recompute must not gather or hook again.
     if (hooks_) hooks_->before_unit(unit);
-    at::Tensor x = rms_norm(h, L.input_layernorm, c.rms_norm_eps);
-    at::Tensor q = L.q_proj.forward(x, training).view({B, T, -1, c.head_dim}).transpose(1, 2);
-    at::Tensor k = L.k_proj.forward(x, training).view({B, T, -1, c.head_dim}).transpose(1, 2);
-    at::Tensor v = L.v_proj.forward(x, training).view({B, T, -1, c.head_dim}).transpose(1, 2);
-    q = q * cos + rotate_half(q) * sin;
-    k = k * cos + rotate_half(k) * sin;
-    at::Tensor a = at::scaled_dot_product_attention(
-        q, k, v, mask.defined() ? c10::optional<at::Tensor>(mask) : c10::nullopt,
-        /*dropout_p=*/0.0, /*is_causal=*/!mask.defined() && T > 1, scale,
-        /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads);
-    a = a.transpose(1, 2).reshape({B, T, -1});
-    h = h + L.o_proj.forward(a, training);
-    x = rms_norm(h, L.post_attention_layernorm, c.rms_norm_eps);
-    at::Tensor m = at::silu(L.gate_proj.forward(x, training)) * L.up_proj.forward(x, training);
-    h = h + L.down_proj.forward(m, training);
+    if (checkpoints_layer(static_cast<int64_t>(i))) {
+      // The recompute reads the layer's tensors through `L` when it runs, not copies of them.
+      auto block = [this, &L, training](const std::vector<at::Tensor>& in) {
+        return layer_forward(L, in[0], in[1], in[2], in[3], training);
+      };
+      h = run_checkpointed(block, {h, cos, sin, mask}, L.requires_grad());
+    } else {
+      h = layer_forward(L, h, cos, sin, mask, training);
+    }
     if (hooks_) hooks_->after_unit(unit, h);
   }
   return rms_norm(h, norm_, c.rms_norm_eps);

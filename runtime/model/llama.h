@@ -2,7 +2,8 @@
 // embeddings (rotate-half on HF's q/k layout, linear and llama3 scaling), grouped-query attention
 // through scaled_dot_product_attention, SwiGLU MLP. Parameters carry Hugging Face names so weight
 // files map one to one. The model owns its parameter tensors; a strategy (later) may replace their
-// storage with shards. Not thread-safe: one training thread per model.
+// storage with shards. Layers may run under activation checkpointing (recomputed in backward).
+// Not thread-safe: one training thread per model.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -30,6 +31,7 @@ struct Linear {
   double lora_scale = 0;
   double lora_dropout = 0;
   at::Tensor forward(const at::Tensor& x, bool training) const;
+  bool requires_grad() const;  // some tensor of it (base or adapter) requires grad
 };
 
 struct LlamaLayer {
@@ -38,6 +40,7 @@ struct LlamaLayer {
       o_proj;  // [heads*hd, hidden], [kv*hd, hidden] x2, [hidden, heads*hd]
   at::Tensor post_attention_layernorm;   // [hidden]
   Linear gate_proj, up_proj, down_proj;  // [inter, hidden] x2, [hidden, inter]
+  bool requires_grad() const;            // some parameter of the layer requires grad
 };
 
 // Called by the forward pass around its shard units, so a distributed strategy can gather a unit's
@@ -52,6 +55,14 @@ class UnitHooks {
   // `output` is the hidden state the unit produced ([B, T, hidden]; for unit 0 the embeddings).
   virtual void after_unit(int unit, const at::Tensor& output) = 0;
 };
+
+// Which transformer layers run under activation checkpointing (model/activation_checkpoint.h):
+// none, every layer, or the layers whose index is a multiple of n (0, n, 2n, ...).
+enum class ActivationCheckpointing { kNone, kFull, kEveryN };
+
+// "none" | "full" | "every_n", as train.activation_checkpointing spells them; ConfigError
+// otherwise.
+ActivationCheckpointing parse_activation_checkpointing(const std::string& name);
 
 class LlamaModel {
  public:
@@ -98,8 +109,20 @@ class LlamaModel {
   // parameters() order reproduces init_random exactly without holding the model.
   at::Tensor init_value(const std::string& name, at::IntArrayRef shape, at::Generator& gen) const;
 
+  // From now on, forward passes with grad run the chosen layers without keeping their activations
+  // and recompute them in backward: same loss and gradients, less memory held between forward and
+  // backward, one more forward of those layers per step. `every_n` (>= 1) is used by kEveryN.
+  // Gradients reach the parameters through backward() only (not torch::autograd::grad), and the
+  // graph refers to the layers, so the model must outlive it.
+  void set_activation_checkpointing(ActivationCheckpointing mode, int64_t every_n = 1);
+  bool checkpoints_layer(int64_t index) const;
+
  private:
   at::Tensor rope_cos_sin(const at::Tensor& position_ids, at::ScalarType dtype, bool sin) const;
+  // One decoder layer: hidden [B, T, hidden] -> [B, T, hidden]; cos, sin [B, 1, T, head_dim]; mask
+  // [B, 1, T, T] bool or undefined (causal).
+  at::Tensor layer_forward(const LlamaLayer& layer, const at::Tensor& hidden, const at::Tensor& cos,
+                           const at::Tensor& sin, const at::Tensor& mask, bool training) const;
   LlamaConfig config_;
   at::Tensor embed_tokens_;  // [vocab, hidden]
   std::vector<LlamaLayer> layers_;
@@ -107,6 +130,8 @@ class LlamaModel {
   at::Tensor lm_head_;   // [vocab, hidden], undefined when tied
   at::Tensor inv_freq_;  // [head_dim/2] fp32, rotary inverse frequencies (with scaling)
   UnitHooks* hooks_ = nullptr;
+  ActivationCheckpointing checkpointing_ = ActivationCheckpointing::kNone;
+  int64_t checkpoint_every_n_ = 1;
 };
 
 // Rotary inverse frequencies exactly as transformers computes them (fp32).

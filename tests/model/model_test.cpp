@@ -1,6 +1,10 @@
 // Fidelity of ft's Llama-family model against Hugging Face transformers and PEFT: the fixtures in
 // tests/model/fixtures were written by make_fixtures.py (transformers' own save_pretrained plus its
-// logits, loss and gradients); these tests need no Python.
+// logits, loss and gradients); these tests need no Python. Activation checkpointing is checked
+// against the same model's plain forward.
+#include <c10/core/CPUAllocator.h>
+
+#include <atomic>
 #include <fstream>
 
 #include "core/error.h"
@@ -188,4 +192,209 @@ TEST_CASE("random init is deterministic and transformers-shaped", "[unit]") {
   CHECK(pa[1].tensor->eq(1).all().item<bool>());  // a norm
   double sd = pa[0].tensor->std().item<double>();
   CHECK(sd == Approx(c.initializer_range).epsilon(0.1));
+}
+
+namespace {
+
+// The llama3 fixture's shape (vocabulary 96, hidden 32, GQA 4/2, llama3 RoPE, tied) with `layers`
+// layers, for random models small enough to compare every gradient quickly.
+LlamaConfig tiny_config(int64_t layers) {
+  LlamaConfig c = load_llama_config(fixture("llama3_gqa_tied") + "/config.json");
+  c.num_hidden_layers = layers;
+  c.initializer_range = 0.1;
+  return c;
+}
+
+struct Pass {
+  at::Tensor loss;
+  std::vector<at::Tensor> grads;  // in the order of `params`
+};
+
+// One training forward + backward with the model's current checkpointing; gradients are taken
+// from (and then cleared on) `params`.
+Pass train_pass(LlamaModel& m, const std::vector<NamedTensor>& params, const at::Tensor& ids,
+                const at::Tensor& segment_ids) {
+  at::Tensor logits = m.forward(ids, {}, /*training=*/true, segment_ids);
+  LossSum ls = causal_lm_loss_sum(logits, ids);
+  at::Tensor loss = ls.sum / static_cast<double>(ls.tokens);
+  Pass out;
+  out.loss = loss.detach();
+  loss.backward();
+  for (const auto& p : params) {
+    REQUIRE(p.tensor->grad().defined());
+    out.grads.push_back(p.tensor->grad().clone());
+    p.tensor->mutable_grad() = at::Tensor();
+  }
+  return out;
+}
+
+// Bytes of live CPU tensors, counted by an allocator installed in front of c10's while a
+// LiveBytes exists. The counter is global so that blocks freed later still find it.
+std::atomic<int64_t> g_live_bytes{0};
+
+class LiveBytes final : public c10::Allocator {
+ public:
+  LiveBytes() : base_(c10::GetCPUAllocator()) { c10::SetCPUAllocator(this); }
+  ~LiveBytes() override { c10::SetCPUAllocator(base_); }
+  LiveBytes(const LiveBytes&) = delete;
+  LiveBytes& operator=(const LiveBytes&) = delete;
+  int64_t now() const { return g_live_bytes.load(); }
+
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr inner = base_->allocate(n);
+    void* data = inner.get();
+    const c10::Device device = inner.device();
+    g_live_bytes += static_cast<int64_t>(n);
+    return {data, new Block{std::move(inner), n}, &Block::release, device};
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+ private:
+  struct Block {
+    c10::DataPtr inner;
+    size_t n;
+    static void release(void* p) {
+      auto* b = static_cast<Block*>(p);
+      g_live_bytes -= static_cast<int64_t>(b->n);
+      delete b;
+    }
+  };
+  c10::Allocator* base_;
+};
+
+}  // namespace
+
+TEST_CASE("activation checkpointing: loss and every gradient equal the plain forward's", "[unit]") {
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    for (bool packed : {false, true}) {
+      DYNAMIC_SECTION(c10::toString(dtype) << (packed ? " packed" : " causal")) {
+        const double tol = dtype == at::kFloat ? 1e-6 : 1e-12;
+        LlamaModel m(tiny_config(3), at::TensorOptions().dtype(dtype));
+        m.init_random(3);
+        auto params = m.parameters();
+        require_grad(params);
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+        at::Tensor ids = at::randint(0, 96, {2, 16}, gen, at::kLong);
+        at::Tensor segments;
+        if (packed)
+          segments = at::arange(16, at::kLong).div(5, "floor").unsqueeze(0).repeat({2, 1});
+        const Pass ref = train_pass(m, params, ids, segments);
+        for (auto [mode, n] : {std::pair{ActivationCheckpointing::kFull, 1},
+                               std::pair{ActivationCheckpointing::kEveryN, 2}}) {
+          INFO((mode == ActivationCheckpointing::kFull ? "full" : "every_n=2"));
+          m.set_activation_checkpointing(mode, n);
+          const Pass got = train_pass(m, params, ids, segments);
+          // On the CPU the recompute runs the same kernels on the same inputs in the same order,
+          // so the results are bit-identical; the tolerance says how far off they are should a
+          // LibTorch change ever break that.
+          CHECK(rel_err(got.loss, ref.loss) <= tol);
+          CHECK(at::equal(got.loss, ref.loss));
+          for (size_t i = 0; i < params.size(); ++i) {
+            INFO(params[i].name);
+            CHECK(rel_err(got.grads[i], ref.grads[i]) <= tol);
+            CHECK(at::equal(got.grads[i], ref.grads[i]));
+          }
+          // Without grad nothing is recomputed: the plain forward runs.
+          at::NoGradGuard no_grad;
+          at::Tensor logits = m.forward(ids, {}, true, segments);
+          CHECK_FALSE(logits.requires_grad());
+        }
+        m.set_activation_checkpointing(ActivationCheckpointing::kNone);
+      }
+    }
+  }
+}
+
+TEST_CASE("activation checkpointing replays LoRA dropout and feeds adapters behind a frozen base",
+          "[unit]") {
+  LlamaModel m(tiny_config(3), at::kFloat);
+  m.init_random(3);
+  LoraConfig lc;
+  lc.r = 4;
+  lc.dropout = 0.3;
+  attach_lora(m, lc, 1);
+  auto params = lora_parameters(m);
+  {
+    // lora_B starts at zero, which would make every lora_A gradient zero.
+    at::NoGradGuard g;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(2);
+    for (auto& p : params) p.tensor->normal_(0.0, 0.1, gen);
+  }
+  require_grad(params);  // the base stays frozen: the layers' inputs never require grad
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  at::Tensor ids = at::randint(0, 96, {2, 16}, gen, at::kLong);
+  auto seeded_pass = [&](uint64_t seed) {
+    at::manual_seed(seed);
+    Pass p = train_pass(m, params, ids, {});
+    return std::pair{p, at::detail::getDefaultCPUGenerator().get_state()};
+  };
+  const auto [ref, ref_state] = seeded_pass(7);
+  // Dropout is live: another seed gives another loss.
+  CHECK(seeded_pass(8).first.loss.item<double>() != ref.loss.item<double>());
+  for (auto [mode, n] : {std::pair{ActivationCheckpointing::kFull, 1},
+                         std::pair{ActivationCheckpointing::kEveryN, 2}}) {
+    INFO((mode == ActivationCheckpointing::kFull ? "full" : "every_n=2"));
+    m.set_activation_checkpointing(mode, n);
+    const auto [got, state] = seeded_pass(7);
+    CHECK(rel_err(got.loss, ref.loss) <= 1e-6);
+    for (size_t i = 0; i < params.size(); ++i) {
+      INFO(params[i].name);
+      REQUIRE(ref.grads[i].abs().max().item<double>() > 0);
+      CHECK(rel_err(got.grads[i], ref.grads[i]) <= 1e-6);
+    }
+    // The recompute put the generator back: it stands where the plain pass left it.
+    CHECK(at::equal(state, ref_state));
+  }
+}
+
+TEST_CASE("activation checkpointing keeps less between forward and backward", "[unit]") {
+  LlamaModel m(tiny_config(4), at::kFloat);
+  m.init_random(3);
+  auto params = m.parameters();
+  require_grad(params);
+  at::Tensor ids =
+      at::randint(0, 96, {2, 64}, at::make_generator<at::CPUGeneratorImpl>(1), at::kLong);
+  // Bytes still allocated once the loss is computed: what the graph saved for backward.
+  auto held = [&](ActivationCheckpointing mode, int64_t n) {
+    m.set_activation_checkpointing(mode, n);
+    LiveBytes live;
+    const int64_t before = live.now();
+    LossSum ls = causal_lm_loss_sum(m.forward(ids, {}, true), ids);
+    const int64_t after = live.now() - before;
+    ls.sum.backward();
+    for (auto& p : params) p.tensor->mutable_grad() = at::Tensor();
+    return after;
+  };
+  const int64_t none = held(ActivationCheckpointing::kNone, 1);
+  const int64_t every2 = held(ActivationCheckpointing::kEveryN, 2);
+  const int64_t full = held(ActivationCheckpointing::kFull, 1);
+  INFO("held after forward: none " << none << " B, every_n=2 " << every2 << " B, full " << full
+                                   << " B");
+  const int64_t hidden_bytes = 2 * 64 * 32 * 4;  // one [B, T, hidden] fp32 activation
+  CHECK(none > 4 * 4 * hidden_bytes);            // the counter sees the activations at all
+  CHECK(every2 < none);
+  CHECK(full < every2);
+  CHECK(full < none / 2);
+}
+
+TEST_CASE("activation checkpointing settings are checked", "[unit]") {
+  CHECK(parse_activation_checkpointing("none") == ActivationCheckpointing::kNone);
+  CHECK(parse_activation_checkpointing("full") == ActivationCheckpointing::kFull);
+  CHECK(parse_activation_checkpointing("every_n") == ActivationCheckpointing::kEveryN);
+  CHECK_THROWS_AS(parse_activation_checkpointing("partial"), ConfigError);
+  CHECK_THROWS_WITH(parse_activation_checkpointing("partial"),
+                    Catch::Contains("none, full or every_n, got 'partial'"));
+  LlamaModel m(tiny_config(3), at::kFloat);
+  CHECK_THROWS_WITH(m.set_activation_checkpointing(ActivationCheckpointing::kEveryN, 0),
+                    Catch::Contains("train.checkpoint_every_n_layers must be >= 1, got 0"));
+  m.set_activation_checkpointing(ActivationCheckpointing::kEveryN, 2);
+  CHECK(m.checkpoints_layer(0));
+  CHECK_FALSE(m.checkpoints_layer(1));
+  CHECK(m.checkpoints_layer(2));
+  m.set_activation_checkpointing(ActivationCheckpointing::kFull);
+  CHECK(m.checkpoints_layer(1));
+  m.set_activation_checkpointing(ActivationCheckpointing::kNone);
+  CHECK_FALSE(m.checkpoints_layer(0));
 }

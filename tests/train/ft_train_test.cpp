@@ -21,6 +21,18 @@ int run(const std::vector<std::string>& args, const std::string& out, double tim
   return st.value_or(-1);
 }
 bool exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
+// The numbers under `key` in each line of metrics.jsonl.
+std::vector<double> values(const std::string& jsonl, const std::string& key) {
+  std::vector<double> out;
+  const std::string tag = "\"" + key + "\":";
+  std::istringstream in(jsonl);
+  for (std::string l; std::getline(in, l);) {
+    auto at = l.find(tag);
+    REQUIRE(at != std::string::npos);
+    out.push_back(std::stod(l.substr(at + tag.size())));
+  }
+  return out;
+}
 std::vector<std::string> lines(const std::string& text) {
   std::vector<std::string> out;
   std::istringstream in(text);
@@ -96,10 +108,10 @@ TEST_CASE("ft train refuses bad input before writing anything", "[multiproc]") {
   CHECK_FALSE(exists(dir + "/o3"));
   // A setting this build cannot honour is refused, not ignored.
   CHECK(run({"train", "--preset", "tiny-demo", "--output", dir + "/o4", "--set",
-             "train.activation_checkpointing=full"},
+             "output.save_every=2"},
             dir + "/e.log") == 2);
   CHECK_THAT(read_file(dir + "/e.log"),
-             Catch::Contains("activation_checkpointing=full is not implemented"));
+             Catch::Contains("output.save_every: periodic checkpoints are not implemented"));
   CHECK_FALSE(exists(dir + "/o4"));
 }
 
@@ -219,4 +231,38 @@ TEST_CASE("ft eval reports loss, tokens and perplexity of a trained model and of
       eval({"--model", dir + "/short/final", "--adapter", dir + "/lora/final"}, "e3.log");
   REQUIRE(rc3 == 0);
   CHECK(num(e3, "loss") < num(e1, "loss"));
+}
+
+TEST_CASE("ft train with activation checkpointing logs the losses of a run without",
+          "[multiproc]") {
+  std::string dir = make_temp_dir();
+  // tiny-lora with dropout: the recompute must replay the dropout masks of the forward.
+  for (auto preset : {"tiny-demo", "tiny-lora"}) {
+    DYNAMIC_SECTION(preset) {
+      std::vector<std::string> common = {
+          "train", "--preset", preset, "--set", "train.max_steps=3", "--set", "lora.dropout=0.1"};
+      auto train = [&](const std::string& name, std::vector<std::string> sets) {
+        std::vector<std::string> args = common;
+        args.insert(args.end(), {"--output", dir + "/" + preset + name});
+        for (auto& s : sets) args.insert(args.end(), {"--set", s});
+        REQUIRE(run(args, dir + "/" + preset + name + ".log") == 0);
+        return read_file(dir + "/" + preset + name + "/metrics.jsonl");
+      };
+      const std::string none = train("none", {});
+      const std::string full = train("full", {"train.activation_checkpointing=full"});
+      const std::string every = train("every_n", {"train.activation_checkpointing=every_n",
+                                                  "train.checkpoint_every_n_layers=2"});
+      for (const char* key : {"loss", "grad_norm"}) {
+        INFO(key);
+        auto ref = values(none, key);
+        REQUIRE(ref.size() == 3);
+        for (const auto* other : {&full, &every}) {
+          auto got = values(*other, key);
+          REQUIRE(got.size() == ref.size());
+          for (size_t i = 0; i < ref.size(); ++i)
+            CHECK(std::abs(got[i] - ref[i]) <= 1e-6 * std::abs(ref[i]));
+        }
+      }
+    }
+  }
 }
