@@ -273,7 +273,9 @@ LaunchConfig make_launch_config(const std::map<std::string, Resolved>& r,
              get("node-rank").source, ") must be below --nnodes ", c.max_nodes, " (from ",
              get("nnodes").source, ")");
   }
-  FT_CHECK(!program.empty(), "no program to run: ft launch [options] -- PROGRAM [ARGS...]");
+  FT_CHECK(!program.empty(),
+           "no program to run: ft launch [options] -- PROGRAM [ARGS...], or ft launch [options] "
+           "--preset NAME --output DIR [--set key=value ...] to run ft train on every worker");
   const std::string& p0 = program.front();
   if (!get("no-python").set() && p0.size() > 3 && p0.compare(p0.size() - 3, 3, ".py") == 0) {
     program.insert(program.begin(), {"python3", "-u"});  // torchrun's default for scripts

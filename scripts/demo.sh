@@ -10,7 +10,7 @@ ft="$build/bin/ft"
 out="$build/demo/run-$(date +%Y%m%d-%H%M%S)"
 threshold=1.0
 echo "== ft demo: fine-tune tiny-demo on the built-in synthetic task (CPU), output in $out =="
-"$ft" launch --standalone --nproc-per-node 1 -- "$ft" train --preset tiny-demo --output "$out"
+"$ft" launch --standalone --nproc-per-node 1 --preset tiny-demo --output "$out"
 final=$(tail -n 10 "$out/metrics.jsonl" | python3 -c '
 import json, sys
 losses = [json.loads(l)["loss"] for l in sys.stdin if l.strip()]

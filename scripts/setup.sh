@@ -8,6 +8,8 @@
 #   FT_SKIP_APT=1       never call apt-get (packages must be present, or headers in FT_DEPS_DIR)
 #   FT_DEPS_DIR=dir     extra include/ prefix for header-only deps (CLI11, nlohmann, fmt, catch2) where
 #                       apt cannot run; scripts/pack-headers.sh makes one
+#   FT_WITH_REFERENCE=1 also pip-install the reference libraries (transformers, peft, tokenizers,
+#                       safetensors) into that Python: the interop test and the fixture scripts use them
 set -euo pipefail
 FT_TORCH_VERSION=${FT_TORCH_VERSION:-2.11.0}
 FT_CACHE=${FT_CACHE:-$HOME/.cache/ft}
@@ -69,3 +71,16 @@ FT_DEPS_DIR=${FT_DEPS_DIR:-}
 ENV
 mv "$FT_CACHE/env.sh.tmp" "$FT_CACHE/env.sh"
 log "torch $tver at $prefix"
+
+# --- Reference libraries (optional) ---------------------------------------------------------------
+if [[ -n "${FT_WITH_REFERENCE:-}" && "${FT_WITH_REFERENCE}" != 0 ]]; then
+  # find_spec, not import: importing transformers costs seconds on every make.
+  if "$py" -c 'import importlib.util as u, sys
+sys.exit(not all(u.find_spec(m) for m in ("transformers", "peft", "tokenizers", "safetensors")))'; then
+    log "reference libraries present in $py"
+  else
+    log "installing transformers, peft, tokenizers, safetensors into $py (FT_WITH_REFERENCE)"
+    "$py" -m pip install -q --disable-pip-version-check --progress-bar off \
+      transformers peft tokenizers safetensors
+  fi
+fi

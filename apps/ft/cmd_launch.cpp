@@ -1,24 +1,42 @@
 // `ft launch [options] -- PROGRAM [ARGS...]`: torchrun-compatible multi-node launcher.
+// `ft launch [options] --preset NAME [ft train options]`: the same launcher running `ft train`
+// (this binary) on every worker, with the ft train options given to it.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <memory>
 
 #include "agent.h"
 #include "commands.h"
+#include "config/preset.h"
 #include "core/build_info.h"
 #include "core/error.h"
 #include "options.h"
+#include "train_options.h"
 
 namespace ft::app {
+namespace {
+
+// This binary, so the workers run the same ft as the launcher whatever PATH holds.
+std::string self_exe() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  FT_CHECK_T(SystemError, !ec, "cannot find ft's own path (/proc/self/exe): ", ec.message());
+  return p.string();
+}
+
+}  // namespace
 
 Run add_launch(CLI::App& app, const std::vector<std::string>& program) {
   auto* cmd = app.add_subcommand(
       "launch",
       "Rendezvous with the other nodes, run PROGRAM once per worker with torchrun's environment, "
-      "supervise and restart.\nUsage: ft launch [options] -- PROGRAM [ARGS...]");
+      "supervise and restart.\nUsage: ft launch [options] -- PROGRAM [ARGS...]\n"
+      "       ft launch [options] --preset NAME|FILE --output DIR [ft train options]\n"
+      "         runs `ft train` (this ft) on every worker with the ft train options; no PROGRAM");
   // Everything from the first positional on is the program (torchrun's form, without `--`).
   cmd->prefix_command();
   auto values = std::make_shared<std::map<std::string, std::string>>();
@@ -44,8 +62,12 @@ Run add_launch(CLI::App& app, const std::vector<std::string>& program) {
   }
   cmd->add_flag("--print-options-md", *print_md, "Print the option table as Markdown (docs)")
       ->group("");
+  auto train_args = std::make_shared<TrainCommandLine>();
+  train_args->add_to(
+      cmd, /*require=*/false,
+      "ft train options (any of them: ft launch runs `ft train` on every worker, no PROGRAM)");
 
-  return [cmd, values, opts, print_md, program]() -> int {
+  return [cmd, values, opts, print_md, program, train_args]() -> int {
     if (*print_md) {
       std::fputs(launcher::options_markdown().c_str(), stdout);
       return 0;
@@ -63,6 +85,25 @@ Run add_launch(CLI::App& app, const std::vector<std::string>& program) {
                                     rest.front(), launcher::suggest_option(rest.front())));
     }
     std::vector<std::string> prog = program.empty() ? rest : program;
+    if (train_args->any_given()) {
+      const std::string given = train_args->first_given();
+      FT_CHECK(prog.empty(), "ft launch: ", given,
+               " is an ft train option, so ft launch runs `ft train` on every worker, but a "
+               "program was given too ('",
+               prog.empty() ? "" : prog.front(),
+               "'): give either ft train's options (ft launch [options] --preset NAME --output "
+               "DIR ...) or a program (ft launch [options] -- PROGRAM ...), not both");
+      const auto missing = train_args->missing_required();
+      FT_CHECK(missing.empty(), "ft launch: ", given,
+               " runs `ft train` on every worker, which needs ",
+               fmt::format("{}", fmt::join(missing, " and ")),
+               " too: ft launch [options] --preset NAME|FILE --output DIR [--set key=value ...]");
+      // A bad preset or --set is refused once, here, rather than by every worker.
+      config::resolve_preset(train_args->value("preset"), train_args->values("set"));
+      prog = {self_exe(), "train"};
+      const auto forwarded = train_args->train_argv();
+      prog.insert(prog.end(), forwarded.begin(), forwarded.end());
+    }
     auto resolved = launcher::resolve_options(given, launcher::current_environment());
     BuildInfo bi = build_info(true);
     long cores = ::sysconf(_SC_NPROCESSORS_ONLN);

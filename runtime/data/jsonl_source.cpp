@@ -1,5 +1,7 @@
 #include "data/jsonl_source.h"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <numeric>
 
@@ -84,6 +86,20 @@ int64_t JsonlSource::record_at(int64_t epoch, int64_t position) {
   return order_of(epoch)[static_cast<size_t>(position)];
 }
 
+TokenizedRecord JsonlSource::tokenize_at(int64_t record, bool* truncated) const {
+  const JsonlLine line = index_.read(record);
+  const std::string origin = detail::cat(options_.path, ":", line.line);
+  TokenizedRecord r =
+      tokenize_record(parse_record(line.text, format_, origin), options_.chat_template,
+                      options_.train_on_prompt, *tokenizer_, origin);
+  *truncated = static_cast<int64_t>(r.ids.size()) > options_.seq_len;
+  if (*truncated) {
+    r.ids.resize(static_cast<size_t>(options_.seq_len));  // keep the start
+    r.labels.resize(static_cast<size_t>(options_.seq_len));
+  }
+  return r;
+}
+
 TokenizedRecord JsonlSource::next_record() {
   const int64_t n = index_.size();
   // A whole epoch of unusable records would loop forever: stop after one full pass of them.
@@ -92,27 +108,70 @@ TokenizedRecord JsonlSource::next_record() {
                skipped_, " malformed records skipped)");
     const int64_t g = next_global_;
     next_global_ += options_.world_size;
-    const JsonlLine line = index_.read(record_at(g / n, g % n));
-    const std::string origin = detail::cat(options_.path, ":", line.line);
     TokenizedRecord r;
+    bool truncated = false;
     try {
-      r = tokenize_record(parse_record(line.text, format_, origin), options_.chat_template,
-                          options_.train_on_prompt, *tokenizer_, origin);
+      r = tokenize_at(record_at(g / n, g % n), &truncated);
     } catch (const FormatError&) {
       if (options_.on_bad_record == BadRecordPolicy::kError) throw;
       ++skipped_;
       continue;
     }
     if (r.ids.empty()) continue;  // nothing to train on (an empty text with no BOS/EOS)
-    if (static_cast<int64_t>(r.ids.size()) > options_.seq_len) {
-      r.ids.resize(static_cast<size_t>(options_.seq_len));  // keep the start
-      r.labels.resize(static_cast<size_t>(options_.seq_len));
-      ++truncated_;
-    }
+    if (truncated) ++truncated_;
     r.labels[0] = kIgnore;  // nothing before a record's first token predicts it
     pending_global_ = g;
     return r;
   }
+}
+
+int64_t JsonlSource::rows_per_epoch(const std::function<void(int64_t, int64_t)>& progress) {
+  const int64_t n = index_.size();
+  constexpr int32_t kUnusable = -1, kMalformed = -2;
+  // Token count of each record after truncation, in file order (reads stay sequential).
+  std::vector<int32_t> length(static_cast<size_t>(n));
+  constexpr int64_t kChunk = 4096;
+  for (int64_t begin = 0; begin < n; begin += kChunk) {
+    const int64_t end = std::min(n, begin + kChunk);
+    at::parallel_for(begin, end, 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        bool truncated = false;
+        try {
+          const size_t len = tokenize_at(i, &truncated).ids.size();
+          length[static_cast<size_t>(i)] = len == 0 ? kUnusable : static_cast<int32_t>(len);
+        } catch (const FormatError&) {
+          length[static_cast<size_t>(i)] = kMalformed;
+        }
+      }
+    });
+    if (options_.on_bad_record == BadRecordPolicy::kError) {
+      for (int64_t i = begin; i < end; ++i) {
+        bool truncated = false;
+        // Again on this thread, so the error is the first bad record's, as next() throws it.
+        if (length[static_cast<size_t>(i)] == kMalformed) tokenize_at(i, &truncated);
+      }
+    }
+    if (progress) progress(end, n);
+  }
+  // Place them as next() does: a record that does not fit the current row starts the next one.
+  const int64_t T = options_.seq_len;
+  int64_t rows = 0, filled = 0;
+  bool open = false;
+  const std::vector<int64_t>& order = order_of(0);
+  for (const int64_t record : order) {
+    const int64_t len = length[static_cast<size_t>(record)];
+    if (len <= 0) continue;
+    if (open && (!options_.pack || filled + len > T)) {
+      ++rows;
+      filled = 0;
+    }
+    filled += len;
+    open = true;
+  }
+  if (open) ++rows;
+  FT_CHECK_T(FormatError, rows > 0, options_.path, ": no usable record in the file (",
+             std::count(length.begin(), length.end(), kMalformed), " malformed records skipped)");
+  return rows;
 }
 
 Batch JsonlSource::next() {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -68,9 +69,21 @@ class JsonlSource : public BatchSource {
   // The record index at position `position` of epoch `epoch`'s order (for tests and tools).
   int64_t record_at(int64_t epoch, int64_t position);
 
+  // Rows of [seq_len] tokens that one epoch gives: every record, tokenized and truncated as next()
+  // does, placed in epoch 0's order into rows as next() packs them (what `train.epochs` counts
+  // in). Later epochs pack another order and may give a row or so more or fewer. Counts as one
+  // rank reading every record, whatever this source's rank. Tokenizes each record once, in
+  // parallel, calling `progress(records_done, num_records())` between chunks. A malformed record
+  // is the FormatError next() would throw (the first in file order), or is not counted under
+  // BadRecordPolicy::kSkip. Leaves the source's position unchanged.
+  int64_t rows_per_epoch(const std::function<void(int64_t, int64_t)>& progress = {});
+
  private:
   // The next usable record on this rank, tokenized and truncated (skips bad ones if allowed).
   TokenizedRecord next_record();
+  // Record `record` (a file index) parsed, tokenized and truncated to seq_len; throws FormatError
+  // naming file:line for a malformed one. Thread-safe.
+  TokenizedRecord tokenize_at(int64_t record, bool* truncated) const;
   const std::vector<int64_t>& order_of(int64_t epoch);
   // The global index of the next record a batch will take (the pending one, if any).
   int64_t cursor() const { return has_pending_ ? pending_global_ : next_global_; }

@@ -4,8 +4,11 @@
 #include <ATen/Context.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -48,6 +51,51 @@ model::LlamaConfig model_config_from_preset(const json& p) {
   return c;
 }
 
+int64_t steps_for_epochs(double epochs, int64_t rows_per_epoch, int64_t micro_batch,
+                         int64_t grad_accum, int64_t world_size) {
+  FT_CHECK(epochs > 0, "train.epochs must be > 0 when train.max_steps is 0, got ", epochs);
+  FT_ASSERT(rows_per_epoch > 0 && micro_batch > 0 && grad_accum > 0 && world_size > 0, "rows ",
+            rows_per_epoch, " micro_batch ", micro_batch, " grad_accum ", grad_accum,
+            " world_size ", world_size);
+  const double rows_per_step = static_cast<double>(micro_batch * grad_accum * world_size);
+  const double steps = epochs * static_cast<double>(rows_per_epoch) / rows_per_step;
+  // epochs is a decimal fraction (0.1 * 30 is 3.0000000000000004): a count within rounding of a
+  // whole number is that number, not one step more.
+  const double nearest = std::round(steps);
+  const double exact =
+      std::abs(steps - nearest) <= 1e-9 * std::max(1.0, steps) ? nearest : std::ceil(steps);
+  FT_CHECK(exact < 1e15, "train.epochs=", epochs, " gives ", exact, " optimizer steps; too many");
+  return std::max<int64_t>(1, static_cast<int64_t>(exact));
+}
+
+namespace {
+
+// The rows of one epoch of --data, with a progress line when counting takes a while (each record
+// is tokenized once).
+int64_t count_epoch_rows(data::JsonlSource& source, const std::string& path) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  auto last = start;
+  const bool tty = ::isatty(STDOUT_FILENO) == 1;
+  bool shown = false;
+  const int64_t rows = source.rows_per_epoch([&](int64_t done, int64_t total) {
+    const auto now = clock::now();
+    const double since_start = std::chrono::duration<double>(now - start).count();
+    const double since_last = std::chrono::duration<double>(now - last).count();
+    if (since_start < 2 || (!tty && since_last < 10 && done < total)) return;
+    fmt::print("{}ft train: counting the sequences of one epoch of {}: {}/{} records ({:.0f} s)",
+               tty ? "\r" : "", path, done, total, since_start);
+    if (!tty) fmt::print("\n");
+    std::fflush(stdout);
+    last = now;
+    shown = true;
+  });
+  if (shown && tty) fmt::print("\n");
+  return rows;
+}
+
+}  // namespace
+
 RunSummary run_training(const RunOptions& o) {
   const json& p = o.preset;
   // --- validate everything before touching the output directory ---
@@ -68,10 +116,15 @@ RunSummary run_training(const RunOptions& o) {
   FT_CHECK(p["output"]["save_every"] == 0,
            "output.save_every: periodic checkpoints are not implemented yet (the final model is "
            "always saved); use --set output.save_every=0");
-  const int64_t max_steps = p["train"]["max_steps"];
-  FT_CHECK(max_steps > 0, "train.max_steps must be set (> 0): ",
-           synthetic ? "the synthetic task has no epochs"
-                     : "step counts from train.epochs are not implemented yet");
+  // train.max_steps wins; 0 asks for train.epochs passes over the data, counted below once the
+  // data source is open.
+  int64_t total_steps = p["train"]["max_steps"];
+  const double epochs = p["train"]["epochs"];
+  FT_CHECK(total_steps > 0 || !synthetic,
+           "train.max_steps is 0, which asks for train.epochs passes over the data, but the "
+           "synthetic task has no epochs (its stream has no end): set --set train.max_steps=N");
+  FT_CHECK(total_steps > 0 || epochs > 0, "train.max_steps and train.epochs are both 0: set ",
+           "train.max_steps (optimizer steps) or train.epochs (passes over --data)");
   model::LlamaConfig mc = o.model_dir.empty()
                               ? model_config_from_preset(p)
                               : model::load_llama_config(o.model_dir + "/config.json");
@@ -111,6 +164,7 @@ RunSummary run_training(const RunOptions& o) {
     lora_config = lc;
   }
   std::unique_ptr<data::JsonlSource> jsonl;
+  int64_t rows_per_epoch = 0;
   if (!synthetic) {
     data::JsonlOptions jo;
     jo.path = o.data_path;
@@ -137,6 +191,11 @@ RunSummary run_training(const RunOptions& o) {
     jo.rank = env.rank;
     jo.world_size = env.world_size;
     jsonl = std::make_unique<data::JsonlSource>(jo);
+    if (total_steps == 0) {
+      rows_per_epoch = count_epoch_rows(*jsonl, o.data_path);
+      total_steps =
+          steps_for_epochs(epochs, rows_per_epoch, jo.micro_batch, grad_accum, env.world_size);
+    }
   }
 
   // Every rank has validated its inputs; forming the process group waits for all of them, so no
@@ -211,7 +270,7 @@ RunSummary run_training(const RunOptions& o) {
 
   TrainOptions to;
   to.precision = precision;
-  to.schedule = {p["train"]["lr"], p["train"]["warmup_steps"], max_steps,
+  to.schedule = {p["train"]["lr"], p["train"]["warmup_steps"], total_steps,
                  p["train"]["min_lr_ratio"], p["train"]["schedule"]};
   to.adamw = {p["train"]["beta1"], p["train"]["beta2"], p["train"]["eps"],
               p["train"]["weight_decay"]};
@@ -226,10 +285,12 @@ RunSummary run_training(const RunOptions& o) {
   if (rank0) {
     fmt::print(
         "ft train: {} parameters ({} trained), {} layers, hidden {}, {} precision, {} x {} "
-        "sequences of {} tokens per step{}, {} steps -> {}\n",
+        "sequences of {} tokens per step{}, {} steps{} -> {}\n",
         mc.num_parameters(), lora ? "LoRA adapters" : "all", mc.num_hidden_layers, mc.hidden_size,
         precision, grad_accum, p["train"]["micro_batch"].get<int64_t>(), seq_len,
-        env.world_size > 1 ? fmt::format(" on each of {} ranks", env.world_size) : "", max_steps,
+        env.world_size > 1 ? fmt::format(" on each of {} ranks", env.world_size) : "", total_steps,
+        rows_per_epoch > 0 ? fmt::format(" ({:g} epochs of {} sequences)", epochs, rows_per_epoch)
+                           : "",
         o.output_dir);
     fmt::print("ft train: strategy {}\n", plan.label);
     std::fflush(stdout);
@@ -239,9 +300,9 @@ RunSummary run_training(const RunOptions& o) {
       env.world_size > 1
           ? (fs::path(o.output_dir) / fmt::format("metrics.rank{}.jsonl", env.rank)).string()
           : "");
-  Progress progress(rank0 ? max_steps : 0, p["train"]["log_every"]);
+  Progress progress(rank0 ? total_steps : 0, p["train"]["log_every"]);
   RunSummary sum;
-  while (trainer.steps() < max_steps) {
+  while (trainer.steps() < total_steps) {
     auto t0 = std::chrono::steady_clock::now();
     std::vector<data::Batch> mbs;
     for (int64_t i = 0; i < grad_accum; ++i) mbs.push_back(source.next());

@@ -94,6 +94,15 @@ std::string text_records(int n) {
   return s;
 }
 
+// N text records of varied lengths: record i is one letter repeated i * step % modulo + 1 times.
+std::string varied_text_records(int n, int step, int modulo) {
+  std::string s;
+  for (int i = 0; i < n; ++i)
+    s += "{\"text\": \"" + std::string(static_cast<size_t>(i * step % modulo + 1), 'a' + i % 26) +
+         "\"}\n";
+  return s;
+}
+
 }  // namespace
 
 TEST_CASE("JsonlIndex records the offsets of non-empty lines and reads them back") {
@@ -533,11 +542,7 @@ TEST_CASE("JsonlSource refuses a template whose tokens the tokenizer lacks, and 
 
 TEST_CASE("JsonlSource resumed at samples_consumed() continues with the same batches") {
   TempDir dir;
-  std::string lines;
-  for (int i = 0; i < 23; ++i)
-    lines +=
-        "{\"text\": \"" + std::string(static_cast<size_t>(i * 5 % 40 + 1), 'a' + i % 26) + "\"}\n";
-  JsonlOptions o = options_for(dir.write("resume.jsonl", lines));
+  JsonlOptions o = options_for(dir.write("resume.jsonl", varied_text_records(23, 5, 40)));
   o.seq_len = 32;
   o.micro_batch = 2;
   JsonlSource a(o);
@@ -562,4 +567,57 @@ TEST_CASE("a string that is not valid Unicode is a FormatError naming file:line"
   o.micro_batch = 4;
   JsonlSource src(o);
   CHECK_THROWS_WITH(src.next(), Catch::StartsWith(path + ":2: not valid JSON"));
+}
+
+TEST_CASE("rows_per_epoch counts the rows next() packs one epoch into") {
+  TempDir dir;
+  const std::string path = dir.write("rows.jsonl", varied_text_records(41, 7, 90));
+  for (const bool pack : {true, false}) {
+    DYNAMIC_SECTION("pack=" << pack) {
+      JsonlOptions o = options_for(path);
+      o.seq_len = 32;  // some records are truncated
+      o.micro_batch = 1;
+      o.pack = pack;
+      JsonlSource counter(o);
+      std::vector<std::pair<int64_t, int64_t>> calls;
+      const int64_t rows = counter.rows_per_epoch([&](int64_t done, int64_t total) {
+        calls.push_back({done, total});
+      });
+      REQUIRE(!calls.empty());
+      CHECK(calls.back() == std::make_pair<int64_t, int64_t>(41, 41));
+      CHECK(counter.samples_consumed() == 0);  // counting does not move the source
+      CHECK(counter.truncated() == 0);
+      // The row that places the epoch's last record is row number `rows`.
+      JsonlSource src(o);
+      int64_t produced = 0;
+      while (src.samples_consumed() < 41) {
+        src.next();
+        ++produced;
+      }
+      CHECK(produced == rows);
+      if (pack) {
+        CHECK(rows < 41);
+      } else {
+        CHECK(rows == 41);
+      }
+      // The counting source then produces the same batches as a fresh one.
+      JsonlSource fresh(o);
+      for (int i = 0; i < 3; ++i)
+        CHECK(at::equal(counter.next().input_ids, fresh.next().input_ids));
+    }
+  }
+}
+
+TEST_CASE("rows_per_epoch: a malformed record is next()'s error, or not counted with skip") {
+  TempDir dir;
+  const std::string good = R"({"text": "fine"})";
+  const std::string path = dir.write(
+      "bad.jsonl", good + "\n" + good + "\n{\"text\": 3}\n" + good + "\n{\"text\": [1]}\n");
+  JsonlOptions o = options_for(path);
+  o.pack = false;
+  JsonlSource strict(o);
+  CHECK_THROWS_WITH(strict.rows_per_epoch(), Catch::StartsWith(path + ":3: "));
+  o.on_bad_record = BadRecordPolicy::kSkip;
+  JsonlSource lenient(o);
+  CHECK(lenient.rows_per_epoch() == 3);
 }

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <fstream>
@@ -592,4 +593,86 @@ TEST_CASE("a single-node job on a busy port says so instead of joining it", "[mu
   REQUIRE(wait_for(c, 20) == 3);
   CHECK_THAT(c.output(), Catch::Contains("port " + port + " is already in use"));
   ::close(s);
+}
+
+namespace {
+// `ft launch ARGS` with no `--`: the form that runs ft train on every worker.
+Child launch_train(const std::string& dir, const std::string& name,
+                   const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {ft_bin(), "launch"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::map<std::string, std::string> env;
+  for (const char* k : {"SLURM_JOB_ID", "SLURM_NNODES", "NNODES", "NODE_RANK", "MASTER_ADDR",
+                        "MASTER_PORT", "PET_NNODES", "NPROC_PER_NODE", "WORLD_SIZE", "RANK"})
+    env.emplace(k, "\x01");
+  return start(argv, env, dir + "/" + name + ".out");
+}
+size_t count_lines(const std::string& text) {
+  return static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
+}
+}  // namespace
+
+TEST_CASE("ft launch --preset runs ft train on every worker, no `--` needed", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  Child ok = launch_train(dir, "ok",
+                          {"--standalone", "--nproc-per-node", "1", "--preset", "tiny-demo",
+                           "--set", "train.max_steps=3", "--output", dir + "/run"});
+  REQUIRE(wait_for(ok, 120) == 0);
+  CHECK(count_lines(read_file(dir + "/run/metrics.jsonl")) == 3);
+  CHECK_THAT(ok.output(), Catch::Contains("ft train: 3 steps"));
+
+  // Launcher and ft train options in any order; --dry-run shows the ft train command it runs.
+  Child dry =
+      launch_train(dir, "dry",
+                   {"--preset", "tiny-demo", "--dry-run", "--set", "train.lr=1e-3",
+                    "--nproc-per-node", "2", "--output", dir + "/o", "--set", "train.max_steps=2"});
+  REQUIRE(wait_for(dry, 20) == 0);
+  CHECK_THAT(dry.output(), Catch::Contains(" train --preset tiny-demo --output " + dir +
+                                           "/o --set train.lr=1e-3 --set train.max_steps=2\n"));
+  CHECK_THAT(dry.output(), Catch::Contains("program: /"));  // ft's own path, not a PATH lookup
+  CHECK_THAT(dry.output(), Catch::Contains("WORLD_SIZE=2"));
+}
+
+TEST_CASE("ft launch --preset: two workers train together, and bad forms are refused",
+          "[multiproc]") {
+  std::string dir = make_temp_dir();
+  Child two = launch_train(dir, "two",
+                           {"--standalone", "--nproc-per-node", "2", "--preset", "tiny-demo",
+                            "--set", "train.max_steps=1", "--output", dir + "/two"});
+  auto st = wait_for(two, 60);
+  INFO(two.output());
+  REQUIRE(st == 0);
+  CHECK(lines_with(read_file(dir + "/two/metrics.jsonl"), "\"step\":1").size() == 1);
+  CHECK(::access((dir + "/two/metrics.rank1.jsonl").c_str(), F_OK) == 0);
+
+  // Both ft train's options and a program: refused before anything starts.
+  for (const auto& tail : std::vector<std::vector<std::string>>{{"--", "true"}, {"true"}}) {
+    std::vector<std::string> args = {"--standalone", "--preset", "tiny-demo", "--output",
+                                     dir + "/both"};
+    args.insert(args.end(), tail.begin(), tail.end());
+    Child both = launch_train(dir, "both", args);
+    REQUIRE(wait_for(both, 20) == 2);
+    CHECK_THAT(both.output(), Catch::Contains("not both"));
+    CHECK_THAT(both.output(), Catch::Contains("--preset is an ft train option"));
+  }
+  // What ft train needs, and a bad preset, are checked once by the launcher.
+  Child no_output = launch_train(dir, "noout", {"--standalone", "--preset", "tiny-demo"});
+  REQUIRE(wait_for(no_output, 20) == 2);
+  CHECK_THAT(no_output.output(), Catch::Contains("needs --output too"));
+  Child no_preset = launch_train(dir, "nopre", {"--standalone", "--output", dir + "/x"});
+  REQUIRE(wait_for(no_preset, 20) == 2);
+  CHECK_THAT(no_preset.output(), Catch::Contains("--output runs `ft train` on every worker, "
+                                                 "which needs --preset too"));
+  Child bad = launch_train(dir, "bad",
+                           {"--standalone", "--preset", "tiny-demo", "--set", "train.lr=fast",
+                            "--output", dir + "/bad"});
+  REQUIRE(wait_for(bad, 20) == 2);
+  CHECK_THAT(bad.output(), Catch::Contains("train.lr"));
+  CHECK(bad.output().find("[node 0 rank") == std::string::npos);  // no worker was started
+
+  // --help names the form.
+  Child help = start({ft_bin(), "launch", "--help"}, {}, dir + "/help.out");
+  REQUIRE(wait_for(help, 20) == 0);
+  CHECK_THAT(help.output(), Catch::Contains("ft launch [options] --preset NAME|FILE --output DIR"));
+  CHECK_THAT(help.output(), Catch::Contains("--set KEY=VALUE"));
 }

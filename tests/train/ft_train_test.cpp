@@ -266,3 +266,71 @@ TEST_CASE("ft train with activation checkpointing logs the losses of a run witho
     }
   }
 }
+
+TEST_CASE("ft train with train.max_steps=0 runs train.epochs passes over --data", "[multiproc]") {
+  std::string dir = make_temp_dir();
+  const int records = 20;
+  {
+    std::ofstream f(dir + "/text.jsonl");
+    for (int i = 0; i < records; ++i)
+      f << R"({"text": "Record number )" << i << std::string(i % 5, '!') << "\"}\n";
+  }
+  std::string tok = test_dir() + "/tokenizer/fixtures/llama3/tokenizer.json";
+  auto args = [&](const std::string& out, std::vector<std::string> sets) {
+    std::vector<std::string> a = {"train",
+                                  "--preset",
+                                  "tiny-demo",
+                                  "--data",
+                                  dir + "/text.jsonl",
+                                  "--tokenizer",
+                                  tok,
+                                  "--output",
+                                  dir + "/" + out,
+                                  "--set",
+                                  "model.vocab_size=1152",
+                                  "--set",
+                                  "data.format=text",
+                                  "--set",
+                                  "data.seq_len=64",
+                                  "--set",
+                                  "train.max_steps=0",
+                                  "--set",
+                                  "train.warmup_steps=1"};
+    for (auto& s : sets) a.insert(a.end(), {"--set", s});
+    return a;
+  };
+  // One record per row: 2 epochs of 20 rows at 3 x 2 rows a step is ceil(40 / 6) = 7 steps.
+  REQUIRE(run(args("single", {"data.pack=false", "train.epochs=2", "train.micro_batch=3",
+                              "train.grad_accum=2"}),
+              dir + "/single.log") == 0);
+  CHECK_THAT(read_file(dir + "/single.log"), Catch::Contains("7 steps (2 epochs of 20 sequences)"));
+  auto metrics = lines(read_file(dir + "/single/metrics.jsonl"));
+  REQUIRE(metrics.size() == 7);
+  CHECK_THAT(metrics.back(), Catch::Contains("\"samples\":42"));
+  // The schedule spans the computed total: the last cosine step runs at the floor.
+  CHECK_THAT(metrics.back(), Catch::Contains("\"lr\":0.0003"));
+
+  // Packed: the start-up line names the counted sequences, and the steps follow from them.
+  REQUIRE(run(args("packed", {"train.epochs=1.5", "train.micro_batch=2"}), dir + "/packed.log") ==
+          0);
+  const std::string log = read_file(dir + "/packed.log");
+  const auto at = log.find("(1.5 epochs of ");
+  REQUIRE(at != std::string::npos);
+  const int64_t rows = std::stoll(log.substr(at + 15));
+  CHECK(rows >= 2);
+  CHECK(rows < records);  // several records to a row
+  const auto steps = static_cast<size_t>(std::ceil(1.5 * rows / 2));
+  CHECK(lines(read_file(dir + "/packed/metrics.jsonl")).size() == steps);
+
+  // The synthetic task has no epochs: a clear refusal, nothing written.
+  CHECK(run({"train", "--preset", "tiny-demo", "--output", dir + "/syn", "--set",
+             "train.max_steps=0"},
+            dir + "/syn.log") == 2);
+  CHECK_THAT(read_file(dir + "/syn.log"), Catch::Contains("synthetic task has no epochs"));
+  CHECK_THAT(read_file(dir + "/syn.log"), Catch::Contains("train.max_steps=N"));
+  CHECK_FALSE(exists(dir + "/syn"));
+  // Neither steps nor epochs.
+  CHECK(run(args("none", {"train.epochs=0"}), dir + "/none.log") == 2);
+  CHECK_THAT(read_file(dir + "/none.log"), Catch::Contains("both 0"));
+  CHECK_FALSE(exists(dir + "/none"));
+}

@@ -2,12 +2,14 @@
 // overflow skipping), and the built-in synthetic task.
 #include <set>
 
+#include "core/error.h"
 #include "data/synthetic.h"
 #include "model/llama.h"
 #include "model/lora.h"
 #include "parallel/strategy.h"
 #include "support/catch_torch.h"
 #include "train/optimizer.h"
+#include "train/run.h"
 #include "train/schedule.h"
 #include "train/trainer.h"
 
@@ -226,4 +228,16 @@ TEST_CASE("LoRA trains only the adapters", "[unit]") {
   tr.step({src.next()});
   CHECK(at::equal(m.layers()[0].q_proj.weight, q_before));            // base frozen
   CHECK(m.layers()[0].q_proj.lora_b.abs().sum().item<double>() > 0);  // adapter moved from zero
+}
+
+TEST_CASE("steps_for_epochs: ceil(epochs * rows / rows per step), decimals kept exact", "[unit]") {
+  // micro_batch 4, grad_accum 2, one rank: 8 rows a step.
+  CHECK(train::steps_for_epochs(1, 80, 4, 2, 1) == 10);
+  CHECK(train::steps_for_epochs(1, 81, 4, 2, 1) == 11);  // a partial last step still runs
+  CHECK(train::steps_for_epochs(3, 100, 4, 2, 1) == 38);
+  CHECK(train::steps_for_epochs(0.5, 80, 4, 2, 1) == 5);
+  CHECK(train::steps_for_epochs(0.1, 30, 1, 1, 1) == 3);  // 0.1 * 30 = 3.0000000000000004
+  CHECK(train::steps_for_epochs(2, 80, 4, 2, 2) == 10);   // two ranks take 16 rows a step
+  CHECK(train::steps_for_epochs(0.001, 10, 1, 1, 1) == 1);
+  CHECK_THROWS_AS(train::steps_for_epochs(0, 80, 4, 2, 1), ft::ConfigError);
 }

@@ -1,0 +1,86 @@
+#include "train_options.h"
+
+#include "core/error.h"
+
+namespace ft::app {
+
+const std::vector<TrainOptionSpec>& train_option_specs() {
+  // clang-format off
+  static const std::vector<TrainOptionSpec> specs = {
+      {"preset", "NAME|FILE", "Shipped preset name or preset JSON file", true, false},
+      {"model", "DIR", "Hugging Face model directory (default: random init)", false, false},
+      {"data", "PATH", "Training data (JSONL)", false, false},
+      {"tokenizer", "PATH", "tokenizer.json for --data (default: the one in --model)", false, false},
+      {"output", "DIR", "Output directory (must not hold an earlier run)", true, false},
+      {"set", "KEY=VALUE", "Override a preset key: --set train.lr=1e-4 (repeatable)", false, true},
+  };
+  // clang-format on
+  return specs;
+}
+
+void TrainCommandLine::add_to(CLI::App* cmd, bool require, const std::string& group) {
+  for (const auto& spec : train_option_specs()) {
+    CLI::Option* o;
+    if (spec.repeatable) {
+      // One value per occurrence, so `--set a=1 PROGRAM` never takes PROGRAM as a second value.
+      o = cmd->add_option("--" + spec.name, repeated_[spec.name], spec.help)
+              ->allow_extra_args(false);
+    } else {
+      o = cmd->add_option("--" + spec.name, single_[spec.name], spec.help);
+    }
+    o->type_name(spec.value_name)->group(group);
+    if (require && spec.required) o->required();
+    options_[spec.name] = o;
+  }
+}
+
+bool TrainCommandLine::any_given() const { return !first_given().empty(); }
+
+std::string TrainCommandLine::first_given() const {
+  for (const auto& spec : train_option_specs())
+    if (options_.at(spec.name)->count() > 0) return "--" + spec.name;
+  return "";
+}
+
+std::vector<std::string> TrainCommandLine::missing_required() const {
+  std::vector<std::string> out;
+  for (const auto& spec : train_option_specs())
+    if (spec.required && options_.at(spec.name)->count() == 0) out.push_back("--" + spec.name);
+  return out;
+}
+
+const std::string& TrainCommandLine::value(const std::string& name) const {
+  auto it = single_.find(name);
+  FT_ASSERT(it != single_.end(), "not a single-valued ft train option: ", name);
+  return it->second;
+}
+
+const std::vector<std::string>& TrainCommandLine::values(const std::string& name) const {
+  auto it = repeated_.find(name);
+  FT_ASSERT(it != repeated_.end(), "not a repeatable ft train option: ", name);
+  return it->second;
+}
+
+std::vector<std::string> TrainCommandLine::train_argv() const {
+  std::vector<std::string> argv;
+  for (const auto& spec : train_option_specs()) {
+    if (options_.at(spec.name)->count() == 0) continue;
+    if (spec.repeatable) {
+      for (const auto& v : values(spec.name)) argv.insert(argv.end(), {"--" + spec.name, v});
+    } else {
+      argv.insert(argv.end(), {"--" + spec.name, value(spec.name)});
+    }
+  }
+  return argv;
+}
+
+train::RunOptions TrainCommandLine::run_options() const {
+  train::RunOptions o;
+  o.model_dir = value("model");
+  o.data_path = value("data");
+  o.tokenizer_path = value("tokenizer");
+  o.output_dir = value("output");
+  return o;
+}
+
+}  // namespace ft::app

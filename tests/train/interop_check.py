@@ -1,0 +1,182 @@
+"""Hugging Face transformers and PEFT load what `ft train` writes, and compute what ft computes.
+
+Builds a tiny Llama with transformers (save_pretrained) in a temporary directory, with the llama3
+fixture tokenizer beside it, and a small text JSONL. Then:
+
+  1. full fine-tune: `ft train --model BASE` (fp32, a few steps); transformers'
+     AutoModelForCausalLM loads final/, and its mean token loss over pre-tokenized records equals
+     `ft eval`'s on the same file within 1e-4 relative;
+  2. LoRA: `ft train --preset tiny-lora --model BASE`; PeftModel.from_pretrained(BASE, final/)
+     loads the adapter, and its loss equals `ft eval --adapter final/`'s the same way.
+
+The untrained base is compared too, and each trained model must lower the loss by more than 10x
+the tolerance, so a file that loads but is ignored fails. Exit status: 0 pass, 1 mismatch or failure, 77 skipped (this Python
+lacks transformers or peft; CTest's SKIP_RETURN_CODE).
+
+    $FT_PYTHON tests/train/interop_check.py --ft build/bin/ft [--keep DIR]
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOKENIZER = os.path.join(HERE, "..", "tokenizer", "fixtures", "llama3", "tokenizer.json")
+SKIP = 77
+RTOL = 1e-4
+
+try:
+    import torch
+    import transformers
+    from peft import PeftModel
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+except ImportError as e:
+    missing = e.name or "a module"
+    print(f"SKIP: {sys.executable} cannot import {missing} ({e}). Install the reference libraries "
+          f"into it: {sys.executable} -m pip install transformers peft "
+          f"(or FT_WITH_REFERENCE=1 scripts/setup.sh)")
+    sys.exit(SKIP)
+
+
+def run(argv, log):
+    """Runs argv with its output in `log`; on failure prints the log and stops the check."""
+    with open(log, "w") as out:
+        rc = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT,
+                             env={**os.environ, "WORLD_SIZE": "1", "RANK": "0"})
+    text = open(log).read()
+    if rc != 0:
+        print(text)
+        raise SystemExit(f"FAIL: {' '.join(argv)} exited with {rc}")
+    return text
+
+
+def ft_eval(ft, work, model, eval_path, adapter=None):
+    argv = [ft, "eval", "--model", model, "--data", eval_path, "--tokenizer", TOKENIZER,
+            "--set", "data.format=tokenized", "--set", "data.seq_len=64"]
+    if adapter:
+        argv += ["--adapter", adapter]
+    name = os.path.basename(os.path.dirname(adapter or model)) or "base"
+    text = run(argv, os.path.join(work, f"eval-{name}.log"))
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def hf_loss(model, records):
+    """Mean next-token loss over every record, each one sequence, as ft eval computes it."""
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for ids in records:
+            x = torch.tensor([ids])
+            logits = model(input_ids=x).logits.float()
+            total += torch.nn.functional.cross_entropy(
+                logits[0, :-1], x[0, 1:], reduction="sum").item()
+            tokens += len(ids) - 1
+    return total / tokens, tokens
+
+
+def check(what, ft_result, hf, hf_tokens):
+    rel = abs(ft_result["loss"] - hf) / abs(hf)
+    ok = rel <= RTOL and ft_result["tokens"] == hf_tokens
+    print(f"{'ok  ' if ok else 'FAIL'} {what}: ft eval loss {ft_result['loss']:.8f} over "
+          f"{ft_result['tokens']} tokens, transformers {hf:.8f} over {hf_tokens} "
+          f"(relative difference {rel:.2e}, tolerance {RTOL:.0e})")
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ft", required=True, help="the ft binary")
+    ap.add_argument("--keep", help="work in this directory and keep it (default: a temporary one)")
+    args = ap.parse_args()
+    print(f"transformers {transformers.__version__}, peft {__import__('peft').__version__}, "
+          f"torch {torch.__version__}")
+    transformers.utils.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    work = args.keep or tempfile.mkdtemp(prefix="ft_interop_")
+    os.makedirs(work, exist_ok=True)
+    try:
+        ok = interop(os.path.abspath(args.ft), work)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0 if ok else 1
+
+
+def interop(ft, work):
+    # A tiny Llama 3 shape (GQA, tied embeddings) over the fixture tokenizer's 1150 ids.
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=1152, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=500000.0,
+                         tie_word_embeddings=True)
+    base = os.path.join(work, "base")
+    LlamaForCausalLM(config).float().save_pretrained(base, safe_serialization=True)
+    shutil.copy(TOKENIZER, os.path.join(base, "tokenizer.json"))
+
+    train_path = os.path.join(work, "train.jsonl")
+    with open(train_path, "w") as f:
+        for i in range(24):
+            f.write(json.dumps({"text": f"Record {i}: {i} plus {i} is {2 * i}."}) + "\n")
+    # Pre-tokenized evaluation records, so ft and transformers see exactly the same ids: texts like
+    # the training data (which training must visibly fit) and random ids.
+    tok = Tokenizer.from_file(TOKENIZER)
+    records = [tok.encode(f"Record {i}: {i} plus {i} is {2 * i}.").ids for i in (3, 11, 20)]
+    gen = torch.Generator().manual_seed(5)
+    records += [torch.randint(4, 1100, (int(n),), generator=gen).tolist()
+                for n in torch.randint(8, 40, (3,), generator=gen)]
+    eval_path = os.path.join(work, "eval.jsonl")
+    with open(eval_path, "w") as f:
+        for ids in records:
+            f.write(json.dumps({"input_ids": ids}) + "\n")
+
+    common = ["--model", base, "--data", train_path, "--set", "data.format=text",
+              "--set", "data.template=none", "--set", "data.seq_len=64",
+              "--set", "precision.mode=fp32", "--set", "train.max_steps=8",
+              "--set", "train.warmup_steps=1", "--set", "train.micro_batch=2"]
+    full_out, lora_out = os.path.join(work, "full"), os.path.join(work, "lora")
+    run([ft, "train", "--preset", "tiny-demo", "--output", full_out] + common,
+        os.path.join(work, "train-full.log"))
+    run([ft, "train", "--preset", "tiny-lora", "--output", lora_out, "--set", "train.lr=1e-2"]
+        + common, os.path.join(work, "train-lora.log"))
+
+    ok = True
+    base_model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    base_hf, n = hf_loss(base_model, records)
+    ok &= check("base model", ft_eval(ft, work, base, eval_path), base_hf, n)
+
+    full_model = AutoModelForCausalLM.from_pretrained(
+        os.path.join(full_out, "final"), dtype=torch.float32).eval()
+    full_hf, n = hf_loss(full_model, records)
+    ok &= check("full fine-tune (AutoModelForCausalLM)",
+                ft_eval(ft, work, os.path.join(full_out, "final"), eval_path), full_hf, n)
+
+    peft_model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
+        os.path.join(lora_out, "final")).eval()
+    loaded = sum(1 for name, _ in peft_model.named_parameters() if "lora_" in name)
+    lora_hf, n = hf_loss(peft_model, records)
+    ok &= check(f"LoRA adapter (PeftModel, {loaded} adapter tensors)",
+                ft_eval(ft, work, base, eval_path, adapter=os.path.join(lora_out, "final")),
+                lora_hf, n)
+
+    # Training lowered the loss by far more than the tolerance: the trained files were really used.
+    for what, loss in (("full fine-tune", full_hf), ("LoRA", lora_hf)):
+        moved = (base_hf - loss) / base_hf
+        print(f"     {what}: loss {base_hf:.6f} -> {loss:.6f} ({moved:.1e} lower)")
+        if moved <= 10 * RTOL:
+            print(f"FAIL {what}: loss {loss:.8f} is not 10x the tolerance below the base "
+                  f"model's {base_hf:.8f}: were the trained weights loaded?")
+            ok = False
+    if loaded == 0:
+        print("FAIL PeftModel holds no LoRA tensors")
+        ok = False
+    print("interop: " + ("all checks passed" if ok else "FAILED") + f" ({work})")
+    return ok
+
+
+if __name__ == "__main__":
+    sys.exit(main())
