@@ -221,14 +221,15 @@ void Engine::load(const ParamSource& source) {
   FT_ASSERT(!loaded_, "Engine::load called twice");
   at::NoGradGuard no_grad;
   const auto copt = at::TensorOptions().dtype(options_.compute_dtype).device(options_.device);
-  // Storage first (shards; the full buffers of sharded groups are allocated, aliased, released).
+  // Storage first: this rank's shards.
   std::map<std::string, std::tuple<int, int, int>> where;  // name -> (unit, group, member)
   for (size_t ui = 0; ui < units_.size(); ++ui) {
     auto& u = *units_[ui];
     for (size_t gi = 0; gi < u.groups.size(); ++gi) {
       Group& g = u.groups[gi];
-      g.full = at::zeros({g.padded}, copt);
-      g.shard = g.S == 1 ? g.full : at::zeros({g.shard_numel}, copt);
+      // Only this rank's part is allocated here: a sharded group's full buffer exists (untouched)
+      // just long enough to alias the model's tensors into it, below.
+      g.shard = at::zeros({g.S == 1 ? g.padded : g.shard_numel}, copt);
       for (size_t mi = 0; mi < g.members.size(); ++mi)
         where[g.members[mi].name] = {static_cast<int>(ui), static_cast<int>(gi),
                                      static_cast<int>(mi)};
@@ -253,6 +254,7 @@ void Engine::load(const ParamSource& source) {
     auto& u = *units_[ui];
     for (size_t gi = 0; gi < u.groups.size(); ++gi) {
       Group& g = u.groups[gi];
+      g.full = g.S == 1 ? g.shard : at::empty({g.padded}, copt);
       for (size_t mi = 0; mi < g.members.size(); ++mi) {
         Member& m = g.members[mi];
         at::Tensor a = alias(g.full, m.offset, m.shape);

@@ -35,24 +35,23 @@ struct Job {
   std::string output;
 };
 
+// `ft launch LAUNCH_ARGS -- ft train --preset tiny-demo --output DIR` with the base settings.
+std::vector<std::string> train_argv(const std::vector<std::string>& launch_args,
+                                    const std::string& dir) {
+  std::vector<std::string> argv = {ft_bin(), "launch"};
+  argv.insert(argv.end(), launch_args.begin(), launch_args.end());
+  argv.insert(argv.end(), {"--", ft_bin(), "train", "--preset", "tiny-demo", "--output", dir});
+  for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
+  return argv;
+}
+
 // `ft launch --nproc-per-node N -- ft train --preset tiny-demo --set ... --output DIR`.
 Job run_job(int nproc, const std::vector<std::string>& sets) {
   Job j;
   j.dir = make_temp_dir() + "/run";
-  std::vector<std::string> argv = {ft_bin(),
-                                   "launch",
-                                   "--nproc-per-node",
-                                   std::to_string(nproc),
-                                   "--master-port",
-                                   std::to_string(free_port()),
-                                   "--",
-                                   ft_bin(),
-                                   "train",
-                                   "--preset",
-                                   "tiny-demo",
-                                   "--output",
-                                   j.dir};
-  for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
+  std::vector<std::string> argv = train_argv(
+      {"--nproc-per-node", std::to_string(nproc), "--master-port", std::to_string(free_port())},
+      j.dir);
   for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
   Child c = start(argv, {}, make_temp_dir() + "/out.txt");
   auto rc = wait_for(c, 150);
@@ -273,26 +272,10 @@ TEST_CASE("two launchers x 2 workers with HYBRID_SHARD: shards inside a node, re
   const std::string port = std::to_string(free_port());
   std::vector<Child> nodes;
   for (int node = 0; node < 2; ++node) {
-    std::vector<std::string> argv = {ft_bin(),
-                                     "launch",
-                                     "--nnodes",
-                                     "2",
-                                     "--node-rank",
-                                     std::to_string(node),
-                                     "--nproc-per-node",
-                                     "2",
-                                     "--master-addr",
-                                     "127.0.0.1",
-                                     "--master-port",
-                                     port,
-                                     "--",
-                                     ft_bin(),
-                                     "train",
-                                     "--preset",
-                                     "tiny-demo",
-                                     "--output",
-                                     hy.dir};
-    for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
+    std::vector<std::string> argv =
+        train_argv({"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "2",
+                    "--master-addr", "127.0.0.1", "--master-port", port},
+                   hy.dir);
     for (const auto& s : {"train.micro_batch=2", "strategy.kind=fsdp",
                           "strategy.fsdp.sharding_strategy=HYBRID_SHARD"})
       argv.insert(argv.end(), {"--set", s});
