@@ -1,5 +1,7 @@
 #include "core/strings.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <vector>
 
@@ -15,6 +17,18 @@ size_t edit_distance(const std::string& a, const std::string& b) {
     std::swap(prev, cur);
   }
   return prev[b.size()];
+}
+
+std::string human_bytes(int64_t bytes) {
+  static const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024 && bytes > -1024) return fmt::format("{} B", bytes);
+  double v = static_cast<double>(bytes);
+  int u = -1;
+  while (u < 3 && (v >= 1024 || v <= -1024)) {
+    v /= 1024;
+    ++u;
+  }
+  return fmt::format("{:.1f} {}", v, units[u]);
 }
 
 }  // namespace ft

@@ -2,11 +2,15 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace ft {
 
 // Levenshtein distance, for "did you mean" suggestions on mistyped flags and preset keys.
 size_t edit_distance(const std::string& a, const std::string& b);
+
+// Bytes for people: "512 B", "3.2 KiB", "1.5 MiB", "70.1 GiB" (binary units, one decimal).
+std::string human_bytes(int64_t bytes);
 
 }  // namespace ft

@@ -488,22 +488,41 @@ class MappedFile {
       }
       m->data_ = static_cast<const uint8_t*>(p);
     }
-    ::close(fd);  // the mapping keeps the file alive
+    m->fd_ = fd;  // kept for pread_exact
+    m->path_ = path;
     return m;
   }
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
   ~MappedFile() {
     if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+    if (fd_ != -1) ::close(fd_);
   }
 
   const uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
+  // Reads [offset, offset + len) of the file with pread, past the mapping: the bytes go through
+  // the page cache, never into this process's resident set. SystemError naming the file.
+  void pread_exact(uint64_t offset, uint64_t len, void* dst) const {
+    auto* out = static_cast<uint8_t*>(dst);
+    while (len > 0) {
+      const ssize_t n = ::pread(fd_, out, std::min<uint64_t>(len, 1u << 30),
+                                static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw_errno("read '" + path_ + "'", __FILE__, __LINE__);
+      if (n == 0) throw FormatError(where_file(path_) + "ends early (truncated while open?)");
+      out += n;
+      offset += static_cast<uint64_t>(n);
+      len -= static_cast<uint64_t>(n);
+    }
+  }
 
  private:
   MappedFile() = default;
   const uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
+  int fd_ = -1;
+  std::string path_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -633,6 +652,38 @@ void SafetensorsFile::copy_to(const std::string& name, const at::Tensor& dst) co
              ") but the destination has shape ", shape_str(dst.sizes()));
   c10::NoGradGuard no_grad;
   dst.copy_(tensor(name));
+}
+
+void SafetensorsFile::read_range(const std::string& name, int64_t begin, int64_t end,
+                                 const at::Tensor& dst) const {
+  const TensorInfo& info = find(name);
+  FT_CHECK_T(FormatError, 0 <= begin && begin <= end && end <= info.numel(),
+             where_tensor(path_, name), "elements [", begin, ", ", end,
+             ") are not within its ", info.numel(), " elements (shape ", shape_str(info.shape), ")");
+  FT_CHECK_T(FormatError, dst.defined() && dst.numel() == end - begin, where_tensor(path_, name),
+             "read_range of ", end - begin, " elements was given a destination of ",
+             dst.defined() ? dst.numel() : 0, " elements");
+  FT_ASSERT(dst.is_contiguous(), "read_range needs a contiguous destination");
+  if (end == begin) return;
+  const int64_t item = static_cast<int64_t>(c10::elementSize(info.dtype));
+  const uint64_t off = data_start_ + info.begin + static_cast<uint64_t>(begin * item);
+  c10::NoGradGuard no_grad;
+  if (dst.is_cpu() && dst.is_contiguous() && dst.scalar_type() == info.dtype) {
+    map_->pread_exact(off, static_cast<uint64_t>((end - begin) * item), dst.data_ptr());
+    return;
+  }
+  // Another dtype or device: through a bounce buffer of at most kChunk bytes.
+  constexpr int64_t kChunk = 8 << 20;
+  const int64_t per = std::max<int64_t>(1, kChunk / item);
+  at::Tensor flat = dst.view({-1});
+  at::Tensor bounce = at::empty({std::min(per, end - begin)}, at::TensorOptions().dtype(info.dtype));
+  for (int64_t i = 0; i < end - begin; i += per) {
+    const int64_t n = std::min(per, end - begin - i);
+    at::Tensor part = bounce.narrow(0, 0, n);
+    map_->pread_exact(off + static_cast<uint64_t>(i * item), static_cast<uint64_t>(n * item),
+                      part.data_ptr());
+    flat.narrow(0, i, n).copy_(part);  // pageable host-to-device: returns once part is consumed
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -77,6 +77,13 @@ class SafetensorsFile {
   // Copies the tensor into `dst` (any device, converting the dtype), outside autograd so a
   // parameter can be the target. FormatError naming file, tensor and both shapes when they differ.
   void copy_to(const std::string& name, const at::Tensor& dst) const;
+  // Copies elements [begin, end) of the tensor flattened in C order into `dst` (numel end - begin,
+  // any device, converting the dtype). Reads with pread, not through the mapping: straight into
+  // `dst` when it is a contiguous CPU tensor of the file's dtype, else through an 8 MiB bounce
+  // buffer. The file's pages stay in the page cache and never enter this process's resident set,
+  // so a rank loading its slices holds its slices and nothing more. FormatError naming file and
+  // tensor for a range outside the tensor or a destination of another size.
+  void read_range(const std::string& name, int64_t begin, int64_t end, const at::Tensor& dst) const;
 
  private:
   SafetensorsFile() = default;
@@ -113,6 +120,9 @@ class SafetensorsIndex {
   }
   void copy_to(const std::string& name, const at::Tensor& dst) const {
     file_of(name).copy_to(name, dst);
+  }
+  void read_range(const std::string& name, int64_t begin, int64_t end, const at::Tensor& dst) const {
+    file_of(name).read_range(name, begin, end, dst);
   }
   // The shard holding `name`; FormatError naming the directory and the tensor when none does.
   const SafetensorsFile& file_of(const std::string& name) const;

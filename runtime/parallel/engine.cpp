@@ -244,10 +244,7 @@ void Engine::load(const ParamSource& source) {
     const int64_t lo = std::max(m.offset, my_begin);
     const int64_t hi = std::min(m.offset + m.numel, my_begin + g.shard_numel);
     const int64_t b = hi > lo ? lo - m.offset : 0, e = hi > lo ? hi - m.offset : 0;
-    at::Tensor v = source(p.name, b, e);
-    FT_ASSERT(v.numel() == e - b, "source gave ", v.numel(), " elements of ", p.name, ", wanted ",
-              e - b);
-    if (e > b) g.shard.narrow(0, lo - my_begin, hi - lo).copy_(v.reshape({-1}));
+    source(p.name, b, e, g.shard.narrow(0, e > b ? lo - my_begin : 0, e - b));
   }
   // Aliases into the full buffers; masters; hooks.
   for (size_t ui = 0; ui < units_.size(); ++ui) {
@@ -270,8 +267,6 @@ void Engine::load(const ParamSource& source) {
         g.master = options_.master_dtype == options_.compute_dtype
                        ? g.shard
                        : g.shard.to(options_.master_dtype);
-        g.grad_acc = at::zeros({g.shard_numel}, g.master.options());
-        g.master.mutable_grad() = g.grad_acc;
         masters_.push_back({g.master, g.decay, g.S > 1});
       }
     }
@@ -518,8 +513,20 @@ void Engine::wait(c10d::Work& work) {
   acc_.comm_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+void Engine::ensure_grads() {
+  if (grads_) return;
+  for (auto& u : units_)
+    for (auto& g : u->groups)
+      if (g.trained) {
+        g.grad_acc = at::zeros({g.shard_numel}, g.master.options());
+        g.master.mutable_grad() = g.grad_acc;
+      }
+  grads_ = true;
+}
+
 void Engine::begin_micro_batch(bool last) {
   FT_ASSERT(loaded_, "Engine used before load()");
+  ensure_grads();
   last_micro_ = last;
   for (auto& u : units_) {
     u->pending = u->trained_members;
@@ -566,7 +573,7 @@ void Engine::after_update() {
     for (auto& g : u->groups) {
       if (!g.trained) continue;
       if (!g.master.is_same(g.shard)) g.shard.copy_(g.master);
-      g.grad_acc.zero_();
+      if (g.grad_acc.defined()) g.grad_acc.zero_();
     }
 }
 
@@ -621,7 +628,7 @@ Accounting Engine::take_accounting() {
       a.param_bytes += g.S > 1 ? g.shard.nbytes() : g.full.nbytes();
       if (g.trained) {
         if (!g.master.is_same(g.shard)) a.param_bytes += g.master.nbytes();
-        a.grad_bytes += g.grad_acc.nbytes();
+        if (g.grad_acc.defined()) a.grad_bytes += g.grad_acc.nbytes();
       }
     }
   // Counters restart; the gauges carry on.

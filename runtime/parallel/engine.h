@@ -71,9 +71,11 @@ struct Groups {
   dist::ProcessGroup* replica = nullptr;
 };
 
-// Elements [begin, end) of a parameter flattened in C order (any dtype, CPU). Called once for
-// every parameter in the order the specs were given, also with begin == end.
-using ParamSource = std::function<at::Tensor(const std::string& name, int64_t begin, int64_t end)>;
+// Fills `dst` (end - begin elements, the engine's dtype and device) with elements [begin, end) of
+// a parameter flattened in C order. Called once for every parameter in the order the specs were
+// given, also with begin == end (a random init still draws that tensor).
+using ParamSource = std::function<void(const std::string& name, int64_t begin, int64_t end,
+                                       const at::Tensor& dst)>;
 
 // Per-rank figures since the previous take_accounting() (counters) and now (bytes).
 struct Accounting {
@@ -100,7 +102,8 @@ class Engine : public model::UnitHooks {
   Engine& operator=(const Engine&) = delete;
 
   // Allocates this rank's shards, fills them from `source` (only this rank's slices are read),
-  // makes the fp32 masters and points the model's tensors at the engine's storage.
+  // makes the fp32 masters and points the model's tensors at the engine's storage. Gradient
+  // buffers come with the first micro-batch, so loading holds parameters only.
   void load(const ParamSource& source);
 
   // One optimizer step: begin_micro_batch(last) + forward + backward + end_backward() per
@@ -158,6 +161,7 @@ class Engine : public model::UnitHooks {
   void all_reduce_grad(Group& g, dist::ProcessGroup* pg);
   void flush_reduce_queue();
   void drain();
+  void ensure_grads();
   void wait(c10d::Work& work);
   double scalar_collective(double v, bool max);
 
@@ -176,6 +180,7 @@ class Engine : public model::UnitHooks {
   int64_t reduce_queue_elements_ = 0;
   bool last_micro_ = true;
   bool loaded_ = false;
+  bool grads_ = false;  // gradient accumulators allocated
   Accounting acc_;
 };
 

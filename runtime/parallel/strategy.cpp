@@ -139,8 +139,8 @@ std::vector<ParamSpec> param_specs(model::LlamaModel& model, bool lora) {
 ParamSource current_values(const std::vector<ParamSpec>& specs) {
   std::map<std::string, at::Tensor> values;
   for (const auto& s : specs) values[s.name] = *s.slot;
-  return [values](const std::string& name, int64_t b, int64_t e) {
-    return values.at(name).detach().reshape({-1}).slice(0, b, e);
+  return [values](const std::string& name, int64_t b, int64_t e, const at::Tensor& dst) {
+    dst.copy_(values.at(name).detach().reshape({-1}).slice(0, b, e));
   };
 }
 

@@ -18,6 +18,37 @@ int64_t peak_rss_bytes() {
   return 0;
 }
 
+int64_t rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return 0;
+}
+
+bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return out.good();
+}
+
+void write_load_record(const std::string& path, const LoadRecord& r, int rank, int world_size) {
+  nlohmann::json j = {{"rank", rank},
+                      {"world_size", world_size},
+                      {"source", r.source},
+                      {"seconds", r.seconds},
+                      {"bytes_read", r.bytes_read},
+                      {"param_bytes", r.param_bytes},
+                      {"rss_before_bytes", r.rss_before_bytes},
+                      {"peak_rss_bytes", r.peak_rss_bytes},
+                      {"peak_delta_bytes", r.peak_rss_bytes - r.rss_before_bytes},
+                      {"peak_reset", r.peak_reset}};
+  std::ofstream out(path, std::ios::out | std::ios::trunc);
+  out << j.dump(2) << "\n";
+  FT_CHECK(out.good(), "cannot write ", path);
+}
+
 MetricsLog::MetricsLog(const std::string& path) : path_(path) {
   if (path.empty()) return;
   out_.open(path, std::ios::out | std::ios::trunc);

@@ -46,5 +46,22 @@ class Progress {
 
 // Peak resident set size of this process (VmHWM), bytes.
 int64_t peak_rss_bytes();
+// Resident set size of this process now (VmRSS), bytes.
+int64_t rss_bytes();
+// Resets the peak resident size to the current one (Linux: "5" into /proc/self/clear_refs), so
+// peak_rss_bytes() measures one phase. False where the kernel refuses (then the peak is since start).
+bool reset_peak_rss();
+
+// How this rank loaded its parameters: written to load.rank<k>.json in the output directory.
+struct LoadRecord {
+  std::string source;            // "files" or "random init"
+  double seconds = 0;
+  int64_t bytes_read = 0;        // from the safetensors files (this rank's slices)
+  int64_t param_bytes = 0;       // resident parameter bytes afterwards (the engine's accounting)
+  int64_t rss_before_bytes = 0;  // resident set just before loading
+  int64_t peak_rss_bytes = 0;    // peak resident set while loading
+  bool peak_reset = false;       // the peak was reset before loading (else: peak since start)
+};
+void write_load_record(const std::string& path, const LoadRecord& r, int rank, int world_size);
 
 }  // namespace ft::train

@@ -14,6 +14,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "data/jsonl_source.h"
 #include "data/synthetic.h"
 #include "dist/dist_env.h"
@@ -217,6 +218,8 @@ RunSummary run_training(const RunOptions& o) {
     }
   }
   const bool rank0 = env.rank == 0;
+  LoadRecord load;
+  load.source = weights ? "files" : "random init";
   auto specs = parallel::param_specs(model, lora);
   parallel::Engine engine(model, specs, plan.engine, groups);
   {
@@ -224,20 +227,38 @@ RunSummary run_training(const RunOptions& o) {
     // random init streamed one tensor at a time in the order world size 1 draws it.
     parallel::ParamSource adapters = parallel::current_values(specs);
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-    engine.load([&](const std::string& name, int64_t b, int64_t e) -> at::Tensor {
-      if (name.rfind("base_model.", 0) == 0) return adapters(name, b, e);
+    // The first zeros, copy and read run libtorch code never run before in this process, whose
+    // pages then fault in (several MiB, the same for any model): warm them so the peak measured
+    // below is the loading's data.
+    if (weights) {
+      const std::string first = weights->names().front();
+      const int64_t n = std::min<int64_t>(weights->info(first).numel(), 4096);
+      weights->read_range(first, 0, n, at::zeros({n}, at::TensorOptions().dtype(dtype)));
+    }
+    load.peak_reset = reset_peak_rss();
+    load.rss_before_bytes = rss_bytes();
+    const auto t0 = std::chrono::steady_clock::now();
+    engine.load([&](const std::string& name, int64_t b, int64_t e, const at::Tensor& dst) {
+      if (name.rfind("base_model.", 0) == 0) return adapters(name, b, e, dst);
       const auto& slot = *std::find_if(specs.begin(), specs.end(), [&](const auto& s) {
                             return s.name == name;
                           })->slot;
-      if (!weights) return model.init_value(name, slot.sizes(), gen).reshape({-1}).slice(0, b, e);
+      if (!weights) {
+        dst.copy_(model.init_value(name, slot.sizes(), gen).reshape({-1}).slice(0, b, e));
+        return;
+      }
       FT_CHECK_T(FormatError, weights->has(name), o.model_dir, ": weight \"", name,
                  "\" is missing from the model files");
       const io::TensorInfo& info = weights->info(name);
       FT_CHECK_T(FormatError, at::IntArrayRef(info.shape) == slot.sizes(),
                  weights->file_of(name).path(), ": ", name, " has shape ",
                  at::IntArrayRef(info.shape), " but config.json makes it ", slot.sizes());
-      return weights->tensor(name).reshape({-1}).slice(0, b, e);
+      weights->read_range(name, b, e, dst);
+      load.bytes_read += (e - b) * static_cast<int64_t>(c10::elementSize(info.dtype));
     });
+    load.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    load.peak_rss_bytes = peak_rss_bytes();
+    load.param_bytes = engine.take_accounting().param_bytes;
   }
 
   // Everything the run needs is loaded and checked: only now is anything written.
@@ -250,6 +271,15 @@ RunSummary run_training(const RunOptions& o) {
   engine.sum_over_ranks(0);  // the directory exists before any rank writes into it
   fs::create_directories(o.output_dir, ec);
   FT_CHECK(!ec, "cannot create --output ", o.output_dir, ": ", ec.message());
+  write_load_record((fs::path(o.output_dir) / fmt::format("load.rank{}.json", env.rank)).string(),
+                    load, env.rank, env.world_size);
+  if (rank0) {
+    fmt::print("ft train: loaded {} of parameters on rank 0 from {} in {:.1f} s (host memory "
+               "peak +{})\n",
+               human_bytes(load.param_bytes), load.source, load.seconds,
+               human_bytes(std::max<int64_t>(0, load.peak_rss_bytes - load.rss_before_bytes)));
+    std::fflush(stdout);
+  }
 
   std::unique_ptr<data::BatchSource> source_ptr;
   if (synthetic) {

@@ -198,6 +198,54 @@ TEST_CASE("tensor_slice returns rows of dim 0 as a view", "[unit]") {
   CHECK_THAT(format_error_of([&] { f.tensor_slice("s", 0, 1); }), Catch::Contains("scalar"));
 }
 
+TEST_CASE("read_range copies a flat range, converts, and drops the pages it read", "[unit]") {
+  TempDir dir;
+  const std::string path = dir / "r.safetensors";
+  // 8 MiB of bf16 so the dropped pages show in the resident set.
+  at::Tensor w = at::randn({1024, 4096}).to(at::kBFloat16);
+  write_safetensors(path, {{"w", w}, {"b", at::arange(10, at::kFloat)}});
+  SafetensorsFile f = SafetensorsFile::open(path);
+
+  at::Tensor dst = at::empty({5}, at::kFloat);
+  f.read_range("b", 3, 8, dst);
+  CHECK(dst.equal(at::arange(3, 8, at::kFloat)));
+  // A range of a 2-D tensor, flattened in C order, into a dtype of another width.
+  const int64_t begin = 1000, end = 3 * 4096 + 17;
+  at::Tensor part = at::empty({end - begin}, at::kFloat);
+  f.read_range("w", begin, end, part);
+  CHECK(part.equal(w.reshape({-1}).slice(0, begin, end).to(at::kFloat)));
+  at::Tensor none = at::empty({0});
+  f.read_range("w", 7, 7, none);
+
+  // Reading all of it through read_range leaves none of it resident; reading it through a view
+  // keeps it mapped.
+  auto rss_kib = [] {
+    std::ifstream in("/proc/self/status");
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+    return 0LL;
+  };
+  at::Tensor all = at::empty({1024 * 4096}, at::kBFloat16);
+  all.fill_(0);  // resident before measuring
+  const long long before = rss_kib();
+  f.read_range("w", 0, 1024 * 4096, all);
+  const long long after_read = rss_kib();
+  CHECK(all.equal(w.reshape({-1})));
+  CHECK(after_read - before < 1024);  // KiB: the 8 MiB of file pages are gone again
+  {
+    at::Tensor view = f.tensor("w");
+    CHECK(view.max().item<float>() == w.max().item<float>());  // reads every page, no copy
+    CHECK(rss_kib() - before > 6 * 1024);  // a view's pages stay mapped
+  }
+
+  std::string msg = format_error_of([&] { f.read_range("b", 4, 11, dst); });
+  CHECK_THAT(msg, Catch::Contains(path) && Catch::Contains("'b'") && Catch::Contains("[4, 11)"));
+  CHECK_THROWS_AS(f.read_range("b", -1, 4, dst), ft::FormatError);
+  CHECK_THAT(format_error_of([&] { f.read_range("b", 0, 4, dst); }),
+             Catch::Contains("destination of 5"));
+}
+
 TEST_CASE("copy_to converts dtypes and refuses a wrong shape", "[unit]") {
   TempDir dir;
   const std::string path = dir / "c.safetensors";
