@@ -11,7 +11,12 @@ const std::vector<TrainOptionSpec>& train_option_specs() {
       {"model", "DIR", "Hugging Face model directory (default: random init)", false, false},
       {"data", "PATH", "Training data (JSONL)", false, false},
       {"tokenizer", "PATH", "tokenizer.json for --data (default: the one in --model)", false, false},
-      {"output", "DIR", "Output directory (must not hold an earlier run)", true, false},
+      {"output", "DIR", "Output directory (must not hold an earlier run unless resuming it)", true,
+       false},
+      {"resume", "auto|none|DIR",
+       "auto (default): continue from the newest good checkpoint in --output if there is one; "
+       "none: start afresh; DIR: continue from that checkpoint (a step-N directory)",
+       false, false},
       {"set", "KEY=VALUE", "Override a preset key: --set train.lr=1e-4 (repeatable)", false, true},
   };
   // clang-format on
@@ -80,6 +85,7 @@ train::RunOptions TrainCommandLine::run_options() const {
   o.data_path = value("data");
   o.tokenizer_path = value("tokenizer");
   o.output_dir = value("output");
+  o.resume = value("resume").empty() ? "auto" : value("resume");
   return o;
 }
 

@@ -217,7 +217,10 @@ const std::vector<Setting>& preset_schema() {
     C("strategy.fsdp.reduce_dtype", "fp32", {"fp32", "bf16", "fp16"}, "fsdp mixed precision: gradient reduction dtype."),
     B("strategy.fsdp.cpu_offload", false, "fsdp: keep parameter shards in CPU memory."),
     // output
-    I("output.save_every", 0, 0, kInf, "Optimizer steps between checkpoints; 0 = only at the end."),
+    I("output.save_every", 0, 0, kInf, "Optimizer steps between checkpoints (0: none by steps); a run that checkpoints also saves at its last step."),
+    F("output.save_every_minutes", 0.0, 0, kInf, "Minutes between checkpoints (0: none by time); with save_every, whichever comes first."),
+    I("output.keep_last", 2, 1, kInf, "Committed checkpoints kept; older ones are deleted only after a newer one is committed."),
+    B("output.async_save", true, "Copy the state to host memory and write it on a background thread while training goes on."),
   };
   // clang-format on
   return schema;

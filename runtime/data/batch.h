@@ -29,6 +29,11 @@ class BatchSource {
   // Samples handed out so far, counted globally (independent of world size): the data position a
   // checkpoint records.
   virtual int64_t samples_consumed() const = 0;
+  // The stream's position as a few integers, and going back to one (a resumed run). A position
+  // taken from the last rank of a run is valid at any world size (it is where the global stream
+  // stands); each rank's own is exact at the same world size.
+  virtual std::vector<int64_t> position() const = 0;
+  virtual void seek(const std::vector<int64_t>& position) = 0;
 };
 
 }  // namespace ft::data

@@ -67,6 +67,14 @@ JsonlSource::JsonlSource(JsonlOptions options, int64_t start_sample)
 
 JsonlSource::~JsonlSource() = default;
 
+void JsonlSource::seek(const std::vector<int64_t>& position) {
+  FT_CHECK(position.size() == 1 && position[0] >= 0,
+           "JSONL data: a position is one record count >= 0; the checkpoint holds another kind");
+  const int64_t s = position[0], W = options_.world_size;
+  next_global_ = s + (((options_.rank - s) % W) + W) % W;
+  has_pending_ = false;
+}
+
 const std::vector<int64_t>& JsonlSource::order_of(int64_t epoch) {
   if (epoch == order_epoch_) return order_;
   const int64_t n = index_.size();

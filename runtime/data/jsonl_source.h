@@ -58,6 +58,8 @@ class JsonlSource : public BatchSource {
   // Global records consumed (skipped ones included): this rank's next global index rounded
   // down to a multiple of world_size; independent of world size for the same position.
   int64_t samples_consumed() const override { return cursor() - options_.rank; }
+  std::vector<int64_t> position() const override { return {samples_consumed()}; }
+  void seek(const std::vector<int64_t>& position) override;
 
   int64_t num_records() const { return index_.size(); }
   // The epoch of the next record a batch will take.

@@ -34,6 +34,13 @@ SyntheticSource::SyntheticSource(SyntheticOptions options, int64_t start_sample)
   }
 }
 
+void SyntheticSource::seek(const std::vector<int64_t>& position) {
+  FT_CHECK(position.size() == 2 && position[0] >= 0 && position[1] >= 0,
+           "synthetic data: a position is (row, sample) >= 0; the checkpoint holds another kind");
+  next_row_ = position[0];
+  next_sample_ = position[1];
+}
+
 void SyntheticSource::sample(int64_t index, std::vector<int64_t>& tokens,
                              std::vector<bool>& trained) const {
   uint64_t h = mix(options_.seed ^ mix(static_cast<uint64_t>(index) + 1));

@@ -30,6 +30,8 @@ class SyntheticSource : public data::BatchSource {
   explicit SyntheticSource(SyntheticOptions options, int64_t start_sample = 0);
   data::Batch next() override;
   int64_t samples_consumed() const override { return next_sample_; }
+  std::vector<int64_t> position() const override { return {next_row_, next_sample_}; }
+  void seek(const std::vector<int64_t>& position) override;
 
   // Sample i's tokens and loss mask (true = trained), for tests.
   void sample(int64_t index, std::vector<int64_t>& tokens, std::vector<bool>& trained) const;

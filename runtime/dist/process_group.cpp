@@ -72,6 +72,7 @@ ProcessGroup::~ProcessGroup() = default;
 int ProcessGroup::rank() const { return impl_->rank; }
 int ProcessGroup::size() const { return impl_->size; }
 c10d::Backend& ProcessGroup::backend() { return *impl_->gloo; }
+c10d::Store& ProcessGroup::store() { return *impl_->store; }
 const std::string& ProcessGroup::transport_addr() const { return impl_->addr; }
 
 std::unique_ptr<ProcessGroup> ProcessGroup::subgroup(const std::string& name,

@@ -33,6 +33,9 @@ class ProcessGroup {
   int rank() const;
   int size() const;
   c10d::Backend& backend();
+  // The group's store (the launcher's TCPStore under this round's prefix; in-process at world size
+  // 1). TCPStore clients serialise their operations, so other threads may use it too.
+  c10d::Store& store();
   // The interface/address Gloo bound to, for messages.
   const std::string& transport_addr() const;
 

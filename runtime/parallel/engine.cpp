@@ -567,6 +567,34 @@ void Engine::finish_gradients() {
   }
 }
 
+std::vector<Engine::Piece> Engine::pieces(bool to_write) const {
+  std::vector<Piece> out;
+  size_t master = 0;
+  for (const auto& u : units_)
+    for (const auto& g : u->groups) {
+      if (!g.trained) continue;
+      // This rank's shard of the flat group, then (to write) its share among the copies.
+      const int s = g.S == 1 ? 0 : shard_rank_;
+      int64_t lo = s * g.shard_numel, hi = lo + g.shard_numel;
+      if (to_write) {
+        const int copies = g.S == 1 ? world_size_ : world_size_ / g.S;
+        const int copy = g.S == 1 ? rank_ : (groups_.replica ? groups_.replica->rank() : 0);
+        const int64_t per = (g.shard_numel + copies - 1) / copies;
+        const int64_t b = std::min(hi, lo + copy * per);
+        hi = std::min(hi, b + per);
+        lo = b;
+      }
+      const int64_t shard_begin = s * g.shard_numel;
+      for (const auto& m : g.members) {
+        const int64_t a = std::max(lo, m.offset), z = std::min(hi, m.offset + m.numel);
+        if (z <= a) continue;
+        out.push_back({m.name, m.shape, a - m.offset, z - m.offset, master, a - shard_begin});
+      }
+      ++master;
+    }
+  return out;
+}
+
 void Engine::after_update() {
   at::NoGradGuard no_grad;
   for (auto& u : units_)

@@ -118,6 +118,21 @@ class Engine : public model::UnitHooks {
     bool sharded = false;  // a 1/S slice (its norm is summed over the shard group)
   };
   const std::vector<Master>& masters() const { return masters_; }
+
+  // Elements [begin, end) of trained parameter `name` (flattened in C order) held by this rank
+  // at masters()[master] starting at element `offset`.
+  struct Piece {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t begin = 0, end = 0;
+    size_t master = 0;
+    int64_t offset = 0;
+  };
+  // Every piece of every trained parameter this rank holds (all of a replicated one). With
+  // `to_write`, the share this rank writes to a checkpoint: the ranks holding copies of the same
+  // elements (ddp replicas, HYBRID_SHARD nodes) split them, so that over all ranks every element
+  // is written exactly once and the writing is spread evenly.
+  std::vector<Piece> pieces(bool to_write) const;
   // After the optimizer updated the masters: refresh the compute copies; zero the gradients.
   void after_update();
 

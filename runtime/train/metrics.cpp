@@ -49,9 +49,19 @@ void write_load_record(const std::string& path, const LoadRecord& r, int rank, i
   FT_CHECK(out.good(), "cannot write ", path);
 }
 
-MetricsLog::MetricsLog(const std::string& path) : path_(path) {
+MetricsLog::MetricsLog(const std::string& path, int64_t keep_through_step) : path_(path) {
   if (path.empty()) return;
+  std::string kept;
+  if (keep_through_step >= 0) {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.value("step", int64_t{-1}) <= keep_through_step) kept += line + "\n";
+    }
+  }
   out_.open(path, std::ios::out | std::ios::trunc);
+  out_ << kept;
   FT_CHECK(out_.good(), "cannot write ", path);
 }
 

@@ -24,7 +24,9 @@ struct StepRecord {
 
 class MetricsLog {
  public:
-  explicit MetricsLog(const std::string& path);  // "" = no file
+  // "" = no file. keep_through_step >= 0 (a resumed run): the records of steps up to it stay and
+  // new ones are appended; later ones (steps the run redoes) are dropped.
+  explicit MetricsLog(const std::string& path, int64_t keep_through_step = -1);
   void write(const StepRecord& r);
 
  private:

@@ -27,6 +27,7 @@ AdamW::AdamW(const std::vector<Param>& params, AdamWOptions options) : options_(
   groups_.push_back({0.0, {}, {}, {}, {}});
   for (const auto& [p, decay] : params) {
     Group& g = groups_[decay ? 0 : 1];
+    where_.emplace_back(decay ? 0 : 1, g.params.size());
     g.params.push_back(p);
     g.exp_avg.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
     g.exp_avg_sq.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
@@ -47,6 +48,12 @@ void AdamW::step(double lr) {
                       options_.beta1, options_.beta2, g.weight_decay, options_.eps,
                       /*amsgrad=*/false, /*maximize=*/false);
   }
+}
+
+void AdamW::set_steps(int64_t steps) {
+  steps_ = steps;
+  for (auto& g : groups_)
+    for (auto& t : g.steps) t.fill_(static_cast<double>(steps));
 }
 
 int64_t AdamW::state_bytes() const {

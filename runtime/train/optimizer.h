@@ -30,6 +30,14 @@ class AdamW {
   // Resident bytes of the state (exp_avg + exp_avg_sq + steps).
   int64_t state_bytes() const;
 
+  // The state of the i-th parameter given to the constructor (for checkpoints).
+  at::Tensor& exp_avg(size_t i) { return groups_[where_[i].first].exp_avg[where_[i].second]; }
+  at::Tensor& exp_avg_sq(size_t i) {
+    return groups_[where_[i].first].exp_avg_sq[where_[i].second];
+  }
+  // Sets the step count (a resumed run): steps() and every parameter's step tensor.
+  void set_steps(int64_t steps);
+
   // True for parameters AdamW does not decay: norms and biases.
   static bool no_decay(const std::string& name);
 
@@ -41,6 +49,7 @@ class AdamW {
   AdamWOptions options_;
   std::vector<Group> groups_;
   int64_t steps_ = 0;
+  std::vector<std::pair<size_t, size_t>> where_;  // parameter i -> (group, index)
 };
 
 }  // namespace ft::train

@@ -12,9 +12,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <set>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "core/error.h"
 #include "core/strings.h"
+#include "ckpt/checkpoint.h"
 #include "data/jsonl_source.h"
 #include "data/synthetic.h"
 #include "dist/dist_env.h"
@@ -95,15 +99,152 @@ int64_t count_epoch_rows(data::JsonlSource& source, const std::string& path) {
   return rows;
 }
 
+const char* const kStateKinds[] = {"param/", "exp_avg/", "exp_avg_sq/"};
+
+// The newest of `candidates` whose every chunk this rank needs reads back whole, on every rank
+// (ranks agree through a collective; a damaged one is named, and auto falls back past it).
+std::unique_ptr<ckpt::Checkpoint> choose_checkpoint(
+    const std::vector<std::string>& candidates,
+    const std::vector<parallel::Engine::Piece>& held, parallel::Engine& engine,
+    const std::string& resume) {
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    std::unique_ptr<ckpt::Checkpoint> c;
+    std::string why;
+    try {
+      c = std::make_unique<ckpt::Checkpoint>(ckpt::Checkpoint::open(candidates[i]));
+      for (const auto& pc : held)
+        for (const char* kind : kStateKinds) {
+          const std::string t = kind + pc.name;
+          FT_CHECK_T(FormatError, c->shape(t) == pc.shape, c->dir(), ": ", t, " has shape ",
+                     at::IntArrayRef(c->shape(t)), " but this run's model makes it ",
+                     at::IntArrayRef(pc.shape), " (a checkpoint of another model)");
+          c->verify_range(t, pc.begin, pc.end);
+        }
+    } catch (const FormatError& e) {
+      why = e.what();
+    }
+    if (engine.max_over_ranks(why.empty() ? 0 : 1) == 0) return c;
+    if (!why.empty())
+      fmt::print(stderr, "ft train: rank {}: checkpoint {} is unusable: {}\n", engine.rank(),
+                 candidates[i], why);
+    FT_CHECK_T(FormatError, resume == "auto", "--resume ", resume,
+               ": the checkpoint is unusable (see above); pass an earlier one, or --resume auto");
+    if (engine.rank() == 0)
+      fmt::print(stderr, "ft train: {}\n",
+                 i + 1 < candidates.size()
+                     ? "falling back to the previous checkpoint, " + candidates[i + 1]
+                     : std::string("no usable checkpoint left: starting from the beginning"));
+  }
+  return nullptr;
+}
+
+// Optimizer state, loop counters, RNG and data position from `ck` (after the parameters).
+void restore_state(const ckpt::Checkpoint& ck, const std::vector<parallel::Engine::Piece>& held,
+                   Trainer& trainer, data::BatchSource& source, const dist::DistEnv& env) {
+  for (const auto& pc : held) {
+    const int64_t n = pc.end - pc.begin;
+    ck.read_range("exp_avg/" + pc.name, pc.begin, pc.end,
+                  trainer.optimizer().exp_avg(pc.master).narrow(0, pc.offset, n));
+    ck.read_range("exp_avg_sq/" + pc.name, pc.begin, pc.end,
+                  trainer.optimizer().exp_avg_sq(pc.master).narrow(0, pc.offset, n));
+  }
+  const json& t = ck.state().at("trainer");
+  Trainer::State st;
+  st.step = t.at("step");
+  st.skipped = t.at("skipped");
+  st.optimizer_steps = t.at("optimizer_steps");
+  st.loss_scale = t.at("loss_scale");
+  st.growth_tracker = t.at("growth_tracker");
+  trainer.restore(st);
+  // At the same world size every rank continues its own stream and dropout; at another, the
+  // global stream continues from where the saving run's last rank stood.
+  const bool same = ck.world_size() == env.world_size;
+  const int from = same ? env.rank : ck.world_size() - 1;
+  source.seek(ck.rank_state(from).at("data").get<std::vector<int64_t>>());
+  const std::string rng = fmt::format("rng/cpu.rank{}", same ? env.rank : env.rank % ck.world_size());
+  if (ck.has(rng)) {
+    at::Tensor state = at::empty(ck.shape(rng), at::kByte);
+    ck.read_range(rng, 0, state.numel(), state);
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+  }
+}
+
+// This rank's share of the training state at the current step; copies when `own` (an async save
+// must not see the next steps' updates).
+ckpt::Snapshot make_snapshot(parallel::Engine& engine, Trainer& trainer,
+                             const data::BatchSource& source, const json& preset,
+                             const RunOptions& o, const std::string& strategy, bool lora,
+                             const dist::DistEnv& env, bool own) {
+  at::NoGradGuard no_grad;
+  auto take = [own](const at::Tensor& t) {
+    at::Tensor c = t.to(at::kCPU).contiguous();
+    return own && c.data_ptr() == t.data_ptr() ? c.clone() : c;
+  };
+  ckpt::Snapshot s;
+  s.step = trainer.steps();
+  for (const auto& pc : engine.pieces(true)) {
+    const int64_t n = pc.end - pc.begin;
+    const at::Tensor* src[] = {&engine.masters()[pc.master].tensor,
+                               &trainer.optimizer().exp_avg(pc.master),
+                               &trainer.optimizer().exp_avg_sq(pc.master)};
+    for (int k = 0; k < 3; ++k) {
+      const std::string t = kStateKinds[k] + pc.name;
+      s.shapes[t] = pc.shape;
+      s.pieces.push_back({t, pc.begin, pc.end, take(src[k]->narrow(0, pc.offset, n))});
+    }
+  }
+  at::Tensor rng;
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    rng = gen.get_state();
+  }
+  const std::string rng_name = fmt::format("rng/cpu.rank{}", env.rank);
+  s.shapes[rng_name] = {rng.numel()};
+  s.pieces.push_back({rng_name, 0, rng.numel(), rng.contiguous()});
+  const Trainer::State ts = trainer.state();
+  s.state = {{"trainer",
+              {{"step", ts.step},
+               {"skipped", ts.skipped},
+               {"optimizer_steps", ts.optimizer_steps},
+               {"loss_scale", ts.loss_scale},
+               {"growth_tracker", ts.growth_tracker}}},
+             {"samples_consumed", source.samples_consumed()},
+             {"preset", preset},
+             {"lora", lora},
+             {"base_model", o.model_dir},
+             {"strategy", strategy}};
+  s.rank_state = {{"data", source.position()}, {"samples_consumed", source.samples_consumed()}};
+  return s;
+}
+
 }  // namespace
 
 RunSummary run_training(const RunOptions& o) {
   const json& p = o.preset;
   // --- validate everything before touching the output directory ---
   FT_CHECK(!o.output_dir.empty(), "--output is required");
-  FT_CHECK(!fs::exists(o.output_dir) || fs::is_empty(o.output_dir), "--output ", o.output_dir,
-           " already holds a run (it is not empty); choose another directory so nothing is "
-           "written over");
+  const dist::DistEnv env = dist::read_dist_env();
+  // Checkpoints to resume from, newest first; which one is used is agreed once the strategy knows
+  // what this rank reads.
+  const std::string ckpt_root = (fs::path(o.output_dir) / "checkpoints").string();
+  std::vector<std::string> candidates;
+  if (o.resume == "auto") {
+    candidates = ckpt::list_committed(ckpt_root);
+  } else if (o.resume != "none") {
+    FT_CHECK(fs::is_regular_file(fs::path(o.resume) / ckpt::kMetaFile), "--resume ", o.resume,
+             ": not a committed checkpoint (no ", ckpt::kMetaFile,
+             "); give a step-N directory under OUTPUT/checkpoints, auto or none");
+    candidates = {o.resume};
+  }
+  // A launcher restart without a checkpoint starts the run over in its own directory.
+  FT_CHECK(!candidates.empty() || !fs::exists(o.output_dir) || fs::is_empty(o.output_dir) ||
+               (o.resume == "auto" && env.restart_count > 0),
+           "--output ", o.output_dir,
+           " already holds a run (it is not empty) and no checkpoint to resume; choose another "
+           "directory so nothing is written over");
   const std::string format = p["data"]["format"];
   const bool synthetic = format == "synthetic";
   FT_CHECK(synthetic == o.data_path.empty(),
@@ -113,10 +254,6 @@ RunSummary run_training(const RunOptions& o) {
            synthetic ? ""
                      : "' reads JSONL: give the file with --data PATH (or use the built-in task: "
                        "--set data.format=synthetic)");
-  // Settings this build cannot honour are refused, never silently ignored.
-  FT_CHECK(p["output"]["save_every"] == 0,
-           "output.save_every: periodic checkpoints are not implemented yet (the final model is "
-           "always saved); use --set output.save_every=0");
   // train.max_steps wins; 0 asks for train.epochs passes over the data, counted below once the
   // data source is open.
   int64_t total_steps = p["train"]["max_steps"];
@@ -144,7 +281,6 @@ RunSummary run_training(const RunOptions& o) {
       p["train"]["activation_checkpointing"].get<std::string>());
   const int64_t checkpoint_every_n = p["train"]["checkpoint_every_n_layers"];
 
-  const dist::DistEnv env = dist::read_dist_env();
   const at::Device device = at::kCPU;
   parallel::StrategyPlan plan = parallel::plan_strategy(p, o.user_settings, env, device);
   const bool lora = p["lora"]["enabled"];
@@ -222,6 +358,11 @@ RunSummary run_training(const RunOptions& o) {
   load.source = weights ? "files" : "random init";
   auto specs = parallel::param_specs(model, lora);
   parallel::Engine engine(model, specs, plan.engine, groups);
+  const std::vector<parallel::Engine::Piece> held = engine.pieces(false);
+  std::unique_ptr<ckpt::Checkpoint> ck = choose_checkpoint(candidates, held, engine, o.resume);
+  std::set<std::string> trained;
+  for (const auto& s : specs)
+    if (s.trained) trained.insert(s.name);
   {
     // This rank's slices: from the files (mapped; only the pages of the slice are read), or the
     // random init streamed one tensor at a time in the order world size 1 draws it.
@@ -239,6 +380,7 @@ RunSummary run_training(const RunOptions& o) {
     load.rss_before_bytes = rss_bytes();
     const auto t0 = std::chrono::steady_clock::now();
     engine.load([&](const std::string& name, int64_t b, int64_t e, const at::Tensor& dst) {
+      if (ck && trained.count(name)) return ck->read_range("param/" + name, b, e, dst);
       if (name.rfind("base_model.", 0) == 0) return adapters(name, b, e, dst);
       const auto& slot = *std::find_if(specs.begin(), specs.end(), [&](const auto& s) {
                             return s.name == name;
@@ -259,6 +401,11 @@ RunSummary run_training(const RunOptions& o) {
     load.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     load.peak_rss_bytes = peak_rss_bytes();
     load.param_bytes = engine.take_accounting().param_bytes;
+    // fp32 masters exactly as saved (the compute copies above are their rounding).
+    if (ck)
+      for (const auto& pc : held)
+        ck->read_range("param/" + pc.name, pc.begin, pc.end,
+                       engine.masters()[pc.master].tensor.narrow(0, pc.offset, pc.end - pc.begin));
   }
 
   // Everything the run needs is loaded and checked: only now is anything written.
@@ -311,6 +458,25 @@ RunSummary run_training(const RunOptions& o) {
   // LoRA dropout draws from LibTorch's default generators, which start from a random seed in each
   // process: seeding them makes a run with dropout repeat exactly.
   at::manual_seed(seed);
+  if (ck) restore_state(*ck, held, trainer, source, env);
+
+  ckpt::SaverOptions so;
+  so.root = ckpt_root;
+  so.rank = env.rank;
+  so.world_size = env.world_size;
+  so.keep_last = p["output"]["keep_last"];
+  if (world) {
+    c10d::Store* store = &world->store();
+    so.signal = [store](const std::string& key) { store->set(key, std::vector<uint8_t>{1}); };
+    so.wait_all = [store](const std::vector<std::string>& keys) {
+      store->wait(keys, std::chrono::minutes(30));
+    };
+  }
+  ckpt::Saver saver(so);
+  const int64_t save_every = p["output"]["save_every"];
+  const double save_minutes = p["output"]["save_every_minutes"];
+  const bool async_save = p["output"]["async_save"];
+  auto last_save = std::chrono::steady_clock::now();
 
   if (rank0) {
     fmt::print(
@@ -323,13 +489,19 @@ RunSummary run_training(const RunOptions& o) {
                            : "",
         o.output_dir);
     fmt::print("ft train: strategy {}\n", plan.label);
+    if (ck)
+      fmt::print("ft train: resuming from {} (step {}, saved by {} rank{})\n", ck->dir(),
+                 ck->step(), ck->world_size(), ck->world_size() > 1 ? "s" : "");
     std::fflush(stdout);
   }
-  MetricsLog log(rank0 ? (fs::path(o.output_dir) / "metrics.jsonl").string() : "");
+  // A resumed run keeps the records of the steps it does not redo.
+  const int64_t keep_through = ck ? ck->step() : -1;
+  MetricsLog log(rank0 ? (fs::path(o.output_dir) / "metrics.jsonl").string() : "", keep_through);
   MetricsLog rank_log(
       env.world_size > 1
           ? (fs::path(o.output_dir) / fmt::format("metrics.rank{}.jsonl", env.rank)).string()
-          : "");
+          : "",
+      keep_through);
   Progress progress(rank0 ? total_steps : 0, p["train"]["log_every"]);
   RunSummary sum;
   while (trainer.steps() < total_steps) {
@@ -353,7 +525,26 @@ RunSummary run_training(const RunOptions& o) {
       sum.steps = r.stats.step;
     }
     sum.skipped_steps = r.stats.skipped_total;
+
+    // Checkpoint: every save_every steps, every save_every_minutes (rank 0's clock decides, so
+    // all ranks agree), and at the last step of a run that checkpoints at all.
+    bool due = save_every > 0 && trainer.steps() % save_every == 0;
+    if (save_minutes > 0) {
+      const double since =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save).count();
+      due = engine.max_over_ranks(rank0 && since >= save_minutes * 60 ? 1 : 0) > 0 || due;
+    }
+    if ((save_every > 0 || save_minutes > 0) && trainer.steps() == total_steps) due = true;
+    if (due) {
+      saver.save(make_snapshot(engine, trainer, source, p, o, plan.label, lora, env, async_save),
+                 async_save);
+      last_save = std::chrono::steady_clock::now();
+      if (rank0 && ::isatty(STDOUT_FILENO) != 1)
+        fmt::print("ft train: checkpoint of step {} {} (training paused {:.3f} s)\n",
+                   trainer.steps(), async_save ? "being written" : "written", saver.last_stall_s());
+    }
   }
+  saver.wait();  // the last checkpoint is durable (rank 0: committed) before the run reports done
   if (rank0) progress.finish();
   // The final model: every rank takes part in gathering each tensor; rank 0 writes.
   const std::string final_dir = (fs::path(o.output_dir) / "final").string();

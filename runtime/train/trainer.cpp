@@ -29,6 +29,28 @@ Trainer::Trainer(model::LlamaModel& model, TrainOptions options, parallel::Engin
   }
 }
 
+Trainer::State Trainer::state() const {
+  State s;
+  s.step = step_;
+  s.skipped = skipped_;
+  s.optimizer_steps = optimizer_->steps();
+  if (loss_scale_.defined()) {
+    s.loss_scale = loss_scale_.item<double>();
+    s.growth_tracker = growth_tracker_.item<int64_t>();
+  }
+  return s;
+}
+
+void Trainer::restore(const State& s) {
+  step_ = s.step;
+  skipped_ = s.skipped;
+  optimizer_->set_steps(s.optimizer_steps);
+  if (loss_scale_.defined()) {
+    loss_scale_.fill_(s.loss_scale);
+    growth_tracker_.fill_(s.growth_tracker);
+  }
+}
+
 StepStats Trainer::step(const std::vector<data::Batch>& micro_batches) {
   return apply_update(compute_gradients(micro_batches));
 }

@@ -66,6 +66,17 @@ class Trainer {
   int64_t steps() const { return step_; }
   parallel::Engine& engine() { return engine_; }
 
+  // What a checkpoint keeps of the loop besides tensors.
+  struct State {
+    int64_t step = 0, skipped = 0;
+    int64_t optimizer_steps = 0;
+    double loss_scale = 0;  // fp16 only
+    int64_t growth_tracker = 0;
+  };
+  State state() const;
+  void restore(const State& s);
+  AdamW& optimizer() { return *optimizer_; }
+
  private:
   model::LlamaModel& model_;
   TrainOptions options_;

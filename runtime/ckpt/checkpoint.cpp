@@ -1,0 +1,421 @@
+#include "ckpt/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "ckpt/crc32c.h"
+#include "core/build_info.h"
+#include "core/error.h"
+#include "io/safetensors.h"
+
+namespace ft::ckpt {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+void fsync_path(const std::string& path, bool dir) {
+  int fd = ::open(path.c_str(), (dir ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd == -1) throw_errno("open '" + path + "' to fsync", __FILE__, __LINE__);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  errno = err;
+  if (rc == -1) throw_errno("fsync '" + path + "'", __FILE__, __LINE__);
+}
+
+// Writes `text` to `path` durably: a temporary file, fsync, rename, fsync of the directory.
+void write_durable(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
+    out << text;
+    out.flush();
+    FT_CHECK_T(SystemError, out.good(), "writing ", tmp, " failed (disk full?)");
+  }
+  fsync_path(tmp, false);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  FT_CHECK_T(SystemError, !ec, "cannot rename ", tmp, " to ", path, ": ", ec.message());
+  fsync_path(fs::path(path).parent_path().string(), true);
+}
+
+std::string rank_file(int rank, const char* ext) { return fmt::format("rank-{:05d}{}", rank, ext); }
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// The step of a directory name "step-<digits>" (-1 otherwise); `prefix` allows ".tmp-step-".
+int64_t parse_step(const std::string& name, const std::string& prefix) {
+  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size()) return -1;
+  const std::string digits = name.substr(prefix.size());
+  if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
+  return std::stoll(digits);
+}
+
+}  // namespace
+
+std::string step_dir_name(int64_t step) { return fmt::format("step-{:09d}", step); }
+
+std::vector<std::string> list_committed(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const int64_t step = parse_step(e.path().filename().string(), "step-");
+    if (step >= 0 && fs::is_regular_file(e.path() / kMetaFile, ec))
+      found.emplace_back(step, e.path().string());
+  }
+  std::sort(found.rbegin(), found.rend());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Saver
+
+struct Saver::Impl {
+  SaverOptions o;
+  std::thread worker;
+  std::exception_ptr error;
+  double write_s = 0;
+
+  void join() {
+    if (worker.joinable()) worker.join();
+  }
+  void write(const Snapshot& s);
+  void commit(const Snapshot& s, const std::string& tmp);
+};
+
+Saver::Saver(SaverOptions options) : impl_(std::make_unique<Impl>()) {
+  FT_CHECK(options.keep_last >= 1, "checkpoints to keep must be at least 1, got ",
+           options.keep_last);
+  impl_->o = std::move(options);
+}
+
+Saver::~Saver() {
+  impl_->join();
+  if (impl_->error) {
+    try {
+      std::rethrow_exception(impl_->error);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ft: checkpoint save failed: %s\n", e.what());
+    }
+  }
+}
+
+double Saver::last_write_s() const { return impl_->write_s; }
+
+void Saver::wait() {
+  impl_->join();
+  if (impl_->error) {
+    std::exception_ptr e = impl_->error;
+    impl_->error = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+void Saver::save(Snapshot s, bool async) {
+  const auto t0 = std::chrono::steady_clock::now();
+  wait();
+  if (async) {
+    impl_->worker = std::thread([impl = impl_.get(), snap = std::move(s)]() {
+      try {
+        impl->write(snap);
+      } catch (...) {
+        impl->error = std::current_exception();
+      }
+    });
+  } else {
+    impl_->write(s);
+  }
+  stall_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void Saver::Impl::write(const Snapshot& s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string tmp = (fs::path(o.root) / (".tmp-" + step_dir_name(s.step))).string();
+  std::error_code ec;
+  fs::create_directories(tmp, ec);
+  FT_CHECK_T(SystemError, !ec, "cannot create checkpoint directory ", tmp, ": ", ec.message());
+  const std::string file = rank_file(o.rank, ".safetensors");
+  io::NamedTensors named;
+  json chunks = json::array();
+  for (const auto& p : s.pieces) {
+    FT_ASSERT(p.data.is_cpu() && p.data.is_contiguous() && p.data.numel() == p.end - p.begin,
+              "checkpoint piece ", p.tensor, " is not a contiguous CPU range");
+    const std::string key = fmt::format("{}@{}", p.tensor, p.begin);
+    named.emplace_back(key, p.data);
+    chunks.push_back({{"tensor", p.tensor},
+                      {"begin", p.begin},
+                      {"end", p.end},
+                      {"file", file},
+                      {"key", key},
+                      {"dtype", io::safetensors_dtype_name(p.data.scalar_type())},
+                      {"crc32c", crc32c(p.data.data_ptr(), p.data.nbytes())}});
+  }
+  io::write_safetensors((fs::path(tmp) / file).string(), named, {{"format", "ft-checkpoint"}});
+  json shapes = json::object();
+  for (const auto& [t, shape] : s.shapes) shapes[t] = shape;
+  json rank = {{"rank", o.rank}, {"world_size", o.world_size}, {"step", s.step},
+               {"state", s.rank_state}, {"shapes", shapes}, {"chunks", chunks}};
+  write_durable((fs::path(tmp) / rank_file(o.rank, ".json")).string(), rank.dump());
+  if (o.world_size > 1) o.signal(fmt::format("ckpt/{}/{}", s.step, o.rank));
+  if (o.rank == 0) commit(s, tmp);
+  write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void Saver::Impl::commit(const Snapshot& s, const std::string& tmp) {
+  if (o.world_size > 1) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < o.world_size; ++r) keys.push_back(fmt::format("ckpt/{}/{}", s.step, r));
+    o.wait_all(keys);
+  }
+  json tensors = json::object();
+  json ranks = json::array();
+  for (int r = 0; r < o.world_size; ++r) {
+    const std::string path = (fs::path(tmp) / rank_file(r, ".json")).string();
+    std::ifstream in(path);
+    FT_CHECK_T(SystemError, in.good(), "rank ", r, " reported its checkpoint files written, but ",
+               path, " is not there: the output directory must be on storage every node shares");
+    json rj = json::parse(in, nullptr, false);
+    FT_CHECK_T(FormatError, !rj.is_discarded(), path, ": not valid JSON");
+    ranks.push_back(rj["state"]);
+    for (auto& [t, shape] : rj["shapes"].items())
+      if (!tensors.contains(t)) tensors[t] = {{"shape", shape}, {"chunks", json::array()}};
+    for (auto& c : rj["chunks"]) {
+      const std::string t = c["tensor"];
+      FT_ASSERT(tensors.contains(t), "checkpoint chunk of ", t, " without a shape");
+      tensors[t]["dtype"] = c["dtype"];
+      json chunk = c;
+      chunk.erase("tensor");
+      chunk.erase("dtype");
+      tensors[t]["chunks"].push_back(chunk);
+    }
+  }
+  // Every element of every tensor exactly once.
+  for (auto& [t, tj] : tensors.items()) {
+    auto& chunks = tj["chunks"];
+    std::sort(chunks.begin(), chunks.end(),
+              [](const json& a, const json& b) { return a["begin"] < b["begin"]; });
+    int64_t at = 0;
+    for (const auto& c : chunks) {
+      FT_ASSERT(c["begin"].get<int64_t>() == at, "checkpoint of step ", s.step, ": tensor ", t,
+                " has a gap or overlap at element ", at);
+      at = c["end"];
+    }
+    FT_ASSERT(at == numel_of(tj["shape"].get<std::vector<int64_t>>()), "checkpoint of step ",
+              s.step, ": tensor ", t, " covers ", at, " elements of ",
+              numel_of(tj["shape"].get<std::vector<int64_t>>()));
+  }
+  json meta = {{"format", "ft-checkpoint"},
+               {"format_version", kFormatVersion},
+               {"ft_version", build_info(false).ft_version},
+               {"step", s.step},
+               {"world_size", o.world_size},
+               {"state", s.state},
+               {"rank_states", ranks},
+               {"tensors", tensors}};
+  write_durable((fs::path(tmp) / kMetaFile).string(), meta.dump(1));
+  const fs::path final_dir = fs::path(o.root) / step_dir_name(s.step);
+  std::error_code ec;
+  fs::path old;
+  if (fs::exists(final_dir, ec)) {  // the same step saved again (a restarted run): swap
+    old = fs::path(o.root) / (".old-" + step_dir_name(s.step));
+    fs::remove_all(old, ec);
+    fs::rename(final_dir, old, ec);
+    FT_CHECK_T(SystemError, !ec, "cannot move ", final_dir.string(), " aside: ", ec.message());
+  }
+  fs::rename(tmp, final_dir, ec);
+  FT_CHECK_T(SystemError, !ec, "cannot rename ", tmp, " to ", final_dir.string(), ": ",
+             ec.message());
+  fsync_path(o.root, true);
+  if (!old.empty()) fs::remove_all(old, ec);
+  write_durable((fs::path(o.root) / kLatestFile).string(), step_dir_name(s.step) + "\n");
+  // Older checkpoints beyond keep_last, and temporary directories of saves that never finished.
+  const auto committed = list_committed(o.root);
+  for (size_t i = static_cast<size_t>(o.keep_last); i < committed.size(); ++i)
+    fs::remove_all(committed[i], ec);
+  for (const auto& e : fs::directory_iterator(o.root, ec)) {
+    const int64_t st = parse_step(e.path().filename().string(), ".tmp-step-");
+    if (st >= 0 && st <= s.step) fs::remove_all(e.path(), ec);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoint
+
+namespace {
+struct ChunkRef {
+  int64_t begin = 0, end = 0;
+  std::string file, key;
+  uint32_t crc = 0;
+};
+struct TensorRef {
+  std::vector<int64_t> shape;
+  std::vector<ChunkRef> chunks;  // by begin
+};
+}  // namespace
+
+struct Checkpoint::Impl {
+  std::string dir;
+  json meta;
+  std::map<std::string, TensorRef> tensors;
+  mutable std::mutex mu;
+  mutable std::map<std::string, std::unique_ptr<io::SafetensorsFile>> files;
+  mutable std::set<std::string> verified;  // file + "\n" + key
+
+  const io::SafetensorsFile& file(const std::string& name) const;
+  void verify(const ChunkRef& c) const;
+  const TensorRef& find(const std::string& tensor) const {
+    auto it = tensors.find(tensor);
+    FT_CHECK_T(FormatError, it != tensors.end(), dir, "/", kMetaFile, ": the checkpoint has no ",
+               tensor, " (it was saved from another model, or with LoRA on/off?)");
+    return it->second;
+  }
+};
+
+Checkpoint::Checkpoint() : impl_(std::make_unique<Impl>()) {}
+Checkpoint::Checkpoint(Checkpoint&&) noexcept = default;
+Checkpoint& Checkpoint::operator=(Checkpoint&&) noexcept = default;
+Checkpoint::~Checkpoint() = default;
+
+Checkpoint Checkpoint::open(const std::string& dir) {
+  Checkpoint c;
+  Impl& m = *c.impl_;
+  m.dir = dir;
+  const std::string path = (fs::path(dir) / kMetaFile).string();
+  std::ifstream in(path);
+  FT_CHECK_T(FormatError, in.good(), path,
+             ": missing, so this checkpoint was never committed (a save interrupted before every "
+             "rank finished); use an earlier one");
+  m.meta = json::parse(in, nullptr, false);
+  FT_CHECK_T(FormatError, !m.meta.is_discarded() && m.meta.is_object(), path,
+             ": not valid JSON (damaged); use an earlier checkpoint");
+  try {
+    FT_CHECK_T(FormatError, m.meta.value("format", "") == "ft-checkpoint", path,
+               ": not an ft checkpoint");
+    const int version = m.meta.at("format_version");
+    FT_CHECK_T(FormatError, version == kFormatVersion, path, ": format version ", version,
+               " is not the ", kFormatVersion, " this ft reads");
+    for (auto& [t, tj] : m.meta.at("tensors").items()) {
+      TensorRef r;
+      r.shape = tj.at("shape").get<std::vector<int64_t>>();
+      for (const auto& cj : tj.at("chunks")) {
+        ChunkRef ch;
+        ch.begin = cj.at("begin");
+        ch.end = cj.at("end");
+        ch.file = cj.at("file");
+        ch.key = cj.at("key");
+        ch.crc = cj.at("crc32c");
+        FT_CHECK_T(FormatError, ch.file.find('/') == std::string::npos && ch.file != "..", path,
+                   ": chunk file '", ch.file, "' is outside the checkpoint");
+        r.chunks.push_back(std::move(ch));
+      }
+      m.tensors.emplace(t, std::move(r));
+    }
+    (void)m.meta.at("step").get<int64_t>();
+    (void)m.meta.at("world_size").get<int>();
+    FT_CHECK_T(FormatError, m.meta.at("rank_states").size() == m.meta["world_size"].get<size_t>(),
+               path, ": rank_states does not have world_size entries");
+  } catch (const json::exception& e) {
+    throw FormatError(fmt::format("{}: malformed ({}); use an earlier checkpoint", path, e.what()));
+  }
+  return c;
+}
+
+const std::string& Checkpoint::dir() const { return impl_->dir; }
+int64_t Checkpoint::step() const { return impl_->meta["step"]; }
+int Checkpoint::world_size() const { return impl_->meta["world_size"]; }
+const json& Checkpoint::state() const { return impl_->meta["state"]; }
+const json& Checkpoint::rank_state(int rank) const {
+  return impl_->meta["rank_states"].at(static_cast<size_t>(rank));
+}
+bool Checkpoint::has(const std::string& tensor) const { return impl_->tensors.count(tensor) != 0; }
+std::vector<int64_t> Checkpoint::shape(const std::string& tensor) const {
+  return impl_->find(tensor).shape;
+}
+
+const io::SafetensorsFile& Checkpoint::Impl::file(const std::string& name) const {
+  auto it = files.find(name);
+  if (it != files.end()) return *it->second;
+  const std::string path = (fs::path(dir) / name).string();
+  try {
+    auto f = std::make_unique<io::SafetensorsFile>(io::SafetensorsFile::open(path));
+    return *files.emplace(name, std::move(f)).first->second;
+  } catch (const SystemError& e) {
+    throw FormatError(fmt::format("{}: cannot be read ({}); the checkpoint is incomplete", path,
+                                  e.what()));
+  }
+}
+
+void Checkpoint::Impl::verify(const ChunkRef& c) const {
+  const std::string id = c.file + "\n" + c.key;
+  if (verified.count(id)) return;
+  const io::SafetensorsFile& f = file(c.file);
+  const std::string where = fmt::format("{}/{}: chunk {}", dir, c.file, c.key);
+  FT_CHECK_T(FormatError, f.has(c.key), where, " is missing from the file");
+  const io::TensorInfo& info = f.info(c.key);
+  FT_CHECK_T(FormatError, info.numel() == c.end - c.begin, where, " holds ", info.numel(),
+             " elements, meta.json says ", c.end - c.begin);
+  constexpr int64_t kBlock = 8 << 20;  // bytes checked at a time
+  const int64_t item = static_cast<int64_t>(c10::elementSize(info.dtype));
+  const int64_t per = std::max<int64_t>(1, kBlock / item);
+  at::Tensor buf = at::empty({std::min(per, info.numel())}, at::TensorOptions().dtype(info.dtype));
+  uint32_t crc = 0;
+  for (int64_t i = 0; i < info.numel(); i += per) {
+    const int64_t n = std::min(per, info.numel() - i);
+    at::Tensor part = buf.narrow(0, 0, n);
+    f.read_range(c.key, i, i + n, part);
+    crc = crc32c(part.data_ptr(), static_cast<size_t>(n * item), crc);
+  }
+  FT_CHECK_T(FormatError, crc == c.crc, where, ": checksum mismatch (CRC-32C ", crc,
+             ", meta.json says ", c.crc, "): the file is damaged; use an earlier checkpoint");
+  verified.insert(id);
+}
+
+void Checkpoint::verify_range(const std::string& tensor, int64_t begin, int64_t end) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (const auto& c : impl_->find(tensor).chunks)
+    if (c.end > begin && c.begin < end) impl_->verify(c);
+}
+
+void Checkpoint::read_range(const std::string& tensor, int64_t begin, int64_t end,
+                            const at::Tensor& dst) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  const TensorRef& t = impl_->find(tensor);
+  FT_CHECK_T(FormatError, 0 <= begin && begin <= end && end <= numel_of(t.shape), impl_->dir,
+             ": elements [", begin, ", ", end, ") of ", tensor, " are outside its ",
+             numel_of(t.shape));
+  FT_ASSERT(dst.numel() == end - begin, "read_range of ", end - begin, " elements into ",
+            dst.numel());
+  at::Tensor flat = dst.view({-1});
+  int64_t covered = 0;
+  for (const auto& c : t.chunks) {
+    const int64_t lo = std::max(begin, c.begin), hi = std::min(end, c.end);
+    if (hi <= lo) continue;
+    impl_->verify(c);
+    impl_->file(c.file).read_range(c.key, lo - c.begin, hi - c.begin,
+                                   flat.narrow(0, lo - begin, hi - lo));
+    covered += hi - lo;
+  }
+  FT_CHECK_T(FormatError, covered == end - begin, impl_->dir, "/", kMetaFile, ": the chunks of ",
+             tensor, " do not cover [", begin, ", ", end, ")");
+}
+
+}  // namespace ft::ckpt

@@ -1,0 +1,116 @@
+// Sharded checkpoints (docs/checkpoint-format.md). Every rank writes its share of the training
+// state, as flat ranges ("pieces") of named tensors, into one safetensors file and one JSON file
+// of a temporary step directory, and makes them durable (fsync). When every rank has, rank 0
+// writes meta.json — each tensor's global shape and, for every chunk, file, range and CRC-32C —
+// renames the directory into place (step-<N>) and moves the `latest` pointer: a directory without
+// meta.json is never used. A checkpoint is read back under any world size and strategy by
+// asking for ranges of tensors, which read_range() assembles from whatever chunks hold them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace ft::ckpt {
+
+inline constexpr int kFormatVersion = 1;
+inline constexpr const char* kMetaFile = "meta.json";
+inline constexpr const char* kLatestFile = "latest";
+
+// Elements [begin, end) of a named tensor flattened in C order.
+struct Piece {
+  std::string tensor;  // "param/<name>", "exp_avg/<name>", "exp_avg_sq/<name>", "rng/cpu.rank<k>"
+  int64_t begin = 0, end = 0;
+  at::Tensor data;  // [end - begin], CPU, contiguous; owned (a copy) for an async save
+};
+
+// What one rank saves at one step.
+struct Snapshot {
+  int64_t step = 0;
+  nlohmann::json state;       // global state; rank 0's goes into meta.json
+  nlohmann::json rank_state;  // this rank's own (data position ...)
+  std::map<std::string, std::vector<int64_t>> shapes;  // global shape of every tensor it has pieces of
+  std::vector<Piece> pieces;  // over all ranks, every element of every tensor exactly once
+};
+
+struct SaverOptions {
+  std::string root;  // where step-<N> directories go (OUTPUT/checkpoints)
+  int rank = 0, world_size = 1;
+  int keep_last = 2;  // committed checkpoints kept (the newest); >= 1
+  // Multi-rank: `signal(key)` tells rank 0 this rank's files are durable; rank 0's
+  // `wait_all(keys)` returns when every rank has signalled (throws on timeout).
+  std::function<void(const std::string& key)> signal;
+  std::function<void(const std::vector<std::string>& keys)> wait_all;
+};
+
+// Writes snapshots, one at a time, synchronously or on a background thread.
+class Saver {
+ public:
+  explicit Saver(SaverOptions options);
+  ~Saver();  // waits for a save in flight; an error there is printed (wait() would rethrow it)
+  Saver(const Saver&) = delete;
+  Saver& operator=(const Saver&) = delete;
+
+  // Waits for the previous save (rethrowing its error), then writes `s`: in the background when
+  // `async` (`s` must own its tensors), else before returning. Rank 0 also commits.
+  void save(Snapshot s, bool async);
+  // Waits for the save in flight; rethrows its error (ft::Error naming the file).
+  void wait();
+  // Seconds the last save() blocked its caller (waiting for the previous save, or the whole
+  // write when synchronous), and seconds the last completed write took.
+  double last_stall_s() const { return stall_s_; }
+  double last_write_s() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  double stall_s_ = 0;
+};
+
+// A committed checkpoint, opened for reading.
+class Checkpoint {
+ public:
+  // Opens `dir` (a step-<N> directory): FormatError naming the file for a missing or malformed
+  // meta.json. Shard files are opened on first use.
+  static Checkpoint open(const std::string& dir);
+  Checkpoint(Checkpoint&&) noexcept;
+  Checkpoint& operator=(Checkpoint&&) noexcept;
+  ~Checkpoint();
+
+  const std::string& dir() const;
+  int64_t step() const;
+  int world_size() const;  // of the run that saved it
+  const nlohmann::json& state() const;
+  // The rank_state saved by `rank` of the saving run.
+  const nlohmann::json& rank_state(int rank) const;
+  bool has(const std::string& tensor) const;
+  std::vector<int64_t> shape(const std::string& tensor) const;  // FormatError when absent
+
+  // Fills `dst` (end - begin elements, any dtype and device) with elements [begin, end) of
+  // `tensor`, from the chunks that hold them. Each chunk's CRC-32C is checked the first time it
+  // is touched: FormatError naming the file and tensor on a mismatch, a missing or truncated file.
+  void read_range(const std::string& tensor, int64_t begin, int64_t end,
+                  const at::Tensor& dst) const;
+  // Checks the checksums of every chunk overlapping [begin, end) of `tensor` (what a later
+  // read_range of that range needs), without copying anywhere.
+  void verify_range(const std::string& tensor, int64_t begin, int64_t end) const;
+
+ private:
+  Checkpoint();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Committed checkpoints under `root` (step-<N> directories holding meta.json), newest first.
+std::vector<std::string> list_committed(const std::string& root);
+
+// "step-000000120" for step 120.
+std::string step_dir_name(int64_t step);
+
+}  // namespace ft::ckpt
