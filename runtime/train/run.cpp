@@ -101,6 +101,13 @@ int64_t count_epoch_rows(data::JsonlSource& source, const std::string& path) {
 
 const char* const kStateKinds[] = {"param/", "exp_avg/", "exp_avg_sq/"};
 
+// The generator state this rank continues from: its own at the same world size, else that of
+// rank % (the saving run's world size).
+std::string rng_tensor(const ckpt::Checkpoint& ck, int rank, int world_size) {
+  return fmt::format("rng/cpu.rank{}", ck.world_size() == world_size ? rank
+                                                                     : rank % ck.world_size());
+}
+
 // The newest of `candidates` whose every chunk this rank needs reads back whole, on every rank
 // (ranks agree through a collective; a damaged one is named, and auto falls back past it).
 std::unique_ptr<ckpt::Checkpoint> choose_checkpoint(
@@ -120,6 +127,8 @@ std::unique_ptr<ckpt::Checkpoint> choose_checkpoint(
                      at::IntArrayRef(pc.shape), " (a checkpoint of another model)");
           c->verify_range(t, pc.begin, pc.end);
         }
+      const std::string rng = rng_tensor(*c, engine.rank(), engine.world_size());
+      if (c->has(rng)) c->verify_range(rng, 0, c->shape(rng)[0]);
     } catch (const FormatError& e) {
       why = e.what();
     }
@@ -161,7 +170,7 @@ void restore_state(const ckpt::Checkpoint& ck, const std::vector<parallel::Engin
   const bool same = ck.world_size() == env.world_size;
   const int from = same ? env.rank : ck.world_size() - 1;
   source.seek(ck.rank_state(from).at("data").get<std::vector<int64_t>>());
-  const std::string rng = fmt::format("rng/cpu.rank{}", same ? env.rank : env.rank % ck.world_size());
+  const std::string rng = rng_tensor(ck, env.rank, env.world_size);
   if (ck.has(rng)) {
     at::Tensor state = at::empty(ck.shape(rng), at::kByte);
     ck.read_range(rng, 0, state.numel(), state);

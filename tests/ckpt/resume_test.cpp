@@ -1,0 +1,195 @@
+// Resuming from checkpoints with real `ft train` processes: killed with SIGKILL at a random step
+// and restarted, a run ends bit-identical to an uninterrupted one; a checkpoint saved under one
+// strategy and world size continues under others; a damaged newest checkpoint is named and the
+// previous one used.
+#include "support/catch_torch.h"
+// (catch_torch.h first: c10 defines a CHECK macro of its own)
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "support/subprocess.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace ft::test;
+
+namespace {
+
+const std::vector<std::string> kBase = {
+    "precision.mode=fp32", "train.max_steps=12", "data.seq_len=64",   "model.hidden_size=64",
+    "model.intermediate_size=176", "train.lr=1e-3", "train.warmup_steps=2", "train.log_every=100",
+    "train.eps=1e-6",      "output.save_every=4", "output.keep_last=3"};
+
+std::vector<std::string> train_argv(int nproc, const std::string& out,
+                                    const std::vector<std::string>& sets) {
+  std::vector<std::string> argv;
+  if (nproc > 1)
+    argv = {ft_bin(), "launch", "--nproc-per-node", std::to_string(nproc), "--master-port",
+            std::to_string(free_port()), "--"};
+  argv.insert(argv.end(), {ft_bin(), "train", "--preset", "tiny-demo", "--output", out});
+  for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
+  for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
+  return argv;
+}
+
+struct Run {
+  int code = -1;
+  std::string output;
+};
+
+Run run(const std::vector<std::string>& argv) {
+  Child c = start(argv, {}, make_temp_dir() + "/out.txt");
+  auto rc = wait_for(c, 150);
+  if (!rc) kill_and_reap(c);
+  return {rc.value_or(-1), c.output()};
+}
+
+std::vector<json> metrics(const std::string& dir) {
+  std::vector<json> out;
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+std::vector<std::string> with_resume(std::vector<std::string> argv, const std::string& dir) {
+  argv.insert(argv.end(), {"--resume", dir});
+  return argv;
+}
+
+bool same_file(const std::string& a, const std::string& b) { return read_file(a) == read_file(b); }
+
+double max_rel(const at::Tensor& a, const at::Tensor& b) {
+  const double scale = std::max(a.abs().max().item<double>(), 1e-30);
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() / scale;
+}
+
+}  // namespace
+
+TEST_CASE("a run killed with SIGKILL at a random step resumes bit-identical", "[multiproc]") {
+  const std::string ref = make_temp_dir() + "/ref";
+  Run r = run(train_argv(1, ref, {}));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  REQUIRE(metrics(ref).size() == 12);
+  for (unsigned seed : {1u, 2u, 3u}) {
+    std::mt19937 gen(seed);
+    const size_t kill_after = 1 + gen() % 10;  // steps logged before the kill
+    INFO("seed " << seed << ": SIGKILL after " << kill_after << " steps");
+    const std::string out = make_temp_dir() + "/run";
+    Child c = start(train_argv(1, out, {}), {}, make_temp_dir() + "/out.txt");
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (metrics(out).size() < kill_after && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ::kill(c.pid, SIGKILL);
+    REQUIRE(wait_for(c, 30).value_or(-1) == 128 + SIGKILL);
+    // Restarted with the same command: it continues from its newest committed checkpoint.
+    Run again = run(train_argv(1, out, {}));
+    INFO(again.output);
+    REQUIRE(again.code == 0);
+    if (kill_after >= 4) CHECK_THAT(again.output, Catch::Contains("resuming from"));
+    CHECK(same_file(ref + "/final/model.safetensors", out + "/final/model.safetensors"));
+    // metrics.jsonl holds each step once, with the uninterrupted run's losses.
+    auto a = metrics(ref), b = metrics(out);
+    REQUIRE(b.size() == a.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      CHECK(b[i]["step"] == a[i]["step"]);
+      CHECK(b[i]["loss"] == a[i]["loss"]);
+    }
+  }
+}
+
+TEST_CASE("checkpoints move between strategies and world sizes: fsdp x4 -> zero3 x2 -> ddp x1",
+          "[multiproc]") {
+  const std::string tmp = make_temp_dir();
+  // The reference: one rank, 8 sequences per step.
+  Run r = run(train_argv(1, tmp + "/ref", {"train.micro_batch=8"}));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  Run a = run(train_argv(4, tmp + "/a", {"strategy.kind=fsdp", "train.micro_batch=2"}));
+  INFO(a.output);
+  REQUIRE(a.code == 0);
+  Run b = run(with_resume(train_argv(2, tmp + "/b",
+                                     {"strategy.kind=zero3", "train.micro_batch=4",
+                                      "strategy.zero3.param_persistence_threshold=1000"}),
+                          tmp + "/a/checkpoints/step-000000004"));
+  INFO(b.output);
+  REQUIRE(b.code == 0);
+  CHECK_THAT(b.output, Catch::Contains("saved by 4 ranks"));
+  Run c = run(with_resume(train_argv(1, tmp + "/c", {"train.micro_batch=8"}),
+                          tmp + "/b/checkpoints/step-000000008"));
+  INFO(c.output);
+  REQUIRE(c.code == 0);
+  // ddp x1 -> fsdp SHARD_GRAD_OP x2.
+  Run d = run(with_resume(train_argv(2, tmp + "/d",
+                                     {"strategy.kind=fsdp", "train.micro_batch=4",
+                                      "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP"}),
+                          tmp + "/ref/checkpoints/step-000000004"));
+  INFO(d.output);
+  REQUIRE(d.code == 0);
+
+  auto ref = metrics(tmp + "/ref");
+  REQUIRE(ref.size() == 12);
+  for (const auto& [dir, first] : std::vector<std::pair<std::string, int>>{
+           {"/b", 5}, {"/c", 9}, {"/d", 5}}) {
+    auto m = metrics(tmp + dir);
+    INFO(dir);
+    REQUIRE(m.size() == static_cast<size_t>(12 - first + 1));
+    for (const auto& rec : m) {
+      const int step = rec["step"];
+      const double want = ref[step - 1]["loss"];
+      CHECK(std::abs(rec["loss"].get<double>() - want) <= 1e-5 * want);
+      CHECK(rec["tokens"] == ref[step - 1]["tokens"]);  // the same data, from where it stopped
+    }
+    auto fa = ft::io::SafetensorsFile::open(tmp + "/ref/final/model.safetensors");
+    auto fb = ft::io::SafetensorsFile::open(tmp + dir + "/final/model.safetensors");
+    for (const auto& n : fa.names()) CHECK(max_rel(fa.tensor(n), fb.tensor(n)) <= 1e-5);
+  }
+}
+
+TEST_CASE("a damaged newest checkpoint is named and the previous one is used", "[multiproc]") {
+  const std::string ref = make_temp_dir() + "/ref";
+  Run r = run(train_argv(1, ref, {}));
+  REQUIRE(r.code == 0);
+  const std::string out = make_temp_dir() + "/run";
+  fs::copy(ref, out, fs::copy_options::recursive);
+  fs::remove_all(out + "/checkpoints/step-000000012");
+  fs::remove_all(out + "/final");
+  // Flip one byte near the end of the newest checkpoint's data.
+  const std::string f = out + "/checkpoints/step-000000008/rank-00000.safetensors";
+  {
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(-64, std::ios::end);
+    char c = 0;
+    io.read(&c, 1);
+    c ^= 0x01;
+    io.seekp(-64, std::ios::end);
+    io.write(&c, 1);
+  }
+  const std::string damaged = make_temp_dir() + "/step-000000008";
+  fs::copy(f.substr(0, f.rfind('/')), damaged, fs::copy_options::recursive);
+  Run again = run(train_argv(1, out, {}));
+  INFO(again.output);
+  REQUIRE(again.code == 0);
+  CHECK_THAT(again.output, Catch::Contains("rank-00000.safetensors") &&
+                               Catch::Contains("checksum") && Catch::Contains("falling back") &&
+                               Catch::Contains("step-000000004"));
+  CHECK(same_file(ref + "/final/model.safetensors", out + "/final/model.safetensors"));
+
+  // An explicit --resume of a damaged checkpoint is an error, not a silent fresh start.
+  const std::string out2 = make_temp_dir() + "/run2";
+  Run bad = run(with_resume(train_argv(1, out2, {}), damaged));
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.output, Catch::Contains("unusable"));
+  CHECK_FALSE(fs::exists(out2 + "/metrics.jsonl"));
+}
