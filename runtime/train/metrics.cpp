@@ -10,21 +10,21 @@
 
 namespace ft::train {
 
-int64_t peak_rss_bytes() {
+namespace {
+// A "Key:   123 kB" line of /proc/self/status, in bytes (0 where absent).
+int64_t status_bytes(const char* key) {
   std::ifstream in("/proc/self/status");
   std::string line;
+  const std::string prefix = std::string(key) + ":";
   while (std::getline(in, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+    if (line.rfind(prefix, 0) == 0) return std::stoll(line.substr(prefix.size())) * 1024;
   return 0;
 }
+}  // namespace
 
-int64_t rss_bytes() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  return 0;
-}
+int64_t peak_rss_bytes() { return status_bytes("VmHWM"); }
+
+int64_t rss_bytes() { return status_bytes("VmRSS"); }
 
 bool reset_peak_rss() {
   std::ofstream out("/proc/self/clear_refs");
