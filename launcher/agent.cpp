@@ -57,6 +57,7 @@ class Agent {
   std::unique_ptr<Rendezvous> rdzv_;
   int node_rank_ = -1;
   int stop_signal_ = 0;
+  bool preempted_ = false;  // every local worker exited with kExitPreempted after our signal
   json failure_;
 };
 
@@ -214,6 +215,7 @@ Agent::Outcome Agent::run_round(const RoundResult& rr) {
     throw;
   }
   if (outcome != Outcome::kSuccess) group.stop(cfg_.term_grace_s);
+  preempted_ = outcome == Outcome::kSignal && group.all_exited_with(kExitPreempted);
   mark_stopped(round);
   return outcome;
 }
@@ -290,6 +292,12 @@ int Agent::run() {
       print_summary(failure_);
       // Keep the store up while the other nodes read the failure and stop their workers.
       if (rdzv_->is_host()) rdzv_->wait_count(round, "stopped", rr.nnodes, cfg_.term_grace_s + 5.0);
+      if (stop_signal_ && preempted_) {
+        log(fmt::format("every worker saved a checkpoint after {}; run the same command again to "
+                        "continue (exit {})",
+                        signal_name(stop_signal_), kExitPreempted));
+        return kExitPreempted;
+      }
       if (stop_signal_) return 128 + stop_signal_;
       if (restartable && cfg_.max_restarts > 0)
         log(fmt::format("no restarts left ({} used)", cfg_.max_restarts));

@@ -18,6 +18,9 @@ constexpr int kExitWorkerFailed = 1;
 constexpr int kExitConfig = 2;
 constexpr int kExitRendezvous = 3;
 constexpr int kExitStoreLost = 4;
+// Every worker of this node saved a checkpoint and exited with it after a terminating signal
+// (ft train's answer to SIGTERM): the job was preempted cleanly; run it again to continue.
+constexpr int kExitPreempted = 75;
 
 // Runs the job described by `cfg` on a node described by `node` (the software and GPU fields of its
 // fingerprint); returns the launcher's exit code (128+signal when stopped by one).

@@ -273,6 +273,12 @@ bool WorkerGroup::all_succeeded() const {
   return true;
 }
 
+bool WorkerGroup::all_exited_with(int code) const {
+  for (auto& w : workers_)
+    if (!w->exited || !WIFEXITED(w->status) || WEXITSTATUS(w->status) != code) return false;
+  return !workers_.empty();
+}
+
 std::optional<WorkerExit> WorkerGroup::first_failure() const {
   if (failures_.empty()) return std::nullopt;
   return failures_.front();

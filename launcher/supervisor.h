@@ -62,6 +62,7 @@ class WorkerGroup {
 
   bool all_exited() const;
   bool all_succeeded() const;  // all exited with code 0
+  bool all_exited_with(int code) const;
   // The first worker that failed, in the order failures were observed.
   std::optional<WorkerExit> first_failure() const;
   std::vector<pid_t> pids() const;

@@ -20,6 +20,7 @@ Run add_train(CLI::App& app) {
     opts.preset = config::resolve_preset(args->value("preset"), args->values("set"));
     opts.user_settings = config::user_settings(args->value("preset"), args->values("set"));
     auto s = train::run_training(opts);
+    if (s.preempted) return train::kExitPreempted;
     if (dist::read_dist_env().rank != 0) return 0;
     fmt::print("ft train: {} steps, loss {:.4f} -> {:.4f}{}\n", s.steps, s.first_loss, s.last_loss,
                s.skipped_steps ? fmt::format(", {} fp16 steps skipped", s.skipped_steps) : "");

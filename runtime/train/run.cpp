@@ -3,12 +3,14 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <fmt/format.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -100,6 +102,28 @@ int64_t count_epoch_rows(data::JsonlSource& source, const std::string& path) {
 }
 
 const char* const kStateKinds[] = {"param/", "exp_avg/", "exp_avg_sq/"};
+
+// Set by SIGTERM while the training loop runs; the loop checkpoints and stops at the next step.
+volatile std::sig_atomic_t g_terminate = 0;
+void on_terminate(int) { g_terminate = 1; }
+
+class TermHandler {
+ public:
+  TermHandler() {
+    g_terminate = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_terminate;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGTERM, &sa, &old_);
+  }
+  ~TermHandler() { ::sigaction(SIGTERM, &old_, nullptr); }
+  TermHandler(const TermHandler&) = delete;
+  TermHandler& operator=(const TermHandler&) = delete;
+
+ private:
+  struct sigaction old_ {};
+};
 
 // The generator state this rank continues from: its own at the same world size, else that of
 // rank % (the saving run's world size).
@@ -513,6 +537,7 @@ RunSummary run_training(const RunOptions& o) {
       keep_through);
   Progress progress(rank0 ? total_steps : 0, p["train"]["log_every"]);
   RunSummary sum;
+  TermHandler term;
   while (trainer.steps() < total_steps) {
     auto t0 = std::chrono::steady_clock::now();
     std::vector<data::Batch> mbs;
@@ -537,20 +562,36 @@ RunSummary run_training(const RunOptions& o) {
 
     // Checkpoint: every save_every steps, every save_every_minutes (rank 0's clock decides, so
     // all ranks agree), and at the last step of a run that checkpoints at all.
+    // SIGTERM (preemption) on any rank: all ranks save now and stop. One scalar collective per
+    // step carries both that and rank 0's clock: 2 = a rank was told to stop, 1 = time to save.
     bool due = save_every > 0 && trainer.steps() % save_every == 0;
-    if (save_minutes > 0) {
-      const double since =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save).count();
-      due = engine.max_over_ranks(rank0 && since >= save_minutes * 60 ? 1 : 0) > 0 || due;
-    }
+    const double since =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save).count();
+    const double flags = (g_terminate ? 2 : 0) + (rank0 && save_minutes > 0 &&
+                                                  since >= save_minutes * 60 ? 1 : 0);
+    const double agreed = env.world_size > 1 ? engine.max_over_ranks(flags) : flags;
+    const bool stop = agreed >= 2 && trainer.steps() < total_steps;
+    due = due || agreed >= 1;
     if ((save_every > 0 || save_minutes > 0) && trainer.steps() == total_steps) due = true;
     if (due) {
-      saver.save(make_snapshot(engine, trainer, source, p, o, plan.label, lora, env, async_save),
-                 async_save);
+      const bool async = async_save && !stop;
+      saver.save(make_snapshot(engine, trainer, source, p, o, plan.label, lora, env, async),
+                 async);
       last_save = std::chrono::steady_clock::now();
       if (rank0 && ::isatty(STDOUT_FILENO) != 1)
         fmt::print("ft train: checkpoint of step {} {} (training paused {:.3f} s)\n",
-                   trainer.steps(), async_save ? "being written" : "written", saver.last_stall_s());
+                   trainer.steps(), async ? "being written" : "written", saver.last_stall_s());
+      std::fflush(stdout);
+    }
+    if (stop) {
+      saver.wait();
+      if (rank0)
+        fmt::print(stderr,
+                   "ft train: stopped after step {} on SIGTERM; checkpoint written to {}; run the "
+                   "same command again to continue (exit {})\n",
+                   trainer.steps(), ckpt_root, kExitPreempted);
+      sum.preempted = true;
+      return sum;
     }
   }
   saver.wait();  // the last checkpoint is durable (rank 0: committed) before the run reports done

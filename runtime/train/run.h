@@ -34,7 +34,12 @@ struct RunSummary {
   int64_t steps = 0;
   double first_loss = 0, last_loss = 0;
   int64_t skipped_steps = 0;
+  bool preempted = false;  // stopped by SIGTERM after writing a checkpoint (no final model)
 };
+
+// ft train's exit code after SIGTERM: a checkpoint of the last finished step was written and the
+// run stopped; the same command continues it. The launcher passes it on (launcher/agent.h).
+inline constexpr int kExitPreempted = 75;
 
 RunSummary run_training(const RunOptions& options);
 

@@ -109,6 +109,40 @@ TEST_CASE("a run killed with SIGKILL at a random step resumes bit-identical", "[
   }
 }
 
+TEST_CASE("SIGTERM to the launcher: every rank checkpoints, exit 75, the same command continues",
+          "[multiproc]") {
+  const std::vector<std::string> fsdp = {"strategy.kind=fsdp", "train.micro_batch=4",
+                                         "output.save_every=0", "train.max_steps=40"};
+  const std::string ref = make_temp_dir() + "/ref";
+  Run r = run(train_argv(2, ref, fsdp));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const std::string out = make_temp_dir() + "/run";
+  const std::vector<std::string> argv = train_argv(2, out, fsdp);
+  Child c = start(argv, {}, make_temp_dir() + "/out.txt");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (metrics(out).size() < 5 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ::kill(c.pid, SIGTERM);
+  const int code = wait_for(c, 60).value_or(-1);
+  INFO(c.output());
+  REQUIRE(code == 75);
+  CHECK_THAT(c.output(), Catch::Contains("stopped after step") &&
+                             Catch::Contains("every worker saved a checkpoint"));
+  const size_t done = metrics(out).size();
+  CHECK(done >= 5);
+  CHECK(done < 40);
+  CHECK(read_file(out + "/checkpoints/latest") ==
+        "step-" + std::string(9 - std::to_string(done).size(), '0') + std::to_string(done) + "\n");
+  CHECK_FALSE(fs::exists(out + "/final"));
+  // Nothing of the job is left running.
+  for (pid_t pid : {c.pid}) CHECK_FALSE(pid_alive(pid));
+  Run again = run(argv);
+  INFO(again.output);
+  REQUIRE(again.code == 0);
+  CHECK(same_file(ref + "/final/model.safetensors", out + "/final/model.safetensors"));
+}
+
 TEST_CASE("checkpoints move between strategies and world sizes: fsdp x4 -> zero3 x2 -> ddp x1",
           "[multiproc]") {
   const std::string tmp = make_temp_dir();
