@@ -158,8 +158,48 @@ Agent::Outcome Agent::run_round(const RoundResult& rr) {
       std::max<int64_t>(1, static_cast<int64_t>(cfg_.monitor_interval_s * 1000)));
   bool marked_done = false;
   Outcome outcome;
+  // Heartbeats: each launcher bumps its counter a few times per timeout; a peer whose counter has
+  // not moved for --heartbeat-timeout (on our own clock) is lost.
+  const auto hb_timeout = std::chrono::duration<double>(cfg_.heartbeat_timeout_s);
+  const auto hb_every = std::chrono::duration_cast<Clock::duration>(
+      std::min(hb_timeout / 4, std::chrono::duration<double>(1.0)));
+  std::vector<int64_t> hb_seen(layout.nnodes, -1);
+  std::vector<Clock::time_point> hb_changed(layout.nnodes, Clock::now());
+  Clock::time_point hb_next = Clock::now();
   try {
     for (;;) {
+      if (layout.nnodes > 1 && Clock::now() >= hb_next) {
+        hb_next = Clock::now() + hb_every;
+        store.add(Rendezvous::key(round, fmt::format("hb/{}", node_rank_)), 1);
+        int lost = -1;
+        for (int n = 0; n < layout.nnodes && lost < 0; ++n) {
+          if (n == node_rank_) continue;
+          const int64_t v = store.add(Rendezvous::key(round, fmt::format("hb/{}", n)), 0);
+          if (v != hb_seen[n]) {
+            hb_seen[n] = v;
+            hb_changed[n] = Clock::now();
+          } else if (Clock::now() - hb_changed[n] > hb_timeout) {
+            lost = n;
+          }
+        }
+        if (lost >= 0) {
+          const auto& fp = rr.members[lost].fp;
+          log(fmt::format("node {} ({}) sent no heartbeat for {:.1f} s: stopping this node's "
+                          "workers for a new round",
+                          lost, fp.hostname, cfg_.heartbeat_timeout_s));
+          publish_failure(
+              round,
+              {{"kind", "node"},
+               {"node_rank", lost},
+               {"hostname", fp.hostname},
+               {"description",
+                fmt::format("sent no heartbeat for {:.1f} s (--heartbeat-timeout): its launcher "
+                            "died or the machine is unreachable; restart it with the same command",
+                            cfg_.heartbeat_timeout_s)}});
+          outcome = Outcome::kFailure;
+          break;
+        }
+      }
       if (group.poll(interval, signals_.fd())) {
         for (int sig : signals_.drain()) {
           group.signal_all(sig);  // forward first, so workers see exactly what we saw
@@ -190,6 +230,17 @@ Agent::Outcome Agent::run_round(const RoundResult& rr) {
                                 {"description", f->describe()},
                                 {"elapsed_s", f->elapsed_s},
                                 {"tail", f->tail}});
+        outcome = Outcome::kFailure;
+        break;
+      }
+      // Below --nnodes MAX, a launcher waiting to join makes the host start a new round with it.
+      if (rdzv_->is_host() && layout.nnodes < cfg_.max_nodes &&
+          store.add(Rendezvous::key(round + 1, "joined"), 0) > 0) {
+        publish_failure(round, {{"kind", "rejoin"},
+                                {"node_rank", node_rank_},
+                                {"hostname", hostname()},
+                                {"description", "a node is waiting to join: starting a new round "
+                                                "with it (workers checkpoint on SIGTERM)"}});
         outcome = Outcome::kFailure;
         break;
       }
@@ -273,7 +324,13 @@ int Agent::run() {
     rdzv_->open();
     if (rdzv_->is_host())
       log(fmt::format("hosting the rendezvous store on port {}", rdzv_->port()));
-    for (int round = 0;; ++round) {
+    const int first = rdzv_->first_round();
+    if (first > 0)
+      log(fmt::format("the job is running; joining it at round {} (a restart from its latest "
+                      "checkpoint)",
+                      first));
+    int restarts = 0;  // failures restarted so far (a node joining is not a failure)
+    for (int round = first;; ++round) {
       RoundResult rr = rdzv_->join(round);
       node_rank_ = rr.my_node_rank;
       Outcome o = run_round(rr);
@@ -282,10 +339,17 @@ int Agent::run() {
         log("job finished successfully");
         return kExitOk;
       }
-      const bool restartable = failure_.value("kind", "") == "worker" && !stop_signal_;
-      if (restartable && round < cfg_.max_restarts) {
+      const std::string kind = failure_.value("kind", "");
+      const bool restartable =
+          (kind == "worker" || kind == "node" || kind == "rejoin") && !stop_signal_;
+      if (kind == "rejoin") {
         print_summary(failure_);
-        log(fmt::format("restarting the job: attempt {} of {} restarts", round + 1,
+        continue;
+      }
+      if (restartable && restarts < cfg_.max_restarts) {
+        ++restarts;
+        print_summary(failure_);
+        log(fmt::format("restarting the job: attempt {} of {} restarts", restarts,
                         cfg_.max_restarts));
         continue;
       }

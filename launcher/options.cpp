@@ -68,6 +68,10 @@ const std::vector<OptionSpec>& launch_option_specs() {
       {"term-grace", "SECONDS", "15",
        "Seconds between SIGTERM and SIGKILL when stopping workers.",
        {"FT_TERM_GRACE"}, {}},
+      {"heartbeat-timeout", "SECONDS", "10",
+       "A node whose launcher sends no heartbeat through the store for this long is declared lost: "
+       "the others stop their workers and start a new round (a restart).",
+       {"FT_HEARTBEAT_TIMEOUT"}, {}},
       {"role", "NAME", "default", "Worker role name (ROLE_NAME).", {"FT_ROLE", "PET_ROLE"}, {}},
       {"no-python", "", "",
        "Run PROGRAM as given even when it ends in .py (otherwise a .py PROGRAM runs as "
@@ -261,6 +265,7 @@ LaunchConfig make_launch_config(const std::map<std::string, Resolved>& r,
   c.max_restarts = to_int(get("max-restarts"), "max-restarts", 0, 1000000);
   c.monitor_interval_s = to_seconds(get("monitor-interval"), "monitor-interval", 0.001);
   c.term_grace_s = to_seconds(get("term-grace"), "term-grace", 0);
+  c.heartbeat_timeout_s = to_seconds(get("heartbeat-timeout"), "heartbeat-timeout", 0.5);
   c.log_dir = get("log-dir").value;
   c.advertise_addr = get("advertise-addr").value;
   c.role = get("role").value;

@@ -60,6 +60,7 @@ struct LaunchConfig {
   std::string log_dir;         // "" = console only
   std::string advertise_addr;  // "" = the address this node uses to reach the store
   double term_grace_s = 15;
+  double heartbeat_timeout_s = 10;  // a node silent this long is lost
   bool dry_run = false;
   std::string role = "default";
   std::vector<std::string> program;         // PROGRAM ARGS...

@@ -265,8 +265,17 @@ std::string Rendezvous::coordinate(int round) {
   return json{{"nnodes", n}, {"members", members}}.dump();
 }
 
+int Rendezvous::first_round() {
+  FT_ASSERT(store_, "open() first");
+  auto current = store_->try_get("ft/round");
+  if (!current) return 0;
+  const int r = std::stoi(*current);
+  return store_->check(key(r, "result")) ? r + 1 : r;
+}
+
 RoundResult Rendezvous::join(int round) {
   FT_ASSERT(store_, "open() first");
+  store_->set("ft/round", std::to_string(round));
   const int64_t index = store_->add(key(round, "joined"), 1) - 1;
   store_->set(key(round, fmt::format("fp/{}", index)), mine_.to_json());
 

@@ -41,6 +41,11 @@ class Rendezvous {
   // order, the first launcher on the endpoint's machine to bind the port.
   void open();
 
+  // The round a launcher starting now joins: 0 on a fresh store; for a launcher (re)started into a
+  // running job, the round in progress if it is still forming, else the next one (which the
+  // others start when they notice the lost node, or, below --nnodes MAX, this one waiting).
+  int first_round();
+
   // Runs round `round`; throws RendezvousError / RendezvousTimeout with a message naming nodes.
   RoundResult join(int round);
 

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -141,6 +142,89 @@ TEST_CASE("SIGTERM to the launcher: every rank checkpoints, exit 75, the same co
   INFO(again.output);
   REQUIRE(again.code == 0);
   CHECK(same_file(ref + "/final/model.safetensors", out + "/final/model.safetensors"));
+}
+
+namespace {
+// Direct children of `pid` (from /proc/<child>/stat).
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "stat");
+    std::string stat;
+    std::getline(in, stat);
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == pid) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("two launchers x 2: a node that stops answering is detected by heartbeat, rejoins, "
+          "and the job finishes from the checkpoint",
+          "[multiproc]") {
+  const std::string out = make_temp_dir() + "/run";
+  const int port = free_port();
+  auto launcher = [&](int node) {
+    std::vector<std::string> argv = {ft_bin(), "launch", "--nnodes", "2", "--node-rank",
+                                     std::to_string(node), "--nproc-per-node", "2",
+                                     "--master-addr", "127.0.0.1", "--master-port",
+                                     std::to_string(port), "--max-restarts", "2",
+                                     "--heartbeat-timeout", "3", "--term-grace", "3", "--",
+                                     ft_bin(), "train", "--preset", "tiny-demo", "--output", out};
+    for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
+    for (const char* s : {"train.max_steps=30", "output.save_every=3", "train.micro_batch=2"})
+      argv.insert(argv.end(), {"--set", s});
+    return argv;
+  };
+  Child n0 = start(launcher(0), {}, make_temp_dir() + "/n0.txt");
+  Child n1 = start(launcher(1), {}, make_temp_dir() + "/n1.txt");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (metrics(out).size() < 8 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  REQUIRE(metrics(out).size() >= 8);
+  // Node 1 stops answering (a hung machine: no connection is reset): launcher and workers frozen.
+  std::vector<pid_t> node1 = children_of(n1.pid);
+  REQUIRE(node1.size() == 2);
+  node1.push_back(n1.pid);
+  for (pid_t p : node1) ::kill(p, SIGSTOP);
+  const auto frozen = std::chrono::steady_clock::now();
+  while (n0.output().find("sent no heartbeat") == std::string::npos &&
+         std::chrono::steady_clock::now() - frozen < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const double detected =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - frozen).count();
+  INFO(n0.output());
+  CHECK_THAT(n0.output(), Catch::Contains("node 1") && Catch::Contains("sent no heartbeat"));
+  CHECK(detected < 3 + 2);  // --heartbeat-timeout 3, checked 4 times per timeout
+  // The machine is gone for good: its processes die; the same command starts it again.
+  for (pid_t p : node1) ::kill(p, SIGKILL);
+  CHECK(wait_for(n1, 30).has_value());
+  const size_t before = metrics(out).size();
+  Child again = start(launcher(1), {}, make_temp_dir() + "/n1b.txt");
+  auto rc0 = wait_for(n0, 150), rc1 = wait_for(again, 150);
+  INFO(again.output());
+  if (!rc0) kill_and_reap(n0);
+  if (!rc1) kill_and_reap(again);
+  REQUIRE(rc0.value_or(-1) == 0);
+  REQUIRE(rc1.value_or(-1) == 0);
+  CHECK_THAT(again.output(), Catch::Contains("joining it at round 1"));
+  CHECK_THAT(n0.output(), Catch::Contains("resuming from"));
+  // Every step once; at most one checkpoint interval (3 steps) was redone.
+  auto m = metrics(out);
+  REQUIRE(m.size() == 30);
+  for (size_t i = 0; i < m.size(); ++i) CHECK(m[i]["step"] == static_cast<int>(i + 1));
+  const std::string resumed = n0.output().substr(n0.output().find("resuming from"));
+  const int from = std::stoi(resumed.substr(resumed.find("(step ") + 6));
+  CHECK(from + 3 >= static_cast<int>(before));
+  // Nothing of node 1's first incarnation is left.
+  for (pid_t p : node1) CHECK_FALSE(pid_alive(p));
 }
 
 TEST_CASE("checkpoints move between strategies and world sizes: fsdp x4 -> zero3 x2 -> ddp x1",
