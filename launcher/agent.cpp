@@ -184,7 +184,8 @@ Agent::Outcome Agent::run_round(const RoundResult& rr) {
         }
         if (lost >= 0) {
           const auto& fp = rr.members[lost].fp;
-          log(fmt::format("node {} ({}) sent no heartbeat for {:.1f} s: stopping this node's "
+          log(
+              fmt::format("node {} ({}) sent no heartbeat for {:.1f} s: stopping this node's "
                           "workers for a new round",
                           lost, fp.hostname, cfg_.heartbeat_timeout_s));
           publish_failure(
@@ -239,8 +240,9 @@ Agent::Outcome Agent::run_round(const RoundResult& rr) {
         publish_failure(round, {{"kind", "rejoin"},
                                 {"node_rank", node_rank_},
                                 {"hostname", hostname()},
-                                {"description", "a node is waiting to join: starting a new round "
-                                                "with it (workers checkpoint on SIGTERM)"}});
+                                {"description",
+                                 "a node is waiting to join: starting a new round "
+                                 "with it (workers checkpoint on SIGTERM)"}});
         outcome = Outcome::kFailure;
         break;
       }
@@ -326,7 +328,8 @@ int Agent::run() {
       log(fmt::format("hosting the rendezvous store on port {}", rdzv_->port()));
     const int first = rdzv_->first_round();
     if (first > 0)
-      log(fmt::format("the job is running; joining it at round {} (a restart from its latest "
+      log(
+          fmt::format("the job is running; joining it at round {} (a restart from its latest "
                       "checkpoint)",
                       first));
     int restarts = 0;  // failures restarted so far (a node joining is not a failure)
@@ -357,7 +360,8 @@ int Agent::run() {
       // Keep the store up while the other nodes read the failure and stop their workers.
       if (rdzv_->is_host()) rdzv_->wait_count(round, "stopped", rr.nnodes, cfg_.term_grace_s + 5.0);
       if (stop_signal_ && preempted_) {
-        log(fmt::format("every worker saved a checkpoint after {}; run the same command again to "
+        log(
+            fmt::format("every worker saved a checkpoint after {}; run the same command again to "
                         "continue (exit {})",
                         signal_name(stop_signal_), kExitPreempted));
         return kExitPreempted;

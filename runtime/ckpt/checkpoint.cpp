@@ -172,8 +172,8 @@ void Saver::Impl::write(const Snapshot& s) {
   io::write_safetensors((fs::path(tmp) / file).string(), named, {{"format", "ft-checkpoint"}});
   json shapes = json::object();
   for (const auto& [t, shape] : s.shapes) shapes[t] = shape;
-  json rank = {{"rank", o.rank}, {"world_size", o.world_size}, {"step", s.step},
-               {"state", s.rank_state}, {"shapes", shapes}, {"chunks", chunks}};
+  json rank = {{"rank", o.rank},        {"world_size", o.world_size}, {"step", s.step},
+               {"state", s.rank_state}, {"shapes", shapes},           {"chunks", chunks}};
   write_durable((fs::path(tmp) / rank_file(o.rank, ".json")).string(), rank.dump());
   if (o.world_size > 1) o.signal(fmt::format("ckpt/{}/{}", s.step, o.rank));
   if (o.rank == 0) commit(s, tmp);
@@ -359,8 +359,8 @@ const io::SafetensorsFile& Checkpoint::Impl::file(const std::string& name) const
     auto f = std::make_unique<io::SafetensorsFile>(io::SafetensorsFile::open(path));
     return *files.emplace(name, std::move(f)).first->second;
   } catch (const SystemError& e) {
-    throw FormatError(fmt::format("{}: cannot be read ({}); the checkpoint is incomplete", path,
-                                  e.what()));
+    throw FormatError(
+        fmt::format("{}: cannot be read ({}); the checkpoint is incomplete", path, e.what()));
   }
 }
 

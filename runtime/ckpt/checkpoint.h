@@ -35,7 +35,8 @@ struct Snapshot {
   int64_t step = 0;
   nlohmann::json state;       // global state; rank 0's goes into meta.json
   nlohmann::json rank_state;  // this rank's own (data position ...)
-  std::map<std::string, std::vector<int64_t>> shapes;  // global shape of every tensor it has pieces of
+  std::map<std::string, std::vector<int64_t>>
+      shapes;                 // global shape of every tensor it has pieces of
   std::vector<Piece> pieces;  // over all ranks, every element of every tensor exactly once
 };
 

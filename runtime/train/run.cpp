@@ -18,9 +18,9 @@
 #include <set>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "ckpt/checkpoint.h"
 #include "core/error.h"
 #include "core/strings.h"
-#include "ckpt/checkpoint.h"
 #include "data/jsonl_source.h"
 #include "data/synthetic.h"
 #include "dist/dist_env.h"
@@ -128,16 +128,15 @@ class TermHandler {
 // The generator state this rank continues from: its own at the same world size, else that of
 // rank % (the saving run's world size).
 std::string rng_tensor(const ckpt::Checkpoint& ck, int rank, int world_size) {
-  return fmt::format("rng/cpu.rank{}", ck.world_size() == world_size ? rank
-                                                                     : rank % ck.world_size());
+  return fmt::format("rng/cpu.rank{}",
+                     ck.world_size() == world_size ? rank : rank % ck.world_size());
 }
 
 // The newest of `candidates` whose every chunk this rank needs reads back whole, on every rank
 // (ranks agree through a collective; a damaged one is named, and auto falls back past it).
 std::unique_ptr<ckpt::Checkpoint> choose_checkpoint(
-    const std::vector<std::string>& candidates,
-    const std::vector<parallel::Engine::Piece>& held, parallel::Engine& engine,
-    const std::string& resume) {
+    const std::vector<std::string>& candidates, const std::vector<parallel::Engine::Piece>& held,
+    parallel::Engine& engine, const std::string& resume) {
   for (size_t i = 0; i < candidates.size(); ++i) {
     std::unique_ptr<ckpt::Checkpoint> c;
     std::string why;
@@ -454,10 +453,11 @@ RunSummary run_training(const RunOptions& o) {
   write_load_record((fs::path(o.output_dir) / fmt::format("load.rank{}.json", env.rank)).string(),
                     load, env.rank, env.world_size);
   if (rank0) {
-    fmt::print("ft train: loaded {} of parameters on rank 0 from {} in {:.1f} s (host memory "
-               "peak +{})\n",
-               human_bytes(load.param_bytes), load.source, load.seconds,
-               human_bytes(std::max<int64_t>(0, load.peak_rss_bytes - load.rss_before_bytes)));
+    fmt::print(
+        "ft train: loaded {} of parameters on rank 0 from {} in {:.1f} s (host memory "
+        "peak +{})\n",
+        human_bytes(load.param_bytes), load.source, load.seconds,
+        human_bytes(std::max<int64_t>(0, load.peak_rss_bytes - load.rss_before_bytes)));
     std::fflush(stdout);
   }
 
@@ -567,16 +567,15 @@ RunSummary run_training(const RunOptions& o) {
     bool due = save_every > 0 && trainer.steps() % save_every == 0;
     const double since =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save).count();
-    const double flags = (g_terminate ? 2 : 0) + (rank0 && save_minutes > 0 &&
-                                                  since >= save_minutes * 60 ? 1 : 0);
+    const double flags =
+        (g_terminate ? 2 : 0) + (rank0 && save_minutes > 0 && since >= save_minutes * 60 ? 1 : 0);
     const double agreed = env.world_size > 1 ? engine.max_over_ranks(flags) : flags;
     const bool stop = agreed >= 2 && trainer.steps() < total_steps;
     due = due || agreed >= 1;
     if ((save_every > 0 || save_minutes > 0) && trainer.steps() == total_steps) due = true;
     if (due) {
       const bool async = async_save && !stop;
-      saver.save(make_snapshot(engine, trainer, source, p, o, plan.label, lora, env, async),
-                 async);
+      saver.save(make_snapshot(engine, trainer, source, p, o, plan.label, lora, env, async), async);
       last_save = std::chrono::steady_clock::now();
       if (rank0 && ::isatty(STDOUT_FILENO) != 1)
         fmt::print("ft train: checkpoint of step {} {} (training paused {:.3f} s)\n",

@@ -69,8 +69,8 @@ TEST_CASE("pieces of 3 ranks read back as any range; commit, latest and keep_las
   at::Tensor w = at::randn({7, 5});
   save_split(root, 4, w, 3);
   save_split(root, 8, w * 2, 3);
-  CHECK(list_committed(root) == std::vector<std::string>{root + "/step-000000008",
-                                                         root + "/step-000000004"});
+  CHECK(list_committed(root) ==
+        std::vector<std::string>{root + "/step-000000008", root + "/step-000000004"});
   CHECK(read_file(root + "/latest") == "step-000000008\n");
   Checkpoint c = Checkpoint::open(root + "/step-000000008");
   CHECK(c.step() == 8);
@@ -90,8 +90,8 @@ TEST_CASE("pieces of 3 ranks read back as any range; commit, latest and keep_las
 
   // keep_last 2: a third commit removes the oldest, never the newest.
   save_split(root, 12, w * 3, 2);
-  CHECK(list_committed(root) == std::vector<std::string>{root + "/step-000000012",
-                                                         root + "/step-000000008"});
+  CHECK(list_committed(root) ==
+        std::vector<std::string>{root + "/step-000000012", root + "/step-000000008"});
   // An unfinished save (no meta.json) is never listed, and a later commit clears it away.
   fs::create_directories(root + "/.tmp-step-000000014");
   fs::create_directories(root + "/step-000000016");  // no meta.json: never committed
@@ -141,8 +141,8 @@ TEST_CASE("truncated, bit-flipped, deleted and uncommitted checkpoints are named
   {
     const std::string dir = fresh();
     fs::remove(dir + "/rank-00001.safetensors");
-    CHECK_THAT(verify(dir), Catch::Contains("rank-00001.safetensors") &&
-                                Catch::Contains("incomplete"));
+    CHECK_THAT(verify(dir),
+               Catch::Contains("rank-00001.safetensors") && Catch::Contains("incomplete"));
   }
   {
     const std::string dir = fresh();

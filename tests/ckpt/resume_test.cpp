@@ -26,16 +26,22 @@ using namespace ft::test;
 namespace {
 
 const std::vector<std::string> kBase = {
-    "precision.mode=fp32", "train.max_steps=12", "data.seq_len=64",   "model.hidden_size=64",
-    "model.intermediate_size=176", "train.lr=1e-3", "train.warmup_steps=2", "train.log_every=100",
-    "train.eps=1e-6",      "output.save_every=4", "output.keep_last=3"};
+    "precision.mode=fp32",  "train.max_steps=12",          "data.seq_len=64",
+    "model.hidden_size=64", "model.intermediate_size=176", "train.lr=1e-3",
+    "train.warmup_steps=2", "train.log_every=100",         "train.eps=1e-6",
+    "output.save_every=4",  "output.keep_last=3"};
 
 std::vector<std::string> train_argv(int nproc, const std::string& out,
                                     const std::vector<std::string>& sets) {
   std::vector<std::string> argv;
   if (nproc > 1)
-    argv = {ft_bin(), "launch", "--nproc-per-node", std::to_string(nproc), "--master-port",
-            std::to_string(free_port()), "--"};
+    argv = {ft_bin(),
+            "launch",
+            "--nproc-per-node",
+            std::to_string(nproc),
+            "--master-port",
+            std::to_string(free_port()),
+            "--"};
   argv.insert(argv.end(), {ft_bin(), "train", "--preset", "tiny-demo", "--output", out});
   for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
   for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
@@ -166,18 +172,38 @@ std::vector<pid_t> children_of(pid_t pid) {
 }
 }  // namespace
 
-TEST_CASE("two launchers x 2: a node that stops answering is detected by heartbeat, rejoins, "
-          "and the job finishes from the checkpoint",
-          "[multiproc]") {
+TEST_CASE(
+    "two launchers x 2: a node that stops answering is detected by heartbeat, rejoins, "
+    "and the job finishes from the checkpoint",
+    "[multiproc]") {
   const std::string out = make_temp_dir() + "/run";
   const int port = free_port();
   auto launcher = [&](int node) {
-    std::vector<std::string> argv = {ft_bin(), "launch", "--nnodes", "2", "--node-rank",
-                                     std::to_string(node), "--nproc-per-node", "2",
-                                     "--master-addr", "127.0.0.1", "--master-port",
-                                     std::to_string(port), "--max-restarts", "2",
-                                     "--heartbeat-timeout", "3", "--term-grace", "3", "--",
-                                     ft_bin(), "train", "--preset", "tiny-demo", "--output", out};
+    std::vector<std::string> argv = {ft_bin(),
+                                     "launch",
+                                     "--nnodes",
+                                     "2",
+                                     "--node-rank",
+                                     std::to_string(node),
+                                     "--nproc-per-node",
+                                     "2",
+                                     "--master-addr",
+                                     "127.0.0.1",
+                                     "--master-port",
+                                     std::to_string(port),
+                                     "--max-restarts",
+                                     "2",
+                                     "--heartbeat-timeout",
+                                     "3",
+                                     "--term-grace",
+                                     "3",
+                                     "--",
+                                     ft_bin(),
+                                     "train",
+                                     "--preset",
+                                     "tiny-demo",
+                                     "--output",
+                                     out};
     for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
     for (const char* s : {"train.max_steps=30", "output.save_every=3", "train.micro_batch=2"})
       argv.insert(argv.end(), {"--set", s});
@@ -227,6 +253,66 @@ TEST_CASE("two launchers x 2: a node that stops answering is detected by heartbe
   for (pid_t p : node1) CHECK_FALSE(pid_alive(p));
 }
 
+TEST_CASE("elastic --nnodes 1:2: after losing a node the job continues on one node, resharded",
+          "[multiproc]") {
+  const std::string out = make_temp_dir() + "/run";
+  const int port = free_port();
+  std::vector<std::string> argv = {ft_bin(),
+                                   "launch",
+                                   "--nnodes",
+                                   "1:2",
+                                   "--nproc-per-node",
+                                   "2",
+                                   "--master-addr",
+                                   "127.0.0.1",
+                                   "--master-port",
+                                   std::to_string(port),
+                                   "--max-restarts",
+                                   "2",
+                                   "--rdzv-last-call",
+                                   "1",
+                                   "--heartbeat-timeout",
+                                   "3",
+                                   "--term-grace",
+                                   "3",
+                                   "--",
+                                   ft_bin(),
+                                   "train",
+                                   "--preset",
+                                   "tiny-demo",
+                                   "--output",
+                                   out};
+  for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
+  // zero3 on 4 ranks, then 2: the checkpoint's shards are split differently.
+  for (const char* s : {"train.max_steps=24", "output.save_every=3", "train.micro_batch=2",
+                        "strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0"})
+    argv.insert(argv.end(), {"--set", s});
+  Child a = start(argv, {}, make_temp_dir() + "/a.txt");
+  // The second launcher starts once the first hosts the store, so the host is `a`.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (a.output().find("hosting the rendezvous store") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  Child b = start(argv, {}, make_temp_dir() + "/b.txt");
+  while (metrics(out).size() < 7 &&
+         std::chrono::steady_clock::now() < deadline + std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  INFO(a.output());
+  REQUIRE(metrics(out).size() >= 7);
+  REQUIRE_THAT(a.output(), Catch::Contains("world size 4"));
+  ::kill(b.pid, SIGKILL);  // its workers die with it
+  REQUIRE(wait_for(b, 30).has_value());
+  auto rc = wait_for(a, 150);
+  if (!rc) kill_and_reap(a);
+  REQUIRE(rc.value_or(-1) == 0);
+  CHECK_THAT(a.output(), Catch::Contains("round 1: 1 node(s) x 2 worker(s), world size 2"));
+  CHECK_THAT(a.output(), Catch::Contains("saved by 4 ranks"));
+  auto m = metrics(out);
+  REQUIRE(m.size() == 24);
+  for (size_t i = 0; i < m.size(); ++i) CHECK(m[i]["step"] == static_cast<int>(i + 1));
+  CHECK(m.back()["loss"].get<double>() < m.front()["loss"].get<double>());
+}
+
 TEST_CASE("checkpoints move between strategies and world sizes: fsdp x4 -> zero3 x2 -> ddp x1",
           "[multiproc]") {
   const std::string tmp = make_temp_dir();
@@ -258,8 +344,8 @@ TEST_CASE("checkpoints move between strategies and world sizes: fsdp x4 -> zero3
 
   auto ref = metrics(tmp + "/ref");
   REQUIRE(ref.size() == 12);
-  for (const auto& [dir, first] : std::vector<std::pair<std::string, int>>{
-           {"/b", 5}, {"/c", 9}, {"/d", 5}}) {
+  for (const auto& [dir, first] :
+       std::vector<std::pair<std::string, int>>{{"/b", 5}, {"/c", 9}, {"/d", 5}}) {
     auto m = metrics(tmp + dir);
     INFO(dir);
     REQUIRE(m.size() == static_cast<size_t>(12 - first + 1));
