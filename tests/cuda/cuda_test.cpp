@@ -1,5 +1,6 @@
 // The CUDA room without a GPU: the device choice for every combination of setting, build and
-// machine; the loader's errors; the library of this build loading and exporting its table.
+// machine; the loader's errors; the library of this build loading and exporting its table, and
+// forming an NCCL group through it (refused with no GPU visible).
 #include "support/catch_torch.h"
 // (catch_torch.h first: c10 defines a CHECK macro of its own)
 
@@ -10,6 +11,7 @@
 #include "core/error.h"
 #include "cuda/device.h"
 #include "cuda/loader.h"
+#include "dist/process_group.h"
 #include "support/subprocess.h"
 
 using namespace ft;
@@ -99,5 +101,15 @@ TEST_CASE("libft_cuda.so of this build loads and exports its table") {
   // The path the runtime finds by itself is this very library.
   CHECK(fs::equivalent(cuda::library_paths().front(), FT_CUDA_LIB));
   CHECK(&cuda::api() == &api);
+}
+
+TEST_CASE("an NCCL group with no GPU visible is a BackendError naming NCCL") {
+  // Hidden before anything in this process starts the CUDA runtime, so this holds on GPU machines.
+  ::setenv("CUDA_VISIBLE_DEVICES", "", 1);
+  dist::DistEnv env;  // world size 1: an in-process store
+  dist::ProcessGroupOptions o;
+  o.device = c10::Device(c10::kCUDA, 0);
+  CHECK_THROWS_AS(dist::ProcessGroup(env, o), BackendError);
+  CHECK_THROWS_WITH(dist::ProcessGroup(env, o), Contains("cannot form the NCCL process group"));
 }
 #endif
