@@ -201,6 +201,11 @@ const std::vector<Setting>& preset_schema() {
     F("lora.dropout", 0.05, 0, 0.99, "Dropout on the adapter input."),
     L("lora.target_modules", kProjections, kProjections, "Projections that get adapters (PEFT names)."),
     B("lora.rslora", false, "Rank-stabilised scaling alpha/sqrt(r)."),
+    // hardware
+    C("hardware.device", "auto", {"auto", "cpu", "cuda"},
+      "Where each rank trains: cuda = GPU LOCAL_RANK of its node, collectives over NCCL (refused "
+      "when no GPU is visible or ft was built without CUDA); cpu = host memory, Gloo; auto = cuda "
+      "when a GPU is visible and ft has CUDA, else cpu."),
     // strategy (consumed by the distributed strategies)
     C("strategy.kind", "ddp", {"ddp", "zero3", "fsdp"}, "How parameters, gradients and optimizer state are spread over ranks."),
     F("strategy.ddp.bucket_mb", 25.0, 0.001, kInf, "ddp: gradient all-reduce bucket size (MiB); a bucket is all-reduced as soon as backward has filled it."),

@@ -9,4 +9,11 @@ int64_t Batch::input_tokens() const {
   return input_ids.ne(0).sum().item<int64_t>();
 }
 
+Batch Batch::to(const at::Device& device) const {
+  Batch b = *this;
+  for (at::Tensor* t : {&b.input_ids, &b.labels, &b.position_ids, &b.segment_ids})
+    if (t->defined()) *t = t->to(device);
+  return b;
+}
+
 }  // namespace ft::data

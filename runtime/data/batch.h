@@ -20,6 +20,8 @@ struct Batch {
   int64_t target_tokens() const;
   // Tokens that are not padding (id 0 in a padding segment); all tokens when unsegmented.
   int64_t input_tokens() const;
+  // The same batch with every tensor on `device` (itself when already there).
+  Batch to(const at::Device& device) const;
 };
 
 class BatchSource {

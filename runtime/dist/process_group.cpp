@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -12,16 +13,31 @@
 
 #include "core/error.h"
 #include "core/net.h"
+#include "cuda/loader.h"
 
 namespace ft::dist {
 
 struct ProcessGroup::Impl {
-  c10::intrusive_ptr<c10d::Store> store;  // this group's store (subgroups prefix it further)
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> gloo_options;
+  c10::intrusive_ptr<c10d::Store> store;      // this group's store (subgroups prefix it further)
+  c10::intrusive_ptr<c10d::Backend> backend;  // Gloo or NCCL
+  c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> gloo_options;  // Gloo only
+  ProcessGroupOptions options;
   std::string addr;
   std::vector<int> world_ranks;  // world rank of each group rank
   int rank = 0, size = 1;
+  bool nccl() const { return options.device.is_cuda(); }
+
+  // An NCCL backend for this group on its store (through the CUDA library).
+  void make_nccl(const std::string& name) {
+    cuda::NcclGroup g;
+    g.rank = rank;
+    g.size = size;
+    g.device = options.device.index();
+    g.timeout = options.timeout;
+    g.name = name;
+    for (int r : world_ranks) g.global_ranks.push_back(static_cast<uint64_t>(r));
+    backend = cuda::api().make_nccl_backend(store, g);
+  }
 };
 
 ProcessGroup::ProcessGroup(const DistEnv& env, const ProcessGroupOptions& opts)
@@ -45,9 +61,15 @@ ProcessGroup::ProcessGroup(const DistEnv& env, const ProcessGroupOptions& opts)
     } else {
       impl_->store = c10::make_intrusive<c10d::HashStore>();
     }
+    impl_->options = opts;
+    for (int r = 0; r < env.world_size; ++r) impl_->world_ranks.push_back(r);
+    if (impl_->nccl()) {
+      FT_ASSERT(opts.device.has_index(), "an NCCL group needs a device index, got ", opts.device);
+      impl_->make_nccl("world");
+      return;
+    }
     auto gopts = c10d::ProcessGroupGloo::Options::create(opts.timeout);
     impl_->gloo_options = gopts;
-    for (int r = 0; r < env.world_size; ++r) impl_->world_ranks.push_back(r);
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
       impl_->addr = ifname;
       gopts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
@@ -59,19 +81,32 @@ ProcessGroup::ProcessGroup(const DistEnv& env, const ProcessGroupOptions& opts)
       if (impl_->addr.empty()) impl_->addr = "127.0.0.1";
       gopts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(impl_->addr));
     }
-    impl_->gloo =
+    impl_->backend =
         c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, env.rank, env.world_size, gopts);
   } catch (const c10::Error& e) {
     throw BackendError(
-        fmt::format("rank {}/{}: cannot form the Gloo process group through store {}: {}", env.rank,
-                    env.world_size, endpoint, e.what_without_backtrace()));
+        fmt::format("rank {}/{}: cannot form the {} process group through store {}: {}", env.rank,
+                    env.world_size, backend_name(), endpoint, e.what_without_backtrace()));
   }
 }
 
-ProcessGroup::~ProcessGroup() = default;
+ProcessGroup::~ProcessGroup() {
+  if (!impl_ || !impl_->backend || !impl_->nccl()) return;
+  // NCCL: at a normal end flush and destroy the communicators (what destroy_process_group does);
+  // while an error unwinds, abort them instead, since a peer may never join a collective in flight.
+  try {
+    if (std::uncaught_exceptions() > 0)
+      impl_->backend->abort();
+    else
+      impl_->backend->shutdown();
+  } catch (const std::exception&) {
+    // Tearing down: the error that matters is already on its way, or the run has finished.
+  }
+}
 int ProcessGroup::rank() const { return impl_->rank; }
 int ProcessGroup::size() const { return impl_->size; }
-c10d::Backend& ProcessGroup::backend() { return *impl_->gloo; }
+c10d::Backend& ProcessGroup::backend() { return *impl_->backend; }
+const char* ProcessGroup::backend_name() const { return impl_->nccl() ? "NCCL" : "Gloo"; }
 c10d::Store& ProcessGroup::store() { return *impl_->store; }
 const std::string& ProcessGroup::transport_addr() const { return impl_->addr; }
 
@@ -85,14 +120,18 @@ std::unique_ptr<ProcessGroup> ProcessGroup::subgroup(const std::string& name,
   g->impl_->size = static_cast<int>(ranks.size());
   g->impl_->addr = impl_->addr;
   g->impl_->gloo_options = impl_->gloo_options;
+  g->impl_->options = impl_->options;
   for (int r : ranks) g->impl_->world_ranks.push_back(impl_->world_ranks.at(r));
   g->impl_->store = c10::make_intrusive<c10d::PrefixStore>("group/" + name, impl_->store);
   try {
-    g->impl_->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        g->impl_->store, g->impl_->rank, g->impl_->size, impl_->gloo_options);
+    if (g->impl_->nccl())
+      g->impl_->make_nccl(name);
+    else
+      g->impl_->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          g->impl_->store, g->impl_->rank, g->impl_->size, impl_->gloo_options);
   } catch (const c10::Error& e) {
-    throw BackendError(fmt::format("rank {}: cannot form the Gloo group '{}' of ranks [{}]: {}",
-                                   impl_->rank, name, fmt::join(ranks, ","),
+    throw BackendError(fmt::format("rank {}: cannot form the {} group '{}' of ranks [{}]: {}",
+                                   impl_->rank, backend_name(), name, fmt::join(ranks, ","),
                                    e.what_without_backtrace()));
   }
   return g;

@@ -1,8 +1,13 @@
 // Builds the c10d process group of a worker from its DistEnv: a TCPStore client on the launcher's
-// store (prefixed per restart round) and Gloo on CPU (NCCL on CUDA lands with the strategies).
-// World size 1 without a launcher uses an in-process HashStore. Create once per process, from the
-// main thread; collectives on the returned backend must be issued in the same order on every rank.
+// store (prefixed per restart round) and Gloo for CPU tensors, or NCCL for the tensors of this
+// rank's GPU (opened through the CUDA room, cuda/loader.h). World size 1 without a launcher uses an
+// in-process HashStore. Create once per process, from the main thread; collectives on the returned
+// backend must be issued in the same order on every rank. NCCL runs each collective on its own
+// stream; Work::wait() makes the calling thread's current stream wait for it (it does not block the
+// CPU), so a later .item() on that stream sees the result.
 #pragma once
+
+#include <c10/core/Device.h>
 
 #include <chrono>
 #include <memory>
@@ -21,6 +26,8 @@ namespace ft::dist {
 struct ProcessGroupOptions {
   static constexpr std::chrono::seconds kDefaultTimeout{300};
   std::chrono::milliseconds timeout = kDefaultTimeout;
+  // Where the group's tensors live: cpu -> Gloo; cuda:i -> NCCL on device i (this rank's GPU).
+  c10::Device device = c10::kCPU;
 };
 
 class ProcessGroup {
@@ -36,12 +43,15 @@ class ProcessGroup {
   // The group's store (the launcher's TCPStore under this round's prefix; in-process at world size
   // 1). TCPStore clients serialise their operations, so other threads may use it too.
   c10d::Store& store();
-  // The interface/address Gloo bound to, for messages.
+  // "gloo" or "nccl".
+  const char* backend_name() const;
+  // The interface/address Gloo bound to, for messages ("" under NCCL, which picks its own).
   const std::string& transport_addr() const;
 
   // A group of some of this group's ranks (`ranks` lists them in group-rank order and must hold
-  // rank()), on the same store under "group/<name>/". Only the members call it, each with the same
-  // name and list; names must be unique per process group. Collective over the members.
+  // rank()), on the same store under "group/<name>/" and the same backend and device. Only the
+  // members call it, each with the same name and list; names must be unique per process group.
+  // Collective over the members.
   std::unique_ptr<ProcessGroup> subgroup(const std::string& name, const std::vector<int>& ranks);
 
  private:

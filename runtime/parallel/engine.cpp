@@ -609,7 +609,9 @@ void Engine::after_update() {
 
 double Engine::scalar_collective(double v, bool max) {
   if (world_size_ == 1) return v;
-  std::vector<at::Tensor> t{at::full({1}, v, at::TensorOptions().dtype(at::kDouble))};
+  // On the engine's device: NCCL reduces only GPU tensors (the .item() below waits for it).
+  std::vector<at::Tensor> t{
+      at::full({1}, v, at::TensorOptions().dtype(at::kDouble).device(options_.device))};
   c10d::AllreduceOptions o;
   o.reduceOp = max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
   auto w = backend(groups_.world).allreduce(t, o);
@@ -623,7 +625,8 @@ double Engine::max_over_ranks(double v) { return scalar_collective(v, true); }
 
 double Engine::global_sq_norm(double sharded_sq, double replicated_sq) {
   if (options_.shard_size > 1 && !options_.buckets) {
-    std::vector<at::Tensor> t{at::full({1}, sharded_sq, at::TensorOptions().dtype(at::kDouble))};
+    std::vector<at::Tensor> t{
+        at::full({1}, sharded_sq, at::TensorOptions().dtype(at::kDouble).device(options_.device))};
     auto w = backend(groups_.shard).allreduce(t);
     wait(*w);
     acc_.scalar_collectives++;

@@ -8,8 +8,11 @@
 // Ordering rules (every rank must issue the same collectives in the same order on each group):
 // gathers are issued from the forward's unit hooks and from gradient hooks on the units' outputs;
 // reductions are launched in a fixed order (reverse unit order; ddp buckets in bucket order) as
-// their units become ready, the rest at end_backward(). All calls come from the training thread
-// (CPU autograd runs hooks on the calling thread); not thread-safe.
+// their units become ready, the rest at end_backward(). Calls come from one thread at a time: the
+// training thread, or autograd's worker thread for a CUDA device (its hooks run there while the
+// training thread waits for backward); not thread-safe. On CUDA every collective is issued on the
+// current stream's order: NCCL waits for the stream before it starts, and Work::wait() makes the
+// stream wait for NCCL, so kernels after a wait see the result without blocking the CPU.
 #pragma once
 
 #include <ATen/ATen.h>

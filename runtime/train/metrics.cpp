@@ -97,6 +97,12 @@ void MetricsLog::write(const StepRecord& r) {
         {"all_reduce_bytes", r.memory.engine.all_reduce_bytes},
         {"scalar_collectives", r.memory.engine.scalar_collectives},
         {"wait_s", r.memory.engine.comm_wait_s}}}};
+  if (r.memory.on_gpu) {
+    nlohmann::json& m = j["memory"];
+    m["cuda_allocated_bytes"] = r.memory.gpu_allocated_bytes;
+    m["cuda_reserved_bytes"] = r.memory.gpu_reserved_bytes;
+    m["cuda_peak_allocated_bytes"] = r.memory.gpu_peak_allocated_bytes;
+  }
   out_ << j.dump() << '\n';
   out_.flush();
   FT_CHECK(out_.good(), "writing ", path_, " failed (disk full?)");

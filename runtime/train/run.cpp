@@ -21,6 +21,8 @@
 #include "ckpt/checkpoint.h"
 #include "core/error.h"
 #include "core/strings.h"
+#include "cuda/device.h"
+#include "cuda/loader.h"
 #include "data/jsonl_source.h"
 #include "data/synthetic.h"
 #include "dist/dist_env.h"
@@ -295,6 +297,11 @@ RunSummary run_training(const RunOptions& o) {
            "synthetic task has no epochs (its stream has no end): set --set train.max_steps=N");
   FT_CHECK(total_steps > 0 || epochs > 0, "train.max_steps and train.epochs are both 0: set ",
            "train.max_steps (optimizer steps) or train.epochs (passes over --data)");
+  // The device, before LibTorch is asked anything about CUDA: a GPU run opens libft_cuda.so now.
+  const cuda::DeviceChoice device_choice =
+      cuda::choose_device(p["hardware"]["device"].get<std::string>(), env.local_rank);
+  const at::Device device = device_choice.device;
+  if (device.is_cuda()) cuda::use_device(device.index());
   model::LlamaConfig mc = o.model_dir.empty()
                               ? model_config_from_preset(p)
                               : model::load_llama_config(o.model_dir + "/config.json");
@@ -313,7 +320,6 @@ RunSummary run_training(const RunOptions& o) {
       p["train"]["activation_checkpointing"].get<std::string>());
   const int64_t checkpoint_every_n = p["train"]["checkpoint_every_n_layers"];
 
-  const at::Device device = at::kCPU;
   parallel::StrategyPlan plan = parallel::plan_strategy(p, o.user_settings, env, device);
   const bool lora = p["lora"]["enabled"];
   // Shapes only: the strategy allocates this rank's part and reads only that from the files.
@@ -372,7 +378,9 @@ RunSummary run_training(const RunOptions& o) {
   std::unique_ptr<dist::ProcessGroup> world, shard_group, replica_group;
   parallel::Groups groups;
   if (env.world_size > 1) {
-    world = std::make_unique<dist::ProcessGroup>(env);
+    dist::ProcessGroupOptions pgo;
+    pgo.device = device;  // Gloo on CPU, NCCL on the rank's GPU
+    world = std::make_unique<dist::ProcessGroup>(env, pgo);
     groups.world = world.get();
     const int S = plan.engine.shard_size;
     if (S > 1 && S == env.world_size) groups.shard = world.get();
@@ -491,6 +499,7 @@ RunSummary run_training(const RunOptions& o) {
   // LoRA dropout draws from LibTorch's default generators, which start from a random seed in each
   // process: seeding them makes a run with dropout repeat exactly.
   at::manual_seed(seed);
+  if (device.is_cuda()) cuda::api().manual_seed(seed);
   if (ck) restore_state(*ck, held, trainer, source, env);
 
   ckpt::SaverOptions so;
@@ -522,6 +531,8 @@ RunSummary run_training(const RunOptions& o) {
                            : "",
         o.output_dir);
     fmt::print("ft train: strategy {}\n", plan.label);
+    fmt::print("ft train: device {} ({}){}\n", device.str(), device_choice.reason,
+               env.world_size > 1 ? fmt::format(", {} between ranks", world->backend_name()) : "");
     if (ck)
       fmt::print("ft train: resuming from {} (step {}, saved by {} rank{})\n", ck->dir(),
                  ck->step(), ck->world_size(), ck->world_size() > 1 ? "s" : "");
@@ -541,13 +552,22 @@ RunSummary run_training(const RunOptions& o) {
   while (trainer.steps() < total_steps) {
     auto t0 = std::chrono::steady_clock::now();
     std::vector<data::Batch> mbs;
-    for (int64_t i = 0; i < grad_accum; ++i) mbs.push_back(source.next());
+    for (int64_t i = 0; i < grad_accum; ++i) mbs.push_back(source.next().to(device));
     StepRecord r;
     r.stats = trainer.step(mbs);
+    // The optimizer's kernels are still queued on a GPU: the step ends when they have run.
+    if (device.is_cuda()) cuda::api().synchronize(device.index());
     r.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (const auto& b : mbs) r.input_tokens += b.input_tokens();
     r.tokens_per_s = static_cast<double>(r.input_tokens) / std::max(r.step_time_s, 1e-9);
     r.memory = trainer.memory();
+    if (device.is_cuda()) {
+      const cuda::DeviceMemory m = cuda::api().memory(device.index(), /*reset_peak=*/true);
+      r.memory.on_gpu = true;
+      r.memory.gpu_allocated_bytes = m.allocated_bytes;
+      r.memory.gpu_reserved_bytes = m.reserved_bytes;
+      r.memory.gpu_peak_allocated_bytes = m.peak_allocated_bytes;
+    }
     r.peak_rss_bytes = peak_rss_bytes();
     r.samples_consumed = source.samples_consumed();
     log.write(r);
@@ -600,7 +620,10 @@ RunSummary run_training(const RunOptions& o) {
   io::NamedTensors final_tensors;
   engine.for_each_full([&](const std::string& name, const at::Tensor& t) {
     if (!rank0 || lora != (name.rfind("base_model.", 0) == 0)) return;
-    final_tensors.emplace_back(name, t.to(lora ? at::kFloat : dtype).contiguous().clone());
+    // A copy in host memory, whatever device trained (the writer reads host memory).
+    final_tensors.emplace_back(
+        name, t.to(at::kCPU, lora ? at::kFloat : dtype, /*non_blocking=*/false, /*copy=*/true)
+                  .contiguous());
   });
   if (!rank0) return sum;
   save_final_model(mc, lora ? &lora_config : nullptr, final_tensors, final_dir);

@@ -24,8 +24,10 @@ Trainer::Trainer(model::LlamaModel& model, TrainOptions options, parallel::Engin
   FT_CHECK(!params.empty(), "the model has no parameters to train");
   optimizer_ = std::make_unique<AdamW>(params, options_.adamw);
   if (compute_dtype_ == at::kHalf) {
-    loss_scale_ = at::full({}, options_.loss_scale_init, at::kFloat);
-    growth_tracker_ = at::zeros({}, at::kInt);
+    // Beside the gradients: the unscale and scale-update kernels take them on the same device.
+    const at::Device device = engine_.options().device;
+    loss_scale_ = at::full({}, options_.loss_scale_init, at::dtype(at::kFloat).device(device));
+    growth_tracker_ = at::zeros({}, at::dtype(at::kInt).device(device));
   }
 }
 
@@ -95,7 +97,7 @@ StepStats Trainer::apply_update(StepStats st) {
   }
 
   if (fp16) {
-    at::Tensor found_inf = at::zeros({}, at::kFloat);
+    at::Tensor found_inf = at::zeros({}, loss_scale_.options());
     at::Tensor inv_scale = loss_scale_.reciprocal();
     at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
     // One rank's overflow skips the step everywhere.

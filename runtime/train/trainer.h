@@ -45,6 +45,11 @@ struct MemoryStats {
   int64_t grad_bytes = 0;
   int64_t optimizer_bytes = 0;
   parallel::Accounting engine;
+  // The GPU's caching allocator, filled by the run on CUDA (on_gpu false on CPU: not reported).
+  bool on_gpu = false;
+  int64_t gpu_allocated_bytes = 0;       // held by tensors at the end of the step
+  int64_t gpu_reserved_bytes = 0;        // held from the driver (allocated + cached)
+  int64_t gpu_peak_allocated_bytes = 0;  // most allocated at once during the step
 };
 
 class Trainer {
@@ -85,8 +90,8 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   int64_t step_ = 0;
   int64_t skipped_ = 0;
-  at::Tensor loss_scale_;      // [] fp32 (fp16 only)
-  at::Tensor growth_tracker_;  // [] int32 (fp16 only)
+  at::Tensor loss_scale_;      // [] fp32 on the engine's device (fp16 only)
+  at::Tensor growth_tracker_;  // [] int32 on the engine's device (fp16 only)
 };
 
 at::ScalarType precision_dtype(const std::string& precision);

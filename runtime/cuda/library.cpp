@@ -1,0 +1,75 @@
+// libft_cuda.so: the table of cuda/api.h over LibTorch's CUDA part. The only translation unit of
+// ft that includes CUDA or NCCL headers of LibTorch; loading it (RTLD_GLOBAL) runs libtorch_cuda's
+// static initialisers, which register the CUDA kernels, allocator, device guard and hooks with the
+// libtorch_cpu the process already has.
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <mutex>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+
+#include "cuda/api.h"
+
+namespace ft::cuda {
+namespace {
+
+c10::DeviceIndex index_of(int index) {
+  TORCH_CHECK(index >= 0 && index < c10::cuda::device_count(), "CUDA device ", index,
+              " does not exist (", static_cast<int>(c10::cuda::device_count()), " visible)");
+  return static_cast<c10::DeviceIndex>(index);
+}
+
+int device_count() { return c10::cuda::device_count(); }
+
+void set_device(int index) { c10::cuda::set_device(index_of(index)); }
+
+c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    const NcclGroup& g) {
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = g.timeout;
+  options->group_name = g.name;
+  options->group_desc = g.name;
+  options->global_ranks_in_group = g.global_ranks;
+  auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, g.rank, g.size, options);
+  // The group's GPU is known up front (torch's init_process_group(device_id=...)): collectives
+  // that carry no tensor, and NCCL's communicator, use this device rather than a guess.
+  pg->setBoundDeviceId(at::Device(at::kCUDA, index_of(g.device)));
+  return pg;
+}
+
+void synchronize(int index) {
+  c10::cuda::CUDAGuard guard(index_of(index));
+  c10::cuda::device_synchronize();
+}
+
+DeviceMemory memory(int index, bool reset_peak) {
+  const c10::DeviceIndex d = index_of(index);
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(d);
+  constexpr auto kAll = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  DeviceMemory m;
+  m.allocated_bytes = stats.allocated_bytes[kAll].current;
+  m.reserved_bytes = stats.reserved_bytes[kAll].current;
+  m.peak_allocated_bytes = stats.allocated_bytes[kAll].peak;
+  if (reset_peak) c10::cuda::CUDACachingAllocator::resetPeakStats(d);
+  return m;
+}
+
+void manual_seed(uint64_t seed) {
+  for (c10::DeviceIndex i = 0; i < c10::cuda::device_count(); ++i) {
+    at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(i);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(seed);
+  }
+}
+
+}  // namespace
+}  // namespace ft::cuda
+
+extern "C" __attribute__((visibility("default"))) const ft::cuda::Api* ft_cuda_api() {
+  using namespace ft::cuda;
+  static const Api api{kApiVersion, device_count, set_device, make_nccl_backend,
+                       synchronize, memory,       manual_seed};
+  return &api;
+}
