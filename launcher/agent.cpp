@@ -166,8 +166,47 @@ Agent::Outcome Agent::run_round(const RoundResult& rr) {
   std::vector<int64_t> hb_seen(layout.nnodes, -1);
   std::vector<Clock::time_point> hb_changed(layout.nnodes, Clock::now());
   Clock::time_point hb_next = Clock::now();
+  // Progress reported by the workers (ft train: "ft_progress/<rank>" in its round's store prefix).
+  std::vector<int64_t> progress(cfg_.nproc_per_node, 0);
+  std::vector<Clock::time_point> progressed(cfg_.nproc_per_node, Clock::now());
+  const auto hang_every = std::chrono::duration_cast<Clock::duration>(std::min(
+      std::chrono::duration<double>(cfg_.hang_timeout_s) / 4, std::chrono::duration<double>(1.0)));
+  Clock::time_point hang_next = Clock::now();
   try {
     for (;;) {
+      if (cfg_.hang_timeout_s > 0 && Clock::now() >= hang_next) {
+        hang_next = Clock::now() + hang_every;
+        int hung = -1;
+        for (int lr = 0; lr < cfg_.nproc_per_node && hung < 0; ++lr) {
+          const int rank = layout.global_rank(lr);
+          // Under the prefix dist::worker_store_prefix gives this round's workers.
+          const int64_t v = store.add(
+              fmt::format("/worker/attempt_{}/ft_progress/{}", round, rank), 0);
+          if (v != progress[lr]) {
+            progress[lr] = v;
+            progressed[lr] = Clock::now();
+          } else if (v > 0 && Clock::now() - progressed[lr] >
+                                  std::chrono::duration<double>(cfg_.hang_timeout_s)) {
+            hung = lr;
+          }
+        }
+        if (hung >= 0) {
+          const int rank = layout.global_rank(hung);
+          log(fmt::format("rank {} reported no progress for {:.1f} s (--hang-timeout): stopping the "
+                          "job to restart it",
+                          rank, cfg_.hang_timeout_s));
+          publish_failure(
+              round, {{"kind", "hang"},
+                      {"node_rank", node_rank_},
+                      {"hostname", hostname()},
+                      {"description",
+                       fmt::format("rank {} hung: no progress for {:.1f} s after {} reports "
+                                   "(--hang-timeout)",
+                                   rank, cfg_.hang_timeout_s, progress[hung])}});
+          outcome = Outcome::kFailure;
+          break;
+        }
+      }
       if (layout.nnodes > 1 && Clock::now() >= hb_next) {
         hb_next = Clock::now() + hb_every;
         store.add(Rendezvous::key(round, fmt::format("hb/{}", node_rank_)), 1);
@@ -344,7 +383,8 @@ int Agent::run() {
       }
       const std::string kind = failure_.value("kind", "");
       const bool restartable =
-          (kind == "worker" || kind == "node" || kind == "rejoin") && !stop_signal_;
+          (kind == "worker" || kind == "node" || kind == "hang" || kind == "rejoin") &&
+          !stop_signal_;
       if (kind == "rejoin") {
         print_summary(failure_);
         continue;

@@ -72,6 +72,10 @@ const std::vector<OptionSpec>& launch_option_specs() {
        "A node whose launcher sends no heartbeat through the store for this long is declared lost: "
        "the others stop their workers and start a new round (a restart).",
        {"FT_HEARTBEAT_TIMEOUT"}, {}},
+      {"hang-timeout", "SECONDS", "600",
+       "A worker that reported progress (ft train does, every step) and then reports none for "
+       "this long is hung: the job is stopped and restarted. 0 turns it off.",
+       {"FT_HANG_TIMEOUT"}, {}},
       {"role", "NAME", "default", "Worker role name (ROLE_NAME).", {"FT_ROLE", "PET_ROLE"}, {}},
       {"no-python", "", "",
        "Run PROGRAM as given even when it ends in .py (otherwise a .py PROGRAM runs as "
@@ -266,6 +270,7 @@ LaunchConfig make_launch_config(const std::map<std::string, Resolved>& r,
   c.monitor_interval_s = to_seconds(get("monitor-interval"), "monitor-interval", 0.001);
   c.term_grace_s = to_seconds(get("term-grace"), "term-grace", 0);
   c.heartbeat_timeout_s = to_seconds(get("heartbeat-timeout"), "heartbeat-timeout", 0.5);
+  c.hang_timeout_s = to_seconds(get("hang-timeout"), "hang-timeout", 0);
   c.log_dir = get("log-dir").value;
   c.advertise_addr = get("advertise-addr").value;
   c.role = get("role").value;

@@ -61,6 +61,7 @@ struct LaunchConfig {
   std::string advertise_addr;  // "" = the address this node uses to reach the store
   double term_grace_s = 15;
   double heartbeat_timeout_s = 10;  // a node silent this long is lost
+  double hang_timeout_s = 600;      // a worker whose progress stops this long is hung (0: off)
   bool dry_run = false;
   std::string role = "default";
   std::vector<std::string> program;         // PROGRAM ARGS...

@@ -519,6 +519,7 @@ RunSummary run_training(const RunOptions& o) {
   const double save_minutes = p["output"]["save_every_minutes"];
   const bool async_save = p["output"]["async_save"];
   auto last_save = std::chrono::steady_clock::now();
+  auto next_progress = std::chrono::steady_clock::now();
 
   if (rank0) {
     fmt::print(
@@ -579,6 +580,11 @@ RunSummary run_training(const RunOptions& o) {
       sum.steps = r.stats.step;
     }
     sum.skipped_steps = r.stats.skipped_total;
+    // Progress for the launcher's hang detection (--hang-timeout): at most once a second.
+    if (world && std::chrono::steady_clock::now() >= next_progress) {
+      world->store().add(fmt::format("ft_progress/{}", env.rank), 1);
+      next_progress = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    }
 
     // Checkpoint: every save_every steps, every save_every_minutes (rank 0's clock decides, so
     // all ranks agree), and at the last step of a run that checkpoints at all.

@@ -313,6 +313,42 @@ TEST_CASE("elastic --nnodes 1:2: after losing a node the job continues on one no
   CHECK(m.back()["loss"].get<double>() < m.front()["loss"].get<double>());
 }
 
+TEST_CASE("a hung rank (no progress for --hang-timeout) gets the job restarted from the checkpoint",
+          "[multiproc]") {
+  const std::string out = make_temp_dir() + "/run";
+  std::vector<std::string> argv = {ft_bin(), "launch", "--nproc-per-node", "2", "--master-port",
+                                   std::to_string(free_port()), "--max-restarts", "1",
+                                   "--hang-timeout", "3", "--term-grace", "2", "--",
+                                   ft_bin(), "train", "--preset", "tiny-demo", "--output", out};
+  for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
+  for (const char* s : {"train.max_steps=24", "output.save_every=3", "train.micro_batch=4"})
+    argv.insert(argv.end(), {"--set", s});
+  Child c = start(argv, {}, make_temp_dir() + "/out.txt");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (metrics(out).size() < 7 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  REQUIRE(metrics(out).size() >= 7);
+  std::vector<pid_t> workers = children_of(c.pid);
+  REQUIRE(workers.size() == 2);
+  ::kill(workers[1], SIGSTOP);  // one rank stops; the other blocks in its next collective
+  const auto stopped = std::chrono::steady_clock::now();
+  while (c.output().find("reported no progress") == std::string::npos &&
+         std::chrono::steady_clock::now() - stopped < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const double detected =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  auto rc = wait_for(c, 150);
+  if (!rc) kill_and_reap(c);
+  INFO(c.output());
+  CHECK(detected < 3 + 1 + 1);  // the timeout, the last report's age (<= 1 s), the check period
+  REQUIRE(rc.value_or(-1) == 0);
+  CHECK_THAT(c.output(), Catch::Contains("hung: no progress") &&
+                             Catch::Contains("restarting the job") &&
+                             Catch::Contains("resuming from"));
+  CHECK(metrics(out).size() == 24);
+  CHECK_FALSE(pid_alive(workers[1]));
+}
+
 TEST_CASE("checkpoints move between strategies and world sizes: fsdp x4 -> zero3 x2 -> ddp x1",
           "[multiproc]") {
   const std::string tmp = make_temp_dir();
