@@ -42,6 +42,9 @@ class Agent {
  public:
   Agent(const LaunchConfig& cfg, const BuildInfo& node) : cfg_(cfg), node_(node) {}
   int run();
+  // Rounds until the job ends, on the store open() connects to; `restarts` carries over when
+  // the store is lost and found again (`reconnect`). BackendError when the store goes away.
+  int run_rounds(int& restarts, bool reconnect);
 
  private:
   enum class Outcome { kSuccess, kFailure, kSignal };
@@ -361,6 +364,25 @@ int Agent::run() {
                     "for the store there. Run node_rank 0 on {} or fix --master-addr",
                     cfg_.rdzv_host, cfg_.rdzv_host));
   }
+  int restarts = 0;  // failures restarted so far (a node joining is not a failure)
+  for (bool reconnect = false;; reconnect = true) {
+    try {
+      return run_rounds(restarts, reconnect);
+    } catch (const BackendError& e) {
+      // Node 0 (the store host) is gone. The others wait for it to be started again: it hosts a
+      // fresh store and the job resumes from its latest checkpoint.
+      if (rdzv_->is_host() || stop_signal_) {
+        log(fmt::format("error: lost the rendezvous store: {}", e.what()));
+        return stop_signal_ ? 128 + stop_signal_ : kExitStoreLost;
+      }
+      log(fmt::format("lost the rendezvous store (node 0's launcher exited or was killed?): "
+                      "waiting up to {:.0f} s (--rdzv-timeout) for it to come back",
+                      cfg_.rdzv_timeout_s));
+    }
+  }
+}
+
+int Agent::run_rounds(int& restarts, bool reconnect) {
   try {
     rdzv_->open();
     if (rdzv_->is_host())
@@ -371,7 +393,7 @@ int Agent::run() {
           fmt::format("the job is running; joining it at round {} (a restart from its latest "
                       "checkpoint)",
                       first));
-    int restarts = 0;  // failures restarted so far (a node joining is not a failure)
+    if (reconnect) log("the rendezvous store is back; joining the restarted job");
     for (int round = first;; ++round) {
       RoundResult rr = rdzv_->join(round);
       node_rank_ = rr.my_node_rank;
@@ -416,13 +438,12 @@ int Agent::run() {
       log(fmt::format("stopped by {} during rendezvous", signal_name(stop_signal_)));
       return 128 + stop_signal_;
     }
+    if (reconnect && dynamic_cast<const RendezvousTimeout*>(&e)) {
+      log(fmt::format("error: the rendezvous store did not come back: {}", e.what()));
+      return kExitStoreLost;
+    }
     log(fmt::format("error: {}", e.what()));
     return kExitRendezvous;
-  } catch (const BackendError& e) {
-    log(fmt::format(
-        "error: lost the rendezvous store (node 0's launcher exited or was killed?): {}",
-        e.what()));
-    return kExitStoreLost;
   }
 }
 

@@ -253,6 +253,51 @@ TEST_CASE(
   for (pid_t p : node1) CHECK_FALSE(pid_alive(p));
 }
 
+TEST_CASE("node 0 (the store host) killed: the other launcher waits, and the job resumes when "
+          "node 0 is started again",
+          "[multiproc]") {
+  const std::string out = make_temp_dir() + "/run";
+  const int port = free_port();
+  auto launcher = [&](int node) {
+    std::vector<std::string> argv = {ft_bin(), "launch", "--nnodes", "2", "--node-rank",
+                                     std::to_string(node), "--nproc-per-node", "2",
+                                     "--master-addr", "127.0.0.1", "--master-port",
+                                     std::to_string(port), "--max-restarts", "2",
+                                     "--rdzv-timeout", "60", "--term-grace", "3", "--",
+                                     ft_bin(), "train", "--preset", "tiny-demo", "--output", out};
+    for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
+    for (const char* s : {"train.max_steps=24", "output.save_every=3", "train.micro_batch=2"})
+      argv.insert(argv.end(), {"--set", s});
+    return argv;
+  };
+  Child n0 = start(launcher(0), {}, make_temp_dir() + "/n0.txt");
+  Child n1 = start(launcher(1), {}, make_temp_dir() + "/n1.txt");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (metrics(out).size() < 7 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  REQUIRE(metrics(out).size() >= 7);
+  ::kill(n0.pid, SIGKILL);  // the store goes with it; so do its workers
+  REQUIRE(wait_for(n0, 30).has_value());
+  while (n1.output().find("waiting up to") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  INFO(n1.output());
+  REQUIRE_THAT(n1.output(), Catch::Contains("lost the rendezvous store"));
+  CHECK_FALSE(wait_for(n1, 1).has_value());  // still there, waiting
+  Child again = start(launcher(0), {}, make_temp_dir() + "/n0b.txt");
+  auto rc0 = wait_for(again, 150), rc1 = wait_for(n1, 150);
+  INFO(again.output());
+  if (!rc0) kill_and_reap(again);
+  if (!rc1) kill_and_reap(n1);
+  REQUIRE(rc0.value_or(-1) == 0);
+  REQUIRE(rc1.value_or(-1) == 0);
+  CHECK_THAT(n1.output(), Catch::Contains("the rendezvous store is back"));
+  CHECK_THAT(again.output(), Catch::Contains("resuming from"));
+  auto m = metrics(out);
+  REQUIRE(m.size() == 24);
+  for (size_t i = 0; i < m.size(); ++i) CHECK(m[i]["step"] == static_cast<int>(i + 1));
+}
+
 TEST_CASE("elastic --nnodes 1:2: after losing a node the job continues on one node, resharded",
           "[multiproc]") {
   const std::string out = make_temp_dir() + "/run";
