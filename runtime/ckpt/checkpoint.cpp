@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -94,6 +95,9 @@ struct Saver::Impl {
   std::thread worker;
   std::exception_ptr error;
   double write_s = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool captured = true;  // the save in flight (if any) holds its own copy of the state
 
   void join() {
     if (worker.joinable()) worker.join();
@@ -134,17 +138,37 @@ void Saver::save(Snapshot s, bool async) {
   const auto t0 = std::chrono::steady_clock::now();
   wait();
   if (async) {
-    impl_->worker = std::thread([impl = impl_.get(), snap = std::move(s)]() {
+    {
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      impl_->captured = false;
+    }
+    impl_->worker = std::thread([impl = impl_.get(), snap = std::move(s)]() mutable {
+      auto release = [impl] {
+        std::lock_guard<std::mutex> lock(impl->mu);
+        impl->captured = true;
+        impl->cv.notify_all();
+      };
       try {
+        // Private copies first (the caller goes on training meanwhile), then the write.
+        for (auto& p : snap.pieces) p.data = p.data.clone();
+        release();
         impl->write(snap);
       } catch (...) {
         impl->error = std::current_exception();
+        release();
       }
     });
   } else {
     impl_->write(s);
   }
   stall_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double Saver::wait_captured() {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  impl_->cv.wait(lock, [&] { return impl_->captured; });
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void Saver::Impl::write(const Snapshot& s) {

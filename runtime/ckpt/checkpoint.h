@@ -59,8 +59,13 @@ class Saver {
   Saver& operator=(const Saver&) = delete;
 
   // Waits for the previous save (rethrowing its error), then writes `s`: in the background when
-  // `async` (`s` must own its tensors), else before returning. Rank 0 also commits.
+  // `async`, else before returning. Rank 0 also commits. An async save may be handed views of
+  // live tensors: its thread first copies them to host memory, and the caller must call
+  // wait_captured() before it next modifies them (the optimizer update), so the copy overlaps
+  // whatever the caller does meanwhile (forward and backward).
   void save(Snapshot s, bool async);
+  // Blocks until the save in flight has its own copy of the state; returns the seconds waited.
+  double wait_captured();
   // Waits for the save in flight; rethrows its error (ft::Error naming the file).
   void wait();
   // Seconds the last save() blocked its caller (waiting for the previous save, or the whole

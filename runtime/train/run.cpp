@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -212,10 +213,10 @@ ckpt::Snapshot make_snapshot(parallel::Engine& engine, Trainer& trainer,
                              const RunOptions& o, const std::string& strategy, bool lora,
                              const dist::DistEnv& env, bool own) {
   at::NoGradGuard no_grad;
-  auto take = [own](const at::Tensor& t) {
-    at::Tensor c = t.to(at::kCPU).contiguous();
-    return own && c.data_ptr() == t.data_ptr() ? c.clone() : c;
-  };
+  // Host tensors are handed over as views (an async saver copies them on its own thread, see
+  // ckpt::Saver::save); device tensors are copied to the host here.
+  (void)own;
+  auto take = [](const at::Tensor& t) { return t.to(at::kCPU).contiguous(); };
   ckpt::Snapshot s;
   s.step = trainer.steps();
   for (const auto& pc : engine.pieces(true)) {
@@ -520,6 +521,10 @@ RunSummary run_training(const RunOptions& o) {
   const bool async_save = p["output"]["async_save"];
   auto last_save = std::chrono::steady_clock::now();
   auto next_progress = std::chrono::steady_clock::now();
+  std::ofstream ckpt_log;
+  std::optional<json> pending_save;  // an async save's record, completed at the next update
+  if (rank0 && (save_every > 0 || save_minutes > 0))
+    ckpt_log.open((fs::path(o.output_dir) / "checkpoints.jsonl").string(), std::ios::app);
 
   if (rank0) {
     fmt::print(
@@ -555,7 +560,16 @@ RunSummary run_training(const RunOptions& o) {
     std::vector<data::Batch> mbs;
     for (int64_t i = 0; i < grad_accum; ++i) mbs.push_back(source.next().to(device));
     StepRecord r;
-    r.stats = trainer.step(mbs);
+    r.stats = trainer.compute_gradients(mbs);
+    // An async checkpoint copies the state while forward and backward ran; the update waits for it.
+    const double fence_s = saver.wait_captured();
+    if (pending_save && rank0) {
+      (*pending_save)["stall_s"] = (*pending_save)["stall_s"].get<double>() + fence_s;
+      ckpt_log << pending_save->dump() << "\n";
+      ckpt_log.flush();
+    }
+    pending_save.reset();
+    r.stats = trainer.apply_update(r.stats);
     // The optimizer's kernels are still queued on a GPU: the step ends when they have run.
     if (device.is_cuda()) cuda::api().synchronize(device.index());
     r.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -601,8 +615,21 @@ RunSummary run_training(const RunOptions& o) {
     if ((save_every > 0 || save_minutes > 0) && trainer.steps() == total_steps) due = true;
     if (due) {
       const bool async = async_save && !stop;
+      const auto s0 = std::chrono::steady_clock::now();
       saver.save(make_snapshot(engine, trainer, source, p, o, plan.label, lora, env, async), async);
       last_save = std::chrono::steady_clock::now();
+      // checkpoints.jsonl (rank 0): what each save cost the training loop, and each write took.
+      // The stall of an async save is this call plus the wait before the next update.
+      const double stall = std::chrono::duration<double>(last_save - s0).count();
+      pending_save = json{{"step", trainer.steps()},
+                          {"async", async},
+                          {"stall_s", stall},
+                          {"previous_write_s", saver.last_write_s()}};
+      if (!async && rank0) {
+        ckpt_log << pending_save->dump() << "\n";
+        ckpt_log.flush();
+        pending_save.reset();
+      }
       if (rank0 && ::isatty(STDOUT_FILENO) != 1)
         fmt::print("ft train: checkpoint of step {} {} (training paused {:.3f} s)\n",
                    trainer.steps(), async ? "being written" : "written", saver.last_stall_s());
@@ -620,6 +647,12 @@ RunSummary run_training(const RunOptions& o) {
     }
   }
   saver.wait();  // the last checkpoint is durable (rank 0: committed) before the run reports done
+  if (rank0 && pending_save) ckpt_log << pending_save->dump() << "\n";
+  if (rank0 && ckpt_log.is_open()) {
+    ckpt_log << json{{"step", trainer.steps()}, {"last_write_s", saver.last_write_s()}}.dump()
+             << "\n";
+    ckpt_log.flush();
+  }
   if (rank0) progress.finish();
   // The final model: every rank takes part in gathering each tensor; rank 0 writes.
   const std::string final_dir = (fs::path(o.output_dir) / "final").string();
