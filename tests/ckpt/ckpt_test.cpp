@@ -64,7 +64,7 @@ TEST_CASE("crc32c matches the standard check value and continues across calls", 
   CHECK(crc32c(big.data(), big.size()) != crc32c(std::string(1000, 'x').data(), 1000));
 }
 
-TEST_CASE("pieces of 3 ranks read back as any range; commit, latest and keep_last", "[unit]") {
+TEST_CASE("pieces of 3 ranks read back as any range, with commit, latest and keep_last", "[unit]") {
   const std::string root = make_temp_dir() + "/checkpoints";
   at::Tensor w = at::randn({7, 5});
   save_split(root, 4, w, 3);

@@ -518,7 +518,7 @@ TEST_CASE("elastic nnodes MIN:MAX starts with MIN nodes after the last call", "[
   CHECK(parse_env_file(dir + "/2/env.1")["NNODES"] == "2");
 }
 
-TEST_CASE("SIGKILL of the store-hosting launcher stops the other node's workers; it waits "
+TEST_CASE("SIGKILL of the store-hosting launcher stops the other node's workers, waits "
           "--rdzv-timeout for node 0, then exits 4",
           "[multiproc]") {
   std::string dir = make_temp_dir();
