@@ -17,5 +17,6 @@ Run add_comm_check(CLI::App& app);
 Run add_presets(CLI::App& app);
 Run add_train(CLI::App& app);
 Run add_eval(CLI::App& app);
+Run add_export(CLI::App& app);
 
 }  // namespace ft::app

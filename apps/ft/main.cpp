@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   runs["presets"] = ft::app::add_presets(app);
   runs["train"] = ft::app::add_train(app);
   runs["eval"] = ft::app::add_eval(app);
+  runs["export"] = ft::app::add_export(app);
 
   try {
     std::vector<std::string> rev(args.rbegin(), args.rend());

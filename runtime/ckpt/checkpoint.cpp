@@ -371,6 +371,11 @@ const json& Checkpoint::rank_state(int rank) const {
   return impl_->meta["rank_states"].at(static_cast<size_t>(rank));
 }
 bool Checkpoint::has(const std::string& tensor) const { return impl_->tensors.count(tensor) != 0; }
+std::vector<std::string> Checkpoint::tensors() const {
+  std::vector<std::string> out;
+  for (const auto& [name, t] : impl_->tensors) out.push_back(name);
+  return out;
+}
 std::vector<int64_t> Checkpoint::shape(const std::string& tensor) const {
   return impl_->find(tensor).shape;
 }

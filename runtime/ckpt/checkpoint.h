@@ -96,6 +96,8 @@ class Checkpoint {
   // The rank_state saved by `rank` of the saving run.
   const nlohmann::json& rank_state(int rank) const;
   bool has(const std::string& tensor) const;
+  // Every tensor's name, sorted ("param/...", "exp_avg/...", "rng/...").
+  std::vector<std::string> tensors() const;
   std::vector<int64_t> shape(const std::string& tensor) const;  // FormatError when absent
 
   // Fills `dst` (end - begin elements, any dtype and device) with elements [begin, end) of

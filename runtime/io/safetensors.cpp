@@ -765,39 +765,39 @@ const SafetensorsFile& SafetensorsIndex::file_of(const std::string& name) const 
 namespace {
 
 struct PlannedTensor {
-  const std::string* name;
-  const at::Tensor* tensor;
+  const DeferredTensor* tensor;
   const DtypeSpec* spec;
   uint64_t nbytes;
 };
 
-PlannedTensor plan_one(const std::string& name, const at::Tensor& t) {
-  FT_CHECK_T(Error, t.defined(), "cannot write tensor '", name, "': it is undefined");
-  FT_CHECK_T(Error, t.layout() == at::kStrided, "cannot write tensor '", name,
-             "': safetensors holds dense tensors only, not sparse or other layouts");
-  const DtypeSpec* spec = spec_by_type(t.scalar_type());
-  FT_CHECK_T(Error, spec, "cannot write tensor '", name, "': dtype ",
-             c10::toString(t.scalar_type()), " has no safetensors equivalent");
-  return {&name, &t, spec, static_cast<uint64_t>(t.numel()) * spec->itemsize};
+PlannedTensor plan_one(const DeferredTensor& t) {
+  const DtypeSpec* spec = spec_by_type(t.dtype);
+  FT_CHECK_T(Error, spec, "cannot write tensor '", t.name, "': dtype ", c10::toString(t.dtype),
+             " has no safetensors equivalent");
+  int64_t numel = 1;
+  for (int64_t d : t.shape) {
+    FT_CHECK_T(Error, d >= 0, "cannot write tensor '", t.name, "': negative dimension in ",
+               shape_str(t.shape));
+    numel *= d;
+  }
+  return {&t, spec, static_cast<uint64_t>(numel) * spec->itemsize};
 }
 
-}  // namespace
-
-void write_safetensors(const std::string& path, const NamedTensors& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+void write_one_file(const std::string& path, const std::vector<const DeferredTensor*>& tensors,
+                    const std::map<std::string, std::string>& metadata) {
   std::vector<PlannedTensor> plan;
   plan.reserve(tensors.size());
   std::set<std::string> seen;
-  for (const auto& [name, t] : tensors) {
-    FT_CHECK_T(Error, name != "__metadata__", "cannot write a tensor named '__metadata__' to '",
+  for (const DeferredTensor* t : tensors) {
+    FT_CHECK_T(Error, t->name != "__metadata__", "cannot write a tensor named '__metadata__' to '",
                path, "': the name is reserved for the metadata map");
-    FT_CHECK_T(Error, seen.insert(name).second, "cannot write '", path, "': tensor '", name,
+    FT_CHECK_T(Error, seen.insert(t->name).second, "cannot write '", path, "': tensor '", t->name,
                "' is given twice");
-    plan.push_back(plan_one(name, t));
+    plan.push_back(plan_one(*t));
   }
   std::stable_sort(plan.begin(), plan.end(), [](const PlannedTensor& a, const PlannedTensor& b) {
     size_t ra = write_rank(a.spec), rb = write_rank(b.spec);
-    return ra != rb ? ra < rb : *a.name < *b.name;
+    return ra != rb ? ra < rb : a.tensor->name < b.tensor->name;
   });
 
   // Key order matters to reproduce the reference: __metadata__ first, then entries in data order,
@@ -808,9 +808,9 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
   for (const auto& p : plan) {
     nlohmann::ordered_json entry = nlohmann::ordered_json::object();
     entry["dtype"] = p.spec->name;
-    entry["shape"] = p.tensor->sizes().vec();
+    entry["shape"] = p.tensor->shape;
     entry["data_offsets"] = nlohmann::ordered_json::array({offset, offset + p.nbytes});
-    header[*p.name] = std::move(entry);
+    header[p.tensor->name] = std::move(entry);
     offset += p.nbytes;
   }
   std::string text;
@@ -831,18 +831,55 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
   out.write(len, sizeof len);
   out.write(text.data(), text.size());
   for (const auto& p : plan) {
-    // One tensor at a time, so a model on the GPU never needs a second full copy in host memory.
-    at::Tensor c = p.tensor->detach().to(at::kCPU).resolve_conj().resolve_neg().contiguous();
-    FT_ASSERT(c.nbytes() == p.nbytes, "tensor '", *p.name, "' holds ", c.nbytes(),
+    // One tensor at a time, made only now, so neither a model on the GPU nor one being converted
+    // from a checkpoint ever needs a second full copy in host memory.
+    const DeferredTensor& d = *p.tensor;
+    at::Tensor t = d.make();
+    FT_ASSERT(t.defined() && t.scalar_type() == d.dtype && t.sizes() == at::IntArrayRef(d.shape),
+              "tensor '", d.name, "' was made as ", t.defined() ? t.sizes() : at::IntArrayRef{},
+              " ", t.defined() ? c10::toString(t.scalar_type()) : "undefined", ", planned ",
+              shape_str(d.shape), " ", c10::toString(d.dtype));
+    at::Tensor c = t.detach().to(at::kCPU).resolve_conj().resolve_neg().contiguous();
+    FT_ASSERT(c.nbytes() == p.nbytes, "tensor '", d.name, "' holds ", c.nbytes(),
               " bytes, planned ", p.nbytes);
     out.write(c.data_ptr(), p.nbytes);
   }
   out.commit();
 }
 
+}  // namespace
+
+DeferredTensors defer(const NamedTensors& tensors) {
+  DeferredTensors out;
+  out.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    FT_CHECK_T(Error, t.defined(), "cannot write tensor '", name, "': it is undefined");
+    FT_CHECK_T(Error, t.layout() == at::kStrided, "cannot write tensor '", name,
+               "': safetensors holds dense tensors only, not sparse or other layouts");
+    out.push_back({name, t.sizes().vec(), t.scalar_type(), [t] { return t; }});
+  }
+  return out;
+}
+
+void write_safetensors(const std::string& path, const NamedTensors& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  const DeferredTensors deferred = defer(tensors);
+  std::vector<const DeferredTensor*> all;
+  for (const auto& t : deferred) all.push_back(&t);
+  write_one_file(path, all, metadata);
+}
+
 std::vector<std::string> write_sharded(const std::string& dir, const NamedTensors& tensors,
                                        uint64_t max_shard_bytes,
                                        const std::map<std::string, std::string>& metadata) {
+  return write_sharded_deferred(dir, defer(tensors), max_shard_bytes, metadata);
+}
+
+std::vector<std::string> write_sharded_deferred(const std::string& dir,
+                                                const DeferredTensors& tensors,
+                                                uint64_t max_shard_bytes,
+                                                const std::map<std::string, std::string>& metadata,
+                                                const ShardWritten& on_written) {
   FT_CHECK_T(Error, max_shard_bytes > 0, "write_sharded: max_shard_bytes must be > 0");
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -850,28 +887,35 @@ std::vector<std::string> write_sharded(const std::string& dir, const NamedTensor
 
   // huggingface_hub's split_torch_state_dict_into_shards: fill shards in the given order; a tensor
   // over the limit gets a shard of its own at the point it appears.
-  std::vector<NamedTensors> shards;
-  NamedTensors current;
+  using Shard = std::vector<const DeferredTensor*>;
+  std::vector<Shard> shards;
+  std::vector<uint64_t> shard_bytes;
+  Shard current;
   uint64_t current_bytes = 0, total_bytes = 0;
   std::set<std::string> seen;
-  for (const auto& [name, t] : tensors) {
-    FT_CHECK_T(Error, seen.insert(name).second, "cannot write to '", dir, "': tensor '", name,
+  for (const auto& t : tensors) {
+    FT_CHECK_T(Error, seen.insert(t.name).second, "cannot write to '", dir, "': tensor '", t.name,
                "' is given twice");
-    uint64_t nbytes = plan_one(name, t).nbytes;
+    uint64_t nbytes = plan_one(t).nbytes;
     total_bytes += nbytes;
     if (nbytes > max_shard_bytes) {
-      shards.push_back({{name, t}});
+      shards.push_back({&t});
+      shard_bytes.push_back(nbytes);
       continue;
     }
     if (current_bytes + nbytes > max_shard_bytes) {
       shards.push_back(std::move(current));
+      shard_bytes.push_back(current_bytes);
       current.clear();
       current_bytes = 0;
     }
-    current.emplace_back(name, t);
+    current.push_back(&t);
     current_bytes += nbytes;
   }
-  if (!current.empty() || shards.empty()) shards.push_back(std::move(current));
+  if (!current.empty() || shards.empty()) {
+    shards.push_back(std::move(current));
+    shard_bytes.push_back(current_bytes);
+  }
 
   const fs::path root(dir);
   const std::regex shard_pattern(R"(model-\d{5}-of-\d{5}\.safetensors)");
@@ -896,7 +940,8 @@ std::vector<std::string> write_sharded(const std::string& dir, const NamedTensor
   };
 
   if (shards.size() == 1) {
-    write_safetensors((root / kSingleFileName).string(), shards[0], metadata);
+    write_one_file((root / kSingleFileName).string(), shards[0], metadata);
+    if (on_written) on_written(kSingleFileName, 1, 1, shard_bytes[0]);
     remove_stale({kSingleFileName});
     return {kSingleFileName};
   }
@@ -909,9 +954,10 @@ std::vector<std::string> write_sharded(const std::string& dir, const NamedTensor
   nlohmann::json weight_map = nlohmann::json::object();
   for (size_t i = 0; i < shards.size(); ++i) {
     std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
-    write_safetensors((root / file).string(), shards[i], metadata);
-    for (const auto& [name, t] : shards[i]) weight_map[name] = file;
+    write_one_file((root / file).string(), shards[i], metadata);
+    for (const DeferredTensor* t : shards[i]) weight_map[t->name] = file;
     written.push_back(file);
+    if (on_written) on_written(file, i + 1, shards.size(), shard_bytes[i]);
   }
   remove_stale(std::set<std::string>(written.begin(), written.end()));
   nlohmann::json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -155,5 +156,32 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
 std::vector<std::string> write_sharded(const std::string& dir, const NamedTensors& tensors,
                                        uint64_t max_shard_bytes = kDefaultMaxShardBytes,
                                        const std::map<std::string, std::string>& metadata = {});
+
+// A tensor to write whose values are made only when its bytes are written: its name, shape and
+// dtype are known up front (they go into the headers), `make` is called once, as its turn comes,
+// and what it returns is released before the next tensor is made. Writing a model converted from
+// a checkpoint this way holds one tensor at a time, never the whole model.
+struct DeferredTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  at::ScalarType dtype = at::kFloat;
+  std::function<at::Tensor()> make;  // exactly `shape` and `dtype`; any device and strides
+};
+using DeferredTensors = std::vector<DeferredTensor>;
+// The tensors as deferred ones that hand out themselves; ft::Error naming an undefined or
+// non-dense one.
+DeferredTensors defer(const NamedTensors& tensors);
+// Told after each file of a sharded save is durable: its name, its place (1-based) among `count`
+// files, and its data bytes.
+using ShardWritten =
+    std::function<void(const std::string& file, size_t number, size_t count, uint64_t bytes)>;
+
+// write_sharded for deferred tensors: the same files, split the same way, each tensor made while
+// its shard is written. A `make` that throws stops the save with that error; the files of the
+// shards before it stay on disk (the caller removes its directory).
+std::vector<std::string> write_sharded_deferred(
+    const std::string& dir, const DeferredTensors& tensors,
+    uint64_t max_shard_bytes = kDefaultMaxShardBytes,
+    const std::map<std::string, std::string>& metadata = {}, const ShardWritten& on_written = {});
 
 }  // namespace ft::io

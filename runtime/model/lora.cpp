@@ -48,6 +48,28 @@ std::string peft_key(const std::string& module, char which) {
   return fmt::format("base_model.model.{}.lora_{}.weight", module, which);
 }
 
+std::string lora_module_of(const std::string& param, const LoraConfig& config) {
+  const std::string suffix = ".weight";
+  if (param.rfind("model.layers.", 0) != 0 || param.size() <= suffix.size() ||
+      param.compare(param.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return "";
+  const std::string module = param.substr(0, param.size() - suffix.size());
+  const std::string proj = leaf(module);
+  const bool targeted =
+      kModules.count(proj) && std::find(config.target_modules.begin(), config.target_modules.end(),
+                                        proj) != config.target_modules.end();
+  return targeted ? module : "";
+}
+
+at::Tensor merge_lora(const at::Tensor& weight, const at::Tensor& a, const at::Tensor& b,
+                      double scale) {
+  FT_ASSERT(weight.dim() == 2 && a.dim() == 2 && b.dim() == 2 && b.size(1) == a.size(0) &&
+                weight.size(0) == b.size(0) && weight.size(1) == a.size(1),
+            "merge_lora: weight ", weight.sizes(), ", A ", a.sizes(), ", B ", b.sizes());
+  at::NoGradGuard no_grad;
+  return weight.to(at::kFloat) + at::mm(b.to(at::kFloat), a.to(at::kFloat)).mul_(scale);
+}
+
 LoraConfig load_lora_config(const std::string& path) {
   std::ifstream in(path);
   FT_CHECK_T(FormatError, in.good(), "cannot read adapter config ", path);

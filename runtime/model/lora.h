@@ -42,4 +42,14 @@ std::vector<NamedTensor> lora_parameters(LlamaModel& model);
 // The PEFT key of a module's adapter matrix: peft_key("model.layers.0.self_attn.q_proj", 'A').
 std::string peft_key(const std::string& module, char which);
 
+// The module whose adapter `config` puts on the base parameter `param`:
+// "model.layers.3.mlp.up_proj" for "model.layers.3.mlp.up_proj.weight" when up_proj is a target;
+// "" for a parameter that gets none (norms, embeddings, biases, untargeted projections).
+std::string lora_module_of(const std::string& param, const LoraConfig& config);
+
+// The weight with its adapter folded in, as PEFT's merge_and_unload computes it:
+// W + (B @ A) * scale. weight [out, in], a [r, in], b [out, r], any float dtypes; fp32 result.
+at::Tensor merge_lora(const at::Tensor& weight, const at::Tensor& a, const at::Tensor& b,
+                      double scale);
+
 }  // namespace ft::model

@@ -12,7 +12,6 @@
 #include <cmath>
 #include <csignal>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -40,26 +39,6 @@ namespace ft::train {
 
 using nlohmann::json;
 namespace fs = std::filesystem;
-
-model::LlamaConfig model_config_from_preset(const json& p) {
-  const json& m = p.at("model");
-  model::LlamaConfig c;
-  c.vocab_size = m.at("vocab_size");
-  c.hidden_size = m.at("hidden_size");
-  c.intermediate_size = m.at("intermediate_size");
-  c.num_hidden_layers = m.at("num_layers");
-  c.num_attention_heads = m.at("num_heads");
-  c.num_key_value_heads = m.at("num_kv_heads");
-  FT_CHECK(c.hidden_size % c.num_attention_heads == 0, "preset: model.hidden_size (", c.hidden_size,
-           ") must be a multiple of model.num_heads (", c.num_attention_heads, ")");
-  c.head_dim = c.hidden_size / c.num_attention_heads;
-  c.rope.theta = m.at("rope_theta");
-  c.tie_word_embeddings = m.at("tie_embeddings");
-  c.max_position_embeddings = m.at("max_seq_len");
-  c.rms_norm_eps = 1e-5;
-  c.validate("preset model");
-  return c;
-}
 
 int64_t steps_for_epochs(double epochs, int64_t rows_per_epoch, int64_t micro_batch,
                          int64_t grad_accum, int64_t world_size) {
@@ -250,6 +229,8 @@ ckpt::Snapshot make_snapshot(parallel::Engine& engine, Trainer& trainer,
              {"preset", preset},
              {"lora", lora},
              {"base_model", o.model_dir},
+             // The --tokenizer file, which `ft export` copies beside the model as final/ has it.
+             {"tokenizer", preset["data"]["format"] == "synthetic" ? "" : o.tokenizer_path},
              {"strategy", strategy}};
   s.rank_state = {{"data", source.position()}, {"samples_consumed", source.samples_consumed()}};
   return s;
@@ -329,15 +310,8 @@ RunSummary run_training(const RunOptions& o) {
   model.set_activation_checkpointing(checkpointing, checkpoint_every_n);
   model::LoraConfig lora_config;
   if (lora) {
-    model::LoraConfig lc;
-    lc.r = p["lora"]["r"];
-    lc.alpha = p["lora"]["alpha"];
-    lc.dropout = p["lora"]["dropout"];
-    lc.target_modules = p["lora"]["target_modules"].get<std::vector<std::string>>();
-    lc.use_rslora = p["lora"]["rslora"];
-    lc.base_model_name_or_path = o.model_dir;
-    model::attach_lora(model, lc, seed + 1);
-    lora_config = lc;
+    lora_config = lora_config_from_preset(p, o.model_dir);
+    model::attach_lora(model, lora_config, seed + 1);
   }
   std::unique_ptr<data::JsonlSource> jsonl;
   int64_t rows_per_epoch = 0;
@@ -667,52 +641,10 @@ RunSummary run_training(const RunOptions& o) {
   if (!rank0) return sum;
   save_final_model(mc, lora ? &lora_config : nullptr, final_tensors, final_dir);
   // The saved model is usable on its own: the tokenizer it was trained with goes beside it.
-  std::vector<fs::path> tokenizer_files;
-  if (!o.model_dir.empty())
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                          "generation_config.json"})
-      if (fs::exists(fs::path(o.model_dir) / f))
-        tokenizer_files.push_back(fs::path(o.model_dir) / f);
+  std::vector<std::string> tokenizer_files = tokenizer_files_of(o.model_dir);
   if (!synthetic && !o.tokenizer_path.empty()) tokenizer_files.push_back(o.tokenizer_path);
-  for (const auto& src : tokenizer_files) {
-    fs::path dst = fs::path(final_dir) / src.filename();
-    fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
-    FT_CHECK_T(SystemError, !ec, "cannot copy ", src.string(), " to ", dst.string(), ": ",
-               ec.message());
-  }
+  copy_files_into(tokenizer_files, final_dir);
   return sum;
-}
-
-void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.flush();
-    FT_CHECK_T(SystemError, out.good(), "writing ", tmp, " failed (disk full?)");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  FT_CHECK_T(SystemError, !ec, "cannot rename ", tmp, " to ", path, ": ", ec.message());
-}
-
-void save_final_model(const model::LlamaConfig& config, const model::LoraConfig* lora,
-                      const io::NamedTensors& tensors, const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  FT_CHECK(!ec, "cannot create ", dir, ": ", ec.message());
-  if (lora) {
-    // PEFT's format: adapter_config.json + adapter_model.safetensors, fp32.
-    io::write_safetensors(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
-    write_text_atomic(dir + "/adapter_config.json", model::lora_config_json(*lora));
-  } else {
-    // Hugging Face layout: config.json + model.safetensors (sharded past 5 GB).
-    io::write_sharded(dir, tensors, io::kDefaultMaxShardBytes, {{"format", "pt"}});
-    json cj = json::parse(model::llama_config_json(config));
-    const auto st = tensors.front().second.scalar_type();
-    cj["torch_dtype"] = st == at::kBFloat16 ? "bfloat16" : st == at::kHalf ? "float16" : "float32";
-    write_text_atomic(dir + "/config.json", cj.dump(2) + "\n");
-  }
 }
 
 }  // namespace ft::train

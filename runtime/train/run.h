@@ -14,6 +14,7 @@
 #include "model/config.h"
 #include "model/llama.h"
 #include "model/lora.h"
+#include "train/saved_model.h"
 
 namespace ft::train {
 
@@ -43,23 +44,11 @@ inline constexpr int kExitPreempted = 75;
 
 RunSummary run_training(const RunOptions& options);
 
-// Writes the trained model to `dir`: a PEFT adapter (`tensors` are the adapters) when `lora` is
-// given, else HF-format safetensors + config.json (`tensors` are every weight, in the dtype to
-// store, `torch_dtype` in config.json). Every file is written to a temporary name and renamed into
-// place.
-void save_final_model(const model::LlamaConfig& config, const model::LoraConfig* lora,
-                      const io::NamedTensors& tensors, const std::string& dir);
-// Writes `text` to path.tmp and renames it over `path`.
-void write_text_atomic(const std::string& path, const std::string& text);
-
 // Optimizer steps that `epochs` passes over data of `rows_per_epoch` sequences take, when each
 // step takes micro_batch * grad_accum sequences on each of world_size ranks:
 // ceil(epochs * rows_per_epoch / (micro_batch * grad_accum * world_size)), at least 1. Throws
 // ConfigError for epochs <= 0.
 int64_t steps_for_epochs(double epochs, int64_t rows_per_epoch, int64_t micro_batch,
                          int64_t grad_accum, int64_t world_size);
-
-// The model shape a preset describes (used when no model directory is given).
-model::LlamaConfig model_config_from_preset(const nlohmann::json& preset);
 
 }  // namespace ft::train

@@ -331,6 +331,59 @@ TEST_CASE("write_sharded splits like transformers and reads back through the ind
   CHECK(SafetensorsIndex::open(dir.path).files().size() == 3);
 }
 
+TEST_CASE("write_sharded_deferred writes the same files, making one tensor at a time", "[unit]") {
+  TempDir eager, deferred;
+  at::manual_seed(2);
+  NamedTensors tensors = {{"a", at::randn({10})},
+                          {"big", at::randn({40})},
+                          {"c", at::randn({5}).to(at::kBFloat16)},
+                          {"d", at::randn({3, 4})},
+                          {"e", at::randn({20})}};
+  const auto eager_files = write_sharded(eager.path, tensors, 100, {{"format", "pt"}});
+  // Each make hands out a fresh copy and records how many copies are alive: the writer releases
+  // one before it asks for the next.
+  auto alive = std::make_shared<int>(0);
+  int peak = 0, made = 0;
+  DeferredTensors lazy;
+  for (const auto& [name, t] : tensors) {
+    lazy.push_back({name, t.sizes().vec(), t.scalar_type(), [&, t = t] {
+                      ++made;
+                      peak = std::max(peak, ++*alive);
+                      at::Tensor c = t.clone();
+                      // A deleter on a storage of our own counts the copy's release.
+                      void* data = c.data_ptr();
+                      auto keep = std::make_shared<at::Tensor>(c);
+                      return at::from_blob(
+                          data, c.sizes(), [keep, alive](void*) { --*alive; }, c.options());
+                    }});
+  }
+  std::vector<std::tuple<std::string, size_t, size_t, uint64_t>> told;
+  const auto files =
+      write_sharded_deferred(deferred.path, lazy, 100, {{"format", "pt"}},
+                             [&](const std::string& f, size_t n, size_t count, uint64_t bytes) {
+                               told.emplace_back(f, n, count, bytes);
+                             });
+  CHECK(files == eager_files);
+  for (const auto& f : files) {
+    INFO(f);
+    CHECK(ft::test::read_file(deferred / f) == ft::test::read_file(eager / f));
+  }
+  CHECK(made == 5);
+  CHECK(peak == 1);
+  CHECK(*alive == 0);
+  // [big], [a, c, d] (10 * 4 + 10 + 48 = 98 bytes), [e]: one report per shard, in order.
+  REQUIRE(told.size() == 3);
+  CHECK(told[0] == std::make_tuple(std::string("model-00001-of-00003.safetensors"), size_t{1},
+                                   size_t{3}, uint64_t{160}));
+  CHECK(std::get<3>(told[1]) == 98);
+  CHECK(std::get<1>(told[2]) == 3);
+
+  // A make that throws stops the save with its error.
+  TempDir failing;
+  lazy[3].make = []() -> at::Tensor { throw ft::FormatError("chunk damaged"); };
+  CHECK_THROWS_WITH(write_sharded_deferred(failing.path, lazy, 100), "chunk damaged");
+}
+
 TEST_CASE("a model directory's files are checked when it is opened", "[unit]") {
   TempDir dir;
   auto index_with = [&](const nlohmann::json& weight_map) {

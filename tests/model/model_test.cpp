@@ -73,7 +73,8 @@ TEST_CASE("logits, loss and gradients equal transformers' (fp32)", "[unit]") {
   }
 }
 
-TEST_CASE("LoRA forward and adapter gradients equal PEFT's and PEFT files load", "[unit]") {
+TEST_CASE("LoRA forward and adapter gradients equal PEFT's, PEFT files load, merged weights too",
+          "[unit]") {
   for (auto [name, base] : {std::pair{"lora_llama3", "llama3_gqa_tied"},
                             std::pair{"rslora_llama2", "llama2_mha_linear"}}) {
     DYNAMIC_SECTION(name) {
@@ -105,8 +106,39 @@ TEST_CASE("LoRA forward and adapter gradients equal PEFT's and PEFT files load",
         REQUIRE(expected.has(key));
         CHECK(rel_err(p.tensor->grad(), expected.tensor(key)) < 1e-4);
       }
+
+      // merge_lora folds each adapter into its projection (PEFT's merge_and_unload): the plain
+      // model with merged weights gives PEFT's logits too.
+      LlamaModel merged = load_model(fixture(base));
+      int folded = 0;
+      for (auto& p : merged.parameters()) {
+        const std::string module = lora_module_of(p.name, lc);
+        if (module.empty()) continue;
+        INFO(p.name);
+        REQUIRE(adapter.has(peft_key(module, 'A')));
+        at::NoGradGuard g;
+        p.tensor->copy_(merge_lora(*p.tensor, adapter.tensor(peft_key(module, 'A')),
+                                   adapter.tensor(peft_key(module, 'B')), lc.scale()));
+        ++folded;
+      }
+      CHECK(2 * folded == static_cast<int>(adapter.size()));  // every adapter, once
+      at::NoGradGuard g;
+      CHECK(rel_err(merged.forward(ids), expected.tensor("logits")) < 1e-5);
     }
   }
+}
+
+TEST_CASE("lora_module_of names the adapted modules of base parameters", "[unit]") {
+  LoraConfig lc;
+  lc.target_modules = {"q_proj", "down_proj"};
+  CHECK(lora_module_of("model.layers.3.self_attn.q_proj.weight", lc) ==
+        "model.layers.3.self_attn.q_proj");
+  CHECK(lora_module_of("model.layers.0.mlp.down_proj.weight", lc) ==
+        "model.layers.0.mlp.down_proj");
+  for (const char* none :
+       {"model.layers.3.self_attn.k_proj.weight", "model.layers.3.self_attn.q_proj.bias",
+        "model.embed_tokens.weight", "model.layers.1.input_layernorm.weight", "lm_head.weight"})
+    CHECK(lora_module_of(none, lc).empty());
 }
 
 TEST_CASE("config.json: both rope formats, refusals name the file and key", "[unit]") {

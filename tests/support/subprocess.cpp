@@ -114,6 +114,15 @@ bool pid_alive(pid_t pid) {
          content[close + 2] != 'X';
 }
 
+int run_ft(const std::vector<std::string>& args, const std::string& out_path, double timeout_s) {
+  std::vector<std::string> argv = {ft_bin()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Child c = start(argv, {{"WORLD_SIZE", "\x01"}, {"RANK", "\x01"}}, out_path);
+  auto st = wait_for(c, timeout_s);
+  if (!st) kill_and_reap(c);
+  return st.value_or(-1);
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;

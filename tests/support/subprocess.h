@@ -26,6 +26,11 @@ Child start(const std::vector<std::string>& argv, const std::map<std::string, st
 std::optional<int> wait_for(Child& c, double timeout_s);
 // Kills (SIGKILL) and reaps a child that is still running.
 void kill_and_reap(Child& c);
+// Runs this build's ft with `args` as a user runs it (one process: the launcher's WORLD_SIZE and
+// RANK removed), its output in `out_path`: its exit status, or -1 when it ran past `timeout_s`
+// (then it is killed).
+int run_ft(const std::vector<std::string>& args, const std::string& out_path,
+           double timeout_s = 240);
 
 // A free TCP port on loopback (bound then released).
 int free_port();

@@ -12,14 +12,7 @@
 using namespace ft::test;
 
 namespace {
-int run(const std::vector<std::string>& args, const std::string& out, double timeout = 240) {
-  std::vector<std::string> argv = {ft_bin()};
-  argv.insert(argv.end(), args.begin(), args.end());
-  Child c = start(argv, {{"WORLD_SIZE", "\x01"}, {"RANK", "\x01"}}, out);
-  auto st = wait_for(c, timeout);
-  if (!st) kill_and_reap(c);
-  return st.value_or(-1);
-}
+int run(const std::vector<std::string>& args, const std::string& out) { return run_ft(args, out); }
 bool exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
 // The numbers under `key` in each line of metrics.jsonl.
 std::vector<double> values(const std::string& jsonl, const std::string& key) {

@@ -9,6 +9,10 @@ fixture tokenizer beside it, and a small text JSONL. Then:
   2. LoRA: `ft train --preset tiny-lora --model BASE`; PeftModel.from_pretrained(BASE, final/)
      loads the adapter, and its loss equals `ft eval --adapter final/`'s the same way.
 
+  3. `ft export` of each run's last checkpoint: transformers loads the exported model (also
+     sharded, with its index), PEFT the exported adapter, and transformers the `--merge-lora`
+     model; each gives the loss of the model `ft train` wrote, within the same tolerance.
+
 The untrained base is compared too, and each trained model must lower the loss by more than 10x
 the tolerance, so a file that loads but is ignored fails. Exit status: 0 pass, 1 mismatch or failure, 77 skipped (this Python
 lacks transformers or peft; CTest's SKIP_RETURN_CODE).
@@ -60,7 +64,7 @@ def ft_eval(ft, work, model, eval_path, adapter=None):
             "--set", "data.format=tokenized", "--set", "data.seq_len=64"]
     if adapter:
         argv += ["--adapter", adapter]
-    name = os.path.basename(os.path.dirname(adapter or model)) or "base"
+    name = os.path.relpath(adapter or model, work).replace(os.sep, "-")
     text = run(argv, os.path.join(work, f"eval-{name}.log"))
     return json.loads(text.strip().splitlines()[-1])
 
@@ -78,10 +82,10 @@ def hf_loss(model, records):
     return total / tokens, tokens
 
 
-def check(what, ft_result, hf, hf_tokens):
+def check(what, ft_result, hf, hf_tokens, ref="ft eval"):
     rel = abs(ft_result["loss"] - hf) / abs(hf)
     ok = rel <= RTOL and ft_result["tokens"] == hf_tokens
-    print(f"{'ok  ' if ok else 'FAIL'} {what}: ft eval loss {ft_result['loss']:.8f} over "
+    print(f"{'ok  ' if ok else 'FAIL'} {what}: {ref} loss {ft_result['loss']:.8f} over "
           f"{ft_result['tokens']} tokens, transformers {hf:.8f} over {hf_tokens} "
           f"(relative difference {rel:.2e}, tolerance {RTOL:.0e})")
     return ok
@@ -136,7 +140,8 @@ def interop(ft, work):
     common = ["--model", base, "--data", train_path, "--set", "data.format=text",
               "--set", "data.template=none", "--set", "data.seq_len=64",
               "--set", "precision.mode=fp32", "--set", "train.max_steps=8",
-              "--set", "train.warmup_steps=1", "--set", "train.micro_batch=2"]
+              "--set", "train.warmup_steps=1", "--set", "train.micro_batch=2",
+              "--set", "output.save_every=4"]
     full_out, lora_out = os.path.join(work, "full"), os.path.join(work, "lora")
     run([ft, "train", "--preset", "tiny-demo", "--output", full_out] + common,
         os.path.join(work, "train-full.log"))
@@ -162,6 +167,47 @@ def interop(ft, work):
     ok &= check(f"LoRA adapter (PeftModel, {loaded} adapter tensors)",
                 ft_eval(ft, work, base, eval_path, adapter=os.path.join(lora_out, "final")),
                 lora_hf, n)
+
+    # ft export of the last checkpoints: what transformers and PEFT load is what ft train wrote.
+    exported = os.path.join(work, "export-full")
+    run([ft, "export", "--checkpoint", full_out, "--output", exported],
+        os.path.join(work, "export-full.log"))
+    sharded = os.path.join(work, "export-sharded")
+    run([ft, "export", "--checkpoint", full_out, "--output", sharded, "--max-shard-size", "40000"],
+        os.path.join(work, "export-sharded.log"))
+    for what, path in (("exported full fine-tune", exported),
+                       ("exported full fine-tune, sharded", sharded)):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        loss, n = hf_loss(model, records)
+        ok &= check(f"{what} (AutoModelForCausalLM)", ft_eval(ft, work, path, eval_path), loss, n)
+        ok &= check(f"{what} against final/", {"loss": full_hf, "tokens": n}, loss, n,
+                    ref="transformers on final/")
+    if not os.path.exists(os.path.join(sharded, "model.safetensors.index.json")):
+        print("FAIL the sharded export has no model.safetensors.index.json")
+        ok = False
+    if not os.path.exists(os.path.join(exported, "tokenizer.json")):
+        print("FAIL the export lacks the base model's tokenizer.json")
+        ok = False
+
+    adapter = os.path.join(work, "export-adapter")
+    run([ft, "export", "--checkpoint", lora_out, "--output", adapter],
+        os.path.join(work, "export-adapter.log"))
+    peft_export = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), adapter).eval()
+    loss, n = hf_loss(peft_export, records)
+    ok &= check("exported LoRA adapter (PeftModel)",
+                ft_eval(ft, work, base, eval_path, adapter=adapter), loss, n)
+    ok &= check("exported LoRA adapter against final/", {"loss": lora_hf, "tokens": n}, loss, n,
+                ref="PEFT on final/")
+    merged = os.path.join(work, "export-merged")
+    run([ft, "export", "--checkpoint", lora_out, "--output", merged, "--merge-lora"],
+        os.path.join(work, "export-merged.log"))
+    merged_model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
+    loss, n = hf_loss(merged_model, records)
+    ok &= check("--merge-lora model (AutoModelForCausalLM)", ft_eval(ft, work, merged, eval_path),
+                loss, n)
+    ok &= check("--merge-lora model against the unmerged base + adapter",
+                {"loss": lora_hf, "tokens": n}, loss, n, ref="PEFT on final/")
 
     # Training lowered the loss by far more than the tolerance: the trained files were really used.
     for what, loss in (("full fine-tune", full_hf), ("LoRA", lora_hf)):

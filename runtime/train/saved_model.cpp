@@ -1,0 +1,111 @@
+#include "train/saved_model.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace ft::train {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+model::LlamaConfig model_config_from_preset(const json& p) {
+  const json& m = p.at("model");
+  model::LlamaConfig c;
+  c.vocab_size = m.at("vocab_size");
+  c.hidden_size = m.at("hidden_size");
+  c.intermediate_size = m.at("intermediate_size");
+  c.num_hidden_layers = m.at("num_layers");
+  c.num_attention_heads = m.at("num_heads");
+  c.num_key_value_heads = m.at("num_kv_heads");
+  FT_CHECK(c.hidden_size % c.num_attention_heads == 0, "preset: model.hidden_size (", c.hidden_size,
+           ") must be a multiple of model.num_heads (", c.num_attention_heads, ")");
+  c.head_dim = c.hidden_size / c.num_attention_heads;
+  c.rope.theta = m.at("rope_theta");
+  c.tie_word_embeddings = m.at("tie_embeddings");
+  c.max_position_embeddings = m.at("max_seq_len");
+  c.rms_norm_eps = 1e-5;
+  c.validate("preset model");
+  return c;
+}
+
+model::LoraConfig lora_config_from_preset(const json& p, const std::string& base_model) {
+  const json& l = p.at("lora");
+  model::LoraConfig c;
+  c.r = l.at("r");
+  c.alpha = l.at("alpha");
+  c.dropout = l.at("dropout");
+  c.target_modules = l.at("target_modules").get<std::vector<std::string>>();
+  c.use_rslora = l.at("rslora");
+  c.base_model_name_or_path = base_model;
+  c.validate("preset lora");
+  return c;
+}
+
+void write_text_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    out.flush();
+    FT_CHECK_T(SystemError, out.good(), "writing ", tmp, " failed (disk full?)");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  FT_CHECK_T(SystemError, !ec, "cannot rename ", tmp, " to ", path, ": ", ec.message());
+}
+
+std::vector<std::string> save_hf_model(const model::LlamaConfig& config,
+                                       const io::DeferredTensors& tensors, const std::string& dir,
+                                       uint64_t max_shard_bytes,
+                                       const io::ShardWritten& on_written) {
+  FT_ASSERT(!tensors.empty(), "save_hf_model: no tensors");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  FT_CHECK_T(SystemError, !ec, "cannot create ", dir, ": ", ec.message());
+  // Hugging Face layout: config.json + model.safetensors (sharded past max_shard_bytes).
+  std::vector<std::string> files =
+      io::write_sharded_deferred(dir, tensors, max_shard_bytes, {{"format", "pt"}}, on_written);
+  json cj = json::parse(model::llama_config_json(config));
+  const auto st = tensors.front().dtype;
+  cj["torch_dtype"] = st == at::kBFloat16 ? "bfloat16" : st == at::kHalf ? "float16" : "float32";
+  write_text_atomic(dir + "/config.json", cj.dump(2) + "\n");
+  files.push_back("config.json");
+  return files;
+}
+
+void save_peft_adapter(const model::LoraConfig& lora, const io::NamedTensors& tensors,
+                       const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  FT_CHECK_T(SystemError, !ec, "cannot create ", dir, ": ", ec.message());
+  // PEFT's format: adapter_config.json + adapter_model.safetensors, fp32.
+  io::write_safetensors(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
+  write_text_atomic(dir + "/adapter_config.json", model::lora_config_json(lora));
+}
+
+void save_final_model(const model::LlamaConfig& config, const model::LoraConfig* lora,
+                      const io::NamedTensors& tensors, const std::string& dir) {
+  if (lora) return save_peft_adapter(*lora, tensors, dir);
+  save_hf_model(config, io::defer(tensors), dir);
+}
+
+std::vector<std::string> tokenizer_files_of(const std::string& model_dir) {
+  std::vector<std::string> out;
+  if (model_dir.empty()) return out;
+  for (const char* f : kTokenizerFiles)
+    if (fs::exists(fs::path(model_dir) / f)) out.push_back((fs::path(model_dir) / f).string());
+  return out;
+}
+
+void copy_files_into(const std::vector<std::string>& files, const std::string& dir) {
+  for (const auto& src : files) {
+    const fs::path dst = fs::path(dir) / fs::path(src).filename();
+    std::error_code ec;
+    fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
+    FT_CHECK_T(SystemError, !ec, "cannot copy ", src, " to ", dst.string(), ": ", ec.message());
+  }
+}
+
+}  // namespace ft::train

@@ -1,0 +1,55 @@
+// The model directories ft writes for other tools — a Hugging Face model (config.json, safetensors
+// shards + index, tokenizer files) or a PEFT adapter — and the model a preset describes. Used at
+// the end of `ft train` (final/) and by `ft export` (from a checkpoint). Stateless; thread-safe as
+// long as two calls do not write the same directory.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "model/lora.h"
+
+namespace ft::train {
+
+// The files a model directory's tokenizer consists of, copied beside a saved model when present.
+inline constexpr const char* kTokenizerFiles[] = {
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"};
+
+// The model shape a preset describes (used when no model directory is given).
+model::LlamaConfig model_config_from_preset(const nlohmann::json& preset);
+// The adapters a preset's lora section asks for, on the base `base_model` ("" = random init),
+// validated.
+model::LoraConfig lora_config_from_preset(const nlohmann::json& preset,
+                                          const std::string& base_model);
+
+// Writes the trained model to `dir`: a PEFT adapter (`tensors` are the adapters) when `lora` is
+// given, else HF-format safetensors + config.json (`tensors` are every weight, in the dtype to
+// store, `torch_dtype` in config.json). Every file is written to a temporary name and renamed into
+// place.
+void save_final_model(const model::LlamaConfig& config, const model::LoraConfig* lora,
+                      const io::NamedTensors& tensors, const std::string& dir);
+
+// A Hugging Face model directory: config.json (`torch_dtype` from the first tensor's dtype) and
+// the weights, sharded past `max_shard_bytes` as save_pretrained does, each tensor made as its
+// shard is written (io::write_sharded_deferred). Returns the files written.
+std::vector<std::string> save_hf_model(const model::LlamaConfig& config,
+                                       const io::DeferredTensors& tensors, const std::string& dir,
+                                       uint64_t max_shard_bytes = io::kDefaultMaxShardBytes,
+                                       const io::ShardWritten& on_written = {});
+// A PEFT adapter directory: adapter_config.json + adapter_model.safetensors (`tensors` in fp32).
+void save_peft_adapter(const model::LoraConfig& lora, const io::NamedTensors& tensors,
+                       const std::string& dir);
+
+// Copies `files` into `dir` (overwriting); SystemError naming both paths on failure.
+void copy_files_into(const std::vector<std::string>& files, const std::string& dir);
+// The tokenizer files (kTokenizerFiles) that `model_dir` holds, as paths; none for "".
+std::vector<std::string> tokenizer_files_of(const std::string& model_dir);
+
+// Writes `text` to path.tmp and renames it over `path`.
+void write_text_atomic(const std::string& path, const std::string& text);
+
+}  // namespace ft::train
