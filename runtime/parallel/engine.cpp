@@ -305,6 +305,7 @@ void Engine::gather(int ui) {
   }
   acc_.gathered_peak_bytes = std::max(acc_.gathered_peak_bytes, acc_.gathered_bytes);
   u.state = Unit::State::kGathering;
+  if (!options_.overlap_comm) ensure_gathered(ui);
 }
 
 void Engine::ensure_gathered(int ui) {
@@ -457,6 +458,7 @@ void Engine::all_reduce_grad(Group& g, dist::ProcessGroup* pg) {
   if (!buf.is_same(g.grad_acc)) p->parts.push_back({&g.grad_acc, 0, g.shard_numel, true});
   acc_.all_reduces++;
   acc_.all_reduce_bytes += buf.nbytes();
+  issued(*p->work);
   pending_.push_back(std::move(p));
 }
 
@@ -487,6 +489,7 @@ void Engine::flush_reduce_queue() {
   p->work = backend(groups_.shard)._reduce_scatter_base(p->out, in);
   acc_.reduce_scatters++;
   acc_.reduce_scatter_bytes += in.nbytes();
+  issued(*p->work);
   pending_.push_back(std::move(p));
   reduce_queue_.clear();
   reduce_queue_elements_ = 0;
@@ -516,6 +519,12 @@ void Engine::wait(c10d::Work& work) {
                                    e.what_without_backtrace()));
   }
   acc_.comm_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Without overlap a collective is waited for here, right after it was issued; drain() and
+// release() then find it complete.
+void Engine::issued(c10d::Work& work) {
+  if (!options_.overlap_comm) wait(work);
 }
 
 void Engine::begin_micro_batch(bool last) {
