@@ -208,6 +208,7 @@ const std::vector<Setting>& preset_schema() {
       "when a GPU is visible and ft has CUDA, else cpu."),
     // strategy (consumed by the distributed strategies)
     C("strategy.kind", "ddp", {"ddp", "zero3", "fsdp"}, "How parameters, gradients and optimizer state are spread over ranks."),
+    B("strategy.overlap_comm", true, "Overlap communication with compute (gathers ahead of use, gradient reductions while backward runs). false waits for every collective as soon as it is issued: slower, but comm.wait_s in the metrics is then the whole communication time, to measure what overlap hides."),
     F("strategy.ddp.bucket_mb", 25.0, 0.001, kInf, "ddp: gradient all-reduce bucket size (MiB); a bucket is all-reduced as soon as backward has filled it."),
     F("strategy.zero3.prefetch_bucket_size", 5e7, 0, kInf, "zero3: elements prefetched ahead of use."),
     F("strategy.zero3.param_persistence_threshold", 1e5, 0, kInf, "zero3: parameters with fewer elements stay whole."),

@@ -300,6 +300,7 @@ void Engine::gather(int ui) {
   }
   acc_.gathered_peak_bytes = std::max(acc_.gathered_peak_bytes, acc_.gathered_bytes);
   u.state = Unit::State::kGathering;
+  if (!options_.overlap_comm) ensure_gathered(ui);
 }
 
 void Engine::ensure_gathered(int ui) {
@@ -452,6 +453,7 @@ void Engine::all_reduce_grad(Group& g, dist::ProcessGroup* pg) {
   if (!buf.is_same(g.grad_acc)) p->parts.push_back({&g.grad_acc, 0, g.shard_numel, true});
   acc_.all_reduces++;
   acc_.all_reduce_bytes += buf.nbytes();
+  issued(*p->work);
   pending_.push_back(std::move(p));
 }
 
@@ -482,6 +484,7 @@ void Engine::flush_reduce_queue() {
   p->work = backend(groups_.shard)._reduce_scatter_base(p->out, in);
   acc_.reduce_scatters++;
   acc_.reduce_scatter_bytes += in.nbytes();
+  issued(*p->work);
   pending_.push_back(std::move(p));
   reduce_queue_.clear();
   reduce_queue_elements_ = 0;
@@ -522,6 +525,12 @@ void Engine::ensure_grads() {
         g.master.mutable_grad() = g.grad_acc;
       }
   grads_ = true;
+}
+
+// Without overlap a collective is waited for here, right after it was issued; drain() and
+// release() then find it complete.
+void Engine::issued(c10d::Work& work) {
+  if (!options_.overlap_comm) wait(work);
 }
 
 void Engine::begin_micro_batch(bool last) {

@@ -56,6 +56,10 @@ struct EngineOptions {
   at::ScalarType master_dtype = at::kFloat;   // masters, gradients, optimizer state
   at::ScalarType reduce_dtype = at::kFloat;   // gradient communication
   at::Device device = at::kCPU;
+  // false: every collective is waited for right after it is issued, so comm_wait_s is the whole
+  // communication time rather than the part overlap did not hide (a measurement mode; the same
+  // collectives in the same order, the same results).
+  bool overlap_comm = true;
 };
 
 struct ParamSpec {
@@ -91,7 +95,8 @@ struct Accounting {
   int64_t reduce_scatters = 0, reduce_scatter_bytes = 0;  // gradient reduce-scatters (bytes sent)
   int64_t all_reduces = 0, all_reduce_bytes = 0;          // gradient all-reduces
   int64_t scalar_collectives = 0;                         // token counts, norms, overflow flags
-  double comm_wait_s = 0;                                 // time blocked waiting for communication
+  // Time blocked waiting for communication: what overlap did not hide (all of it without overlap).
+  double comm_wait_s = 0;
 };
 
 class Engine : public model::UnitHooks {
@@ -181,6 +186,7 @@ class Engine : public model::UnitHooks {
   void drain();
   void ensure_grads();
   void wait(c10d::Work& work);
+  void issued(c10d::Work& work);
   double scalar_collective(double v, bool max);
 
   model::LlamaModel& model_;

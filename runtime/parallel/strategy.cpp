@@ -26,7 +26,8 @@ StrategyPlan plan_strategy(const json& p, const std::map<std::string, std::strin
   // A knob of another strategy is a mistake (a copied config, a typo in kind), not something to
   // ignore.
   for (const auto& [key, where] : user) {
-    if (key.rfind("strategy.", 0) != 0 || key == "strategy.kind") continue;
+    // strategy.kind and strategy.overlap_comm (no further dot) apply to every kind.
+    if (key.rfind("strategy.", 0) != 0 || key.find('.', 9) == std::string::npos) continue;
     const std::string owner = key.substr(9, key.find('.', 9) - 9);
     FT_CHECK(owner == kind, key, " (set in ", where, ") is a ", owner,
              " knob but strategy.kind is ", kind, "; remove it, or set strategy.kind=", owner);
@@ -36,6 +37,7 @@ StrategyPlan plan_strategy(const json& p, const std::map<std::string, std::strin
   EngineOptions& e = plan.engine;
   e.kind = kind;
   e.device = device;
+  e.overlap_comm = p["strategy"]["overlap_comm"];
   e.compute_dtype = dtype_of(p["precision"]["mode"]);
   e.master_dtype = e.compute_dtype == at::kDouble ? at::kDouble : at::kFloat;
   e.reduce_dtype = e.master_dtype;

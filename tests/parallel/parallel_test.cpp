@@ -133,7 +133,12 @@ TEST_CASE("every strategy on 2 ranks follows the 1-rank run (fp32, same global b
       // Recomputing a layer in backward needs it gathered again, from the same hooks.
       {"strategy.kind=fsdp", "train.activation_checkpointing=full"},
       {"strategy.kind=zero3", "train.activation_checkpointing=every_n",
-       "strategy.zero3.param_persistence_threshold=0"}};
+       "strategy.zero3.param_persistence_threshold=0"},
+      // Waiting for every collective as soon as it is issued changes timing only.
+      {"strategy.kind=ddp", "strategy.overlap_comm=false"},
+      {"strategy.kind=zero3", "strategy.overlap_comm=false",
+       "strategy.zero3.param_persistence_threshold=5000"},
+      {"strategy.kind=fsdp", "strategy.overlap_comm=false", "strategy.fsdp.forward_prefetch=true"}};
   for (const auto& v : variants) {
     DYNAMIC_SECTION(v[0] << " " << (v.size() > 1 ? v[1] : "")) {
       check_same_run(ref, run_job(2, with(v, {"train.micro_batch=4"})), "model.safetensors");
@@ -362,6 +367,17 @@ TEST_CASE("collectives: ddp once per step whatever the accumulation, FULL_SHARD 
   // Gradients are reduce-scattered every micro-batch, one per unit.
   CHECK(comm(full)["reduce_scatters"] == 2 * 3);
   CHECK(comm(full)["all_reduces"] == 0);
+
+  // Without overlap the same collectives are issued (each waited for at once, so the time spent
+  // waiting is all of the communication).
+  Job serial = run_job(2, with(two_micro, {"strategy.fsdp.sharding_strategy=FULL_SHARD",
+                                           "strategy.overlap_comm=false"}));
+  INFO(serial.output);
+  REQUIRE(serial.code == 0);
+  for (const char* k : {"all_gathers", "all_gather_bytes", "reduce_scatters",
+                        "reduce_scatter_bytes", "all_reduces", "scalar_collectives"})
+    CHECK(comm(serial)[k] == comm(full)[k]);
+  CHECK(comm(serial)["wait_s"].get<double>() > 0);
 }
 
 TEST_CASE("two launchers x 2 workers with HYBRID_SHARD: shards inside a node, replicas across",
