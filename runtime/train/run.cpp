@@ -256,8 +256,18 @@ RunSummary run_training(const RunOptions& o) {
     candidates = {o.resume};
   }
   // A launcher restart without a checkpoint starts the run over in its own directory.
+  // So does `--resume auto` in the directory of an ft run that was interrupted before its first
+  // checkpoint was committed (it has preset.json but no final model): nothing there can be resumed.
+  const bool interrupted_run = o.resume == "auto" && candidates.empty() &&
+                               fs::exists(fs::path(o.output_dir) / "preset.json") &&
+                               !fs::exists(fs::path(o.output_dir) / "final");
+  if (interrupted_run && env.rank == 0)
+    fmt::print(stderr,
+               "ft train: {} holds an interrupted run without a committed checkpoint: starting it "
+               "over\n",
+               o.output_dir);
   FT_CHECK(!candidates.empty() || !fs::exists(o.output_dir) || fs::is_empty(o.output_dir) ||
-               (o.resume == "auto" && env.restart_count > 0),
+               (o.resume == "auto" && env.restart_count > 0) || interrupted_run,
            "--output ", o.output_dir,
            " already holds a run (it is not empty) and no checkpoint to resume; choose another "
            "directory so nothing is written over");
