@@ -30,6 +30,8 @@ struct Engine::Group {
   int64_t numel = 0;        // sum of the members
   int64_t padded = 0;       // numel rounded up to a multiple of S
   int64_t shard_numel = 0;  // padded / S
+  bool shard_host = false;   // `shard` is in host memory (offload_params, S > 1)
+  bool master_host = false;  // `master` and `grad_acc` are in host memory (offload_optimizer)
   at::Tensor full;          // [padded] compute dtype; its storage is freed while released (S > 1)
   at::Tensor shard;         // [shard_numel] compute dtype; the same tensor as `full` when S == 1
   at::Tensor master;        // [shard_numel] master dtype (trained); aliases `shard` if dtypes agree
@@ -45,6 +47,7 @@ struct Engine::Unit {
   std::vector<Group> groups;
   enum class State { kReleased, kGathering, kGathered } state = State::kGathered;
   std::vector<c10::intrusive_ptr<c10d::Work>> gathers;
+  std::vector<at::Tensor> gather_inputs;  // offloaded shards' device copies while gathers run
   int trained_members = 0;
   int pending = 0;          // trained members whose gradient this micro-batch has not arrived
   bool input_done = false;  // the gradient of the unit's input exists: its backward is over
@@ -217,10 +220,18 @@ Engine::~Engine() {
     if (p->work) p->work->wait();
 }
 
+at::TensorOptions Engine::master_options(const Group& g) const {
+  const auto o = at::TensorOptions().dtype(options_.master_dtype);
+  return g.master_host ? o.device(at::kCPU).pinned_memory(options_.device.is_cuda())
+                       : o.device(options_.device);
+}
+
 void Engine::load(const ParamSource& source) {
   FT_ASSERT(!loaded_, "Engine::load called twice");
   at::NoGradGuard no_grad;
   const auto copt = at::TensorOptions().dtype(options_.compute_dtype).device(options_.device);
+  // Offloaded state: host memory, page-locked for a GPU job (its copies then run at full speed).
+  const auto host = at::TensorOptions().device(at::kCPU).pinned_memory(options_.device.is_cuda());
   // Storage first: this rank's shards.
   std::map<std::string, std::tuple<int, int, int>> where;  // name -> (unit, group, member)
   for (size_t ui = 0; ui < units_.size(); ++ui) {
@@ -229,7 +240,10 @@ void Engine::load(const ParamSource& source) {
       Group& g = u.groups[gi];
       // Only this rank's part is allocated here: a sharded group's full buffer exists (untouched)
       // just long enough to alias the model's tensors into it, below.
-      g.shard = at::zeros({g.S == 1 ? g.padded : g.shard_numel}, copt);
+      g.shard_host = g.S > 1 && options_.offload_params;
+      g.master_host = g.trained && options_.offload_optimizer;
+      g.shard = at::zeros({g.S == 1 ? g.padded : g.shard_numel},
+                          g.shard_host ? host.dtype(options_.compute_dtype) : copt);
       for (size_t mi = 0; mi < g.members.size(); ++mi)
         where[g.members[mi].name] = {static_cast<int>(ui), static_cast<int>(gi),
                                      static_cast<int>(mi)};
@@ -264,9 +278,12 @@ void Engine::load(const ParamSource& source) {
         *m.slot = a;
       }
       if (g.trained) {
-        g.master = options_.master_dtype == options_.compute_dtype
-                       ? g.shard
-                       : g.shard.to(options_.master_dtype);
+        if (options_.master_dtype == options_.compute_dtype && g.master_host == g.shard_host) {
+          g.master = g.shard;
+        } else {
+          g.master = at::empty({g.shard_numel}, master_options(g));
+          g.master.copy_(g.shard);
+        }
         masters_.push_back({g.master, g.decay, g.S > 1});
       }
     }
@@ -293,7 +310,13 @@ void Engine::gather(int ui) {
   if (!u.sharded || u.state != Unit::State::kReleased) return;
   for (auto& g : u.groups) {
     alloc_storage(g.full, g.full_bytes());
-    u.gathers.push_back(backend(groups_.shard)._allgather_base(g.full, g.shard));
+    at::Tensor src = g.shard;
+    if (g.shard_host) {
+      // Ordered on the compute stream, before the collective that reads it.
+      src = g.shard.to(g.full.device(), /*non_blocking=*/true, /*copy=*/true);
+      u.gather_inputs.push_back(src);
+    }
+    u.gathers.push_back(backend(groups_.shard)._allgather_base(g.full, src));
     acc_.all_gathers++;
     acc_.all_gather_bytes += g.full_bytes();
     acc_.gathered_bytes += g.full_bytes();
@@ -310,6 +333,7 @@ void Engine::ensure_gathered(int ui) {
   if (u.state == Unit::State::kGathering) {
     for (auto& w : u.gathers) wait(*w);
     u.gathers.clear();
+    u.gather_inputs.clear();
     u.state = Unit::State::kGathered;
   }
 }
@@ -319,6 +343,7 @@ void Engine::release(int ui) {
   if (!u.sharded || u.state == Unit::State::kReleased) return;
   for (auto& w : u.gathers) wait(*w);
   u.gathers.clear();
+  u.gather_inputs.clear();
   for (auto& g : u.groups) {
     free_storage(g.full);
     acc_.gathered_bytes -= g.full_bytes();
@@ -386,7 +411,8 @@ void Engine::on_param_grad(int ui, int gi, int mi, const at::Tensor& param) {
   at::Tensor& grad = param.mutable_grad();
   FT_ASSERT(grad.defined(), "gradient hook without a gradient for ", m.name);
   if (g.S == 1) {
-    g.grad_acc.narrow(0, m.offset, m.numel).add_(grad.reshape({-1}));
+    // (Offloaded: the accumulator is in host memory; the gradient comes over first.)
+    g.grad_acc.narrow(0, m.offset, m.numel).add_(grad.reshape({-1}).to(g.grad_acc.device()));
   } else {
     if (!g.grad_full.defined())
       g.grad_full = at::zeros({g.padded}, g.full.options().dtype(options_.reduce_dtype));
@@ -444,9 +470,11 @@ void Engine::finalize(int ui) {
 // Sums a group's step gradient over `pg`, in place or through a copy in the reduce dtype.
 void Engine::all_reduce_grad(Group& g, dist::ProcessGroup* pg) {
   auto p = std::make_unique<Pending>();
-  at::Tensor buf = options_.reduce_dtype == g.grad_acc.scalar_type()
+  // In place, or through a copy on the device in the reduce dtype (offloaded: the accumulator is
+  // in host memory, which NCCL cannot reduce).
+  at::Tensor buf = options_.reduce_dtype == g.grad_acc.scalar_type() && !g.master_host
                        ? g.grad_acc
-                       : g.grad_acc.to(options_.reduce_dtype);
+                       : g.grad_acc.to(options_.device, options_.reduce_dtype, false, true);
   std::vector<at::Tensor> v{buf};
   p->work = backend(pg).allreduce(v);
   p->out = buf;
@@ -498,8 +526,8 @@ void Engine::drain() {
       at::Tensor src = p->out.narrow(0, part.offset, part.numel);
       if (part.copy)
         part.dst->copy_(src);
-      else
-        part.dst->add_(src);
+      else  // (an offloaded accumulator is in host memory: the shard comes over first)
+        part.dst->add_(src.to(part.dst->device()));
     }
   }
   pending_.clear();
@@ -521,7 +549,7 @@ void Engine::ensure_grads() {
   for (auto& u : units_)
     for (auto& g : u->groups)
       if (g.trained) {
-        g.grad_acc = at::zeros({g.shard_numel}, g.master.options());
+        g.grad_acc = at::zeros({g.shard_numel}, master_options(g));
         g.master.mutable_grad() = g.grad_acc;
       }
   grads_ = true;
@@ -651,6 +679,8 @@ void Engine::for_each_full(const std::function<void(const std::string&, const at
       at::Tensor src = g.trained ? g.master : g.shard;
       at::Tensor full = src;
       if (g.S > 1) {
+        // Collectives run on the device (NCCL cannot gather host memory).
+        if (g.shard_host || g.master_host) src = src.to(options_.device, false, true);
         full = at::empty({g.padded}, src.options());
         auto w = backend(groups_.shard)._allgather_base(full, src);
         wait(*w);
@@ -666,9 +696,16 @@ Accounting Engine::take_accounting() {
   for (auto& u : units_)
     for (auto& g : u->groups) {
       a.param_bytes += g.S > 1 ? g.shard.nbytes() : g.full.nbytes();
+      if (g.shard_host) a.host_param_bytes += g.shard.nbytes();
       if (g.trained) {
-        if (!g.master.is_same(g.shard)) a.param_bytes += g.master.nbytes();
-        if (g.grad_acc.defined()) a.grad_bytes += g.grad_acc.nbytes();
+        if (!g.master.is_same(g.shard)) {
+          a.param_bytes += g.master.nbytes();
+          if (g.master_host) a.host_param_bytes += g.master.nbytes();
+        }
+        if (g.grad_acc.defined()) {
+          a.grad_bytes += g.grad_acc.nbytes();
+          if (g.master_host) a.host_grad_bytes += g.grad_acc.nbytes();
+        }
       }
     }
   // Counters restart; the gauges carry on.

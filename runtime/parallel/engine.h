@@ -60,6 +60,16 @@ struct EngineOptions {
   // communication time rather than the part overlap did not hide (a measurement mode; the same
   // collectives in the same order, the same results).
   bool overlap_comm = true;
+  // zero3 offload_param, fsdp cpu_offload: the shards of sharded groups (compute dtype) live in
+  // host memory and are copied to the device just before their gather; the gathered units, and
+  // parameters kept whole (S = 1), stay on the device.
+  bool offload_params = false;
+  // zero3 offload_optimizer, fsdp cpu_offload: masters, the step's gradient accumulators and so
+  // the optimizer state (AdamW is built over the masters) live in host memory; reductions land
+  // there, the optimizer step runs on the CPU and after_update() copies the new values to the
+  // device. On a CPU job both offloads only change which copies exist and where the accounting
+  // puts them (the strategy refuses them there unless FT_ALLOW_CPU_OFFLOAD=1, for tests).
+  bool offload_optimizer = false;
 };
 
 struct ParamSpec {
@@ -97,6 +107,8 @@ struct Accounting {
   int64_t scalar_collectives = 0;                         // token counts, norms, overflow flags
   // Time blocked waiting for communication: what overlap did not hide (all of it without overlap).
   double comm_wait_s = 0;
+  // Of param_bytes and grad_bytes, the bytes kept in host memory by the offload options.
+  int64_t host_param_bytes = 0, host_grad_bytes = 0;
 };
 
 class Engine : public model::UnitHooks {
@@ -158,6 +170,10 @@ class Engine : public model::UnitHooks {
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   const EngineOptions& options() const { return options_; }
+  // Where the masters, their gradients and the optimizer state live (the host when offloaded).
+  at::Device master_device() const {
+    return options_.offload_optimizer ? at::Device(at::kCPU) : options_.device;
+  }
   // Units as laid out, for messages and tests: name, shard size, elements.
   std::string describe() const;
 
@@ -185,6 +201,7 @@ class Engine : public model::UnitHooks {
   void flush_reduce_queue();
   void drain();
   void ensure_grads();
+  at::TensorOptions master_options(const Group& g) const;
   void wait(c10d::Work& work);
   void issued(c10d::Work& work);
   double scalar_collective(double v, bool max);

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+
 #include "core/error.h"
 #include "model/lora.h"
 
@@ -42,11 +44,22 @@ StrategyPlan plan_strategy(const json& p, const std::map<std::string, std::strin
   e.master_dtype = e.compute_dtype == at::kDouble ? at::kDouble : at::kFloat;
   e.reduce_dtype = e.master_dtype;
   for (int r = 0; r < W; ++r) plan.shard_ranks.push_back(r);
-  auto no_offload = [&](const char* key) {
-    FT_CHECK(device.is_cuda(), key,
+  // Offloading moves state from the GPU to host memory; a CPU job has nothing to move. Tests of
+  // the offload code path on CPU say so with FT_ALLOW_CPU_OFFLOAD=1 (nothing is saved there).
+  auto offload = [&](const char* key) {
+    const char* allow = std::getenv("FT_ALLOW_CPU_OFFLOAD");
+    FT_CHECK(device.is_cuda() || (allow && std::string(allow) == "1"), key,
              ": this run is on CPU, where parameters and optimizer state already live in host "
              "memory; remove it (it is for GPU runs)");
-    FT_CHECK(false, key, " is not implemented yet for GPU runs; remove it");
+    return true;
+  };
+  auto offload_label = [&] {
+    if (!e.offload_params && !e.offload_optimizer) return std::string();
+    return fmt::format("; in host memory: {}",
+                       e.offload_params && e.offload_optimizer
+                           ? "parameter shards, masters, gradients and optimizer state"
+                       : e.offload_params ? "parameter shards"
+                                          : "masters, gradients and optimizer state");
   };
 
   if (kind == "ddp") {
@@ -58,8 +71,9 @@ StrategyPlan plan_strategy(const json& p, const std::map<std::string, std::strin
                              p["strategy"]["ddp"]["bucket_mb"].get<double>());
   } else if (kind == "zero3") {
     const json& z = p["strategy"]["zero3"];
-    if (z["offload_optimizer"].get<bool>()) no_offload("strategy.zero3.offload_optimizer");
-    if (z["offload_param"].get<bool>()) no_offload("strategy.zero3.offload_param");
+    e.offload_optimizer =
+        z["offload_optimizer"].get<bool>() && offload("strategy.zero3.offload_optimizer");
+    e.offload_params = z["offload_param"].get<bool>() && offload("strategy.zero3.offload_param");
     e.shard_size = W;
     e.reshard_after_forward = true;
     e.prefetch_elements = static_cast<int64_t>(z["prefetch_bucket_size"].get<double>());
@@ -67,12 +81,16 @@ StrategyPlan plan_strategy(const json& p, const std::map<std::string, std::strin
     e.reduce_bucket_elements = static_cast<int64_t>(z["reduce_bucket_size"].get<double>());
     plan.label = fmt::format(
         "zero3: every parameter of >= {} elements split over {} ranks, prefetch {} elements, "
-        "reduce buckets of {} elements",
-        e.persistence_threshold, W, e.prefetch_elements, e.reduce_bucket_elements);
+        "reduce buckets of {} elements{}",
+        e.persistence_threshold, W, e.prefetch_elements, e.reduce_bucket_elements,
+        offload_label());
   } else {
     FT_CHECK(kind == "fsdp", "strategy.kind must be ddp, zero3 or fsdp, got '", kind, "'");
     const json& f = p["strategy"]["fsdp"];
-    if (f["cpu_offload"].get<bool>()) no_offload("strategy.fsdp.cpu_offload");
+    // PyTorch's CPUOffload(offload_params=True): parameter shards and gradients in host memory,
+    // the optimizer step on the CPU.
+    e.offload_params = e.offload_optimizer =
+        f["cpu_offload"].get<bool>() && offload("strategy.fsdp.cpu_offload");
     const std::string param_dtype = f["param_dtype"];
     const std::string mode = p["precision"]["mode"];
     FT_CHECK(param_dtype == "auto" || param_dtype == mode,
@@ -113,16 +131,24 @@ StrategyPlan plan_strategy(const json& p, const std::map<std::string, std::strin
       e.reshard_after_forward = ss == "FULL_SHARD";
     }
     plan.label = fmt::format(
-        "fsdp {}: {}", ss,
+        "fsdp {}: {}{}", ss,
         e.shard_size > 1
             ? fmt::format("layers sharded over {} ranks x {} replicas", e.shard_size, plan.replicas)
-            : std::string("replicated"));
+            : std::string("replicated"),
+        offload_label());
   }
   if (W == 1) {
     e.shard_size = 1;
     e.buckets = true;
-    plan.label = kind + " on a single rank";
+    plan.label = kind + " on a single rank" + offload_label();
   }
+  // Only shards are offloaded: with nothing split, the parameters would silently stay put.
+  FT_CHECK(!e.offload_params || e.shard_size > 1,
+           kind == "fsdp" ? "strategy.fsdp.cpu_offload" : "strategy.zero3.offload_param",
+           " keeps parameter shards in host memory, but this job (", W,
+           " rank(s), ", kind == "fsdp" ? p["strategy"]["fsdp"]["sharding_strategy"].get<std::string>()
+                                        : std::string("zero3"),
+           ") splits nothing; run on 2 or more ranks with a sharding strategy, or remove it");
   return plan;
 }
 

@@ -24,8 +24,9 @@ Trainer::Trainer(model::LlamaModel& model, TrainOptions options, parallel::Engin
   FT_CHECK(!params.empty(), "the model has no parameters to train");
   optimizer_ = std::make_unique<AdamW>(params, options_.adamw);
   if (compute_dtype_ == at::kHalf) {
-    // Beside the gradients: the unscale and scale-update kernels take them on the same device.
-    const at::Device device = engine_.options().device;
+    // Beside the gradients: the unscale and scale-update kernels take them on the same device
+    // (the host when the optimizer is offloaded).
+    const at::Device device = engine_.master_device();
     loss_scale_ = at::full({}, options_.loss_scale_init, at::dtype(at::kFloat).device(device));
     growth_tracker_ = at::zeros({}, at::dtype(at::kInt).device(device));
   }
@@ -140,6 +141,7 @@ MemoryStats Trainer::memory() {
   m.param_bytes = m.engine.param_bytes;
   m.grad_bytes = m.engine.grad_bytes;
   m.optimizer_bytes = optimizer_->state_bytes();
+  m.host_optimizer_bytes = engine_.options().offload_optimizer ? m.optimizer_bytes : 0;
   return m;
 }
 

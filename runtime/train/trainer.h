@@ -44,6 +44,7 @@ struct MemoryStats {
   int64_t param_bytes = 0;  // parameter shards (compute dtype) + separate fp32 masters
   int64_t grad_bytes = 0;
   int64_t optimizer_bytes = 0;
+  int64_t host_optimizer_bytes = 0;  // of optimizer_bytes, in host memory (offload_optimizer)
   parallel::Accounting engine;
   // The GPU's caching allocator, filled by the run on CUDA (on_gpu false on CPU: not reported).
   bool on_gpu = false;

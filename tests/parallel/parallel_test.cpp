@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -48,14 +49,15 @@ std::vector<std::string> train_argv(const std::vector<std::string>& launch_args,
 }
 
 // `ft launch --nproc-per-node N -- ft train --preset tiny-demo --set ... --output DIR`.
-Job run_job(int nproc, const std::vector<std::string>& sets) {
+Job run_job(int nproc, const std::vector<std::string>& sets,
+            const std::map<std::string, std::string>& env = {}) {
   Job j;
   j.dir = make_temp_dir() + "/run";
   std::vector<std::string> argv = train_argv(
       {"--nproc-per-node", std::to_string(nproc), "--master-port", std::to_string(free_port())},
       j.dir);
   for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
-  Child c = start(argv, {}, make_temp_dir() + "/out.txt");
+  Child c = start(argv, env, make_temp_dir() + "/out.txt");
   auto rc = wait_for(c, 150);
   if (!rc) kill_and_reap(c);
   j.code = rc.value_or(-1);
@@ -235,6 +237,103 @@ TEST_CASE("on 4 ranks zero3 and FULL_SHARD hold a quarter of ddp's state plus on
       CHECK(total <= ddp_total / 4 + unit);
       // And the shards really are a quarter (padding aside).
       CHECK(m["param_bytes"].get<int64_t>() <= 4 * (n / 4 + 16));
+    }
+  }
+}
+
+// Offload on CPU: host and device are the same memory, so nothing is saved, but the code path is
+// the GPU one (separate host copies, reductions landing in host accumulators, the optimizer over
+// host masters, copies back after the update); FT_ALLOW_CPU_OFFLOAD=1 lets a test run it. The
+// results must be exactly those without offload, and the accounting must put every offloaded
+// byte on the host.
+TEST_CASE("offload: the same run bit for bit, and the state accounted in host memory",
+          "[multiproc]") {
+  const std::map<std::string, std::string> allow = {{"FT_ALLOW_CPU_OFFLOAD", "1"}};
+  const std::vector<std::string> base = {"train.max_steps=3", "train.micro_batch=2",
+                                         "train.grad_accum=2"};
+  auto bytes = [](const json& m, const char* k) { return m[k].get<int64_t>(); };
+  auto same_weights = [](const Job& a, const Job& b) {
+    auto fa = ft::io::SafetensorsFile::open(a.dir + "/final/model.safetensors");
+    auto fb = ft::io::SafetensorsFile::open(b.dir + "/final/model.safetensors");
+    REQUIRE(fa.names() == fb.names());
+    for (const auto& n : fa.names()) {
+      INFO(n);
+      CHECK(at::equal(fa.tensor(n), fb.tensor(n)));
+    }
+  };
+  auto same_losses = [](const Job& a, const Job& b) {
+    auto ma = read_jsonl(a.dir + "/metrics.jsonl"), mb = read_jsonl(b.dir + "/metrics.jsonl");
+    REQUIRE(ma.size() == 3);
+    REQUIRE(mb.size() == ma.size());
+    for (size_t i = 0; i < ma.size(); ++i) CHECK(ma[i]["loss"] == mb[i]["loss"]);
+  };
+  struct Variant {
+    std::vector<std::string> plain, offload;
+    bool params, optimizer;
+  };
+  for (const auto& v : std::vector<Variant>{
+           // Everything sharded (no persistent parameters): all state on the host.
+           {{"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0"},
+            {"strategy.zero3.offload_optimizer=true", "strategy.zero3.offload_param=true"},
+            true,
+            true},
+           // Optimizer only, in bf16 with persistent small parameters (replicated groups too):
+           // bf16 shards on the device, fp32 masters, gradients and moments on the host.
+           {{"strategy.kind=zero3", "precision.mode=bf16",
+             "strategy.zero3.param_persistence_threshold=5000"},
+            {"strategy.zero3.offload_optimizer=true"},
+            false,
+            true},
+           // Parameters only: shards on the host, masters (fp32 = the shards otherwise) on the
+           // device.
+           {{"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0"},
+            {"strategy.zero3.offload_param=true"},
+            true,
+            false},
+           {{"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"},
+            {"strategy.fsdp.cpu_offload=true"},
+            true,
+            true},
+           // fp16: the loss scaler's tensors follow the gradients to the host.
+           {{"strategy.kind=fsdp", "precision.mode=fp16"}, {"strategy.fsdp.cpu_offload=true"}, true,
+            true}}) {
+    DYNAMIC_SECTION(v.plain[0] << " " << v.plain[1] << " + " << v.offload[0]) {
+      Job plain = run_job(2, with(base, v.plain));
+      Job off = run_job(2, with(with(base, v.plain), v.offload), allow);
+      INFO(off.output);
+      REQUIRE(plain.code == 0);
+      REQUIRE(off.code == 0);
+      CHECK(off.output.find("in host memory") != std::string::npos);  // the plan says so
+      same_losses(plain, off);
+      same_weights(plain, off);
+      for (int r = 0; r < 2; ++r) {
+        INFO("rank " << r);
+        json p = last_rank_record(plain, r)["memory"], o = last_rank_record(off, r)["memory"];
+        CHECK(bytes(p, "host_param_bytes") == 0);
+        CHECK(bytes(p, "host_grad_bytes") == 0);
+        CHECK(bytes(p, "host_optimizer_bytes") == 0);
+        CHECK(bytes(o, "grad_bytes") == bytes(p, "grad_bytes"));
+        CHECK(bytes(o, "optimizer_bytes") == bytes(p, "optimizer_bytes"));
+        CHECK(bytes(o, "host_optimizer_bytes") == (v.optimizer ? bytes(o, "optimizer_bytes") : 0));
+        CHECK(bytes(o, "host_grad_bytes") == (v.optimizer ? bytes(o, "grad_bytes") : 0));
+        const bool fp32 = v.plain[1].find("bf16") == std::string::npos &&
+                          v.plain[1].find("fp16") == std::string::npos;
+        if (v.params && v.optimizer) {
+          // Shards, masters (one tensor in fp32) and accumulators all on the host.
+          CHECK(bytes(o, "param_bytes") == bytes(p, "param_bytes"));
+          CHECK(bytes(o, "host_param_bytes") == bytes(o, "param_bytes"));
+        } else if (v.optimizer) {
+          // bf16 shards stay on the device; only the fp32 masters (2/3 of the bytes) moved.
+          CHECK(!fp32);
+          CHECK(bytes(o, "param_bytes") == bytes(p, "param_bytes"));
+          CHECK(3 * bytes(o, "host_param_bytes") == 2 * bytes(o, "param_bytes"));
+        } else {
+          // fp32 shards on the host, their masters now a separate copy on the device.
+          CHECK(fp32);
+          CHECK(bytes(o, "param_bytes") == 2 * bytes(p, "param_bytes"));
+          CHECK(2 * bytes(o, "host_param_bytes") == bytes(o, "param_bytes"));
+        }
+      }
     }
   }
 }
@@ -423,6 +522,7 @@ TEST_CASE("strategy settings that do not apply are refused before anything is wr
   struct Case {
     std::vector<std::string> sets;
     std::string says;
+    std::map<std::string, std::string> env = {};
   };
   for (const auto& c : std::vector<Case>{
            {{"strategy.kind=ddp", "strategy.zero3.offload_param=true"},
@@ -432,6 +532,11 @@ TEST_CASE("strategy settings that do not apply are refused before anything is wr
            {{"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=HYBRID_SHARD"},
             "HYBRID_SHARD shards inside a node and replicates across nodes"},
            {{"strategy.kind=zero3", "strategy.zero3.offload_optimizer=true"}, "this run is on CPU"},
+           {{"strategy.kind=fsdp", "strategy.fsdp.cpu_offload=true"}, "this run is on CPU"},
+           // (Allowed on CPU for tests, a single rank still has no shards to offload.)
+           {{"strategy.kind=zero3", "strategy.zero3.offload_param=true"},
+            "keeps parameter shards in host memory, but this job (1 rank(s), zero3) splits nothing",
+            {{"FT_ALLOW_CPU_OFFLOAD", "1"}}},
            {{"strategy.kind=fsdp", "strategy.fsdp.param_dtype=bf16"},
             "differs from precision.mode=fp32"}}) {
     INFO(c.sets[1]);
@@ -439,7 +544,7 @@ TEST_CASE("strategy settings that do not apply are refused before anything is wr
     std::vector<std::string> argv = {ft_bin(), "train", "--preset", "tiny-demo", "--output", dir};
     for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
     for (const auto& s : c.sets) argv.insert(argv.end(), {"--set", s});
-    Child ch = start(argv, {}, make_temp_dir() + "/out.txt");
+    Child ch = start(argv, c.env, make_temp_dir() + "/out.txt");
     auto rc = wait_for(ch, 60);
     INFO(ch.output());
     CHECK(rc == 2);
