@@ -27,6 +27,7 @@ demo: build
 bench: build
 	@bash bench/launch_startup.sh $(BUILD)
 	@bash bench/train_step.sh $(BUILD)
+	@bash bench/strategies.sh $(BUILD)
 
 format:
 	@clang-format -i $$(git ls-files '*.h' '*.cpp')

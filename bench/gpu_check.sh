@@ -55,7 +55,17 @@ echo "== ft train, 1 GPU (world size 1), bf16 -> $out/one"
 "$ft" train --preset tiny-demo --output "$out/one" "${model[@]}" | tail -n 3
 report "1 GPU, ddp (no communication)" "$out/one/metrics.jsonl" 1
 
+# ZeRO-Offload on one GPU: masters, gradients and Adam moments in host memory, AdamW on the CPU.
+echo "== ft train, 1 GPU, zero3 with offload_optimizer -> $out/one-offload"
+"$ft" train --preset tiny-demo --output "$out/one-offload" "${model[@]}" \
+  --set strategy.kind=zero3 --set strategy.zero3.offload_optimizer=true | tail -n 3
+report "1 GPU, zero3, offload_optimizer" "$out/one-offload/metrics.jsonl" 1
+
 if ((gpus >= 2)); then
+  echo "== ft launch --nproc-per-node 2, fsdp cpu_offload over NCCL -> $out/two-offload"
+  "$ft" launch --nproc-per-node 2 -- "$ft" train --preset tiny-demo --output "$out/two-offload" \
+    "${model[@]}" --set strategy.kind=fsdp --set strategy.fsdp.cpu_offload=true | tail -n 3
+  report "2 GPUs, fsdp cpu_offload, NCCL" "$out/two-offload/metrics.jsonl" 2
   for kind in ddp fsdp; do
     echo "== ft launch --nproc-per-node 2, $kind over NCCL, bf16 -> $out/two-$kind"
     "$ft" launch --nproc-per-node 2 -- "$ft" train --preset tiny-demo --output "$out/two-$kind" \

@@ -21,7 +21,7 @@ class Store;
 namespace ft::cuda {
 
 // Bumped whenever Api changes: a libft_cuda.so from another build is refused, not misread.
-inline constexpr int kApiVersion = 1;
+inline constexpr int kApiVersion = 2;
 inline constexpr const char* kApiSymbol = "ft_cuda_api";
 
 // One device's caching allocator (LibTorch's CUDA allocator), bytes.
@@ -57,6 +57,11 @@ struct Api {
   DeviceMemory (*memory)(int index, bool reset_peak);
   // Seeds the default CUDA generator of every visible device.
   void (*manual_seed)(uint64_t seed);
+  // The state of device `index`'s default generator (dropout draws from it), as
+  // at::Generator::get_state returns it, and back: checkpoints carry it so a resumed run draws
+  // the same masks.
+  std::vector<uint8_t> (*generator_state)(int index);
+  void (*set_generator_state)(int index, const std::vector<uint8_t>& state);
 };
 
 }  // namespace ft::cuda

@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
 #include <mutex>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
@@ -64,12 +65,29 @@ void manual_seed(uint64_t seed) {
   }
 }
 
+std::vector<uint8_t> generator_state(int index) {
+  at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(index_of(index));
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  const at::Tensor s = gen.get_state().contiguous();  // a CPU byte tensor
+  const auto* p = s.data_ptr<uint8_t>();
+  return std::vector<uint8_t>(p, p + s.numel());
+}
+
+void set_generator_state(int index, const std::vector<uint8_t>& state) {
+  at::Tensor s = at::empty({static_cast<int64_t>(state.size())}, at::kByte);
+  std::copy(state.begin(), state.end(), s.data_ptr<uint8_t>());
+  at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(index_of(index));
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(s);
+}
+
 }  // namespace
 }  // namespace ft::cuda
 
 extern "C" __attribute__((visibility("default"))) const ft::cuda::Api* ft_cuda_api() {
   using namespace ft::cuda;
-  static const Api api{kApiVersion, device_count, set_device, make_nccl_backend,
-                       synchronize, memory,       manual_seed};
+  static const Api api{kApiVersion, device_count,    set_device,         make_nccl_backend,
+                       synchronize, memory,          manual_seed,        generator_state,
+                       set_generator_state};
   return &api;
 }

@@ -109,8 +109,10 @@ class TermHandler {
 
 // The generator state this rank continues from: its own at the same world size, else that of
 // rank % (the saving run's world size).
-std::string rng_tensor(const ckpt::Checkpoint& ck, int rank, int world_size) {
-  return fmt::format("rng/cpu.rank{}",
+// `kind` is cpu, or cuda for the GPU's generator (saved by GPU runs only).
+std::string rng_tensor(const ckpt::Checkpoint& ck, int rank, int world_size,
+                       const char* kind = "cpu") {
+  return fmt::format("rng/{}.rank{}", kind,
                      ck.world_size() == world_size ? rank : rank % ck.world_size());
 }
 
@@ -132,8 +134,10 @@ std::unique_ptr<ckpt::Checkpoint> choose_checkpoint(
                      at::IntArrayRef(pc.shape), " (a checkpoint of another model)");
           c->verify_range(t, pc.begin, pc.end);
         }
-      const std::string rng = rng_tensor(*c, engine.rank(), engine.world_size());
-      if (c->has(rng)) c->verify_range(rng, 0, c->shape(rng)[0]);
+      for (const char* kind : {"cpu", "cuda"}) {
+        const std::string rng = rng_tensor(*c, engine.rank(), engine.world_size(), kind);
+        if (c->has(rng)) c->verify_range(rng, 0, c->shape(rng)[0]);
+      }
     } catch (const FormatError& e) {
       why = e.what();
     }
@@ -154,7 +158,8 @@ std::unique_ptr<ckpt::Checkpoint> choose_checkpoint(
 
 // Optimizer state, loop counters, RNG and data position from `ck` (after the parameters).
 void restore_state(const ckpt::Checkpoint& ck, const std::vector<parallel::Engine::Piece>& held,
-                   Trainer& trainer, data::BatchSource& source, const dist::DistEnv& env) {
+                   Trainer& trainer, data::BatchSource& source, const dist::DistEnv& env,
+                   at::Device device) {
   for (const auto& pc : held) {
     const int64_t n = pc.end - pc.begin;
     ck.read_range("exp_avg/" + pc.name, pc.begin, pc.end,
@@ -182,6 +187,15 @@ void restore_state(const ckpt::Checkpoint& ck, const std::vector<parallel::Engin
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(state);
+  }
+  // A GPU run's dropout draws from its device's generator. (From a CPU checkpoint it keeps the
+  // seeded state: masks drawn on another kind of device differ anyway.)
+  const std::string cuda_rng = rng_tensor(ck, env.rank, env.world_size, "cuda");
+  if (device.is_cuda() && ck.has(cuda_rng)) {
+    at::Tensor state = at::empty(ck.shape(cuda_rng), at::kByte);
+    ck.read_range(cuda_rng, 0, state.numel(), state);
+    const auto* b = state.data_ptr<uint8_t>();
+    cuda::api().set_generator_state(device.index(), std::vector<uint8_t>(b, b + state.numel()));
   }
 }
 
@@ -218,6 +232,14 @@ ckpt::Snapshot make_snapshot(parallel::Engine& engine, Trainer& trainer,
   const std::string rng_name = fmt::format("rng/cpu.rank{}", env.rank);
   s.shapes[rng_name] = {rng.numel()};
   s.pieces.push_back({rng_name, 0, rng.numel(), rng.contiguous()});
+  if (const at::Device d = engine.options().device; d.is_cuda()) {
+    const std::vector<uint8_t> bytes = cuda::api().generator_state(d.index());
+    at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+    std::copy(bytes.begin(), bytes.end(), t.data_ptr<uint8_t>());
+    const std::string name = fmt::format("rng/cuda.rank{}", env.rank);
+    s.shapes[name] = {t.numel()};
+    s.pieces.push_back({name, 0, t.numel(), t});
+  }
   const Trainer::State ts = trainer.state();
   s.state = {{"trainer",
               {{"step", ts.step},
@@ -485,7 +507,7 @@ RunSummary run_training(const RunOptions& o) {
   // process: seeding them makes a run with dropout repeat exactly.
   at::manual_seed(seed);
   if (device.is_cuda()) cuda::api().manual_seed(seed);
-  if (ck) restore_state(*ck, held, trainer, source, env);
+  if (ck) restore_state(*ck, held, trainer, source, env, device);
 
   ckpt::SaverOptions so;
   so.root = ckpt_root;

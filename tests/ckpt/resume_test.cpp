@@ -358,6 +358,57 @@ TEST_CASE("elastic --nnodes 1:2: after losing a node the job continues on one no
   CHECK(m.back()["loss"].get<double>() < m.front()["loss"].get<double>());
 }
 
+TEST_CASE("elastic --nnodes 1:2: a node that comes later is admitted at the next round, "
+          "which continues from the checkpoint every rank wrote on SIGTERM",
+          "[multiproc]") {
+  const std::string out = make_temp_dir() + "/run";
+  const int port = free_port();
+  std::vector<std::string> argv = {ft_bin(), "launch", "--nnodes", "1:2", "--nproc-per-node", "2",
+                                   "--master-addr", "127.0.0.1", "--master-port",
+                                   std::to_string(port), "--max-restarts", "0",
+                                   "--rdzv-last-call", "1", "--heartbeat-timeout", "3",
+                                   "--term-grace", "20", "--", ft_bin(), "train", "--preset",
+                                   "tiny-demo", "--output", out};
+  for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
+  // No periodic checkpoint: the only one is the one written when the new round stops the job.
+  // fsdp FULL_SHARD on 2 ranks, then on 4: the shards are split differently.
+  for (const char* s : {"train.max_steps=24", "output.save_every=0", "train.micro_batch=2",
+                        "strategy.kind=fsdp"})
+    argv.insert(argv.end(), {"--set", s});
+  Child a = start(argv, {}, make_temp_dir() + "/a.txt");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (metrics(out).size() < 5 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  INFO(a.output());
+  REQUIRE(metrics(out).size() >= 5);
+  REQUIRE_THAT(a.output(), Catch::Contains("round 0: 1 node(s) x 2 worker(s), world size 2"));
+  const size_t before = metrics(out).size();
+  // The second node arrives while the job runs on one (--max-restarts 0: admitting a node is not
+  // a failure and uses no restart).
+  Child b = start(argv, {}, make_temp_dir() + "/b.txt");
+  auto rca = wait_for(a, 150), rcb = wait_for(b, 150);
+  INFO(b.output());
+  if (!rca) kill_and_reap(a);
+  if (!rcb) kill_and_reap(b);
+  REQUIRE(rca.value_or(-1) == 0);
+  REQUIRE(rcb.value_or(-1) == 0);
+  // Node ranks are assigned at each round's join: rank 0 may now be on either node.
+  const std::string both = a.output() + b.output();
+  CHECK_THAT(a.output(), Catch::Contains("a node is waiting to join"));
+  CHECK_THAT(b.output(), Catch::Contains("the job is running; joining it at round 1"));
+  CHECK_THAT(a.output(), Catch::Contains("round 1: 2 node(s) x 2 worker(s), world size 4"));
+  CHECK_THAT(both, Catch::Contains("stopped after step") && Catch::Contains("on SIGTERM"));
+  REQUIRE_THAT(both, Catch::Contains("saved by 2 ranks"));
+  // The round continued from where the job stopped: no step was lost or done twice.
+  const std::string resumed = both.substr(both.find("resuming from"));
+  const int from = std::stoi(resumed.substr(resumed.find("(step ") + 6));
+  CHECK(from >= static_cast<int>(before));
+  auto m = metrics(out);
+  REQUIRE(m.size() == 24);
+  for (size_t i = 0; i < m.size(); ++i) CHECK(m[i]["step"] == static_cast<int>(i + 1));
+  CHECK(m.back()["loss"].get<double>() < m.front()["loss"].get<double>());
+}
+
 TEST_CASE("a hung rank (no progress for --hang-timeout) gets the job restarted from the checkpoint",
           "[multiproc]") {
   const std::string out = make_temp_dir() + "/run";

@@ -94,7 +94,9 @@ TEST_CASE("libft_cuda.so of this build loads and exports its table") {
         reinterpret_cast<const void*>(api.set_device),
         reinterpret_cast<const void*>(api.make_nccl_backend),
         reinterpret_cast<const void*>(api.synchronize), reinterpret_cast<const void*>(api.memory),
-        reinterpret_cast<const void*>(api.manual_seed)})
+        reinterpret_cast<const void*>(api.manual_seed),
+        reinterpret_cast<const void*>(api.generator_state),
+        reinterpret_cast<const void*>(api.set_generator_state)})
     CHECK(fn != nullptr);
   // The CUDA runtime and the driver probe agree on the GPUs (none on a CPU machine).
   CHECK(api.device_count() == cuda::probe_devices().visible_gpus);
