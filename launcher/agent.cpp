@@ -277,7 +277,10 @@ Agent::Outcome Agent::run_round(const RoundResult& rr) {
         break;
       }
       // Below --nnodes MAX, a launcher waiting to join makes the host start a new round with it.
-      if (rdzv_->is_host() && layout.nnodes < cfg_.max_nodes &&
+      // Not once the job is ending (a node's workers all finished): it completes as it is, and
+      // the waiting launcher is told so (Rendezvous::finish).
+      if (rdzv_->is_host() && layout.nnodes < cfg_.max_nodes && !marked_done &&
+          store.add(Rendezvous::key(round, "done"), 0) == 0 &&
           store.add(Rendezvous::key(round + 1, "joined"), 0) > 0) {
         publish_failure(round, {{"kind", "rejoin"},
                                 {"node_rank", node_rank_},
@@ -399,7 +402,10 @@ int Agent::run_rounds(int& restarts, bool reconnect) {
       node_rank_ = rr.my_node_rank;
       Outcome o = run_round(rr);
       if (o == Outcome::kSuccess) {
-        if (rdzv_->is_host()) rdzv_->wait_count(round, "stopped", rr.nnodes, 30.0);
+        if (rdzv_->is_host()) {
+          rdzv_->wait_count(round, "stopped", rr.nnodes, 30.0);
+          rdzv_->finish(round);
+        }
         log("job finished successfully");
         return kExitOk;
       }
@@ -433,6 +439,9 @@ int Agent::run_rounds(int& restarts, bool reconnect) {
         log(fmt::format("no restarts left ({} used)", cfg_.max_restarts));
       return kExitWorkerFailed;
     }
+  } catch (const JobFinished& e) {
+    log(e.what());
+    return kExitOk;
   } catch (const RendezvousError& e) {
     if (stop_signal_) {
       log(fmt::format("stopped by {} during rendezvous", signal_name(stop_signal_)));

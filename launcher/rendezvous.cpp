@@ -265,6 +265,20 @@ std::string Rendezvous::coordinate(int round) {
   return json{{"nnodes", n}, {"members", members}}.dump();
 }
 
+void Rendezvous::finish(int round) {
+  FT_ASSERT(store_ && store_->is_host(), "finish() is the host's");
+  const int next = round + 1;
+  const int64_t waiting = store_->add(key(next, "joined"), 0);
+  if (waiting == 0) return;
+  // compare_set: a result the round already has (none is expected) is left alone.
+  if (store_->check(key(next, "result"))) return;
+  store_->set(key(next, "result"),
+              json{{"finished", "the job finished successfully before this node could join it: "
+                                "nothing to do"}}
+                  .dump());
+  wait_count(next, "result_read", waiting, 5.0);
+}
+
 int Rendezvous::first_round() {
   FT_ASSERT(store_, "open() first");
   auto current = store_->try_get("ft/round");
@@ -304,6 +318,7 @@ RoundResult Rendezvous::join(int round) {
   store_->add(key(round, "result_read"), 1);
 
   json j = json::parse(result_text);
+  if (j.contains("finished")) throw JobFinished(j["finished"].get<std::string>());
   if (j.contains("error")) {
     if (store_->is_host()) {
       // Keep the store up until the others have read why they were refused.

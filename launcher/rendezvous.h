@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "fingerprint.h"
 #include "options.h"
 #include "store.h"
@@ -58,6 +59,10 @@ class Rendezvous {
   // Host only: waits until `counter` reaches `n` or `timeout_s` passes.
   bool wait_count(int round, const std::string& counter, int64_t n, double timeout_s);
 
+  // Host only, after round `round` succeeded: launchers already waiting in the next round are
+  // told the job is over (their join() throws JobFinished) and given a moment to read it.
+  void finish(int round);
+
  private:
   std::string coordinate(int round);  // host: decide membership, return the result JSON
   std::string missing_description(int round, int64_t joined);
@@ -66,6 +71,12 @@ class Rendezvous {
   Fingerprint mine_;
   std::function<bool()> interrupted_;
   std::unique_ptr<RdzvStore> store_;
+};
+
+// join(): the job finished successfully while this launcher was waiting to join it.
+class JobFinished : public ft::RendezvousError {
+ public:
+  using ft::RendezvousError::RendezvousError;
 };
 
 // True when `host` names this machine (loopback or one of its interface addresses).

@@ -22,6 +22,11 @@ Run add_train(CLI::App& app) {
     auto s = train::run_training(opts);
     if (s.preempted) return train::kExitPreempted;
     if (dist::read_dist_env().rank != 0) return 0;
+    if (s.already_finished) {
+      fmt::print("ft train: {} holds a finished run (its model is in final/): nothing to do\n",
+                 opts.output_dir);
+      return 0;
+    }
     fmt::print("ft train: {} steps, loss {:.4f} -> {:.4f}{}\n", s.steps, s.first_loss, s.last_loss,
                s.skipped_steps ? fmt::format(", {} fp16 steps skipped", s.skipped_steps) : "");
     return 0;

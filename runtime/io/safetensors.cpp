@@ -783,8 +783,9 @@ PlannedTensor plan_one(const DeferredTensor& t) {
   return {&t, spec, static_cast<uint64_t>(numel) * spec->itemsize};
 }
 
-void write_one_file(const std::string& path, const std::vector<const DeferredTensor*>& tensors,
-                    const std::map<std::string, std::string>& metadata) {
+// The tensors of one file checked and in the order their data is laid out (and made).
+std::vector<PlannedTensor> file_order(const std::string& path,
+                                      const std::vector<const DeferredTensor*>& tensors) {
   std::vector<PlannedTensor> plan;
   plan.reserve(tensors.size());
   std::set<std::string> seen;
@@ -799,6 +800,12 @@ void write_one_file(const std::string& path, const std::vector<const DeferredTen
     size_t ra = write_rank(a.spec), rb = write_rank(b.spec);
     return ra != rb ? ra < rb : a.tensor->name < b.tensor->name;
   });
+  return plan;
+}
+
+void write_one_file(const std::string& path, const std::vector<const DeferredTensor*>& tensors,
+                    const std::map<std::string, std::string>& metadata) {
+  const std::vector<PlannedTensor> plan = file_order(path, tensors);
 
   // Key order matters to reproduce the reference: __metadata__ first, then entries in data order,
   // each as dtype, shape, data_offsets.
@@ -847,7 +854,56 @@ void write_one_file(const std::string& path, const std::vector<const DeferredTen
   out.commit();
 }
 
+struct ShardSplit {
+  std::vector<std::vector<const DeferredTensor*>> shards;
+  std::vector<uint64_t> bytes;
+  uint64_t total_bytes = 0;
+};
+
+// huggingface_hub's split_torch_state_dict_into_shards: fill shards in the given order; a tensor
+// over the limit gets a shard of its own at the point it appears.
+ShardSplit split_shards(const std::string& dir, const DeferredTensors& tensors,
+                        uint64_t max_shard_bytes) {
+  ShardSplit out;
+  std::vector<const DeferredTensor*> current;
+  uint64_t current_bytes = 0;
+  std::set<std::string> seen;
+  for (const auto& t : tensors) {
+    FT_CHECK_T(Error, seen.insert(t.name).second, "cannot write to '", dir, "': tensor '", t.name,
+               "' is given twice");
+    uint64_t nbytes = plan_one(t).nbytes;
+    out.total_bytes += nbytes;
+    if (nbytes > max_shard_bytes) {
+      out.shards.push_back({&t});
+      out.bytes.push_back(nbytes);
+      continue;
+    }
+    if (current_bytes + nbytes > max_shard_bytes) {
+      out.shards.push_back(std::move(current));
+      out.bytes.push_back(current_bytes);
+      current.clear();
+      current_bytes = 0;
+    }
+    current.push_back(&t);
+    current_bytes += nbytes;
+  }
+  if (!current.empty() || out.shards.empty()) {
+    out.shards.push_back(std::move(current));
+    out.bytes.push_back(current_bytes);
+  }
+  return out;
+}
+
 }  // namespace
+
+std::vector<size_t> write_order(const DeferredTensors& tensors, uint64_t max_shard_bytes) {
+  FT_CHECK_T(Error, max_shard_bytes > 0, "write_sharded: max_shard_bytes must be > 0");
+  std::vector<size_t> order;
+  for (const auto& shard : split_shards("", tensors, max_shard_bytes).shards)
+    for (const auto& p : file_order("", shard))
+      order.push_back(static_cast<size_t>(p.tensor - tensors.data()));
+  return order;
+}
 
 DeferredTensors defer(const NamedTensors& tensors) {
   DeferredTensors out;
@@ -885,37 +941,10 @@ std::vector<std::string> write_sharded_deferred(const std::string& dir,
   fs::create_directories(dir, ec);
   FT_CHECK_T(SystemError, !ec, "cannot create directory '", dir, "': ", ec.message());
 
-  // huggingface_hub's split_torch_state_dict_into_shards: fill shards in the given order; a tensor
-  // over the limit gets a shard of its own at the point it appears.
-  using Shard = std::vector<const DeferredTensor*>;
-  std::vector<Shard> shards;
-  std::vector<uint64_t> shard_bytes;
-  Shard current;
-  uint64_t current_bytes = 0, total_bytes = 0;
-  std::set<std::string> seen;
-  for (const auto& t : tensors) {
-    FT_CHECK_T(Error, seen.insert(t.name).second, "cannot write to '", dir, "': tensor '", t.name,
-               "' is given twice");
-    uint64_t nbytes = plan_one(t).nbytes;
-    total_bytes += nbytes;
-    if (nbytes > max_shard_bytes) {
-      shards.push_back({&t});
-      shard_bytes.push_back(nbytes);
-      continue;
-    }
-    if (current_bytes + nbytes > max_shard_bytes) {
-      shards.push_back(std::move(current));
-      shard_bytes.push_back(current_bytes);
-      current.clear();
-      current_bytes = 0;
-    }
-    current.push_back(&t);
-    current_bytes += nbytes;
-  }
-  if (!current.empty() || shards.empty()) {
-    shards.push_back(std::move(current));
-    shard_bytes.push_back(current_bytes);
-  }
+  const ShardSplit split = split_shards(dir, tensors, max_shard_bytes);
+  const auto& shards = split.shards;
+  const auto& shard_bytes = split.bytes;
+  const uint64_t total_bytes = split.total_bytes;
 
   const fs::path root(dir);
   const std::regex shard_pattern(R"(model-\d{5}-of-\d{5}\.safetensors)");

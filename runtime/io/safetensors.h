@@ -184,4 +184,10 @@ std::vector<std::string> write_sharded_deferred(
     uint64_t max_shard_bytes = kDefaultMaxShardBytes,
     const std::map<std::string, std::string>& metadata = {}, const ShardWritten& on_written = {});
 
+// The order in which write_sharded_deferred(dir, tensors, max_shard_bytes) calls the tensors'
+// `make` (indices into `tensors`). When every `make` is a collective that all ranks must take
+// part in, the ranks that do not write walk this order to call theirs in step.
+std::vector<size_t> write_order(const DeferredTensors& tensors,
+                                uint64_t max_shard_bytes = kDefaultMaxShardBytes);
+
 }  // namespace ft::io

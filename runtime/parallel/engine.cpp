@@ -672,22 +672,65 @@ double Engine::global_sq_norm(double sharded_sq, double replicated_sq) {
   return sharded_sq + replicated_sq;
 }
 
-void Engine::for_each_full(const std::function<void(const std::string&, const at::Tensor&)>& fn) {
+std::vector<std::pair<std::string, std::vector<int64_t>>> Engine::parameter_shapes() const {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const auto& u : units_)
+    for (const auto& g : u->groups)
+      for (const auto& m : g.members) out.emplace_back(m.name, m.shape);
+  return out;
+}
+
+at::Tensor Engine::full_on_rank0(const std::string& name) {
   at::NoGradGuard no_grad;
-  for (auto& u : units_) {
-    for (auto& g : u->groups) {
-      at::Tensor src = g.trained ? g.master : g.shard;
-      at::Tensor full = src;
-      if (g.S > 1) {
-        // Collectives run on the device (NCCL cannot gather host memory).
-        if (g.shard_host || g.master_host) src = src.to(options_.device, false, true);
-        full = at::empty({g.padded}, src.options());
-        auto w = backend(groups_.shard)._allgather_base(full, src);
-        wait(*w);
+  for (auto& u : units_)
+    for (auto& g : u->groups)
+      for (const auto& m : g.members) {
+        if (m.name != name) continue;
+        const at::Tensor& src = g.trained ? g.master : g.shard;
+        if (g.S == 1) return rank_ == 0 ? src.narrow(0, m.offset, m.numel).view(m.shape) : at::Tensor();
+        // HYBRID_SHARD: the other nodes' replicas hold the same values and take no part.
+        if (groups_.replica && groups_.replica->rank() != 0) return at::Tensor();
+        c10d::Backend& pg = backend(groups_.shard);
+        const int tag = p2p_tag_++;
+        // Shard rank s holds elements [lo, hi) of the member (possibly none).
+        auto piece = [&](int s) {
+          const int64_t first = static_cast<int64_t>(s) * g.shard_numel;
+          const int64_t lo = std::max(m.offset, first);
+          const int64_t hi = std::min(m.offset + m.numel, first + g.shard_numel);
+          return std::make_pair(lo - m.offset, std::max(lo, hi) - m.offset);
+        };
+        // Point to point on the device: NCCL moves device memory only (offloaded state comes over).
+        auto slice = [&](int64_t b, int64_t e) {
+          at::Tensor t = src.narrow(0, m.offset + b - shard_rank_ * g.shard_numel, e - b);
+          return t.device() == options_.device ? t : t.to(options_.device);
+        };
+        if (shard_rank_ != 0) {
+          const auto [b, e] = piece(shard_rank_);
+          if (e > b) {
+            std::vector<at::Tensor> v{slice(b, e)};
+            wait(*pg.send(v, 0, tag));
+          }
+          return at::Tensor();
+        }
+        at::Tensor out = at::empty({m.numel}, src.options().device(options_.device));
+        std::vector<std::vector<at::Tensor>> bufs;
+        bufs.reserve(g.S);
+        std::vector<c10::intrusive_ptr<c10d::Work>> works;
+        for (int s = 0; s < g.S; ++s) {
+          const auto [b, e] = piece(s);
+          if (e <= b) continue;
+          if (s == 0) {
+            out.narrow(0, b, e - b).copy_(slice(b, e));
+          } else {
+            bufs.push_back({out.narrow(0, b, e - b)});
+            works.push_back(pg.recv(bufs.back(), s, tag));
+          }
+        }
+        for (auto& w : works) wait(*w);
+        return out.view(m.shape);
       }
-      for (const auto& m : g.members) fn(m.name, full.narrow(0, m.offset, m.numel).view(m.shape));
-    }
-  }
+  FT_ASSERT(false, "full_on_rank0: no parameter named ", name);
+  return at::Tensor();
 }
 
 Accounting Engine::take_accounting() {

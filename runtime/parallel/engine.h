@@ -162,9 +162,15 @@ class Engine : public model::UnitHooks {
   // Global squared gradient norm from this rank's sharded and replicated parts.
   double global_sq_norm(double sharded_sq, double replicated_sq);
 
-  // Calls fn(name, full value) for every parameter, on every rank: masters (fp32) for trained
-  // parameters, compute values for frozen ones. Collective (gathers group by group).
-  void for_each_full(const std::function<void(const std::string&, const at::Tensor&)>& fn);
+
+  // Every parameter's name and shape in the engine's order (units, groups, members).
+  std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes() const;
+  // The full value of parameter `name` on world rank 0 (on the engine's device: the fp32 master
+  // if trained, else its compute value), an undefined tensor on every other rank. Collective over
+  // the ranks holding its pieces (world rank 0's shard group; nothing for a replicated one): all
+  // ranks call it with the same names in the same order. Each piece travels once, point to point
+  // to rank 0, which holds this one tensor and nothing else of the model beyond its own shards.
+  at::Tensor full_on_rank0(const std::string& name);
 
   Accounting take_accounting();
   int rank() const { return rank_; }
@@ -223,6 +229,7 @@ class Engine : public model::UnitHooks {
   bool loaded_ = false;
   bool grads_ = false;  // gradient accumulators allocated
   Accounting acc_;
+  int p2p_tag_ = 0;  // full_on_rank0's sends and receives, in call order
 };
 
 }  // namespace ft::parallel

@@ -49,6 +49,18 @@ void write_load_record(const std::string& path, const LoadRecord& r, int rank, i
   FT_CHECK(out.good(), "cannot write ", path);
 }
 
+void write_final_save_record(const std::string& path, const FinalSaveRecord& r) {
+  nlohmann::json j = {{"seconds", r.seconds},
+                      {"bytes", r.bytes},
+                      {"rss_before_bytes", r.rss_before_bytes},
+                      {"peak_rss_bytes", r.peak_rss_bytes},
+                      {"peak_delta_bytes", r.peak_rss_bytes - r.rss_before_bytes},
+                      {"peak_reset", r.peak_reset}};
+  std::ofstream out(path, std::ios::out | std::ios::trunc);
+  out << j.dump(2) << "\n";
+  FT_CHECK(out.good(), "cannot write ", path);
+}
+
 MetricsLog::MetricsLog(const std::string& path, int64_t keep_through_step) : path_(path) {
   if (path.empty()) return;
   std::string kept;

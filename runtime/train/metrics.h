@@ -66,4 +66,14 @@ struct LoadRecord {
 };
 void write_load_record(const std::string& path, const LoadRecord& r, int rank, int world_size);
 
+// How rank 0 wrote the final model: final_save.json in the output directory.
+struct FinalSaveRecord {
+  double seconds = 0;
+  int64_t bytes = 0;             // tensor data written
+  int64_t rss_before_bytes = 0;  // rank 0's resident set just before
+  int64_t peak_rss_bytes = 0;    // its peak while gathering and writing
+  bool peak_reset = false;
+};
+void write_final_save_record(const std::string& path, const FinalSaveRecord& r);
+
 }  // namespace ft::train

@@ -277,6 +277,16 @@ RunSummary run_training(const RunOptions& o) {
              "); give a step-N directory under OUTPUT/checkpoints, auto or none");
     candidates = {o.resume};
   }
+  // A later launcher round (a node admitted, a restart) that finds the run finished — final/ is
+  // complete and no checkpoint is left to continue from — has nothing to do: the round may have
+  // begun just as the job ended, and training again would write over the result.
+  const fs::path final_path = fs::path(o.output_dir) / "final";
+  if (o.resume == "auto" && candidates.empty() && env.restart_count > 0 &&
+      (fs::exists(final_path / "config.json") || fs::exists(final_path / "adapter_config.json"))) {
+    RunSummary done;
+    done.already_finished = true;
+    return done;
+  }
   // A launcher restart without a checkpoint starts the run over in its own directory.
   // So does `--resume auto` in the directory of an ft run that was interrupted before its first
   // checkpoint was committed (it has preset.json but no final model): nothing there can be resumed.
@@ -660,18 +670,48 @@ RunSummary run_training(const RunOptions& o) {
     ckpt_log.flush();
   }
   if (rank0) progress.finish();
-  // The final model: every rank takes part in gathering each tensor; rank 0 writes.
+  // The final model (for LoRA the adapters), one tensor at a time: rank 0 writes each as it
+  // receives its pieces from the ranks holding them, and the other ranks walk the writer's order
+  // (io::write_order) to send theirs in step. No rank holds more of the model than its own shards
+  // and the one tensor being written.
   const std::string final_dir = (fs::path(o.output_dir) / "final").string();
-  io::NamedTensors final_tensors;
-  engine.for_each_full([&](const std::string& name, const at::Tensor& t) {
-    if (!rank0 || lora != (name.rfind("base_model.", 0) == 0)) return;
+  const at::ScalarType final_dtype = lora ? at::kFloat : dtype;
+  io::DeferredTensors final_tensors;
+  for (const auto& [name, shape] : engine.parameter_shapes()) {
+    if (lora != (name.rfind("base_model.", 0) == 0)) continue;
     // A copy in host memory, whatever device trained (the writer reads host memory).
-    final_tensors.emplace_back(
-        name, t.to(at::kCPU, lora ? at::kFloat : dtype, /*non_blocking=*/false, /*copy=*/true)
-                  .contiguous());
-  });
+    final_tensors.push_back({name, shape, final_dtype, [&engine, name = name, final_dtype] {
+                               return engine.full_on_rank0(name).to(at::kCPU, final_dtype,
+                                                                    false, /*copy=*/true);
+                             }});
+  }
+  FinalSaveRecord fr;
+  if (rank0) {
+    fr.peak_reset = reset_peak_rss();
+    fr.rss_before_bytes = rss_bytes();
+  }
+  const auto f0 = std::chrono::steady_clock::now();
+  if (lora) {
+    io::NamedTensors adapters;  // small: made all at once
+    for (const auto& d : final_tensors) {
+      at::Tensor t = engine.full_on_rank0(d.name);
+      if (rank0) adapters.emplace_back(d.name, t.to(at::kCPU, final_dtype, false, true));
+    }
+    if (rank0) save_final_model(mc, &lora_config, adapters, final_dir);
+  } else if (rank0) {
+    save_hf_model(mc, final_tensors, final_dir);
+  } else {
+    for (size_t i : io::write_order(final_tensors)) engine.full_on_rank0(final_tensors[i].name);
+  }
   if (!rank0) return sum;
-  save_final_model(mc, lora ? &lora_config : nullptr, final_tensors, final_dir);
+  fr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - f0).count();
+  fr.peak_rss_bytes = peak_rss_bytes();
+  for (const auto& d : final_tensors) {
+    int64_t n = 1;
+    for (int64_t x : d.shape) n *= x;
+    fr.bytes += n * static_cast<int64_t>(c10::elementSize(final_dtype));
+  }
+  write_final_save_record((fs::path(o.output_dir) / "final_save.json").string(), fr);
   // The saved model is usable on its own: the tokenizer it was trained with goes beside it.
   std::vector<std::string> tokenizer_files = tokenizer_files_of(o.model_dir);
   if (!synthetic && !o.tokenizer_path.empty()) tokenizer_files.push_back(o.tokenizer_path);

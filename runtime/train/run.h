@@ -36,6 +36,8 @@ struct RunSummary {
   double first_loss = 0, last_loss = 0;
   int64_t skipped_steps = 0;
   bool preempted = false;  // stopped by SIGTERM after writing a checkpoint (no final model)
+  // A launcher round found the run already finished (final/ complete, no checkpoint): no step.
+  bool already_finished = false;
 };
 
 // ft train's exit code after SIGTERM: a checkpoint of the last finished step was written and the

@@ -371,8 +371,10 @@ TEST_CASE("elastic --nnodes 1:2: a node that comes later is admitted at the next
                                    "tiny-demo", "--output", out};
   for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
   // No periodic checkpoint: the only one is the one written when the new round stops the job.
-  // fsdp FULL_SHARD on 2 ranks, then on 4: the shards are split differently.
-  for (const char* s : {"train.max_steps=24", "output.save_every=0", "train.micro_batch=2",
+  // fsdp FULL_SHARD on 2 ranks, then on 4: the shards are split differently. Enough steps that
+  // the job is still running when the second node has started (a node arriving as the job ends
+  // is told so and leaves).
+  for (const char* s : {"train.max_steps=400", "output.save_every=0", "train.micro_batch=2",
                         "strategy.kind=fsdp"})
     argv.insert(argv.end(), {"--set", s});
   Child a = start(argv, {}, make_temp_dir() + "/a.txt");
@@ -404,7 +406,7 @@ TEST_CASE("elastic --nnodes 1:2: a node that comes later is admitted at the next
   const int from = std::stoi(resumed.substr(resumed.find("(step ") + 6));
   CHECK(from >= static_cast<int>(before));
   auto m = metrics(out);
-  REQUIRE(m.size() == 24);
+  REQUIRE(m.size() == 400);
   for (size_t i = 0; i < m.size(); ++i) CHECK(m[i]["step"] == static_cast<int>(i + 1));
   CHECK(m.back()["loss"].get<double>() < m.front()["loss"].get<double>());
 }

@@ -378,6 +378,23 @@ TEST_CASE("write_sharded_deferred writes the same files, making one tensor at a 
   CHECK(std::get<3>(told[1]) == 98);
   CHECK(std::get<1>(told[2]) == 3);
 
+  // write_order names the order of the makes (by shard, then dtype width and name in each):
+  // what ranks that only take part in collective makes walk.
+  std::vector<std::string> asked;
+  DeferredTensors recorded = lazy;
+  for (auto& d : recorded)
+    d.make = [&asked, &d, t = d.make] {
+      asked.push_back(d.name);
+      return t();
+    };
+  TempDir again;
+  write_sharded_deferred(again.path, recorded, 100);
+  std::vector<std::string> planned;
+  for (size_t i : write_order(recorded, 100)) planned.push_back(recorded[i].name);
+  CHECK(planned == asked);
+  // In the second shard the 4-byte a and d before the bf16 c (wider dtypes first).
+  CHECK(planned == std::vector<std::string>{"big", "a", "d", "c", "e"});
+
   // A make that throws stops the save with its error.
   TempDir failing;
   lazy[3].make = []() -> at::Tensor { throw ft::FormatError("chunk damaged"); };

@@ -430,6 +430,15 @@ TEST_CASE("sharded load: a rank's peak host memory stays below model/world size 
       CHECK(rec["peak_delta_bytes"].get<int64_t>() < model_bytes / nproc + largest_tensor);
     }
     CHECK(read_total == model_bytes);  // every byte read once, by one rank
+    // The final model is written one tensor at a time: rank 0 never holds the whole of it (it
+    // receives each tensor's pieces, converts and writes it, then lets it go).
+    std::ifstream fin(j.dir + "/final_save.json");
+    REQUIRE(fin.good());
+    const json fs_rec = json::parse(fin);
+    INFO("final save: " << fs_rec.dump());
+    CHECK(fs_rec["bytes"] == model_bytes);
+    REQUIRE(fs_rec["peak_reset"] == true);
+    CHECK(fs_rec["peak_delta_bytes"].get<int64_t>() < model_bytes / 2);
     // Loaded right: the first step's loss (before any update) equals ddp's.
     const double loss = read_jsonl(j.dir + "/metrics.jsonl").at(0)["loss"];
     CHECK(std::abs(loss - ddp_loss) <= 1e-5 * ddp_loss);

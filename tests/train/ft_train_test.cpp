@@ -65,6 +65,17 @@ TEST_CASE("ft train writes metrics, the preset and a model that ft train loads a
             dir + "/3.log") == 2);
   CHECK_THAT(read_file(dir + "/3.log"), Catch::Contains("already holds a run"));
   CHECK(read_file(out + "/metrics.jsonl") == before);
+  // A later launcher round (TORCHELASTIC_RESTART_COUNT > 0) that finds the run finished, with no
+  // checkpoint to continue from, has nothing to do: exit 0, nothing trained or written over.
+  const std::string final_before = read_file(out + "/final/model.safetensors");
+  Child again = start({ft_bin(), "train", "--preset", "tiny-demo", "--output", out},
+                      {{"WORLD_SIZE", "\x01"}, {"RANK", "\x01"}, {"TORCHELASTIC_RESTART_COUNT", "1"}},
+                      dir + "/4.log");
+  CHECK(wait_for(again, 60) == 0);
+  CHECK_THAT(again.output(), Catch::Contains("holds a finished run") &&
+                                 Catch::Contains("nothing to do"));
+  CHECK(read_file(out + "/metrics.jsonl") == before);
+  CHECK(read_file(out + "/final/model.safetensors") == final_before);
 }
 
 TEST_CASE("ft train with LoRA writes a PEFT adapter", "[multiproc]") {
