@@ -33,32 +33,36 @@ bool reset_peak_rss() {
   return out.good();
 }
 
-void write_load_record(const std::string& path, const LoadRecord& r, int rank, int world_size) {
-  nlohmann::json j = {{"rank", rank},
-                      {"world_size", world_size},
-                      {"source", r.source},
-                      {"seconds", r.seconds},
-                      {"bytes_read", r.bytes_read},
-                      {"param_bytes", r.param_bytes},
-                      {"rss_before_bytes", r.rss_before_bytes},
-                      {"peak_rss_bytes", r.peak_rss_bytes},
-                      {"peak_delta_bytes", r.peak_rss_bytes - r.rss_before_bytes},
-                      {"peak_reset", r.peak_reset}};
+namespace {
+
+// A phase's host-memory figures (both records carry them the same way) and the file write.
+void add_peak(nlohmann::json& j, int64_t rss_before, int64_t peak, bool reset) {
+  j["rss_before_bytes"] = rss_before;
+  j["peak_rss_bytes"] = peak;
+  j["peak_delta_bytes"] = peak - rss_before;
+  j["peak_reset"] = reset;
+}
+
+void write_json(const std::string& path, const nlohmann::json& j) {
   std::ofstream out(path, std::ios::out | std::ios::trunc);
   out << j.dump(2) << "\n";
   FT_CHECK(out.good(), "cannot write ", path);
 }
 
+}  // namespace
+
+void write_load_record(const std::string& path, const LoadRecord& r, int rank, int world_size) {
+  nlohmann::json j = {{"rank", rank},         {"world_size", world_size},
+                      {"source", r.source},   {"seconds", r.seconds},
+                      {"bytes_read", r.bytes_read}, {"param_bytes", r.param_bytes}};
+  add_peak(j, r.rss_before_bytes, r.peak_rss_bytes, r.peak_reset);
+  write_json(path, j);
+}
+
 void write_final_save_record(const std::string& path, const FinalSaveRecord& r) {
-  nlohmann::json j = {{"seconds", r.seconds},
-                      {"bytes", r.bytes},
-                      {"rss_before_bytes", r.rss_before_bytes},
-                      {"peak_rss_bytes", r.peak_rss_bytes},
-                      {"peak_delta_bytes", r.peak_rss_bytes - r.rss_before_bytes},
-                      {"peak_reset", r.peak_reset}};
-  std::ofstream out(path, std::ios::out | std::ios::trunc);
-  out << j.dump(2) << "\n";
-  FT_CHECK(out.good(), "cannot write ", path);
+  nlohmann::json j = {{"seconds", r.seconds}, {"bytes", r.bytes}};
+  add_peak(j, r.rss_before_bytes, r.peak_rss_bytes, r.peak_reset);
+  write_json(path, j);
 }
 
 MetricsLog::MetricsLog(const std::string& path, int64_t keep_through_step) : path_(path) {
