@@ -46,13 +46,13 @@ int main(int argc, char** argv) {
   c.num_key_value_heads = kv_heads > 0 ? kv_heads : heads;
   c.head_dim = hidden / heads;
   c.max_position_embeddings = seq;
-  model::LlamaModel m(c, at::TensorOptions().dtype(train::precision_dtype(precision)));
+  model::LlamaModel m(c, at::TensorOptions().dtype(ft::parse_dtype(precision)));
   m.init_random(0);
   train::TrainOptions to;
   to.precision = precision;
   to.schedule = {1e-4, 0, 1000000, 1.0, "constant"};
   to.grad_clip = 1.0;
-  auto engine = parallel::single_process_engine(m, false, train::precision_dtype(precision));
+  auto engine = parallel::single_process_engine(m, false, ft::parse_dtype(precision));
   train::Trainer tr(m, to, *engine);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
   std::vector<double> times;

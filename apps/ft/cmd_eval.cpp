@@ -5,6 +5,7 @@
 #include "commands.h"
 #include "config/preset.h"
 #include "config/schema.h"
+#include "config/settings.h"
 #include "train/evaluate.h"
 
 namespace ft::app {
@@ -22,13 +23,15 @@ Run add_eval(CLI::App& app) {
   cmd->add_option("--preset", *preset, "Preset whose data.* keys say how to read the data");
   cmd->add_option("--set", *sets, "Override a preset key: --set data.template=chatml");
   return [opts, preset, sets]() -> int {
+    nlohmann::json resolved;
     if (preset->empty()) {
       // No preset: the schema's defaults (auto format, llama3 template) with the overrides.
-      opts->preset = config::schema_defaults();
-      config::apply_sets(opts->preset, *sets);
+      resolved = config::schema_defaults();
+      config::apply_sets(resolved, *sets);
     } else {
-      opts->preset = config::resolve_preset(*preset, *sets);
+      resolved = config::resolve_preset(*preset, *sets);
     }
+    opts->data = config::settings_from_json(resolved, "resolved preset").data;
     fmt::print("{}\n", train::evaluate(*opts).to_json().dump());
     return 0;
   };

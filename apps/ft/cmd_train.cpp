@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include "commands.h"
-#include "config/preset.h"
+#include "config/settings.h"
 #include "core/error.h"
 #include "dist/dist_env.h"
 #include "train/run.h"
@@ -17,8 +17,7 @@ Run add_train(CLI::App& app) {
   args->add_to(cmd, /*require=*/true, "Options");
   return [args]() -> int {
     train::RunOptions opts = args->run_options();
-    opts.preset = config::resolve_preset(args->value("preset"), args->values("set"));
-    opts.user_settings = config::user_settings(args->value("preset"), args->values("set"));
+    opts.settings = config::resolve_settings(args->value("preset"), args->values("set"));
     auto s = train::run_training(opts);
     if (s.preempted) return train::kExitPreempted;
     if (dist::read_dist_env().rank != 0) return 0;

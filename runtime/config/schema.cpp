@@ -18,23 +18,37 @@ namespace {
 constexpr double kNoRange = 1, kNoRangeMax = 0;  // min > max: no range check
 const double kInf = std::numeric_limits<double>::infinity();
 
-Setting I(std::string key, int64_t def, double lo, double hi, std::string help) {
-  return {std::move(key), Kind::kInt, def, std::move(help), lo, hi, {}};
+// The field of Settings a row fills: FIELD(data.chat_template) for the key data.template.
+template <class T>
+using Field = T& (*)(Settings&);
+#define FIELD(path) \
+  [](Settings & s) -> auto& { return s.path; }
+// A row whose key is its field's path: KEY(train.micro_batch).
+#define KEY(path) #path, FIELD(path)
+
+template <class T>
+std::function<void(Settings&, const json&)> binder(Field<T> field) {
+  return [field](Settings& s, const json& v) { field(s) = v.get<T>(); };
 }
-Setting F(std::string key, double def, double lo, double hi, std::string help) {
-  return {std::move(key), Kind::kFloat, def, std::move(help), lo, hi, {}};
+
+Setting I(std::string key, Field<int64_t> f, int64_t def, double lo, double hi, std::string help) {
+  return {std::move(key), Kind::kInt, def, std::move(help), lo, hi, {}, binder(f)};
 }
-Setting B(std::string key, bool def, std::string help) {
-  return {std::move(key), Kind::kBool, def, std::move(help), kNoRange, kNoRangeMax, {}};
+Setting F(std::string key, Field<double> f, double def, double lo, double hi, std::string help) {
+  return {std::move(key), Kind::kFloat, def, std::move(help), lo, hi, {}, binder(f)};
 }
-Setting C(std::string key, std::string def, std::vector<std::string> choices, std::string help) {
-  return {std::move(key), Kind::kChoice,     def, std::move(help), kNoRange,
-          kNoRangeMax,    std::move(choices)};
+Setting B(std::string key, Field<bool> f, bool def, std::string help) {
+  return {std::move(key), Kind::kBool, def, std::move(help), kNoRange, kNoRangeMax, {}, binder(f)};
 }
-Setting L(std::string key, std::vector<std::string> def, std::vector<std::string> allowed,
+Setting C(std::string key, Field<std::string> f, std::string def, std::vector<std::string> choices,
           std::string help) {
-  return {std::move(key), Kind::kStringList, def, std::move(help), kNoRange,
-          kNoRangeMax,    std::move(allowed)};
+  return {std::move(key), Kind::kChoice,      def,      std::move(help), kNoRange,
+          kNoRangeMax,    std::move(choices), binder(f)};
+}
+Setting L(std::string key, Field<std::vector<std::string>> f, std::vector<std::string> def,
+          std::vector<std::string> allowed, std::string help) {
+  return {std::move(key), Kind::kStringList,  def,      std::move(help), kNoRange,
+          kNoRangeMax,    std::move(allowed), binder(f)};
 }
 
 const std::vector<std::string> kProjections = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
@@ -148,88 +162,88 @@ const std::vector<Setting>& preset_schema() {
   // clang-format off
   static const std::vector<Setting> schema = {
     // model: the shape used when no --model directory is given (random init, for demos/benchmarks)
-    I("model.vocab_size", 32000, 1, kInf, "Vocabulary size of a randomly initialised model."),
-    I("model.hidden_size", 4096, 1, kInf, "Hidden size."),
-    I("model.intermediate_size", 11008, 1, kInf, "MLP inner size."),
-    I("model.num_layers", 32, 1, kInf, "Transformer blocks."),
-    I("model.num_heads", 32, 1, kInf, "Attention heads."),
-    I("model.num_kv_heads", 32, 1, kInf, "Key/value heads (GQA when fewer than num_heads)."),
-    F("model.rope_theta", 10000.0, 1, kInf, "Rotary base."),
-    B("model.tie_embeddings", false, "Share the embedding and the LM head."),
-    I("model.max_seq_len", 4096, 1, kInf, "Longest sequence the model is used with."),
+    I(KEY(model.vocab_size), 32000, 1, kInf, "Vocabulary size of a randomly initialised model."),
+    I(KEY(model.hidden_size), 4096, 1, kInf, "Hidden size."),
+    I(KEY(model.intermediate_size), 11008, 1, kInf, "MLP inner size."),
+    I(KEY(model.num_layers), 32, 1, kInf, "Transformer blocks."),
+    I(KEY(model.num_heads), 32, 1, kInf, "Attention heads."),
+    I(KEY(model.num_kv_heads), 32, 1, kInf, "Key/value heads (GQA when fewer than num_heads)."),
+    F(KEY(model.rope_theta), 10000.0, 1, kInf, "Rotary base."),
+    B(KEY(model.tie_embeddings), false, "Share the embedding and the LM head."),
+    I(KEY(model.max_seq_len), 4096, 1, kInf, "Longest sequence the model is used with."),
     // data
-    C("data.format", "auto", {"auto", "text", "alpaca", "chat", "tokenized", "synthetic"},
+    C(KEY(data.format), "auto", {"auto", "text", "alpaca", "chat", "tokenized", "synthetic"},
       "Record format of the JSONL data; auto detects it from the first record."),
-    C("data.template", "llama3", {"llama3", "llama2", "chatml", "mistral", "none"},
+    C("data.template", FIELD(data.chat_template), "llama3", {"llama3", "llama2", "chatml", "mistral", "none"},
       "Chat/instruction template used to render alpaca and chat records."),
-    I("data.seq_len", 2048, 8, kInf, "Tokens per training sequence."),
-    B("data.pack", true, "Pack several records into one sequence (attention stays within each record)."),
-    B("data.train_on_prompt", false, "Also train on prompt tokens (by default only responses count)."),
-    C("data.on_bad_record", "error", {"error", "skip"},
+    I(KEY(data.seq_len), 2048, 8, kInf, "Tokens per training sequence."),
+    B(KEY(data.pack), true, "Pack several records into one sequence (attention stays within each record)."),
+    B(KEY(data.train_on_prompt), false, "Also train on prompt tokens (by default only responses count)."),
+    C(KEY(data.on_bad_record), "error", {"error", "skip"},
       "A malformed JSONL line stops the run (error) or is skipped and counted (skip)."),
     // train
-    I("train.micro_batch", 1, 1, kInf, "Sequences per micro-batch on each rank."),
-    I("train.grad_accum", 1, 1, kInf, "Micro-batches per optimizer step."),
-    I("train.max_steps", 0, 0, kInf, "Optimizer steps; 0 = run for train.epochs."),
-    F("train.epochs", 1.0, 0, kInf, "Passes over the data when max_steps is 0."),
-    F("train.lr", 2e-5, 0, kInf, "Peak learning rate."),
-    F("train.min_lr_ratio", 0.1, 0, 1, "Final learning rate as a fraction of the peak."),
-    I("train.warmup_steps", 0, 0, kInf, "Linear warmup steps."),
-    C("train.schedule", "cosine", {"cosine", "linear", "constant"}, "Decay after warmup."),
-    F("train.weight_decay", 0.0, 0, kInf, "AdamW decoupled weight decay (never on norms and biases)."),
-    F("train.beta1", 0.9, 0, 0.999999, "AdamW beta1."),
-    F("train.beta2", 0.999, 0, 0.99999999, "AdamW beta2."),
-    F("train.eps", 1e-8, 0, 1, "AdamW epsilon."),
-    F("train.grad_clip", 1.0, 0, kInf, "Global gradient-norm clip; 0 disables."),
-    I("train.seed", 42, 0, kInf, "Seed for initialisation, data order, dropout."),
-    I("train.log_every", 1, 1, kInf, "Optimizer steps between log lines."),
-    C("train.activation_checkpointing", "none", {"none", "full", "every_n"},
+    I(KEY(train.micro_batch), 1, 1, kInf, "Sequences per micro-batch on each rank."),
+    I(KEY(train.grad_accum), 1, 1, kInf, "Micro-batches per optimizer step."),
+    I(KEY(train.max_steps), 0, 0, kInf, "Optimizer steps; 0 = run for train.epochs."),
+    F(KEY(train.epochs), 1.0, 0, kInf, "Passes over the data when max_steps is 0."),
+    F(KEY(train.lr), 2e-5, 0, kInf, "Peak learning rate."),
+    F(KEY(train.min_lr_ratio), 0.1, 0, 1, "Final learning rate as a fraction of the peak."),
+    I(KEY(train.warmup_steps), 0, 0, kInf, "Linear warmup steps."),
+    C(KEY(train.schedule), "cosine", {"cosine", "linear", "constant"}, "Decay after warmup."),
+    F(KEY(train.weight_decay), 0.0, 0, kInf, "AdamW decoupled weight decay (never on norms and biases)."),
+    F(KEY(train.beta1), 0.9, 0, 0.999999, "AdamW beta1."),
+    F(KEY(train.beta2), 0.999, 0, 0.99999999, "AdamW beta2."),
+    F(KEY(train.eps), 1e-8, 0, 1, "AdamW epsilon."),
+    F(KEY(train.grad_clip), 1.0, 0, kInf, "Global gradient-norm clip; 0 disables."),
+    I(KEY(train.seed), 42, 0, kInf, "Seed for initialisation, data order, dropout."),
+    I(KEY(train.log_every), 1, 1, kInf, "Optimizer steps between log lines."),
+    C(KEY(train.activation_checkpointing), "none", {"none", "full", "every_n"},
       "Recompute layer activations in backward instead of keeping them: none; full (every "
       "layer); every_n (layers whose index % checkpoint_every_n_layers == 0). Same gradients, "
       "less memory, one more forward of those layers per step."),
-    I("train.checkpoint_every_n_layers", 2, 1, kInf,
+    I(KEY(train.checkpoint_every_n_layers), 2, 1, kInf,
       "n for activation_checkpointing = every_n: layers 0, n, 2n, ... are checkpointed."),
     // precision
-    C("precision.mode", "bf16", {"fp32", "bf16", "fp16", "fp64"},
+    C(KEY(precision.mode), "bf16", {"fp32", "bf16", "fp16", "fp64"},
       "Compute dtype; bf16/fp16 keep fp32 master weights and optimizer state; fp64 is for exact numerical checks."),
-    F("precision.loss_scale_init", 65536.0, 1, kInf, "fp16: initial dynamic loss scale."),
-    I("precision.loss_scale_window", 1000, 1, kInf, "fp16: overflow-free steps before the scale doubles."),
+    F(KEY(precision.loss_scale_init), 65536.0, 1, kInf, "fp16: initial dynamic loss scale."),
+    I(KEY(precision.loss_scale_window), 1000, 1, kInf, "fp16: overflow-free steps before the scale doubles."),
     // lora
-    B("lora.enabled", false, "Train LoRA adapters on a frozen base instead of every weight."),
-    I("lora.r", 16, 1, 4096, "Adapter rank."),
-    F("lora.alpha", 32.0, 1e-6, kInf, "Adapter scale numerator (alpha/r, or alpha/sqrt(r) with rslora)."),
-    F("lora.dropout", 0.05, 0, 0.99, "Dropout on the adapter input."),
-    L("lora.target_modules", kProjections, kProjections, "Projections that get adapters (PEFT names)."),
-    B("lora.rslora", false, "Rank-stabilised scaling alpha/sqrt(r)."),
+    B(KEY(lora.enabled), false, "Train LoRA adapters on a frozen base instead of every weight."),
+    I(KEY(lora.r), 16, 1, 4096, "Adapter rank."),
+    F(KEY(lora.alpha), 32.0, 1e-6, kInf, "Adapter scale numerator (alpha/r, or alpha/sqrt(r) with rslora)."),
+    F(KEY(lora.dropout), 0.05, 0, 0.99, "Dropout on the adapter input."),
+    L(KEY(lora.target_modules), kProjections, kProjections, "Projections that get adapters (PEFT names)."),
+    B(KEY(lora.rslora), false, "Rank-stabilised scaling alpha/sqrt(r)."),
     // hardware
-    C("hardware.device", "auto", {"auto", "cpu", "cuda"},
+    C(KEY(hardware.device), "auto", {"auto", "cpu", "cuda"},
       "Where each rank trains: cuda = GPU LOCAL_RANK of its node, collectives over NCCL (refused "
       "when no GPU is visible or ft was built without CUDA); cpu = host memory, Gloo; auto = cuda "
       "when a GPU is visible and ft has CUDA, else cpu."),
     // strategy (consumed by the distributed strategies)
-    C("strategy.kind", "ddp", {"ddp", "zero3", "fsdp"}, "How parameters, gradients and optimizer state are spread over ranks."),
-    B("strategy.overlap_comm", true, "Overlap communication with compute (gathers ahead of use, gradient reductions while backward runs). false waits for every collective as soon as it is issued: slower, but comm.wait_s in the metrics is then the whole communication time, to measure what overlap hides."),
-    F("strategy.ddp.bucket_mb", 25.0, 0.001, kInf, "ddp: gradient all-reduce bucket size (MiB); a bucket is all-reduced as soon as backward has filled it."),
-    F("strategy.zero3.prefetch_bucket_size", 5e7, 0, kInf, "zero3: elements prefetched ahead of use."),
-    F("strategy.zero3.param_persistence_threshold", 1e5, 0, kInf, "zero3: parameters with fewer elements stay whole."),
-    F("strategy.zero3.reduce_bucket_size", 5e8, 1, kInf, "zero3: elements per gradient reduce-scatter bucket."),
-    B("strategy.zero3.offload_optimizer", false,
+    C(KEY(strategy.kind), "ddp", {"ddp", "zero3", "fsdp"}, "How parameters, gradients and optimizer state are spread over ranks."),
+    B(KEY(strategy.overlap_comm), true, "Overlap communication with compute (gathers ahead of use, gradient reductions while backward runs). false waits for every collective as soon as it is issued: slower, but comm.wait_s in the metrics is then the whole communication time, to measure what overlap hides."),
+    F(KEY(strategy.ddp.bucket_mb), 25.0, 0.001, kInf, "ddp: gradient all-reduce bucket size (MiB); a bucket is all-reduced as soon as backward has filled it."),
+    F(KEY(strategy.zero3.prefetch_bucket_size), 5e7, 0, kInf, "zero3: elements prefetched ahead of use."),
+    F(KEY(strategy.zero3.param_persistence_threshold), 1e5, 0, kInf, "zero3: parameters with fewer elements stay whole."),
+    F(KEY(strategy.zero3.reduce_bucket_size), 5e8, 1, kInf, "zero3: elements per gradient reduce-scatter bucket."),
+    B(KEY(strategy.zero3.offload_optimizer), false,
       "zero3, GPU jobs: masters, gradients and optimizer state in host memory; AdamW on the CPU."),
-    B("strategy.zero3.offload_param", false,
+    B(KEY(strategy.zero3.offload_param), false,
       "zero3, GPU jobs: parameter shards in host memory, copied to the GPU to be gathered."),
-    C("strategy.fsdp.sharding_strategy", "FULL_SHARD", {"FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"},
+    C(KEY(strategy.fsdp.sharding_strategy), "FULL_SHARD", {"FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"},
       "fsdp: what is sharded and when it is regathered."),
-    B("strategy.fsdp.forward_prefetch", false, "fsdp: gather the next layer while the current one runs forward."),
-    C("strategy.fsdp.backward_prefetch", "BACKWARD_PRE", {"BACKWARD_PRE", "BACKWARD_POST", "NONE"}, "fsdp: BACKWARD_PRE gathers the next layer before computing the current one's gradients; BACKWARD_POST after them, before their reduce-scatter; NONE when needed."),
-    C("strategy.fsdp.param_dtype", "auto", {"auto", "fp32", "bf16", "fp16"}, "fsdp mixed precision: gather/compute dtype; must equal precision.mode (auto: that)."),
-    C("strategy.fsdp.reduce_dtype", "fp32", {"fp32", "bf16", "fp16"}, "fsdp mixed precision: gradient reduction dtype."),
-    B("strategy.fsdp.cpu_offload", false,
+    B(KEY(strategy.fsdp.forward_prefetch), false, "fsdp: gather the next layer while the current one runs forward."),
+    C(KEY(strategy.fsdp.backward_prefetch), "BACKWARD_PRE", {"BACKWARD_PRE", "BACKWARD_POST", "NONE"}, "fsdp: BACKWARD_PRE gathers the next layer before computing the current one's gradients; BACKWARD_POST after them, before their reduce-scatter; NONE when needed."),
+    C(KEY(strategy.fsdp.param_dtype), "auto", {"auto", "fp32", "bf16", "fp16"}, "fsdp mixed precision: gather/compute dtype; must equal precision.mode (auto: that)."),
+    C(KEY(strategy.fsdp.reduce_dtype), "fp32", {"fp32", "bf16", "fp16"}, "fsdp mixed precision: gradient reduction dtype."),
+    B(KEY(strategy.fsdp.cpu_offload), false,
       "fsdp, GPU jobs: both zero3 offloads (parameter shards, gradients, optimizer on the host)."),
     // output
-    I("output.save_every", 0, 0, kInf, "Optimizer steps between checkpoints (0: none by steps); a run that checkpoints also saves at its last step."),
-    F("output.save_every_minutes", 0.0, 0, kInf, "Minutes between checkpoints (0: none by time); with save_every, whichever comes first."),
-    I("output.keep_last", 2, 1, kInf, "Committed checkpoints kept; older ones are deleted only after a newer one is committed."),
-    B("output.async_save", true, "Copy the state to host memory and write it on a background thread while training goes on."),
+    I(KEY(output.save_every), 0, 0, kInf, "Optimizer steps between checkpoints (0: none by steps); a run that checkpoints also saves at its last step."),
+    F(KEY(output.save_every_minutes), 0.0, 0, kInf, "Minutes between checkpoints (0: none by time); with save_every, whichever comes first."),
+    I(KEY(output.keep_last), 2, 1, kInf, "Committed checkpoints kept; older ones are deleted only after a newer one is committed."),
+    B(KEY(output.async_save), true, "Copy the state to host memory and write it on a background thread while training goes on."),
   };
   // clang-format on
   return schema;

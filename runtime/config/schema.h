@@ -1,11 +1,15 @@
 // The preset schema: every training setting declared once (dotted key, type, default, range or
-// choices, help). The table drives preset validation, `--set` parsing, `ft presets show` and
-// docs/presets.md. Pure data and functions; thread-safe.
+// choices, help, and the field of Settings it fills). The table drives preset validation, `--set`
+// parsing, the typed Settings, `ft presets show` and docs/presets.md. Pure data and functions;
+// thread-safe.
 #pragma once
 
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "config/settings.h"
 
 namespace ft::config {
 
@@ -18,6 +22,8 @@ struct Setting {
   std::string help;
   double min = 0, max = 0;           // kInt / kFloat range, inclusive; unused when min > max
   std::vector<std::string> choices;  // kChoice (and allowed items of kStringList when non-empty)
+  // Stores a validated value of this key into its field of Settings.
+  std::function<void(Settings&, const nlohmann::json&)> bind;
 };
 
 const std::vector<Setting>& preset_schema();

@@ -37,6 +37,27 @@ BadRecordPolicy parse_bad_record_policy(std::string_view name) {
   throw ConfigError(detail::cat("data.on_bad_record '", name, "' is not one of error, skip"));
 }
 
+std::shared_ptr<const tokenizer::Tokenizer> open_tokenizer(const std::string& path,
+                                                           int64_t model_vocab_size,
+                                                           const std::string& hint) {
+  auto t = std::make_shared<const tokenizer::Tokenizer>(tokenizer::Tokenizer::from_file(path));
+  FT_CHECK(static_cast<int64_t>(t->vocab_size()) <= model_vocab_size, "the tokenizer ", path,
+           " has ", t->vocab_size(), " tokens but the model's vocabulary is ", model_vocab_size,
+           hint);
+  return t;
+}
+
+JsonlOptions jsonl_options(const config::DataSettings& data) {
+  JsonlOptions o;
+  o.format = parse_record_format(data.format);
+  o.chat_template = parse_chat_template(data.chat_template);
+  o.seq_len = data.seq_len;
+  o.pack = data.pack;
+  o.train_on_prompt = data.train_on_prompt;
+  o.on_bad_record = parse_bad_record_policy(data.on_bad_record);
+  return o;
+}
+
 JsonlSource::JsonlSource(JsonlOptions options, int64_t start_sample)
     : options_(std::move(options)),
       tokenizer_(load_tokenizer(options_)),

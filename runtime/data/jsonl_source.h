@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "config/settings.h"
 #include "data/batch.h"
 #include "data/jsonl.h"
 #include "data/records.h"
@@ -41,6 +42,16 @@ struct JsonlOptions {
   uint64_t seed = kDefaultSeed;  // shuffle seed; the order of epoch e is a function of (seed, e)
   int rank = 0, world_size = 1;
 };
+
+// The options the preset's data section sets (format, template, seq_len, packing, prompt masking,
+// bad-record policy); the caller sets the path, tokenizer, micro_batch, seed and rank.
+JsonlOptions jsonl_options(const config::DataSettings& data);
+
+// The tokenizer.json at `path`, checked against a model of `model_vocab_size` token ids (a larger
+// tokenizer would index past the embedding): ConfigError naming both sizes and `hint`, what to do.
+std::shared_ptr<const tokenizer::Tokenizer> open_tokenizer(const std::string& path,
+                                                           int64_t model_vocab_size,
+                                                           const std::string& hint);
 
 // Rank r of W reads the global record stream g = r, r+W, r+2W, ... where g indexes epoch g / N,
 // position g % N of that epoch's shuffle (N records). Padding is id 0 in its own segment, with

@@ -115,9 +115,9 @@ RecordFormat parse_record_format(std::string_view name) {
   if (name == "text") return RecordFormat::kText;
   if (name == "alpaca") return RecordFormat::kAlpaca;
   if (name == "chat") return RecordFormat::kChat;
-  if (name == "tokens") return RecordFormat::kTokens;
+  if (name == "tokenized" || name == "tokens") return RecordFormat::kTokens;
   throw ConfigError(
-      detail::cat("data.format '", name, "' is not one of auto, text, alpaca, chat, tokens"));
+      detail::cat("data.format '", name, "' is not one of auto, text, alpaca, chat, tokenized"));
 }
 
 ChatTemplate parse_chat_template(std::string_view name) {

@@ -24,8 +24,9 @@ enum class RecordFormat {
 
 enum class ChatTemplate { kNone, kLlama3, kLlama2, kChatml, kMistral };
 
-// Names as presets write them ("auto", "text", "alpaca", "chat", "tokens"; "none", "llama3",
-// "llama2", "chatml", "mistral"). Parsing throws ft::ConfigError listing the accepted names.
+// Names as presets write them ("auto", "text", "alpaca", "chat", "tokenized" or "tokens"; "none",
+// "llama3", "llama2", "chatml", "mistral"). Parsing throws ft::ConfigError listing the accepted
+// names.
 RecordFormat parse_record_format(std::string_view name);
 ChatTemplate parse_chat_template(std::string_view name);
 const char* name_of(RecordFormat format);

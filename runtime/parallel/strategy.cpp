@@ -4,30 +4,19 @@
 
 #include <cstdlib>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "model/lora.h"
 
 namespace ft::parallel {
 
-using nlohmann::json;
-
-namespace {
-
-at::ScalarType dtype_of(const std::string& s) {
-  if (s == "bf16") return at::kBFloat16;
-  if (s == "fp16") return at::kHalf;
-  if (s == "fp64") return at::kDouble;  // tests only
-  return at::kFloat;
-}
-
-}  // namespace
-
-StrategyPlan plan_strategy(const json& p, const std::map<std::string, std::string>& user,
-                           const dist::DistEnv& env, at::Device device) {
-  const std::string kind = p["strategy"]["kind"];
+StrategyPlan plan_strategy(const config::StrategySettings& strategy,
+                           const std::string& precision_mode, const dist::DistEnv& env,
+                           at::Device device) {
+  const std::string& kind = strategy.kind;
   // A knob of another strategy is a mistake (a copied config, a typo in kind), not something to
   // ignore.
-  for (const auto& [key, where] : user) {
+  for (const auto& [key, where] : strategy.user_keys) {
     // strategy.kind and strategy.overlap_comm (no further dot) apply to every kind.
     if (key.rfind("strategy.", 0) != 0 || key.find('.', 9) == std::string::npos) continue;
     const std::string owner = key.substr(9, key.find('.', 9) - 9);
@@ -39,8 +28,8 @@ StrategyPlan plan_strategy(const json& p, const std::map<std::string, std::strin
   EngineOptions& e = plan.engine;
   e.kind = kind;
   e.device = device;
-  e.overlap_comm = p["strategy"]["overlap_comm"];
-  e.compute_dtype = dtype_of(p["precision"]["mode"]);
+  e.overlap_comm = strategy.overlap_comm;
+  e.compute_dtype = parse_dtype(precision_mode);
   e.master_dtype = e.compute_dtype == at::kDouble ? at::kDouble : at::kFloat;
   e.reduce_dtype = e.master_dtype;
   for (int r = 0; r < W; ++r) plan.shard_ranks.push_back(r);
@@ -65,46 +54,42 @@ StrategyPlan plan_strategy(const json& p, const std::map<std::string, std::strin
   if (kind == "ddp") {
     e.shard_size = 1;
     e.buckets = true;
-    e.bucket_bytes =
-        static_cast<int64_t>(p["strategy"]["ddp"]["bucket_mb"].get<double>() * 1024 * 1024);
+    e.bucket_bytes = static_cast<int64_t>(strategy.ddp.bucket_mb * 1024 * 1024);
     plan.label = fmt::format("ddp: replicated on {} ranks, {} MiB gradient buckets", W,
-                             p["strategy"]["ddp"]["bucket_mb"].get<double>());
+                             strategy.ddp.bucket_mb);
   } else if (kind == "zero3") {
-    const json& z = p["strategy"]["zero3"];
-    e.offload_optimizer =
-        z["offload_optimizer"].get<bool>() && offload("strategy.zero3.offload_optimizer");
-    e.offload_params = z["offload_param"].get<bool>() && offload("strategy.zero3.offload_param");
+    const config::Zero3Settings& z = strategy.zero3;
+    e.offload_optimizer = z.offload_optimizer && offload("strategy.zero3.offload_optimizer");
+    e.offload_params = z.offload_param && offload("strategy.zero3.offload_param");
     e.shard_size = W;
     e.reshard_after_forward = true;
-    e.prefetch_elements = static_cast<int64_t>(z["prefetch_bucket_size"].get<double>());
-    e.persistence_threshold = static_cast<int64_t>(z["param_persistence_threshold"].get<double>());
-    e.reduce_bucket_elements = static_cast<int64_t>(z["reduce_bucket_size"].get<double>());
+    e.prefetch_elements = static_cast<int64_t>(z.prefetch_bucket_size);
+    e.persistence_threshold = static_cast<int64_t>(z.param_persistence_threshold);
+    e.reduce_bucket_elements = static_cast<int64_t>(z.reduce_bucket_size);
     plan.label = fmt::format(
         "zero3: every parameter of >= {} elements split over {} ranks, prefetch {} elements, "
         "reduce buckets of {} elements{}",
-        e.persistence_threshold, W, e.prefetch_elements, e.reduce_bucket_elements,
-        offload_label());
+        e.persistence_threshold, W, e.prefetch_elements, e.reduce_bucket_elements, offload_label());
   } else {
     FT_CHECK(kind == "fsdp", "strategy.kind must be ddp, zero3 or fsdp, got '", kind, "'");
-    const json& f = p["strategy"]["fsdp"];
+    const config::FsdpSettings& f = strategy.fsdp;
     // PyTorch's CPUOffload(offload_params=True): parameter shards and gradients in host memory,
     // the optimizer step on the CPU.
-    e.offload_params = e.offload_optimizer =
-        f["cpu_offload"].get<bool>() && offload("strategy.fsdp.cpu_offload");
-    const std::string param_dtype = f["param_dtype"];
-    const std::string mode = p["precision"]["mode"];
+    e.offload_params = e.offload_optimizer = f.cpu_offload && offload("strategy.fsdp.cpu_offload");
+    const std::string& param_dtype = f.param_dtype;
+    const std::string& mode = precision_mode;
     FT_CHECK(param_dtype == "auto" || param_dtype == mode,
              "strategy.fsdp.param_dtype=", param_dtype, " differs from precision.mode=", mode,
              ": they are one policy (compute in param_dtype, fp32 masters); set precision.mode=",
              param_dtype, " or strategy.fsdp.param_dtype=auto");
-    e.reduce_dtype = dtype_of(f["reduce_dtype"]);
+    e.reduce_dtype = parse_dtype(f.reduce_dtype, "strategy.fsdp.reduce_dtype");
     if (e.compute_dtype == at::kDouble) e.reduce_dtype = at::kDouble;
-    e.forward_prefetch = f["forward_prefetch"];
-    const std::string bp = f["backward_prefetch"];
+    e.forward_prefetch = f.forward_prefetch;
+    const std::string& bp = f.backward_prefetch;
     e.backward_prefetch = bp == "BACKWARD_PRE"    ? BackwardPrefetch::kPre
                           : bp == "BACKWARD_POST" ? BackwardPrefetch::kPost
                                                   : BackwardPrefetch::kNone;
-    const std::string ss = f["sharding_strategy"];
+    const std::string& ss = f.sharding_strategy;
     if (ss == "NO_SHARD") {
       e.shard_size = 1;
       e.buckets = true;
@@ -145,9 +130,8 @@ StrategyPlan plan_strategy(const json& p, const std::map<std::string, std::strin
   // Only shards are offloaded: with nothing split, the parameters would silently stay put.
   FT_CHECK(!e.offload_params || e.shard_size > 1,
            kind == "fsdp" ? "strategy.fsdp.cpu_offload" : "strategy.zero3.offload_param",
-           " keeps parameter shards in host memory, but this job (", W,
-           " rank(s), ", kind == "fsdp" ? p["strategy"]["fsdp"]["sharding_strategy"].get<std::string>()
-                                        : std::string("zero3"),
+           " keeps parameter shards in host memory, but this job (", W, " rank(s), ",
+           kind == "fsdp" ? strategy.fsdp.sharding_strategy : std::string("zero3"),
            ") splits nothing; run on 2 or more ranks with a sharding strategy, or remove it");
   return plan;
 }

@@ -1,4 +1,4 @@
-// The preset's `strategy` section turned into an engine layout for this job: which ranks shard a
+// The preset's strategy settings turned into an engine layout for this job: which ranks shard a
 // parameter together (shard group), which hold copies of the same shard (replica group), and the
 // knobs of ddp / zero3 / fsdp. Knobs that do not apply to the chosen strategy, or combinations this
 // job cannot honour, are ConfigErrors. Pure functions; thread-safe.
@@ -6,12 +6,11 @@
 
 #include <ATen/ATen.h>
 
-#include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "config/settings.h"
 #include "dist/dist_env.h"
 #include "parallel/engine.h"
 
@@ -25,9 +24,10 @@ struct StrategyPlan {
   std::vector<int> shard_ranks, replica_ranks;
 };
 
-// `user` is config::user_settings(): the keys the user set, with where they were set.
-StrategyPlan plan_strategy(const nlohmann::json& preset,
-                           const std::map<std::string, std::string>& user, const dist::DistEnv& env,
+// The plan of `strategy` (its user_keys: the keys the user set, with where, for the knob checks)
+// for this job; `precision_mode` is precision.mode (the compute dtype).
+StrategyPlan plan_strategy(const config::StrategySettings& strategy,
+                           const std::string& precision_mode, const dist::DistEnv& env,
                            at::Device device);
 
 // Every parameter of `model` in file order (base, then LoRA adapters when `lora`), trained: the

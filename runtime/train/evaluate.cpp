@@ -7,10 +7,9 @@
 
 #include "core/error.h"
 #include "data/jsonl_source.h"
-#include "io/safetensors.h"
 #include "model/llama.h"
 #include "model/lora.h"
-#include "tokenizer/tokenizer.h"
+#include "train/weights.h"
 
 namespace ft::train {
 
@@ -23,46 +22,27 @@ nlohmann::json EvalResult::to_json() const {
 }
 
 EvalResult evaluate(const EvalOptions& o) {
-  const auto& p = o.preset;
   FT_CHECK(!o.model_dir.empty(), "ft eval needs --model DIR");
   FT_CHECK(!o.data_path.empty(), "ft eval needs --data PATH (JSONL)");
-  const std::string format = p["data"]["format"];
-  FT_CHECK(format != "synthetic",
+  FT_CHECK(!o.data.synthetic(),
            "data.format synthetic cannot be evaluated from a file; set "
            "data.format to auto, text, alpaca, chat or tokenized");
 
   model::LlamaConfig mc = model::load_llama_config(o.model_dir + "/config.json");
-  auto weights = io::SafetensorsIndex::open(o.model_dir);
+  BaseWeights weights(o.model_dir, mc, model_param_shapes(mc), /*seed=*/0);
   model::LlamaModel model(mc, at::TensorOptions().dtype(at::kFloat));
-  model.load([&](const std::string& name, at::Tensor& dst) {
-    FT_CHECK_T(FormatError, weights.has(name), o.model_dir, ": weight \"", name,
-               "\" is missing from the model files");
-    weights.copy_to(name, dst);
-  });
+  model.load([&](const std::string& name, at::Tensor& dst) { weights.copy_to(name, dst); });
   if (!o.adapter_dir.empty()) {
     model::LoraConfig lc = model::load_lora_config(o.adapter_dir + "/adapter_config.json");
     lc.dropout = 0;  // evaluation
     model::attach_lora(model, lc, 0);
-    auto adapter = io::SafetensorsFile::open(o.adapter_dir + "/adapter_model.safetensors");
-    for (auto& t : model::lora_parameters(model)) {
-      FT_CHECK_T(FormatError, adapter.has(t.name), o.adapter_dir, "/adapter_model.safetensors: \"",
-                 t.name, "\" is missing (adapter for another model or other target modules?)");
-      adapter.copy_to(t.name, *t.tensor);
-    }
+    load_adapter(model, o.adapter_dir);
   }
 
-  data::JsonlOptions jo;
+  data::JsonlOptions jo = data::jsonl_options(o.data);
   jo.path = o.data_path;
   jo.tokenizer_path = o.tokenizer_path.empty() ? o.model_dir + "/tokenizer.json" : o.tokenizer_path;
-  jo.tokenizer = std::make_shared<const tokenizer::Tokenizer>(
-      tokenizer::Tokenizer::from_file(jo.tokenizer_path));
-  FT_CHECK(static_cast<int64_t>(jo.tokenizer->vocab_size()) <= mc.vocab_size, "the tokenizer ",
-           jo.tokenizer_path, " has ", jo.tokenizer->vocab_size(),
-           " tokens but the model's vocabulary is ", mc.vocab_size);
-  jo.format = data::parse_record_format(format == "tokenized" ? "tokens" : format);
-  jo.chat_template = data::parse_chat_template(p["data"]["template"].get<std::string>());
-  jo.seq_len = p["data"]["seq_len"];
-  jo.train_on_prompt = p["data"]["train_on_prompt"];
+  jo.tokenizer = data::open_tokenizer(jo.tokenizer_path, mc.vocab_size, "");
   // One record per row and one row per batch: every record is read exactly once, none twice.
   jo.micro_batch = 1;
   jo.pack = false;

@@ -7,10 +7,12 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "config/settings.h"
+
 namespace ft::train {
 
 struct EvalOptions {
-  nlohmann::json preset;       // resolved; its data.* keys say how to read the records
+  config::DataSettings data;   // how to read the records (the preset's data section)
   std::string model_dir;       // Hugging Face directory (config.json + safetensors)
   std::string adapter_dir;     // PEFT adapter directory, or ""
   std::string data_path;       // JSONL

@@ -1,23 +1,23 @@
 #include "train/export.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 
 #include "ckpt/checkpoint.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/strings.h"
 #include "model/llama.h"
 #include "model/lora.h"
 #include "train/saved_model.h"
 #include "train/trainer.h"
+#include "train/weights.h"
 
 namespace ft::train {
 
@@ -38,7 +38,7 @@ at::ScalarType resolve_dtype(const std::string& dtype, const std::string& precis
   const std::string d = dtype == "auto" ? (precision == "fp64" ? "fp32" : precision) : dtype;
   FT_CHECK(d == "fp32" || d == "bf16" || d == "fp16",
            "--dtype must be auto, fp32, bf16 or fp16, got '", dtype, "'");
-  return precision_dtype(d);
+  return parse_dtype(d);
 }
 
 // A tensor of the checkpoint read whole into fp32 (each chunk's checksum checked on the way).
@@ -55,7 +55,7 @@ bool is_empty_dir(const fs::path& p) {
 
 // What a checkpoint's saved state says about the run.
 struct RunState {
-  json preset;
+  config::Settings settings;  // the run's resolved preset
   bool lora = false;
   std::string base_model;  // the --model directory, "" for random init
   std::string tokenizer;   // the --tokenizer file, "" when none (or an older checkpoint)
@@ -74,73 +74,12 @@ RunState read_state(const ckpt::Checkpoint& ck) {
   FT_CHECK_T(FormatError, s.contains("lora") && s["lora"].is_boolean(), meta,
              ": state.lora is missing or not a boolean");
   RunState r;
-  r.preset = s["preset"];
+  r.settings = config::settings_from_json(s["preset"], meta + ": state.preset");
   r.lora = s["lora"];
   r.base_model = str("base_model");
   r.tokenizer = str("tokenizer");
   return r;
 }
-
-// Every parameter the model has, with its shape, in file order (a tied head is the embedding).
-std::vector<std::pair<std::string, std::vector<int64_t>>> model_params(
-    const model::LlamaConfig& config) {
-  model::LlamaModel shapes(config, at::TensorOptions().dtype(at::kFloat), /*materialize=*/false);
-  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
-  for (const auto& p : shapes.parameters()) out.emplace_back(p.name, p.tensor->sizes().vec());
-  return out;
-}
-
-// The values of the frozen base a LoRA run trained on top of, one tensor at a time: from the model
-// files, or the random init the run drew from train.seed, rounded to its compute dtype as the run
-// held it. The init is a stream in parameter order; the generator state before each parameter is
-// kept, so any parameter can be drawn again in any order.
-class BaseWeights {
- public:
-  BaseWeights(const std::string& dir, const model::LlamaConfig& config,
-              const std::vector<std::pair<std::string, std::vector<int64_t>>>& params,
-              uint64_t seed, at::ScalarType compute)
-      : config_(config), compute_(compute) {
-    if (!dir.empty()) {
-      files_ = std::make_unique<io::SafetensorsIndex>(io::SafetensorsIndex::open(dir));
-      for (const auto& [name, shape] : params) {
-        FT_CHECK_T(FormatError, files_->has(name), dir, ": weight \"", name,
-                   "\" is missing from the model files");
-        const io::TensorInfo& info = files_->info(name);
-        FT_CHECK_T(FormatError, info.shape == shape, files_->file_of(name).path(), ": ", name,
-                   " has shape ", at::IntArrayRef(info.shape), " but config.json makes it ",
-                   at::IntArrayRef(shape));
-      }
-      return;
-    }
-    shapes_ = std::make_unique<model::LlamaModel>(config_, at::TensorOptions().dtype(at::kFloat),
-                                                  /*materialize=*/false);
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-    for (const auto& [name, shape] : params) {
-      {
-        std::lock_guard<std::mutex> lock(gen.mutex());
-        states_[name] = gen.get_state();
-      }
-      shapes_->init_value(name, shape, gen);
-    }
-  }
-
-  at::Tensor fp32(const std::string& name, const std::vector<int64_t>& shape) const {
-    if (files_) return files_->tensor(name).to(at::kFloat);
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(0);
-    {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(states_.at(name));
-    }
-    return shapes_->init_value(name, shape, gen).to(compute_).to(at::kFloat);
-  }
-
- private:
-  model::LlamaConfig config_;
-  at::ScalarType compute_;
-  std::unique_ptr<io::SafetensorsIndex> files_;
-  std::unique_ptr<model::LlamaModel> shapes_;
-  std::map<std::string, at::Tensor> states_;  // generator state before each parameter's draw
-};
 
 }  // namespace
 
@@ -179,8 +118,8 @@ ExportSummary export_checkpoint(const ExportOptions& o) {
   const ckpt::Checkpoint ck = ckpt::Checkpoint::open(step_dir);
   const RunState run = read_state(ck);
   const std::string base = o.base_model.empty() ? run.base_model : o.base_model;
-  const std::string precision = run.preset.at("precision").at("mode");
-  const at::ScalarType compute = precision_dtype(precision);
+  const std::string& precision = run.settings.precision.mode;
+  const at::ScalarType compute = parse_dtype(precision);
   const bool adapter_only = run.lora && !o.merge_lora;
   FT_CHECK(!o.merge_lora || run.lora, "--merge-lora: ", step_dir,
            " is a full fine-tune checkpoint (every weight was trained; it holds no LoRA "
@@ -208,7 +147,7 @@ ExportSummary export_checkpoint(const ExportOptions& o) {
            " does not exist; pass --base-model DIR where that model is now");
   std::optional<model::LlamaConfig> mc;
   if (base.empty()) {
-    mc = model_config_from_preset(run.preset);
+    mc = model_config_from_preset(run.settings.model);
   } else if (base_here) {
     mc = model::load_llama_config((fs::path(base) / "config.json").string());
   }
@@ -219,13 +158,13 @@ ExportSummary export_checkpoint(const ExportOptions& o) {
     if (t.rfind(kParam, 0) == 0) held.push_back(t.substr(kParam.size()));
   FT_CHECK_T(FormatError, !held.empty(), step_dir, ": the checkpoint holds no param/ tensors");
   const std::set<std::string> held_set(held.begin(), held.end());
-  std::vector<std::pair<std::string, std::vector<int64_t>>> params;
-  if (mc) params = model_params(*mc);
+  ParamShapes params;
+  if (mc) params = model_param_shapes(*mc);
   const char* const other_model =
       " (is it a checkpoint of another model? --base-model must be the model it was trained "
       "from)";
   model::LoraConfig lc;
-  if (run.lora) lc = lora_config_from_preset(run.preset, base);
+  if (run.lora) lc = lora_config_from_preset(run.settings.lora, base);
   // The adapter of each adapted module: (A, B) names.
   std::map<std::string, std::pair<std::string, std::string>> adapters;
   if (!run.lora) {
@@ -270,8 +209,8 @@ ExportSummary export_checkpoint(const ExportOptions& o) {
   // Random-init bases are drawn (and the model files' headers checked) before anything is written.
   std::unique_ptr<BaseWeights> base_weights;
   if (o.merge_lora)
-    base_weights = std::make_unique<BaseWeights>(
-        base, *mc, params, run.preset.at("train").at("seed").get<uint64_t>(), compute);
+    base_weights = std::make_unique<BaseWeights>(base, *mc, params,
+                                                 static_cast<uint64_t>(run.settings.train.seed));
 
   // Tokenizer files as final/ has them: the base model's, and the run's --tokenizer.
   std::vector<std::string> tokenizer_files = tokenizer_files_of(base_here ? base : "");
@@ -330,10 +269,10 @@ ExportSummary export_checkpoint(const ExportOptions& o) {
           make = [&ck, name = name, dtype] { return read_whole(ck, kParam + name).to(dtype); };
         } else {
           auto it = adapters.find(name);
-          const BaseWeights* bw = base_weights.get();
-          make = [&ck, bw, name = name, shape = shape, dtype, scale,
+          BaseWeights* bw = base_weights.get();
+          make = [&ck, bw, name = name, dtype, compute, scale,
                   ab = it == adapters.end() ? std::pair<std::string, std::string>{} : it->second] {
-            at::Tensor w = bw->fp32(name, shape);
+            at::Tensor w = bw->fp32(name, compute);
             if (!ab.first.empty())
               w = model::merge_lora(w, read_whole(ck, kParam + ab.first),
                                     read_whole(ck, kParam + ab.second), scale);

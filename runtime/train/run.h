@@ -6,22 +6,15 @@
 // anything, and never writes over an earlier run. Not thread-safe.
 #pragma once
 
-#include <map>
-#include <nlohmann/json.hpp>
+#include <cstdint>
 #include <string>
 
-#include "io/safetensors.h"
-#include "model/config.h"
-#include "model/llama.h"
-#include "model/lora.h"
-#include "train/saved_model.h"
+#include "config/settings.h"
 
 namespace ft::train {
 
 struct RunOptions {
-  nlohmann::json preset;  // resolved (config::resolve_preset)
-  // The keys the user set (config::user_settings), for the strategy's knob checks.
-  std::map<std::string, std::string> user_settings;
+  config::Settings settings;   // the resolved preset (config::resolve_settings)
   std::string model_dir;       // "" = random init from preset.model
   std::string data_path;       // "" = the preset's data (synthetic)
   std::string tokenizer_path;  // tokenizer.json for --data; default: <model_dir>/tokenizer.json

@@ -10,34 +10,33 @@ namespace ft::train {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-model::LlamaConfig model_config_from_preset(const json& p) {
-  const json& m = p.at("model");
+model::LlamaConfig model_config_from_preset(const config::ModelSettings& m) {
   model::LlamaConfig c;
-  c.vocab_size = m.at("vocab_size");
-  c.hidden_size = m.at("hidden_size");
-  c.intermediate_size = m.at("intermediate_size");
-  c.num_hidden_layers = m.at("num_layers");
-  c.num_attention_heads = m.at("num_heads");
-  c.num_key_value_heads = m.at("num_kv_heads");
+  c.vocab_size = m.vocab_size;
+  c.hidden_size = m.hidden_size;
+  c.intermediate_size = m.intermediate_size;
+  c.num_hidden_layers = m.num_layers;
+  c.num_attention_heads = m.num_heads;
+  c.num_key_value_heads = m.num_kv_heads;
   FT_CHECK(c.hidden_size % c.num_attention_heads == 0, "preset: model.hidden_size (", c.hidden_size,
            ") must be a multiple of model.num_heads (", c.num_attention_heads, ")");
   c.head_dim = c.hidden_size / c.num_attention_heads;
-  c.rope.theta = m.at("rope_theta");
-  c.tie_word_embeddings = m.at("tie_embeddings");
-  c.max_position_embeddings = m.at("max_seq_len");
+  c.rope.theta = m.rope_theta;
+  c.tie_word_embeddings = m.tie_embeddings;
+  c.max_position_embeddings = m.max_seq_len;
   c.rms_norm_eps = 1e-5;
   c.validate("preset model");
   return c;
 }
 
-model::LoraConfig lora_config_from_preset(const json& p, const std::string& base_model) {
-  const json& l = p.at("lora");
+model::LoraConfig lora_config_from_preset(const config::LoraSettings& l,
+                                          const std::string& base_model) {
   model::LoraConfig c;
-  c.r = l.at("r");
-  c.alpha = l.at("alpha");
-  c.dropout = l.at("dropout");
-  c.target_modules = l.at("target_modules").get<std::vector<std::string>>();
-  c.use_rslora = l.at("rslora");
+  c.r = l.r;
+  c.alpha = l.alpha;
+  c.dropout = l.dropout;
+  c.target_modules = l.target_modules;
+  c.use_rslora = l.rslora;
   c.base_model_name_or_path = base_model;
   c.validate("preset lora");
   return c;

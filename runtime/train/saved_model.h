@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "config/settings.h"
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/lora.h"
@@ -20,10 +21,10 @@ inline constexpr const char* kTokenizerFiles[] = {
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"};
 
 // The model shape a preset describes (used when no model directory is given).
-model::LlamaConfig model_config_from_preset(const nlohmann::json& preset);
+model::LlamaConfig model_config_from_preset(const config::ModelSettings& model);
 // The adapters a preset's lora section asks for, on the base `base_model` ("" = random init),
 // validated.
-model::LoraConfig lora_config_from_preset(const nlohmann::json& preset,
+model::LoraConfig lora_config_from_preset(const config::LoraSettings& lora,
                                           const std::string& base_model);
 
 // Writes the trained model to `dir`: a PEFT adapter (`tensors` are the adapters) when `lora` is

@@ -4,21 +4,26 @@
 
 #include <cmath>
 
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace ft::train {
 
-at::ScalarType precision_dtype(const std::string& p) {
-  if (p == "bf16") return at::kBFloat16;
-  if (p == "fp16") return at::kHalf;
-  if (p == "fp64") return at::kDouble;  // tests only: exact-arithmetic checks of the loop
-  FT_CHECK(p == "fp32", "precision.mode must be fp32, bf16 or fp16, got '", p, "'");
-  return at::kFloat;
+TrainOptions train_options(const config::TrainSettings& train,
+                           const config::PrecisionSettings& precision, int64_t total_steps) {
+  TrainOptions o;
+  o.precision = precision.mode;
+  o.schedule = {train.lr, train.warmup_steps, total_steps, train.min_lr_ratio, train.schedule};
+  o.adamw = {train.beta1, train.beta2, train.eps, train.weight_decay};
+  o.grad_clip = train.grad_clip;
+  o.loss_scale_init = precision.loss_scale_init;
+  o.loss_scale_window = precision.loss_scale_window;
+  return o;
 }
 
 Trainer::Trainer(model::LlamaModel& model, TrainOptions options, parallel::Engine& engine)
     : model_(model), options_(std::move(options)), engine_(engine) {
-  compute_dtype_ = precision_dtype(options_.precision);
+  compute_dtype_ = parse_dtype(options_.precision);
   std::vector<AdamW::Param> params;
   for (const auto& m : engine_.masters()) params.push_back({m.tensor, m.decay});
   FT_CHECK(!params.empty(), "the model has no parameters to train");

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "config/settings.h"
+#include "core/dtype.h"
 #include "data/batch.h"
 #include "model/llama.h"
 #include "parallel/engine.h"
@@ -95,6 +97,8 @@ class Trainer {
   at::Tensor growth_tracker_;  // [] int32 on the engine's device (fp16 only)
 };
 
-at::ScalarType precision_dtype(const std::string& precision);
+// The loop's options from the preset's train and precision sections, for `total_steps` steps.
+TrainOptions train_options(const config::TrainSettings& train,
+                           const config::PrecisionSettings& precision, int64_t total_steps);
 
 }  // namespace ft::train

@@ -66,7 +66,7 @@ TEST_CASE("4 x 2 micro-batches give the gradient and update of 1 x 8", "[unit]")
   // shows the normalisation itself is exact.
   for (const char* precision : {"fp32", "fp64"}) {
     DYNAMIC_SECTION(precision) {
-      auto dtype = train::precision_dtype(precision);
+      auto dtype = ft::parse_dtype(precision);
       model::LlamaModel a(tiny(), dtype), b(tiny(), dtype);
       a.init_random(3);
       b.init_random(3);
@@ -164,14 +164,14 @@ TEST_CASE("fp32, bf16 and fp16 train the synthetic task and fp16 overflow is ski
   for (const char* precision : {"fp32", "bf16", "fp16"}) {
     DYNAMIC_SECTION(precision) {
       const bool fp16 = std::string(precision) == "fp16";
-      model::LlamaModel m(c, at::TensorOptions().dtype(train::precision_dtype(precision)));
+      model::LlamaModel m(c, at::TensorOptions().dtype(ft::parse_dtype(precision)));
       m.init_random(11);
       train::TrainOptions to;
       to.precision = precision;
       to.schedule = {3e-3, 10, 40, 0.1, "cosine"};
       // Start fp16 far too high so the first steps overflow and must be skipped.
       to.loss_scale_init = fp16 ? 1e9 : 65536;
-      auto engine = parallel::single_process_engine(m, false, train::precision_dtype(precision));
+      auto engine = parallel::single_process_engine(m, false, ft::parse_dtype(precision));
       train::Trainer tr(m, to, *engine);
       data::SyntheticOptions so;
       so.vocab_size = c.vocab_size;

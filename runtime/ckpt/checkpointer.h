@@ -1,0 +1,65 @@
+// When a training run checkpoints, and the record of each save (torchtitan's checkpointer: the
+// loop calls it every step, the cadence is decided here). A save is due every
+// output.save_every steps, every output.save_every_minutes by rank 0's clock, at the last step of
+// a run that checkpoints at all, and on SIGTERM (preemption) on any rank, after which every rank
+// stops. The ranks agree through one scalar collective per step. Owns the Saver and, on rank 0,
+// checkpoints.jsonl. Installs a SIGTERM handler for its lifetime; not thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "ckpt/checkpoint.h"
+
+namespace ft::ckpt {
+
+struct CheckpointerOptions {
+  SaverOptions saver;
+  int64_t save_every = 0;         // steps; 0: none by steps
+  double save_every_minutes = 0;  // 0: none by time
+  bool async_save = true;
+  std::string log_path;  // checkpoints.jsonl; written by rank 0 when the run checkpoints at all
+  // The largest of a value over all ranks (one collective, in step on every rank); the value
+  // itself on a single rank.
+  std::function<double(double)> max_over_ranks;
+};
+
+class Checkpointer {
+ public:
+  explicit Checkpointer(CheckpointerOptions options);
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Before the optimizer update changes the state: an async save in flight finishes copying it,
+  // and the record of that save is completed with the wait.
+  void before_update();
+
+  // After the update of optimizer step `step` of `total_steps`: saves when due (every rank
+  // calls this at every step: it runs one collective). `snapshot()` makes this rank's share (an
+  // async save copies its host tensors on the saver's thread). Returns true when the run must stop
+  // now: SIGTERM reached a rank before the last step, and the checkpoint of `step` is durable.
+  bool after_step(int64_t step, int64_t total_steps, const std::function<Snapshot()>& snapshot);
+
+  // The end of the run: the last save is durable (rank 0: committed) and recorded.
+  void finish(int64_t step);
+
+  const std::string& root() const { return options_.saver.root; }
+
+ private:
+  void log(const nlohmann::json& record);
+
+  CheckpointerOptions options_;
+  Saver saver_;
+  bool rank0_;
+  std::ofstream log_;
+  std::chrono::steady_clock::time_point last_save_;
+  std::optional<nlohmann::json> pending_;  // an async save's record, completed at the next update
+};
+
+}  // namespace ft::ckpt

@@ -1,0 +1,138 @@
+// The resolved preset as typed fields: one struct per section, one field per schema row. The
+// schema (schema.cpp) binds each row to its field, so a setting is declared once and the rest of
+// the runtime reads `settings.train.micro_batch`, never the preset's JSON. Plain values; a filled
+// Settings is immutable by convention and safe to share between threads.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace ft::config {
+
+// The model shape used when no --model directory is given (random init).
+struct ModelSettings {
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  double rope_theta = 0;
+  bool tie_embeddings = false;
+  int64_t max_seq_len = 0;
+};
+
+struct DataSettings {
+  std::string format;         // auto | text | alpaca | chat | tokenized | synthetic
+  std::string chat_template;  // data.template: llama3 | llama2 | chatml | mistral | none
+  int64_t seq_len = 0;
+  bool pack = false;
+  bool train_on_prompt = false;
+  std::string on_bad_record;  // error | skip
+
+  bool synthetic() const { return format == "synthetic"; }
+};
+
+struct TrainSettings {
+  int64_t micro_batch = 0;
+  int64_t grad_accum = 0;
+  int64_t max_steps = 0;  // 0: run for `epochs`
+  double epochs = 0;
+  double lr = 0;
+  double min_lr_ratio = 0;
+  int64_t warmup_steps = 0;
+  std::string schedule;  // cosine | linear | constant
+  double weight_decay = 0;
+  double beta1 = 0, beta2 = 0, eps = 0;
+  double grad_clip = 0;
+  int64_t seed = 0;
+  int64_t log_every = 0;
+  std::string activation_checkpointing;  // none | full | every_n
+  int64_t checkpoint_every_n_layers = 0;
+};
+
+struct PrecisionSettings {
+  std::string mode;  // fp32 | bf16 | fp16 | fp64 (core/dtype.h turns it into a dtype)
+  double loss_scale_init = 0;
+  int64_t loss_scale_window = 0;
+};
+
+struct LoraSettings {
+  bool enabled = false;
+  int64_t r = 0;
+  double alpha = 0;
+  double dropout = 0;
+  std::vector<std::string> target_modules;
+  bool rslora = false;
+};
+
+struct HardwareSettings {
+  std::string device;  // auto | cpu | cuda
+};
+
+struct DdpSettings {
+  double bucket_mb = 0;
+};
+
+struct Zero3Settings {
+  double prefetch_bucket_size = 0;
+  double param_persistence_threshold = 0;
+  double reduce_bucket_size = 0;
+  bool offload_optimizer = false;
+  bool offload_param = false;
+};
+
+struct FsdpSettings {
+  std::string sharding_strategy;  // FULL_SHARD | SHARD_GRAD_OP | HYBRID_SHARD | NO_SHARD
+  bool forward_prefetch = false;
+  std::string backward_prefetch;  // BACKWARD_PRE | BACKWARD_POST | NONE
+  std::string param_dtype;        // auto | fp32 | bf16 | fp16
+  std::string reduce_dtype;       // fp32 | bf16 | fp16
+  bool cpu_offload = false;
+};
+
+struct StrategySettings {
+  std::string kind;  // ddp | zero3 | fsdp
+  bool overlap_comm = true;
+  DdpSettings ddp;
+  Zero3Settings zero3;
+  FsdpSettings fsdp;
+  // The keys the user set (in their preset files and --set), with where: a knob of another
+  // strategy is refused rather than ignored (config::user_settings).
+  std::map<std::string, std::string> user_keys;
+};
+
+struct OutputSettings {
+  int64_t save_every = 0;
+  double save_every_minutes = 0;
+  int64_t keep_last = 0;
+  bool async_save = false;
+};
+
+struct Settings {
+  std::string name;  // the preset's name
+  ModelSettings model;
+  DataSettings data;
+  TrainSettings train;
+  PrecisionSettings precision;
+  LoraSettings lora;
+  HardwareSettings hardware;
+  StrategySettings strategy;
+  OutputSettings output;
+  // The resolved preset these fields were read from, every key present: what preset.json and a
+  // checkpoint's state record (byte for byte what resolve_preset returned).
+  nlohmann::json resolved;
+};
+
+// The typed view of a resolved preset (resolve_preset's result, or one a checkpoint recorded):
+// every schema row's value in its field (a key missing from an older checkpoint's preset takes its
+// default). ConfigError naming `where` and the key for a value of the wrong type.
+Settings settings_from_json(const nlohmann::json& resolved, const std::string& where);
+
+// resolve_preset + user_settings + settings_from_json: what `ft train` and `ft eval` start from.
+Settings resolve_settings(const std::string& name_or_file, const std::vector<std::string>& sets);
+
+}  // namespace ft::config

@@ -1,0 +1,121 @@
+#include "train/weights.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <mutex>
+#include <set>
+
+#include "ckpt/checkpoint.h"
+#include "core/error.h"
+#include "model/lora.h"
+#include "parallel/strategy.h"
+
+namespace ft::train {
+
+ParamShapes model_param_shapes(const model::LlamaConfig& config) {
+  model::LlamaModel shapes(config, at::TensorOptions().dtype(at::kFloat), /*materialize=*/false);
+  ParamShapes out;
+  for (const auto& p : shapes.parameters()) out.emplace_back(p.name, p.tensor->sizes().vec());
+  return out;
+}
+
+BaseWeights::BaseWeights(const std::string& model_dir, const model::LlamaConfig& config,
+                         const ParamShapes& params, uint64_t seed)
+    : params_(params), gen_(at::make_generator<at::CPUGeneratorImpl>(seed)) {
+  for (size_t i = 0; i < params_.size(); ++i) index_[params_[i].first] = i;
+  if (model_dir.empty()) {
+    shapes_ = std::make_unique<model::LlamaModel>(config, at::TensorOptions().dtype(at::kFloat),
+                                                  /*materialize=*/false);
+    return;
+  }
+  files_ = std::make_unique<io::SafetensorsIndex>(io::SafetensorsIndex::open(model_dir));
+  for (const auto& [name, shape] : params_) {
+    FT_CHECK_T(FormatError, files_->has(name), model_dir, ": weight \"", name,
+               "\" is missing from the model files");
+    const io::TensorInfo& info = files_->info(name);
+    FT_CHECK_T(FormatError, info.shape == shape, files_->file_of(name).path(), ": ", name,
+               " has shape ", at::IntArrayRef(info.shape), " but config.json makes it ",
+               at::IntArrayRef(shape));
+  }
+}
+
+size_t BaseWeights::index_of(const std::string& name) const {
+  auto it = index_.find(name);
+  FT_ASSERT(it != index_.end(), "not a parameter of the model: ", name);
+  return it->second;
+}
+
+at::Tensor BaseWeights::draw(size_t index) {
+  auto state_of = [](at::Generator& g) {
+    std::lock_guard<std::mutex> lock(g.mutex());
+    return g.get_state();
+  };
+  while (next_ <= index) {
+    states_.push_back(state_of(gen_));
+    const auto& [name, shape] = params_[next_++];
+    at::Tensor value = shapes_->init_value(name, shape, gen_);
+    if (next_ > index) return value;
+  }
+  at::Generator again = at::make_generator<at::CPUGeneratorImpl>(0);
+  {
+    std::lock_guard<std::mutex> lock(again.mutex());
+    again.set_state(states_[index]);
+  }
+  return shapes_->init_value(params_[index].first, params_[index].second, again);
+}
+
+void BaseWeights::read_range(const std::string& name, int64_t begin, int64_t end,
+                             const at::Tensor& dst) {
+  if (!files_) {
+    dst.copy_(draw(index_of(name)).reshape({-1}).slice(0, begin, end));
+    return;
+  }
+  files_->read_range(name, begin, end, dst);
+  bytes_read_ += (end - begin) * static_cast<int64_t>(c10::elementSize(files_->info(name).dtype));
+}
+
+void BaseWeights::copy_to(const std::string& name, const at::Tensor& dst) {
+  if (!files_) {
+    dst.copy_(draw(index_of(name)));
+    return;
+  }
+  files_->copy_to(name, dst);
+  bytes_read_ += static_cast<int64_t>(files_->info(name).nbytes());
+}
+
+at::Tensor BaseWeights::fp32(const std::string& name, at::ScalarType compute) {
+  if (files_) return files_->tensor(name).to(at::kFloat);
+  return draw(index_of(name)).to(compute).to(at::kFloat);
+}
+
+void BaseWeights::warm_up(at::ScalarType dtype) {
+  if (!files_ || params_.empty()) return;
+  const std::string& first = params_.front().first;
+  const int64_t n = std::min<int64_t>(files_->info(first).numel(), 4096);
+  files_->read_range(first, 0, n, at::zeros({n}, at::TensorOptions().dtype(dtype)));
+}
+
+void load_adapter(model::LlamaModel& model, const std::string& adapter_dir) {
+  auto adapter = io::SafetensorsFile::open(adapter_dir + "/adapter_model.safetensors");
+  for (auto& t : model::lora_parameters(model)) {
+    FT_CHECK_T(FormatError, adapter.has(t.name), adapter_dir, "/adapter_model.safetensors: \"",
+               t.name, "\" is missing (adapter for another model or other target modules?)");
+    adapter.copy_to(t.name, *t.tensor);
+  }
+}
+
+parallel::ParamSource run_param_source(BaseWeights& base, const ckpt::Checkpoint* ck,
+                                       const std::vector<parallel::ParamSpec>& specs) {
+  std::set<std::string> trained;
+  for (const auto& s : specs)
+    if (s.trained) trained.insert(s.name);
+  parallel::ParamSource adapters = parallel::current_values(specs);
+  return [&base, ck, trained, adapters](const std::string& name, int64_t b, int64_t e,
+                                        const at::Tensor& dst) {
+    if (ck && trained.count(name)) return ck->read_range("param/" + name, b, e, dst);
+    if (name.rfind("base_model.", 0) == 0) return adapters(name, b, e, dst);
+    base.read_range(name, b, e, dst);
+  };
+}
+
+}  // namespace ft::train
