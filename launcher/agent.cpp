@@ -14,6 +14,7 @@
 #include "core/build_info.h"
 #include "core/error.h"
 #include "core/net.h"
+#include "core/worker_contract.h"
 #include "fingerprint.h"
 #include "rendezvous.h"
 #include "signals.h"
@@ -169,7 +170,7 @@ Agent::Outcome Agent::run_round(const RoundResult& rr) {
   std::vector<int64_t> hb_seen(layout.nnodes, -1);
   std::vector<Clock::time_point> hb_changed(layout.nnodes, Clock::now());
   Clock::time_point hb_next = Clock::now();
-  // Progress reported by the workers (ft train: "ft_progress/<rank>" in its round's store prefix).
+  // Progress reported by the workers (ft train: contract::progress_key in its round's prefix).
   std::vector<int64_t> progress(cfg_.nproc_per_node, 0);
   std::vector<Clock::time_point> progressed(cfg_.nproc_per_node, Clock::now());
   const auto hang_every = std::chrono::duration_cast<Clock::duration>(std::min(
@@ -182,9 +183,7 @@ Agent::Outcome Agent::run_round(const RoundResult& rr) {
         int hung = -1;
         for (int lr = 0; lr < cfg_.nproc_per_node && hung < 0; ++lr) {
           const int rank = layout.global_rank(lr);
-          // Under the prefix dist::worker_store_prefix gives this round's workers.
-          const int64_t v = store.add(
-              fmt::format("/worker/attempt_{}/ft_progress/{}", round, rank), 0);
+          const int64_t v = store.add(contract::full_progress_key(round, rank), 0);
           if (v != progress[lr]) {
             progress[lr] = v;
             progressed[lr] = Clock::now();
@@ -195,17 +194,18 @@ Agent::Outcome Agent::run_round(const RoundResult& rr) {
         }
         if (hung >= 0) {
           const int rank = layout.global_rank(hung);
-          log(fmt::format("rank {} reported no progress for {:.1f} s (--hang-timeout): stopping the "
-                          "job to restart it",
-                          rank, cfg_.hang_timeout_s));
-          publish_failure(
-              round, {{"kind", "hang"},
-                      {"node_rank", node_rank_},
-                      {"hostname", hostname()},
-                      {"description",
-                       fmt::format("rank {} hung: no progress for {:.1f} s after {} reports "
-                                   "(--hang-timeout)",
-                                   rank, cfg_.hang_timeout_s, progress[hung])}});
+          log(fmt::format(
+              "rank {} reported no progress for {:.1f} s (--hang-timeout): stopping the "
+              "job to restart it",
+              rank, cfg_.hang_timeout_s));
+          publish_failure(round,
+                          {{"kind", "hang"},
+                           {"node_rank", node_rank_},
+                           {"hostname", hostname()},
+                           {"description",
+                            fmt::format("rank {} hung: no progress for {:.1f} s after {} reports "
+                                        "(--hang-timeout)",
+                                        rank, cfg_.hang_timeout_s, progress[hung])}});
           outcome = Outcome::kFailure;
           break;
         }
@@ -378,7 +378,8 @@ int Agent::run() {
         log(fmt::format("error: lost the rendezvous store: {}", e.what()));
         return stop_signal_ ? 128 + stop_signal_ : kExitStoreLost;
       }
-      log(fmt::format("lost the rendezvous store (node 0's launcher exited or was killed?): "
+      log(
+          fmt::format("lost the rendezvous store (node 0's launcher exited or was killed?): "
                       "waiting up to {:.0f} s (--rdzv-timeout) for it to come back",
                       cfg_.rdzv_timeout_s));
     }
