@@ -8,12 +8,13 @@
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "core/build_info.h"
 #include "core/error.h"
 #include "core/net.h"
+#include "core/worker_contract.h"
+#include "failure.h"
 #include "fingerprint.h"
 #include "rendezvous.h"
 #include "signals.h"
@@ -22,7 +23,6 @@
 
 namespace ft::launcher {
 
-using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -38,6 +38,68 @@ int cpu_cores() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
+// What one look at a round found (torchelastic's WorkerState): it goes on, or how it ended.
+enum class RoundState {
+  kRunning,    // nothing has ended it yet
+  kSucceeded,  // every worker of every node exited 0
+  kFailed,     // the agent's failure_ says why: this node's record or another launcher's
+  kStopped,    // this launcher received a terminating signal (stop_signal_)
+  kPreempted,  // kStopped, and every local worker exited with kExitPreempted (checkpoint written)
+};
+
+// A counter another process bumps while it lives (a launcher's heartbeat, a rank's progress), and
+// when this launcher last saw it move, on its own clock.
+struct Liveness {
+  int64_t seen;
+  Clock::time_point changed;
+  // Takes the counter's value now; true when it has not moved for `timeout`.
+  bool stalled(int64_t value, std::chrono::duration<double> timeout) {
+    if (value != seen) {
+      seen = value;
+      changed = Clock::now();
+      return false;
+    }
+    return Clock::now() - changed > timeout;
+  }
+};
+
+// How often a watcher with a timeout looks: four times per timeout, at least once a second.
+Clock::duration quarter_of(double timeout_s) {
+  return std::chrono::duration_cast<Clock::duration>(
+      std::min(std::chrono::duration<double>(timeout_s) / 4, std::chrono::duration<double>(1.0)));
+}
+
+// A started round on this node as the watchers see it: its layout and workers, and what they
+// last saw. Made once the workers have started, so the watchers' clocks start with them.
+struct Round {
+  Round(const RoundResult& rr, const JobLayout& layout, WorkerGroup& group, const LaunchConfig& cfg)
+      : rr(rr),
+        layout(layout),
+        group(group),
+        interval(std::max<int64_t>(1, static_cast<int64_t>(cfg.monitor_interval_s * 1000))),
+        hb_every(quarter_of(cfg.heartbeat_timeout_s)),
+        heartbeats(layout.nnodes, Liveness{-1, Clock::now()}),
+        hb_next(Clock::now()),
+        hang_every(quarter_of(cfg.hang_timeout_s)),
+        progress(cfg.nproc_per_node, Liveness{0, Clock::now()}),
+        hang_next(Clock::now()) {}
+  const RoundResult& rr;
+  const JobLayout& layout;
+  WorkerGroup& group;
+  const std::chrono::milliseconds interval;  // --monitor-interval: how long one poll waits
+  // Heartbeats: this launcher bumps its counter a few times per --heartbeat-timeout; a peer whose
+  // counter has not moved for that long is lost. Indexed by node rank.
+  const Clock::duration hb_every;
+  std::vector<Liveness> heartbeats;
+  Clock::time_point hb_next;
+  // Progress the local workers report (contract::progress_key), for --hang-timeout. Indexed by
+  // local rank.
+  const Clock::duration hang_every;
+  std::vector<Liveness> progress;
+  Clock::time_point hang_next;
+  bool marked_done = false;  // this node's workers all exited 0, counted in "done"
+};
+
 class Agent {
  public:
   Agent(const LaunchConfig& cfg, const BuildInfo& node) : cfg_(cfg), node_(node) {}
@@ -47,12 +109,30 @@ class Agent {
   int run_rounds(int& restarts, bool reconnect);
 
  private:
-  enum class Outcome { kSuccess, kFailure, kSignal };
   void log(const std::string& msg) const;
-  Outcome run_round(const RoundResult& rr);
-  void publish_failure(int round, const json& failure);
-  void print_summary(const json& failure) const;
+  JobLayout round_layout(const RoundResult& rr) const;
+  std::vector<WorkerSpec> worker_specs(const JobLayout& layout) const;
+  RoundState run_round(const RoundResult& rr);
+  RoundState supervise(Round& r);
+  RoundState monitor(Round& r);
+  // The watchers, in the order monitor() runs them: each returns kRunning or how the round ended.
+  RoundState watch_progress(Round& r);
+  RoundState watch_heartbeats(Round& r);
+  RoundState watch_signals(Round& r);
+  RoundState watch_workers(Round& r);
+  RoundState watch_joining_node(Round& r);
+  RoundState watch_published_failure(Round& r);
+  RoundState watch_completion(Round& r);
+  int hung_local_rank(Round& r);
+  int silent_node(Round& r);
+  RoundState fail(const Round& r, const Failure& failure);
+  void publish_failure(int round, const Failure& failure);
+  void print_summary(const Failure& failure) const;
   void mark_stopped(int round);
+  // After a round that did not succeed.
+  bool starts_new_round(int& restarts);
+  int exit_after_failure(const RoundResult& rr, RoundState state);
+  int finish_job(const RoundResult& rr);
 
   LaunchConfig cfg_;
   BuildInfo node_;
@@ -60,8 +140,7 @@ class Agent {
   std::unique_ptr<Rendezvous> rdzv_;
   int node_rank_ = -1;
   int stop_signal_ = 0;
-  bool preempted_ = false;  // every local worker exited with kExitPreempted after our signal
-  json failure_;
+  Failure failure_;  // the last round's first failure, as published (ours if the store is gone)
 };
 
 void Agent::log(const std::string& msg) const {
@@ -70,54 +149,45 @@ void Agent::log(const std::string& msg) const {
   (void)!::write(2, line.data(), line.size());
 }
 
-void Agent::publish_failure(int round, const json& failure) {
+void Agent::publish_failure(int round, const Failure& failure) {
   try {
-    std::string stored =
-        rdzv_->store().set_if_absent(Rendezvous::key(round, "failure"), failure.dump());
-    failure_ = json::parse(stored);
+    const std::string stored =
+        rdzv_->store().set_if_absent(Rendezvous::key(round, "failure"), failure.to_json());
+    failure_ = Failure::from_json(stored);
   } catch (const BackendError&) {
     failure_ = failure;  // store gone: our own failure is the root cause we know of
   }
 }
 
-void Agent::print_summary(const json& f) const {
-  std::string where =
-      fmt::format("node {} ({})", f.value("node_rank", -1), f.value("hostname", "?"));
-  std::string text;
-  if (f.value("kind", "") == "worker") {
-    text = fmt::format(
-        "job failed: first failure on {} rank {} (local rank {}): worker {} after {:.1f} s", where,
-        f.value("rank", -1), f.value("local_rank", -1), f.value("description", ""),
-        f.value("elapsed_s", 0.0));
-    auto tail = f.value("tail", std::vector<std::string>{});
-    if (!tail.empty()) {
-      text +=
-          fmt::format("\n  last {} line(s) of rank {}'s output:", tail.size(), f.value("rank", -1));
-      for (const auto& l : tail) text += "\n  | " + l;
-    }
-  } else {
-    text = fmt::format("job stopped: {} {}", where, f.value("description", ""));
-  }
-  log(text);
+// Publishes `failure` (the first one published wins) and ends the round with it.
+RoundState Agent::fail(const Round& r, const Failure& failure) {
+  publish_failure(r.rr.round, failure);
+  return RoundState::kFailed;
 }
 
-Agent::Outcome Agent::run_round(const RoundResult& rr) {
-  const int round = rr.round;
+void Agent::print_summary(const Failure& failure) const { log(summary_text(failure)); }
+
+// The job's layout in round `rr`, as this node's workers see it.
+JobLayout Agent::round_layout(const RoundResult& rr) const {
   JobLayout layout;
   layout.node_rank = rr.my_node_rank;
   layout.nnodes = rr.nnodes;
   layout.nproc_per_node = cfg_.nproc_per_node;
   layout.master_addr = cfg_.rdzv_host;
   layout.master_port = rdzv_->port();
-  layout.restart_count = round;
+  layout.restart_count = rr.round;
   layout.max_restarts = cfg_.max_restarts;
   layout.run_id = cfg_.rdzv_id;
   layout.role = cfg_.role;
   layout.cpu_cores = cpu_cores();
+  return layout;
+}
 
+// This node's workers in `layout`: program, environment, output prefix, --log-dir file.
+std::vector<WorkerSpec> Agent::worker_specs(const JobLayout& layout) const {
   std::string log_dir;
   if (!cfg_.log_dir.empty()) {
-    log_dir = fmt::format("{}/attempt_{}", cfg_.log_dir, round);
+    log_dir = fmt::format("{}/attempt_{}", cfg_.log_dir, layout.restart_count);
     std::error_code ec;
     std::filesystem::create_directories(log_dir, ec);
     FT_CHECK(!ec, "cannot create --log-dir folder ", log_dir, ": ", ec.message());
@@ -135,187 +205,184 @@ Agent::Outcome Agent::run_round(const RoundResult& rr) {
       s.log_path = fmt::format("{}/node{}.rank{}.log", log_dir, layout.node_rank, s.global_rank);
     specs.push_back(std::move(s));
   }
+  return specs;
+}
 
-  WorkerGroup group(std::move(specs));
+// Starts this node's workers of round `rr`, watches them until the round ends, stops them.
+RoundState Agent::run_round(const RoundResult& rr) {
+  const JobLayout layout = round_layout(rr);
+  WorkerGroup group(worker_specs(layout));
   log(fmt::format(
       "round {}: {} node(s) x {} worker(s), world size {}, store {}:{}; starting ranks "
       "{}..{}",
-      round, layout.nnodes, layout.nproc_per_node, layout.world_size(), layout.master_addr,
+      rr.round, layout.nnodes, layout.nproc_per_node, layout.world_size(), layout.master_addr,
       layout.master_port, layout.global_rank(0), layout.global_rank(layout.nproc_per_node - 1)));
-  RdzvStore& store = rdzv_->store();
   try {
     group.spawn();
   } catch (const ConfigError& e) {
     // Not restartable: the same program would fail the same way. Every node stops and says why.
-    publish_failure(round,
-                    {{"kind", "error"},
-                     {"node_rank", node_rank_},
-                     {"hostname", hostname()},
-                     {"description", fmt::format("could not start its workers: {}", e.what())}});
+    publish_failure(rr.round,
+                    make_failure(FailureKind::kError, node_rank_, hostname(),
+                                 fmt::format("could not start its workers: {}", e.what())));
     group.stop(0);
-    mark_stopped(round);
-    return Outcome::kFailure;
+    mark_stopped(rr.round);
+    return RoundState::kFailed;
   }
+  Round r(rr, layout, group, cfg_);
+  RoundState state = supervise(r);
+  if (state != RoundState::kSucceeded) group.stop(cfg_.term_grace_s);
+  if (state == RoundState::kStopped && group.all_exited_with(kExitPreempted))
+    state = RoundState::kPreempted;
+  mark_stopped(rr.round);
+  return state;
+}
 
-  const auto interval = std::chrono::milliseconds(
-      std::max<int64_t>(1, static_cast<int64_t>(cfg_.monitor_interval_s * 1000)));
-  bool marked_done = false;
-  Outcome outcome;
-  // Heartbeats: each launcher bumps its counter a few times per timeout; a peer whose counter has
-  // not moved for --heartbeat-timeout (on our own clock) is lost.
-  const auto hb_timeout = std::chrono::duration<double>(cfg_.heartbeat_timeout_s);
-  const auto hb_every = std::chrono::duration_cast<Clock::duration>(
-      std::min(hb_timeout / 4, std::chrono::duration<double>(1.0)));
-  std::vector<int64_t> hb_seen(layout.nnodes, -1);
-  std::vector<Clock::time_point> hb_changed(layout.nnodes, Clock::now());
-  Clock::time_point hb_next = Clock::now();
-  // Progress reported by the workers (ft train: "ft_progress/<rank>" in its round's store prefix).
-  std::vector<int64_t> progress(cfg_.nproc_per_node, 0);
-  std::vector<Clock::time_point> progressed(cfg_.nproc_per_node, Clock::now());
-  const auto hang_every = std::chrono::duration_cast<Clock::duration>(std::min(
-      std::chrono::duration<double>(cfg_.hang_timeout_s) / 4, std::chrono::duration<double>(1.0)));
-  Clock::time_point hang_next = Clock::now();
+// Monitors the round until something ends it. When the store host is gone, stops the workers
+// gracefully before passing the error on.
+RoundState Agent::supervise(Round& r) {
   try {
     for (;;) {
-      if (cfg_.hang_timeout_s > 0 && Clock::now() >= hang_next) {
-        hang_next = Clock::now() + hang_every;
-        int hung = -1;
-        for (int lr = 0; lr < cfg_.nproc_per_node && hung < 0; ++lr) {
-          const int rank = layout.global_rank(lr);
-          // Under the prefix dist::worker_store_prefix gives this round's workers.
-          const int64_t v = store.add(
-              fmt::format("/worker/attempt_{}/ft_progress/{}", round, rank), 0);
-          if (v != progress[lr]) {
-            progress[lr] = v;
-            progressed[lr] = Clock::now();
-          } else if (v > 0 && Clock::now() - progressed[lr] >
-                                  std::chrono::duration<double>(cfg_.hang_timeout_s)) {
-            hung = lr;
-          }
-        }
-        if (hung >= 0) {
-          const int rank = layout.global_rank(hung);
-          log(fmt::format("rank {} reported no progress for {:.1f} s (--hang-timeout): stopping the "
-                          "job to restart it",
-                          rank, cfg_.hang_timeout_s));
-          publish_failure(
-              round, {{"kind", "hang"},
-                      {"node_rank", node_rank_},
-                      {"hostname", hostname()},
-                      {"description",
-                       fmt::format("rank {} hung: no progress for {:.1f} s after {} reports "
-                                   "(--hang-timeout)",
-                                   rank, cfg_.hang_timeout_s, progress[hung])}});
-          outcome = Outcome::kFailure;
-          break;
-        }
-      }
-      if (layout.nnodes > 1 && Clock::now() >= hb_next) {
-        hb_next = Clock::now() + hb_every;
-        store.add(Rendezvous::key(round, fmt::format("hb/{}", node_rank_)), 1);
-        int lost = -1;
-        for (int n = 0; n < layout.nnodes && lost < 0; ++n) {
-          if (n == node_rank_) continue;
-          const int64_t v = store.add(Rendezvous::key(round, fmt::format("hb/{}", n)), 0);
-          if (v != hb_seen[n]) {
-            hb_seen[n] = v;
-            hb_changed[n] = Clock::now();
-          } else if (Clock::now() - hb_changed[n] > hb_timeout) {
-            lost = n;
-          }
-        }
-        if (lost >= 0) {
-          const auto& fp = rr.members[lost].fp;
-          log(
-              fmt::format("node {} ({}) sent no heartbeat for {:.1f} s: stopping this node's "
-                          "workers for a new round",
-                          lost, fp.hostname, cfg_.heartbeat_timeout_s));
-          publish_failure(
-              round,
-              {{"kind", "node"},
-               {"node_rank", lost},
-               {"hostname", fp.hostname},
-               {"description",
-                fmt::format("sent no heartbeat for {:.1f} s (--heartbeat-timeout): its launcher "
-                            "died or the machine is unreachable; restart it with the same command",
-                            cfg_.heartbeat_timeout_s)}});
-          outcome = Outcome::kFailure;
-          break;
-        }
-      }
-      if (group.poll(interval, signals_.fd())) {
-        for (int sig : signals_.drain()) {
-          group.signal_all(sig);  // forward first, so workers see exactly what we saw
-          if (SignalPipe::terminates(sig) && !stop_signal_) {
-            stop_signal_ = sig;
-            log(fmt::format("received {}: stopping this node's workers (grace {:.0f} s)",
-                            signal_name(sig), cfg_.term_grace_s));
-            publish_failure(
-                round, {{"kind", "signal"},
-                        {"node_rank", node_rank_},
-                        {"hostname", hostname()},
-                        {"description", fmt::format("launcher received {}", signal_name(sig))}});
-          }
-        }
-        if (stop_signal_) {
-          outcome = Outcome::kSignal;
-          break;
-        }
-      }
-      if (auto f = group.first_failure()) {
-        publish_failure(round, {{"kind", "worker"},
-                                {"node_rank", node_rank_},
-                                {"hostname", hostname()},
-                                {"rank", f->global_rank},
-                                {"local_rank", f->local_rank},
-                                {"exit_code", f->exit_code},
-                                {"signal", f->signal},
-                                {"description", f->describe()},
-                                {"elapsed_s", f->elapsed_s},
-                                {"tail", f->tail}});
-        outcome = Outcome::kFailure;
-        break;
-      }
-      // Below --nnodes MAX, a launcher waiting to join makes the host start a new round with it.
-      // Not once the job is ending (a node's workers all finished): it completes as it is, and
-      // the waiting launcher is told so (Rendezvous::finish).
-      if (rdzv_->is_host() && layout.nnodes < cfg_.max_nodes && !marked_done &&
-          store.add(Rendezvous::key(round, "done"), 0) == 0 &&
-          store.add(Rendezvous::key(round + 1, "joined"), 0) > 0) {
-        publish_failure(round, {{"kind", "rejoin"},
-                                {"node_rank", node_rank_},
-                                {"hostname", hostname()},
-                                {"description",
-                                 "a node is waiting to join: starting a new round "
-                                 "with it (workers checkpoint on SIGTERM)"}});
-        outcome = Outcome::kFailure;
-        break;
-      }
-      if (auto remote = store.try_get(Rendezvous::key(round, "failure"))) {
-        failure_ = json::parse(*remote);
-        outcome = Outcome::kFailure;
-        break;
-      }
-      if (!marked_done && group.all_succeeded()) {
-        store.add(Rendezvous::key(round, "done"), 1);
-        marked_done = true;
-        if (layout.nnodes > 1) log("all local workers finished; waiting for the other nodes");
-      }
-      if (marked_done && store.add(Rendezvous::key(round, "done"), 0) >= layout.nnodes) {
-        outcome = Outcome::kSuccess;
-        break;
-      }
+      const RoundState state = monitor(r);
+      if (state != RoundState::kRunning) return state;
     }
   } catch (const BackendError&) {
-    // The store host is gone: stop our workers gracefully before reporting it.
     log("lost the rendezvous store; stopping this node's workers");
-    group.stop(cfg_.term_grace_s);
+    r.group.stop(cfg_.term_grace_s);
     throw;
   }
-  if (outcome != Outcome::kSuccess) group.stop(cfg_.term_grace_s);
-  preempted_ = outcome == Outcome::kSignal && group.all_exited_with(kExitPreempted);
-  mark_stopped(round);
-  return outcome;
+}
+
+// One look at the round (torchelastic's _monitor_workers): the watchers in a fixed order; the first
+// that sees the round end decides. watch_signals is where the loop waits.
+RoundState Agent::monitor(Round& r) {
+  for (auto watch : {&Agent::watch_progress, &Agent::watch_heartbeats, &Agent::watch_signals,
+                     &Agent::watch_workers, &Agent::watch_joining_node,
+                     &Agent::watch_published_failure, &Agent::watch_completion}) {
+    const RoundState state = (this->*watch)(r);
+    if (state != RoundState::kRunning) return state;
+  }
+  return RoundState::kRunning;
+}
+
+// --hang-timeout: a rank whose progress counter has not moved for that long, after it moved at
+// least once, has hung.
+RoundState Agent::watch_progress(Round& r) {
+  if (cfg_.hang_timeout_s <= 0 || Clock::now() < r.hang_next) return RoundState::kRunning;
+  r.hang_next = Clock::now() + r.hang_every;
+  const int hung = hung_local_rank(r);
+  if (hung < 0) return RoundState::kRunning;
+  const int rank = r.layout.global_rank(hung);
+  log(
+      fmt::format("rank {} reported no progress for {:.1f} s (--hang-timeout): stopping the "
+                  "job to restart it",
+                  rank, cfg_.hang_timeout_s));
+  return fail(r, make_failure(FailureKind::kHang, node_rank_, hostname(),
+                              fmt::format("rank {} hung: no progress for {:.1f} s after {} "
+                                          "reports (--hang-timeout)",
+                                          rank, cfg_.hang_timeout_s, r.progress[hung].seen)));
+}
+
+// Reads every local rank's progress counter; the first local rank that hangs, or -1.
+int Agent::hung_local_rank(Round& r) {
+  const auto timeout = std::chrono::duration<double>(cfg_.hang_timeout_s);
+  for (int lr = 0; lr < cfg_.nproc_per_node; ++lr) {
+    const int64_t v =
+        rdzv_->store().add(contract::full_progress_key(r.rr.round, r.layout.global_rank(lr)), 0);
+    if (r.progress[lr].stalled(v, timeout) && v > 0) return lr;
+  }
+  return -1;
+}
+
+// --heartbeat-timeout, with more than one node: bumps this launcher's counter; a node whose
+// counter has not moved for that long is lost.
+RoundState Agent::watch_heartbeats(Round& r) {
+  if (r.layout.nnodes <= 1 || Clock::now() < r.hb_next) return RoundState::kRunning;
+  r.hb_next = Clock::now() + r.hb_every;
+  rdzv_->store().add(Rendezvous::key(r.rr.round, fmt::format("hb/{}", node_rank_)), 1);
+  const int lost = silent_node(r);
+  if (lost < 0) return RoundState::kRunning;
+  const std::string& host = r.rr.members[lost].fp.hostname;
+  log(
+      fmt::format("node {} ({}) sent no heartbeat for {:.1f} s: stopping this node's "
+                  "workers for a new round",
+                  lost, host, cfg_.heartbeat_timeout_s));
+  return fail(r, make_failure(FailureKind::kNode, lost, host,
+                              fmt::format("sent no heartbeat for {:.1f} s (--heartbeat-timeout): "
+                                          "its launcher died or the machine is unreachable; "
+                                          "restart it with the same command",
+                                          cfg_.heartbeat_timeout_s)));
+}
+
+// Reads the other nodes' heartbeat counters; the first node rank that went silent, or -1.
+int Agent::silent_node(Round& r) {
+  const auto timeout = std::chrono::duration<double>(cfg_.heartbeat_timeout_s);
+  for (int n = 0; n < r.layout.nnodes; ++n) {
+    if (n == node_rank_) continue;
+    const int64_t v = rdzv_->store().add(Rendezvous::key(r.rr.round, fmt::format("hb/{}", n)), 0);
+    if (r.heartbeats[n].stalled(v, timeout)) return n;
+  }
+  return -1;
+}
+
+// Waits up to --monitor-interval for worker output and exits (pumped and reaped meanwhile) or a
+// signal. Every signal is forwarded to the workers; the first terminating one stops the round.
+RoundState Agent::watch_signals(Round& r) {
+  if (!r.group.poll(r.interval, signals_.fd())) return RoundState::kRunning;
+  for (int sig : signals_.drain()) {
+    r.group.signal_all(sig);  // forward first, so workers see exactly what we saw
+    if (SignalPipe::terminates(sig) && !stop_signal_) {
+      stop_signal_ = sig;
+      log(fmt::format("received {}: stopping this node's workers (grace {:.0f} s)",
+                      signal_name(sig), cfg_.term_grace_s));
+      publish_failure(r.rr.round,
+                      make_failure(FailureKind::kSignal, node_rank_, hostname(),
+                                   fmt::format("launcher received {}", signal_name(sig))));
+    }
+  }
+  return stop_signal_ ? RoundState::kStopped : RoundState::kRunning;
+}
+
+// A local worker that exited non-zero or was killed fails the round.
+RoundState Agent::watch_workers(Round& r) {
+  const std::optional<WorkerExit> failed = r.group.first_failure();
+  if (!failed) return RoundState::kRunning;
+  return fail(
+      r, make_failure(FailureKind::kWorker, node_rank_, hostname(), failed->describe(), failed));
+}
+
+// Below --nnodes MAX, a launcher waiting to join makes the host start a new round with it. Not once
+// the job is ending (a node's workers all finished): it completes as it is, and the waiting
+// launcher is told so (Rendezvous::finish).
+RoundState Agent::watch_joining_node(Round& r) {
+  RdzvStore& store = rdzv_->store();
+  if (!rdzv_->is_host() || r.layout.nnodes >= cfg_.max_nodes || r.marked_done ||
+      store.add(Rendezvous::key(r.rr.round, "done"), 0) != 0 ||
+      store.add(Rendezvous::key(r.rr.round + 1, "joined"), 0) <= 0)
+    return RoundState::kRunning;
+  return fail(r, make_failure(FailureKind::kRejoin, node_rank_, hostname(),
+                              "a node is waiting to join: starting a new round with it (workers "
+                              "checkpoint on SIGTERM)"));
+}
+
+// Another launcher published the round's failure.
+RoundState Agent::watch_published_failure(Round& r) {
+  const auto remote = rdzv_->store().try_get(Rendezvous::key(r.rr.round, "failure"));
+  if (!remote) return RoundState::kRunning;
+  failure_ = Failure::from_json(*remote);
+  return RoundState::kFailed;
+}
+
+// The round succeeds when every node has counted its workers' success in "done".
+RoundState Agent::watch_completion(Round& r) {
+  RdzvStore& store = rdzv_->store();
+  if (!r.marked_done && r.group.all_succeeded()) {
+    store.add(Rendezvous::key(r.rr.round, "done"), 1);
+    r.marked_done = true;
+    if (r.layout.nnodes > 1) log("all local workers finished; waiting for the other nodes");
+  }
+  if (r.marked_done && store.add(Rendezvous::key(r.rr.round, "done"), 0) >= r.layout.nnodes)
+    return RoundState::kSucceeded;
+  return RoundState::kRunning;
 }
 
 void Agent::mark_stopped(int round) {
@@ -378,7 +445,8 @@ int Agent::run() {
         log(fmt::format("error: lost the rendezvous store: {}", e.what()));
         return stop_signal_ ? 128 + stop_signal_ : kExitStoreLost;
       }
-      log(fmt::format("lost the rendezvous store (node 0's launcher exited or was killed?): "
+      log(
+          fmt::format("lost the rendezvous store (node 0's launcher exited or was killed?): "
                       "waiting up to {:.0f} s (--rdzv-timeout) for it to come back",
                       cfg_.rdzv_timeout_s));
     }
@@ -400,44 +468,10 @@ int Agent::run_rounds(int& restarts, bool reconnect) {
     for (int round = first;; ++round) {
       RoundResult rr = rdzv_->join(round);
       node_rank_ = rr.my_node_rank;
-      Outcome o = run_round(rr);
-      if (o == Outcome::kSuccess) {
-        if (rdzv_->is_host()) {
-          rdzv_->wait_count(round, "stopped", rr.nnodes, 30.0);
-          rdzv_->finish(round);
-        }
-        log("job finished successfully");
-        return kExitOk;
-      }
-      const std::string kind = failure_.value("kind", "");
-      const bool restartable =
-          (kind == "worker" || kind == "node" || kind == "hang" || kind == "rejoin") &&
-          !stop_signal_;
-      if (kind == "rejoin") {
-        print_summary(failure_);
-        continue;
-      }
-      if (restartable && restarts < cfg_.max_restarts) {
-        ++restarts;
-        print_summary(failure_);
-        log(fmt::format("restarting the job: attempt {} of {} restarts", restarts,
-                        cfg_.max_restarts));
-        continue;
-      }
+      const RoundState state = run_round(rr);
+      if (state == RoundState::kSucceeded) return finish_job(rr);
       print_summary(failure_);
-      // Keep the store up while the other nodes read the failure and stop their workers.
-      if (rdzv_->is_host()) rdzv_->wait_count(round, "stopped", rr.nnodes, cfg_.term_grace_s + 5.0);
-      if (stop_signal_ && preempted_) {
-        log(
-            fmt::format("every worker saved a checkpoint after {}; run the same command again to "
-                        "continue (exit {})",
-                        signal_name(stop_signal_), kExitPreempted));
-        return kExitPreempted;
-      }
-      if (stop_signal_) return 128 + stop_signal_;
-      if (restartable && cfg_.max_restarts > 0)
-        log(fmt::format("no restarts left ({} used)", cfg_.max_restarts));
-      return kExitWorkerFailed;
+      if (!starts_new_round(restarts)) return exit_after_failure(rr, state);
     }
   } catch (const JobFinished& e) {
     log(e.what());
@@ -454,6 +488,56 @@ int Agent::run_rounds(int& restarts, bool reconnect) {
     log(fmt::format("error: {}", e.what()));
     return kExitRendezvous;
   }
+}
+
+// Every node's workers finished. The host keeps the store up until every launcher has stopped and
+// tells launchers already waiting to join that the job is over.
+int Agent::finish_job(const RoundResult& rr) {
+  if (rdzv_->is_host()) {
+    rdzv_->wait_count(rr.round, "stopped", rr.nnodes, 30.0);
+    rdzv_->finish(rr.round);
+  }
+  log("job finished successfully");
+  return kExitOk;
+}
+
+// Whether the job goes on after a round ended by failure_ (torchelastic's _invoke_run dispatch):
+// a node joining takes a new round and no restart; a restartable failure takes one while any are
+// left and no signal stopped this launcher.
+bool Agent::starts_new_round(int& restarts) {
+  switch (failure_.kind) {
+    case FailureKind::kRejoin:
+      return true;
+    case FailureKind::kWorker:
+    case FailureKind::kNode:
+    case FailureKind::kHang:
+      if (stop_signal_ || restarts >= cfg_.max_restarts) return false;
+      ++restarts;
+      log(fmt::format("restarting the job: attempt {} of {} restarts", restarts,
+                      cfg_.max_restarts));
+      return true;
+    case FailureKind::kSignal:
+    case FailureKind::kError:
+      return false;
+  }
+  return false;
+}
+
+// The job ends after round `rr`, which ended in `state`: the launcher's exit code.
+int Agent::exit_after_failure(const RoundResult& rr, RoundState state) {
+  // Keep the store up while the other nodes read the failure and stop their workers.
+  if (rdzv_->is_host()) rdzv_->wait_count(rr.round, "stopped", rr.nnodes, cfg_.term_grace_s + 5.0);
+  if (state == RoundState::kPreempted) {
+    log(
+        fmt::format("every worker saved a checkpoint after {}; run the same command again to "
+                    "continue (exit {})",
+                    signal_name(stop_signal_), kExitPreempted));
+    return kExitPreempted;
+  }
+  if (stop_signal_) return 128 + stop_signal_;
+  if (restartable(failure_.kind) && cfg_.max_restarts > 0)
+    log(fmt::format("no restarts left ({} used)", cfg_.max_restarts));
+  return kExitWorkerFailed;
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/build_info.h"
+#include "core/worker_contract.h"
 #include "options.h"
 
 namespace ft::launcher {
@@ -19,8 +20,9 @@ constexpr int kExitConfig = 2;
 constexpr int kExitRendezvous = 3;
 constexpr int kExitStoreLost = 4;
 // Every worker of this node saved a checkpoint and exited with it after a terminating signal
-// (ft train's answer to SIGTERM): the job was preempted cleanly; run it again to continue.
-constexpr int kExitPreempted = 75;
+// (ft train's answer to SIGTERM): the job was preempted cleanly; run it again to continue. The
+// worker's exit code, passed on: one constant (core/worker_contract.h).
+using contract::kExitPreempted;
 
 // Runs the job described by `cfg` on a node described by `node` (the software and GPU fields of its
 // fingerprint); returns the launcher's exit code (128+signal when stopped by one).

@@ -46,8 +46,4 @@ DistEnv read_dist_env() {
   return e;
 }
 
-std::string worker_store_prefix(int restart_count) {
-  return "/worker/attempt_" + std::to_string(restart_count);
-}
-
 }  // namespace ft::dist

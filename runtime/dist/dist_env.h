@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/worker_contract.h"
+
 namespace ft::dist {
 
 struct DistEnv {
@@ -25,7 +27,7 @@ struct DistEnv {
 // set is inconsistent (rank outside world size).
 DistEnv read_dist_env();
 
-// The store prefix of this restart round, shared with the launcher's contract.
-std::string worker_store_prefix(int restart_count);
+// The store prefix of a restart round: the launcher's contract (core/worker_contract.h).
+using contract::worker_store_prefix;
 
 }  // namespace ft::dist

@@ -436,7 +436,7 @@ StepRecord TrainingRun::step(ckpt::Checkpointer& checkpointer) {
 // Progress for the launcher's hang detection (--hang-timeout): at most once a second.
 void TrainingRun::report_progress() {
   if (!world_ || std::chrono::steady_clock::now() < next_progress_) return;
-  world_->store().add(fmt::format("ft_progress/{}", env_.rank), 1);
+  world_->store().add(contract::progress_key(env_.rank), 1);
   next_progress_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "config/settings.h"
+#include "core/worker_contract.h"
 
 namespace ft::train {
 
@@ -34,8 +35,8 @@ struct RunSummary {
 };
 
 // ft train's exit code after SIGTERM: a checkpoint of the last finished step was written and the
-// run stopped; the same command continues it. The launcher passes it on (launcher/agent.h).
-inline constexpr int kExitPreempted = 75;
+// run stopped; the same command continues it. The launcher passes it on (core/worker_contract.h).
+using contract::kExitPreempted;
 
 RunSummary run_training(const RunOptions& options);
 

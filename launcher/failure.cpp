@@ -1,0 +1,122 @@
+#include "failure.h"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "core/error.h"
+
+namespace ft::launcher {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr FailureKind kKinds[] = {FailureKind::kWorker, FailureKind::kNode,   FailureKind::kHang,
+                                  FailureKind::kRejoin, FailureKind::kSignal, FailureKind::kError};
+
+FailureKind kind_named(const std::string& name) {
+  for (FailureKind k : kKinds)
+    if (name == kind_name(k)) return k;
+  return FailureKind::kError;
+}
+
+}  // namespace
+
+const char* kind_name(FailureKind kind) {
+  switch (kind) {
+    case FailureKind::kWorker:
+      return "worker";
+    case FailureKind::kNode:
+      return "node";
+    case FailureKind::kHang:
+      return "hang";
+    case FailureKind::kRejoin:
+      return "rejoin";
+    case FailureKind::kSignal:
+      return "signal";
+    case FailureKind::kError:
+      return "error";
+  }
+  return "error";
+}
+
+bool restartable(FailureKind kind) {
+  switch (kind) {
+    case FailureKind::kWorker:
+    case FailureKind::kNode:
+    case FailureKind::kHang:
+      return true;
+    case FailureKind::kRejoin:
+    case FailureKind::kSignal:
+    case FailureKind::kError:
+      return false;
+  }
+  return false;
+}
+
+std::string Failure::to_json() const {
+  json j = {{"kind", kind_name(kind)},
+            {"node_rank", node_rank},
+            {"hostname", hostname},
+            {"description", description}};
+  if (worker) {
+    j["rank"] = worker->global_rank;
+    j["local_rank"] = worker->local_rank;
+    j["exit_code"] = worker->exit_code;
+    j["signal"] = worker->signal;
+    j["elapsed_s"] = worker->elapsed_s;
+    j["tail"] = worker->tail;
+  }
+  return j.dump();
+}
+
+Failure Failure::from_json(const std::string& text) {
+  const json j = json::parse(text);
+  Failure f;
+  f.kind = kind_named(j.value("kind", ""));
+  f.node_rank = j.value("node_rank", -1);
+  f.hostname = j.value("hostname", "?");
+  f.description = j.value("description", "");
+  if (f.kind == FailureKind::kWorker) {
+    WorkerExit w;
+    w.global_rank = j.value("rank", -1);
+    w.local_rank = j.value("local_rank", -1);
+    w.exit_code = j.value("exit_code", 0);
+    w.signal = j.value("signal", 0);
+    w.elapsed_s = j.value("elapsed_s", 0.0);
+    w.tail = j.value("tail", std::vector<std::string>{});
+    f.worker = std::move(w);
+  }
+  return f;
+}
+
+Failure make_failure(FailureKind kind, int node_rank, std::string hostname, std::string description,
+                     std::optional<WorkerExit> worker) {
+  FT_ASSERT((kind == FailureKind::kWorker) == worker.has_value(),
+            "a failure record carries a worker's exit exactly when it is a worker failure");
+  Failure f;
+  f.kind = kind;
+  f.node_rank = node_rank;
+  f.hostname = std::move(hostname);
+  f.description = std::move(description);
+  f.worker = std::move(worker);
+  return f;
+}
+
+std::string summary_text(const Failure& f) {
+  const std::string where = fmt::format("node {} ({})", f.node_rank, f.hostname);
+  if (!f.worker) return fmt::format("job stopped: {} {}", where, f.description);
+  const WorkerExit& w = *f.worker;
+  std::string text = fmt::format(
+      "job failed: first failure on {} rank {} (local rank {}): worker {} after {:.1f} s", where,
+      w.global_rank, w.local_rank, f.description, w.elapsed_s);
+  if (!w.tail.empty()) {
+    text += fmt::format("\n  last {} line(s) of rank {}'s output:", w.tail.size(), w.global_rank);
+    for (const auto& line : w.tail) text += "\n  | " + line;
+  }
+  return text;
+}
+
+}  // namespace ft::launcher

@@ -1,0 +1,31 @@
+// The contract between `ft launch` (launcher/) and the workers it starts (`ft train`, runtime/):
+// the worker exit codes the launcher interprets and the store keys both sides name. The launcher
+// hosts the store and only reads the workers' keys; the workers write them. Pure; thread-safe.
+#pragma once
+
+#include <string>
+
+namespace ft::contract {
+
+// A worker's exit code after SIGTERM: it wrote a checkpoint of its last finished step and stopped;
+// the same command continues the run. A launcher stopped by a signal whose workers all exit with
+// it exits with it too. Every other non-zero exit is a failure the launcher may restart.
+inline constexpr int kExitPreempted = 75;
+
+// The store prefix of restart round `restart_count` (TORCHELASTIC_RESTART_COUNT): ft's workers
+// keep every key of theirs under it (c10d PrefixStore), so each round starts with none.
+inline std::string worker_store_prefix(int restart_count) {
+  return "/worker/attempt_" + std::to_string(restart_count);
+}
+
+// Rank `rank`'s progress counter, relative to its round's prefix: ft train adds 1 to it at most
+// once a second while it steps; the launcher reads it for --hang-timeout.
+inline std::string progress_key(int rank) { return "ft_progress/" + std::to_string(rank); }
+
+// The same counter's full key in round `restart_count`, as the launcher reads it (c10d's
+// PrefixStore joins prefix and key with '/').
+inline std::string full_progress_key(int restart_count, int rank) {
+  return worker_store_prefix(restart_count) + "/" + progress_key(rank);
+}
+
+}  // namespace ft::contract
