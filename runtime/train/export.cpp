@@ -66,16 +66,16 @@ RunState read_state(const ckpt::Checkpoint& ck) {
   const std::string meta = (fs::path(ck.dir()) / ckpt::kMetaFile).string();
   auto str = [&](const char* key) {
     if (!s.contains(key)) return std::string();
-    FT_CHECK_T(FormatError, s[key].is_string(), meta, ": state.", key, " is not a string");
-    return s[key].get<std::string>();
+    FT_CHECK_T(FormatError, s.at(key).is_string(), meta, ": state.", key, " is not a string");
+    return s.at(key).get<std::string>();
   };
-  FT_CHECK_T(FormatError, s.is_object() && s.contains("preset") && s["preset"].is_object(), meta,
+  FT_CHECK_T(FormatError, s.is_object() && s.contains("preset") && s.at("preset").is_object(), meta,
              ": state.preset is missing (not a checkpoint ft train wrote?)");
-  FT_CHECK_T(FormatError, s.contains("lora") && s["lora"].is_boolean(), meta,
+  FT_CHECK_T(FormatError, s.contains("lora") && s.at("lora").is_boolean(), meta,
              ": state.lora is missing or not a boolean");
   RunState r;
-  r.settings = config::settings_from_json(s["preset"], meta + ": state.preset");
-  r.lora = s["lora"];
+  r.settings = config::settings_from_json(s.at("preset"), meta + ": state.preset");
+  r.lora = s.at("lora").get<bool>();
   r.base_model = str("base_model");
   r.tokenizer = str("tokenizer");
   return r;
