@@ -13,45 +13,16 @@ namespace ft::launcher {
 
 using nlohmann::json;
 
-std::string Fingerprint::to_json() const {
-  json j = {{"hostname", hostname},
-            {"addr", addr},
-            {"node_rank", node_rank},
-            {"rdzv_id", rdzv_id},
-            {"nnodes", nnodes},
-            {"nproc", nproc},
-            {"max_restarts", max_restarts},
-            {"ft_version", ft_version},
-            {"ft_commit", ft_commit},
-            {"torch_version", torch_version},
-            {"cuda_version", cuda_version},
-            {"nccl_version", nccl_version},
-            {"gpu_name", gpu_name},
-            {"gpu_count", gpu_count},
-            {"program_hash", program_hash}};
-  return j.dump();
-}
+// The store's form of a fingerprint: one JSON object, a key per field, named as the field.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Fingerprint, hostname, addr, node_rank, rdzv_id, nnodes, nproc,
+                                   max_restarts, ft_version, ft_commit, torch_version, cuda_version,
+                                   nccl_version, gpu_name, gpu_count, program_hash)
+
+std::string Fingerprint::to_json() const { return json(*this).dump(); }
 
 Fingerprint Fingerprint::from_json(const std::string& text) {
   try {
-    json j = json::parse(text);
-    Fingerprint f;
-    f.hostname = j.at("hostname");
-    f.addr = j.at("addr");
-    f.node_rank = j.at("node_rank");
-    f.rdzv_id = j.at("rdzv_id");
-    f.nnodes = j.at("nnodes");
-    f.nproc = j.at("nproc");
-    f.max_restarts = j.at("max_restarts");
-    f.ft_version = j.at("ft_version");
-    f.ft_commit = j.at("ft_commit");
-    f.torch_version = j.at("torch_version");
-    f.cuda_version = j.at("cuda_version");
-    f.nccl_version = j.at("nccl_version");
-    f.gpu_name = j.at("gpu_name");
-    f.gpu_count = j.at("gpu_count");
-    f.program_hash = j.at("program_hash");
-    return f;
+    return json::parse(text).get<Fingerprint>();
   } catch (const json::exception& e) {
     throw RendezvousError(fmt::format(
         "a node published an unreadable fingerprint ({}); is it running a different ft version?",

@@ -30,15 +30,6 @@ namespace {
 
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
 
-std::string numeric(const sockaddr* sa) {
-  char buf[INET6_ADDRSTRLEN] = {0};
-  if (sa->sa_family == AF_INET)
-    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, buf, sizeof buf);
-  else if (sa->sa_family == AF_INET6)
-    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, buf, sizeof buf);
-  return buf;
-}
-
 std::string who(const Fingerprint& f) { return fmt::format("{} ({})", f.hostname, f.addr); }
 
 }  // namespace
@@ -49,7 +40,7 @@ bool is_local_host(const std::string& host) {
   addrinfo* res = nullptr;
   if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
   std::set<std::string> targets;
-  for (auto* r = res; r; r = r->ai_next) targets.insert(numeric(r->ai_addr));
+  for (auto* r = res; r; r = r->ai_next) targets.insert(numeric_address(r->ai_addr));
   ::freeaddrinfo(res);
   for (const auto& t : targets)
     if (t.rfind("127.", 0) == 0 || t == "::1") return true;
@@ -57,7 +48,7 @@ bool is_local_host(const std::string& host) {
   if (::getifaddrs(&ifs) != 0) return false;
   bool local = false;
   for (auto* i = ifs; i && !local; i = i->ifa_next)
-    if (i->ifa_addr && targets.count(numeric(i->ifa_addr))) local = true;
+    if (i->ifa_addr && targets.count(numeric_address(i->ifa_addr))) local = true;
   ::freeifaddrs(ifs);
   return local;
 }
@@ -273,8 +264,9 @@ void Rendezvous::finish(int round) {
   // compare_set: a result the round already has (none is expected) is left alone.
   if (store_->check(key(next, "result"))) return;
   store_->set(key(next, "result"),
-              json{{"finished", "the job finished successfully before this node could join it: "
-                                "nothing to do"}}
+              json{{"finished",
+                    "the job finished successfully before this node could join it: "
+                    "nothing to do"}}
                   .dump());
   wait_count(next, "result_read", waiting, 5.0);
 }

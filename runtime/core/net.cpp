@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 namespace ft {
-namespace {
-std::string numeric(const sockaddr* sa) {
+
+std::string numeric_address(const sockaddr* sa) {
   char buf[INET6_ADDRSTRLEN] = {0};
   if (sa->sa_family == AF_INET)
     ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, buf, sizeof buf);
@@ -15,7 +15,6 @@ std::string numeric(const sockaddr* sa) {
     ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, buf, sizeof buf);
   return buf;
 }
-}  // namespace
 
 std::string local_addr_towards(const std::string& host, uint16_t port) {
   addrinfo hints{};
@@ -29,7 +28,7 @@ std::string local_addr_towards(const std::string& host, uint16_t port) {
     sockaddr_storage ss{};
     socklen_t len = sizeof ss;
     if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0)
-      out = numeric(reinterpret_cast<sockaddr*>(&ss));
+      out = numeric_address(reinterpret_cast<sockaddr*>(&ss));
   }
   if (fd >= 0) ::close(fd);
   ::freeaddrinfo(res);

@@ -2,10 +2,16 @@
 // Thread-safe.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <cstdint>
 #include <string>
 
 namespace ft {
+
+// The numeric form of an IPv4 or IPv6 socket address ("10.0.0.1", "fe80::1"); "" for another
+// family.
+std::string numeric_address(const sockaddr* sa);
 
 // The local address this machine uses to reach `host` (a UDP connect: no packet is sent);
 // "" when `host` does not resolve.
