@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include "commands.h"
-#include "dist/comm_check.h"
+#include "comm/comm_check.h"
 
 namespace ft::app {
 
@@ -18,8 +18,8 @@ Run add_comm_check(CLI::App& app) {
   cmd->add_option("--numel", *numel, "Floats per timed all-reduce")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   return [iters, numel]() -> int {
-    auto env = dist::read_dist_env();
-    auto r = dist::run_comm_check(env, *iters, *numel);
+    auto env = comm::read_dist_env();
+    auto r = comm::run_comm_check(env, *iters, *numel);
     double bytes = static_cast<double>(*numel) * 4;
     // Bus bandwidth as nccl-tests defines it for all-reduce: 2 (n-1)/n of the payload per op.
     double busbw = r.seconds > 0 && r.world_size > 1

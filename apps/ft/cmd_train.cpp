@@ -5,7 +5,7 @@
 #include "commands.h"
 #include "config/settings.h"
 #include "core/error.h"
-#include "dist/dist_env.h"
+#include "comm/dist_env.h"
 #include "train/run.h"
 #include "train_options.h"
 
@@ -20,7 +20,7 @@ Run add_train(CLI::App& app) {
     opts.settings = config::resolve_settings(args->value("preset"), args->values("set"));
     auto s = train::run_training(opts);
     if (s.preempted) return train::kExitPreempted;
-    if (dist::read_dist_env().rank != 0) return 0;
+    if (comm::read_dist_env().rank != 0) return 0;
     if (s.already_finished) {
       fmt::print("ft train: {} holds a finished run (its model is in final/): nothing to do\n",
                  opts.output_dir);

@@ -11,7 +11,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "core/error.h"
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 
 namespace ft::parallel {
 
@@ -111,7 +111,7 @@ void alloc_storage(const at::Tensor& t, size_t nbytes) {
   s.set_nbytes(nbytes);
 }
 
-c10d::Backend& backend(dist::ProcessGroup* g) { return g->backend(); }
+c10d::Backend& backend(comm::ProcessGroup* g) { return g->backend(); }
 
 }  // namespace
 
@@ -468,7 +468,7 @@ void Engine::finalize(int ui) {
 }
 
 // Sums a group's step gradient over `pg`, in place or through a copy in the reduce dtype.
-void Engine::all_reduce_grad(Group& g, dist::ProcessGroup* pg) {
+void Engine::all_reduce_grad(Group& g, comm::ProcessGroup* pg) {
   auto p = std::make_unique<Pending>();
   // In place, or through a copy on the device in the reduce dtype (offloaded: the accumulator is
   // in host memory, which NCCL cannot reduce).

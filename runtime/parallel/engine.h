@@ -27,7 +27,7 @@
 namespace c10d {
 class Work;
 }
-namespace ft::dist {
+namespace ft::comm {
 class ProcessGroup;
 }
 
@@ -83,9 +83,9 @@ struct ParamSpec {
 // `replica` joins the ranks holding the same shard (HYBRID_SHARD: one per node). Null when the
 // group would have one rank.
 struct Groups {
-  dist::ProcessGroup* world = nullptr;
-  dist::ProcessGroup* shard = nullptr;
-  dist::ProcessGroup* replica = nullptr;
+  comm::ProcessGroup* world = nullptr;
+  comm::ProcessGroup* shard = nullptr;
+  comm::ProcessGroup* replica = nullptr;
 };
 
 // Fills `dst` (end - begin elements, the engine's dtype and device) with elements [begin, end) of
@@ -203,7 +203,7 @@ class Engine : public model::UnitHooks {
   void mark_ready(int u);
   void finalize(int u);
   void launch_ready();
-  void all_reduce_grad(Group& g, dist::ProcessGroup* pg);
+  void all_reduce_grad(Group& g, comm::ProcessGroup* pg);
   void flush_reduce_queue();
   void drain();
   void ensure_grads();

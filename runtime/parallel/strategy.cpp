@@ -11,7 +11,7 @@
 namespace ft::parallel {
 
 StrategyPlan plan_strategy(const config::StrategySettings& strategy,
-                           const std::string& precision_mode, const dist::DistEnv& env,
+                           const std::string& precision_mode, const comm::DistEnv& env,
                            at::Device device) {
   const std::string& kind = strategy.kind;
   // A knob of another strategy is a mistake (a copied config, a typo in kind), not something to

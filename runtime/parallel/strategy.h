@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "config/settings.h"
-#include "dist/dist_env.h"
+#include "comm/dist_env.h"
 #include "parallel/engine.h"
 
 namespace ft::parallel {
@@ -27,7 +27,7 @@ struct StrategyPlan {
 // The plan of `strategy` (its user_keys: the keys the user set, with where, for the knob checks)
 // for this job; `precision_mode` is precision.mode (the compute dtype).
 StrategyPlan plan_strategy(const config::StrategySettings& strategy,
-                           const std::string& precision_mode, const dist::DistEnv& env,
+                           const std::string& precision_mode, const comm::DistEnv& env,
                            at::Device device);
 
 // Every parameter of `model` in file order (base, then LoRA adapters when `lora`), trained: the

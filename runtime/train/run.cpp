@@ -19,8 +19,8 @@
 #include "cuda/loader.h"
 #include "data/jsonl_source.h"
 #include "data/synthetic.h"
-#include "dist/dist_env.h"
-#include "dist/process_group.h"
+#include "comm/dist_env.h"
+#include "comm/process_group.h"
 #include "model/llama.h"
 #include "model/lora.h"
 #include "parallel/strategy.h"
@@ -86,7 +86,7 @@ struct OutputPlan {
   bool finished = false;                // the run is already finished: nothing to do
 };
 
-OutputPlan plan_output(const RunOptions& o, const dist::DistEnv& env) {
+OutputPlan plan_output(const RunOptions& o, const comm::DistEnv& env) {
   FT_CHECK(!o.output_dir.empty(), "--output is required");
   OutputPlan out;
   // Which of the candidates is used is agreed once the strategy knows what this rank reads.
@@ -155,7 +155,7 @@ void check_data_and_length(const RunOptions& o) {
 // write_run_files(), one scalar per step in the checkpointer, the final gathers.
 class TrainingRun {
  public:
-  TrainingRun(const RunOptions& o, const dist::DistEnv& env, OutputPlan out)
+  TrainingRun(const RunOptions& o, const comm::DistEnv& env, OutputPlan out)
       : o_(o), s_(o.settings), env_(env), out_(std::move(out)), rank0_(env.rank == 0) {
     check_data_and_length(o_);
     choose_device();
@@ -185,7 +185,7 @@ class TrainingRun {
 
   const RunOptions& o_;
   const config::Settings& s_;
-  const dist::DistEnv env_;
+  const comm::DistEnv env_;
   const OutputPlan out_;
   const bool rank0_;
 
@@ -200,7 +200,7 @@ class TrainingRun {
   std::unique_ptr<data::BatchSource> source_;
   int64_t rows_per_epoch_ = 0;  // --data counted for train.epochs; 0 otherwise
   int64_t total_steps_ = 0;
-  std::unique_ptr<dist::ProcessGroup> world_, shard_group_, replica_group_;
+  std::unique_ptr<comm::ProcessGroup> world_, shard_group_, replica_group_;
   parallel::Groups groups_;
   std::unique_ptr<parallel::Engine> engine_;
   std::vector<parallel::Engine::Piece> held_;  // this rank's pieces of the trained tensors
@@ -284,9 +284,9 @@ void TrainingRun::open_data() {
 // rank writes into the output directory while another still checks that it is empty.
 void TrainingRun::form_groups() {
   if (env_.world_size == 1) return;
-  dist::ProcessGroupOptions pgo;
+  comm::ProcessGroupOptions pgo;
   pgo.device = device_;  // Gloo on CPU, NCCL on the rank's GPU
-  world_ = std::make_unique<dist::ProcessGroup>(env_, pgo);
+  world_ = std::make_unique<comm::ProcessGroup>(env_, pgo);
   groups_.world = world_.get();
   const int S = plan_.engine.shard_size;
   if (S > 1 && S == env_.world_size) groups_.shard = world_.get();
@@ -498,7 +498,7 @@ void TrainingRun::save_final() {
 }  // namespace
 
 RunSummary run_training(const RunOptions& o) {
-  const dist::DistEnv env = dist::read_dist_env();
+  const comm::DistEnv env = comm::read_dist_env();
   OutputPlan out = plan_output(o, env);
   if (out.finished) {
     RunSummary done;

@@ -11,7 +11,7 @@
 #include "core/error.h"
 #include "cuda/device.h"
 #include "cuda/loader.h"
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 #include "support/subprocess.h"
 
 using namespace ft;
@@ -108,10 +108,10 @@ TEST_CASE("libft_cuda.so of this build loads and exports its table") {
 TEST_CASE("an NCCL group with no GPU visible is a BackendError naming NCCL") {
   // Hidden before anything in this process starts the CUDA runtime, so this holds on GPU machines.
   ::setenv("CUDA_VISIBLE_DEVICES", "", 1);
-  dist::DistEnv env;  // world size 1: an in-process store
-  dist::ProcessGroupOptions o;
+  comm::DistEnv env;  // world size 1: an in-process store
+  comm::ProcessGroupOptions o;
   o.device = c10::Device(c10::kCUDA, 0);
-  CHECK_THROWS_AS(dist::ProcessGroup(env, o), BackendError);
-  CHECK_THROWS_WITH(dist::ProcessGroup(env, o), Contains("cannot form the NCCL process group"));
+  CHECK_THROWS_AS(comm::ProcessGroup(env, o), BackendError);
+  CHECK_THROWS_WITH(comm::ProcessGroup(env, o), Contains("cannot form the NCCL process group"));
 }
 #endif

@@ -11,8 +11,8 @@
 
 #include "cuda/device.h"
 #include "cuda/loader.h"
-#include "dist/dist_env.h"
-#include "dist/process_group.h"
+#include "comm/dist_env.h"
+#include "comm/process_group.h"
 #include "support/subprocess.h"
 
 namespace {
@@ -25,10 +25,10 @@ void expect(bool ok, const std::string& what) {
 }
 
 void check_collectives() {
-  ft::dist::DistEnv env;  // world size 1, no launcher: an in-process store
-  ft::dist::ProcessGroupOptions o;
+  ft::comm::DistEnv env;  // world size 1, no launcher: an in-process store
+  ft::comm::ProcessGroupOptions o;
   o.device = c10::Device(c10::kCUDA, 0);
-  ft::dist::ProcessGroup world(env, o);
+  ft::comm::ProcessGroup world(env, o);
   expect(std::string(world.backend_name()) == "NCCL", "the world group is NCCL");
   const auto opts = at::TensorOptions().device(o.device);
 

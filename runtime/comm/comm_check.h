@@ -5,9 +5,9 @@
 
 #include <string>
 
-#include "dist/dist_env.h"
+#include "comm/dist_env.h"
 
-namespace ft::dist {
+namespace ft::comm {
 
 struct CommCheckResult {
   int rank = 0;
@@ -20,4 +20,4 @@ struct CommCheckResult {
 
 CommCheckResult run_comm_check(const DistEnv& env, int iters, int64_t numel);
 
-}  // namespace ft::dist
+}  // namespace ft::comm

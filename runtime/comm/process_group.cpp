@@ -1,4 +1,4 @@
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -15,7 +15,7 @@
 #include "core/net.h"
 #include "cuda/loader.h"
 
-namespace ft::dist {
+namespace ft::comm {
 
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;      // this group's store (subgroups prefix it further)
@@ -137,4 +137,4 @@ std::unique_ptr<ProcessGroup> ProcessGroup::subgroup(const std::string& name,
   return g;
 }
 
-}  // namespace ft::dist
+}  // namespace ft::comm

@@ -1,13 +1,13 @@
-#include "dist/comm_check.h"
+#include "comm/comm_check.h"
 
 #include <ATen/ATen.h>
 
 #include <chrono>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 
-namespace ft::dist {
+namespace ft::comm {
 
 CommCheckResult run_comm_check(const DistEnv& env, int iters, int64_t numel) {
   ProcessGroup pg(env);
@@ -28,4 +28,4 @@ CommCheckResult run_comm_check(const DistEnv& env, int iters, int64_t numel) {
   return r;
 }
 
-}  // namespace ft::dist
+}  // namespace ft::comm

@@ -7,7 +7,7 @@
 
 #include "core/worker_contract.h"
 
-namespace ft::dist {
+namespace ft::comm {
 
 struct DistEnv {
   int rank = 0;
@@ -30,4 +30,4 @@ DistEnv read_dist_env();
 // The store prefix of a restart round: the launcher's contract (core/worker_contract.h).
 using contract::worker_store_prefix;
 
-}  // namespace ft::dist
+}  // namespace ft::comm

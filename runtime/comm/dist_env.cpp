@@ -1,11 +1,11 @@
-#include "dist/dist_env.h"
+#include "comm/dist_env.h"
 
 #include <cstdlib>
 #include <string>
 
 #include "core/error.h"
 
-namespace ft::dist {
+namespace ft::comm {
 namespace {
 
 int env_int(const char* name, int fallback, int lo, int hi) {
@@ -46,4 +46,4 @@ DistEnv read_dist_env() {
   return e;
 }
 
-}  // namespace ft::dist
+}  // namespace ft::comm

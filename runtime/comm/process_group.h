@@ -14,14 +14,14 @@
 #include <string>
 #include <vector>
 
-#include "dist/dist_env.h"
+#include "comm/dist_env.h"
 
 namespace c10d {
 class Backend;
 class Store;
 }  // namespace c10d
 
-namespace ft::dist {
+namespace ft::comm {
 
 struct ProcessGroupOptions {
   static constexpr std::chrono::seconds kDefaultTimeout{300};
@@ -60,4 +60,4 @@ class ProcessGroup {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace ft::dist
+}  // namespace ft::comm
