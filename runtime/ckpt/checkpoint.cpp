@@ -1,9 +1,7 @@
 #include "ckpt/checkpoint.h"
 
 #include <ATen/ATen.h>
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +16,7 @@
 #include "ckpt/crc32c.h"
 #include "core/build_info.h"
 #include "core/error.h"
+#include "io/durable_file.h"
 #include "io/safetensors.h"
 
 namespace ft::ckpt {
@@ -26,32 +25,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-void fsync_path(const std::string& path, bool dir) {
-  int fd = ::open(path.c_str(), (dir ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd == -1) throw_errno("open '" + path + "' to fsync", __FILE__, __LINE__);
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  errno = err;
-  if (rc == -1) throw_errno("fsync '" + path + "'", __FILE__, __LINE__);
-}
-
-// Writes `text` to `path` durably: a temporary file, fsync, rename, fsync of the directory.
-void write_durable(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
-    out << text;
-    out.flush();
-    FT_CHECK_T(SystemError, out.good(), "writing ", tmp, " failed (disk full?)");
-  }
-  fsync_path(tmp, false);
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  FT_CHECK_T(SystemError, !ec, "cannot rename ", tmp, " to ", path, ": ", ec.message());
-  fsync_path(fs::path(path).parent_path().string(), true);
-}
 
 std::string rank_file(int rank, const char* ext) { return fmt::format("rank-{:05d}{}", rank, ext); }
 
@@ -198,7 +171,7 @@ void Saver::Impl::write(const Snapshot& s) {
   for (const auto& [t, shape] : s.shapes) shapes[t] = shape;
   json rank = {{"rank", o.rank},        {"world_size", o.world_size}, {"step", s.step},
                {"state", s.rank_state}, {"shapes", shapes},           {"chunks", chunks}};
-  write_durable((fs::path(tmp) / rank_file(o.rank, ".json")).string(), rank.dump());
+  io::write_file_durably((fs::path(tmp) / rank_file(o.rank, ".json")).string(), rank.dump());
   if (o.world_size > 1) o.signal(fmt::format("ckpt/{}/{}", s.step, o.rank));
   if (o.rank == 0) commit(s, tmp);
   write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -255,7 +228,7 @@ void Saver::Impl::commit(const Snapshot& s, const std::string& tmp) {
                {"state", s.state},
                {"rank_states", ranks},
                {"tensors", tensors}};
-  write_durable((fs::path(tmp) / kMetaFile).string(), meta.dump(1));
+  io::write_file_durably((fs::path(tmp) / kMetaFile).string(), meta.dump(1));
   const fs::path final_dir = fs::path(o.root) / step_dir_name(s.step);
   std::error_code ec;
   fs::path old;
@@ -268,9 +241,9 @@ void Saver::Impl::commit(const Snapshot& s, const std::string& tmp) {
   fs::rename(tmp, final_dir, ec);
   FT_CHECK_T(SystemError, !ec, "cannot rename ", tmp, " to ", final_dir.string(), ": ",
              ec.message());
-  fsync_path(o.root, true);
+  io::fsync_dir(o.root);
   if (!old.empty()) fs::remove_all(old, ec);
-  write_durable((fs::path(o.root) / kLatestFile).string(), step_dir_name(s.step) + "\n");
+  io::write_file_durably((fs::path(o.root) / kLatestFile).string(), step_dir_name(s.step) + "\n");
   // Older checkpoints beyond keep_last, and temporary directories of saves that never finished.
   const auto committed = list_committed(o.root);
   for (size_t i = static_cast<size_t>(o.keep_last); i < committed.size(); ++i)

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "comm/process_group.h"
+#include "parallel/layout.h"
 
 namespace ft::parallel {
 
@@ -26,18 +27,16 @@ struct Engine::Member {
 struct Engine::Group {
   std::vector<Member> members;
   bool trained = false, decay = true;
-  int S = 1;                // ranks the group is split over
-  int64_t numel = 0;        // sum of the members
-  int64_t padded = 0;       // numel rounded up to a multiple of S
-  int64_t shard_numel = 0;  // padded / S
+  // The members side by side, split over layout.shards ranks (S; set once every member is in).
+  FlatLayout layout;
   bool shard_host = false;   // `shard` is in host memory (offload_params, S > 1)
   bool master_host = false;  // `master` and `grad_acc` are in host memory (offload_optimizer)
-  at::Tensor full;          // [padded] compute dtype; its storage is freed while released (S > 1)
-  at::Tensor shard;         // [shard_numel] compute dtype; the same tensor as `full` when S == 1
-  at::Tensor master;        // [shard_numel] master dtype (trained); aliases `shard` if dtypes agree
-  at::Tensor grad_acc;      // [shard_numel] master dtype: the step's gradient (trained)
-  at::Tensor grad_full;     // [padded] reduce dtype: this micro-batch's local gradient (S > 1)
-  int64_t full_bytes() const { return padded * full.element_size(); }
+  at::Tensor full;           // [padded] compute dtype; its storage is freed while released (S > 1)
+  at::Tensor shard;          // [shard_numel] compute dtype; the same tensor as `full` when S == 1
+  at::Tensor master;     // [shard_numel] master dtype (trained); aliases `shard` if dtypes agree
+  at::Tensor grad_acc;   // [shard_numel] master dtype: the step's gradient (trained)
+  at::Tensor grad_full;  // [padded] reduce dtype: this micro-batch's local gradient (S > 1)
+  int64_t full_bytes() const { return layout.padded * full.element_size(); }
 };
 
 struct Engine::Unit {
@@ -55,7 +54,7 @@ struct Engine::Unit {
   bool launched = false;    // its reduction has been issued
   int64_t elements() const {
     int64_t n = 0;
-    for (const auto& g : groups) n += g.padded;
+    for (const auto& g : groups) n += g.layout.padded;
     return n;
   }
 };
@@ -136,8 +135,8 @@ Engine::Engine(model::LlamaModel& model, std::vector<ParamSpec> specs, EngineOpt
     m.slot = p.slot;
     m.shape = p.slot->sizes().vec();
     m.numel = p.slot->numel();
-    m.offset = g.numel;
-    g.numel += m.numel;
+    m.offset = g.layout.numel;
+    g.layout.numel += m.numel;
     g.members.push_back(std::move(m));
   };
   auto group_in = [](Unit& u, bool trained, bool decay) -> Group& {
@@ -204,9 +203,7 @@ Engine::Engine(model::LlamaModel& model, std::vector<ParamSpec> specs, EngineOpt
   }
   for (auto& u : units_) {
     for (auto& g : u->groups) {
-      g.S = u->sharded ? S : 1;
-      g.padded = (g.numel + g.S - 1) / g.S * g.S;
-      g.shard_numel = g.padded / g.S;
+      g.layout = FlatLayout::of(g.layout.numel, u->sharded ? S : 1);
       if (g.trained) u->trained_members += static_cast<int>(g.members.size());
     }
     u->pending = u->trained_members;
@@ -226,6 +223,8 @@ at::TensorOptions Engine::master_options(const Group& g) const {
                        : o.device(options_.device);
 }
 
+int Engine::my_shard(const Group& g) const { return g.layout.shards == 1 ? 0 : shard_rank_; }
+
 void Engine::load(const ParamSource& source) {
   FT_ASSERT(!loaded_, "Engine::load called twice");
   at::NoGradGuard no_grad;
@@ -240,9 +239,9 @@ void Engine::load(const ParamSource& source) {
       Group& g = u.groups[gi];
       // Only this rank's part is allocated here: a sharded group's full buffer exists (untouched)
       // just long enough to alias the model's tensors into it, below.
-      g.shard_host = g.S > 1 && options_.offload_params;
+      g.shard_host = g.layout.shards > 1 && options_.offload_params;
       g.master_host = g.trained && options_.offload_optimizer;
-      g.shard = at::zeros({g.S == 1 ? g.padded : g.shard_numel},
+      g.shard = at::zeros({g.layout.shards == 1 ? g.layout.padded : g.layout.shard_numel},
                           g.shard_host ? host.dtype(options_.compute_dtype) : copt);
       for (size_t mi = 0; mi < g.members.size(); ++mi)
         where[g.members[mi].name] = {static_cast<int>(ui), static_cast<int>(gi),
@@ -254,18 +253,15 @@ void Engine::load(const ParamSource& source) {
     auto [ui, gi, mi] = where.at(p.name);
     Group& g = units_[ui]->groups[gi];
     const Member& m = g.members[mi];
-    const int64_t my_begin = (g.S == 1 ? 0 : shard_rank_) * g.shard_numel;
-    const int64_t lo = std::max(m.offset, my_begin);
-    const int64_t hi = std::min(m.offset + m.numel, my_begin + g.shard_numel);
-    const int64_t b = hi > lo ? lo - m.offset : 0, e = hi > lo ? hi - m.offset : 0;
-    source(p.name, b, e, g.shard.narrow(0, e > b ? lo - my_begin : 0, e - b));
+    const ShardPiece mine = intersect(g.layout, my_shard(g), m.offset, m.numel);
+    source(p.name, mine.begin, mine.end, g.shard.narrow(0, mine.shard_offset, mine.numel()));
   }
   // Aliases into the full buffers; masters; hooks.
   for (size_t ui = 0; ui < units_.size(); ++ui) {
     auto& u = *units_[ui];
     for (size_t gi = 0; gi < u.groups.size(); ++gi) {
       Group& g = u.groups[gi];
-      g.full = g.S == 1 ? g.shard : at::empty({g.padded}, copt);
+      g.full = g.layout.shards == 1 ? g.shard : at::empty({g.layout.padded}, copt);
       for (size_t mi = 0; mi < g.members.size(); ++mi) {
         Member& m = g.members[mi];
         at::Tensor a = alias(g.full, m.offset, m.shape);
@@ -281,10 +277,10 @@ void Engine::load(const ParamSource& source) {
         if (options_.master_dtype == options_.compute_dtype && g.master_host == g.shard_host) {
           g.master = g.shard;
         } else {
-          g.master = at::empty({g.shard_numel}, master_options(g));
+          g.master = at::empty({g.layout.shard_numel}, master_options(g));
           g.master.copy_(g.shard);
         }
-        masters_.push_back({g.master, g.decay, g.S > 1});
+        masters_.push_back({g.master, g.decay, g.layout.shards > 1});
       }
     }
     if (u.sharded) {
@@ -410,12 +406,12 @@ void Engine::on_param_grad(int ui, int gi, int mi, const at::Tensor& param) {
   const Member& m = g.members[mi];
   at::Tensor& grad = param.mutable_grad();
   FT_ASSERT(grad.defined(), "gradient hook without a gradient for ", m.name);
-  if (g.S == 1) {
+  if (g.layout.shards == 1) {
     // (Offloaded: the accumulator is in host memory; the gradient comes over first.)
     g.grad_acc.narrow(0, m.offset, m.numel).add_(grad.reshape({-1}).to(g.grad_acc.device()));
   } else {
     if (!g.grad_full.defined())
-      g.grad_full = at::zeros({g.padded}, g.full.options().dtype(options_.reduce_dtype));
+      g.grad_full = at::zeros({g.layout.padded}, g.full.options().dtype(options_.reduce_dtype));
     g.grad_full.narrow(0, m.offset, m.numel).add_(grad.reshape({-1}));
   }
   grad = at::Tensor();
@@ -454,11 +450,11 @@ void Engine::finalize(int ui) {
   for (size_t gi = 0; gi < u.groups.size(); ++gi) {
     Group& g = u.groups[gi];
     if (!g.trained) continue;
-    if (g.S > 1) {
+    if (g.layout.shards > 1) {
       if (!g.grad_full.defined())  // no gradient reached it (unused): reduce zeros all the same
-        g.grad_full = at::zeros({g.padded}, g.full.options().dtype(options_.reduce_dtype));
+        g.grad_full = at::zeros({g.layout.padded}, g.full.options().dtype(options_.reduce_dtype));
       reduce_queue_.emplace_back(ui, static_cast<int>(gi));
-      reduce_queue_elements_ += g.padded;
+      reduce_queue_elements_ += g.layout.padded;
     } else if (last_micro_ && world_size_ > 1) {
       all_reduce_grad(g, groups_.world);
     }
@@ -478,7 +474,7 @@ void Engine::all_reduce_grad(Group& g, comm::ProcessGroup* pg) {
   std::vector<at::Tensor> v{buf};
   p->work = backend(pg).allreduce(v);
   p->out = buf;
-  if (!buf.is_same(g.grad_acc)) p->parts.push_back({&g.grad_acc, 0, g.shard_numel, true});
+  if (!buf.is_same(g.grad_acc)) p->parts.push_back({&g.grad_acc, 0, g.layout.shard_numel, true});
   acc_.all_reduces++;
   acc_.all_reduce_bytes += buf.nbytes();
   issued(*p->work);
@@ -503,8 +499,8 @@ void Engine::flush_reduce_queue() {
   int64_t off = 0;
   for (auto [ui, gi] : reduce_queue_) {
     Group& g = units_[ui]->groups[gi];
-    p->parts.push_back({&g.grad_acc, off, g.shard_numel, false});
-    off += g.shard_numel;
+    p->parts.push_back({&g.grad_acc, off, g.layout.shard_numel, false});
+    off += g.layout.shard_numel;
     p->keep.push_back(g.grad_full);
     g.grad_full = at::Tensor();
   }
@@ -549,7 +545,7 @@ void Engine::ensure_grads() {
   for (auto& u : units_)
     for (auto& g : u->groups)
       if (g.trained) {
-        g.grad_acc = at::zeros({g.shard_numel}, master_options(g));
+        g.grad_acc = at::zeros({g.layout.shard_numel}, master_options(g));
         g.master.mutable_grad() = g.grad_acc;
       }
   grads_ = true;
@@ -611,21 +607,18 @@ std::vector<Engine::Piece> Engine::pieces(bool to_write) const {
     for (const auto& g : u->groups) {
       if (!g.trained) continue;
       // This rank's shard of the flat group, then (to write) its share among the copies.
-      const int s = g.S == 1 ? 0 : shard_rank_;
-      int64_t lo = s * g.shard_numel, hi = lo + g.shard_numel;
+      const Range shard = g.layout.shard(my_shard(g));
+      Range held = shard;
       if (to_write) {
-        const int copies = g.S == 1 ? world_size_ : world_size_ / g.S;
-        const int copy = g.S == 1 ? rank_ : (groups_.replica ? groups_.replica->rank() : 0);
-        const int64_t per = (g.shard_numel + copies - 1) / copies;
-        const int64_t b = std::min(hi, lo + copy * per);
-        hi = std::min(hi, b + per);
-        lo = b;
+        const int copies = g.layout.shards == 1 ? world_size_ : world_size_ / g.layout.shards;
+        const int copy =
+            g.layout.shards == 1 ? rank_ : (groups_.replica ? groups_.replica->rank() : 0);
+        held = share_of(shard, copies, copy);
       }
-      const int64_t shard_begin = s * g.shard_numel;
       for (const auto& m : g.members) {
-        const int64_t a = std::max(lo, m.offset), z = std::min(hi, m.offset + m.numel);
-        if (z <= a) continue;
-        out.push_back({m.name, m.shape, a - m.offset, z - m.offset, master, a - shard_begin});
+        const ShardPiece p = intersect(m.offset, m.numel, held, shard.begin);
+        if (p.empty()) continue;
+        out.push_back({m.name, m.shape, p.begin, p.end, master, p.shard_offset});
       }
       ++master;
     }
@@ -687,42 +680,39 @@ at::Tensor Engine::full_on_rank0(const std::string& name) {
       for (const auto& m : g.members) {
         if (m.name != name) continue;
         const at::Tensor& src = g.trained ? g.master : g.shard;
-        if (g.S == 1) return rank_ == 0 ? src.narrow(0, m.offset, m.numel).view(m.shape) : at::Tensor();
+        if (g.layout.shards == 1)
+          return rank_ == 0 ? src.narrow(0, m.offset, m.numel).view(m.shape) : at::Tensor();
         // HYBRID_SHARD: the other nodes' replicas hold the same values and take no part.
         if (groups_.replica && groups_.replica->rank() != 0) return at::Tensor();
         c10d::Backend& pg = backend(groups_.shard);
         const int tag = p2p_tag_++;
-        // Shard rank s holds elements [lo, hi) of the member (possibly none).
-        auto piece = [&](int s) {
-          const int64_t first = static_cast<int64_t>(s) * g.shard_numel;
-          const int64_t lo = std::max(m.offset, first);
-          const int64_t hi = std::min(m.offset + m.numel, first + g.shard_numel);
-          return std::make_pair(lo - m.offset, std::max(lo, hi) - m.offset);
-        };
-        // Point to point on the device: NCCL moves device memory only (offloaded state comes over).
-        auto slice = [&](int64_t b, int64_t e) {
-          at::Tensor t = src.narrow(0, m.offset + b - shard_rank_ * g.shard_numel, e - b);
+        // Shard rank s holds a piece of the member (possibly none).
+        auto piece = [&](int s) { return intersect(g.layout, s, m.offset, m.numel); };
+        // This rank's piece, on the device: NCCL moves device memory only (offloaded state comes
+        // over).
+        auto slice = [&](const ShardPiece& p) {
+          at::Tensor t = src.narrow(0, p.shard_offset, p.numel());
           return t.device() == options_.device ? t : t.to(options_.device);
         };
         if (shard_rank_ != 0) {
-          const auto [b, e] = piece(shard_rank_);
-          if (e > b) {
-            std::vector<at::Tensor> v{slice(b, e)};
+          const ShardPiece p = piece(shard_rank_);
+          if (!p.empty()) {
+            std::vector<at::Tensor> v{slice(p)};
             wait(*pg.send(v, 0, tag));
           }
           return at::Tensor();
         }
         at::Tensor out = at::empty({m.numel}, src.options().device(options_.device));
         std::vector<std::vector<at::Tensor>> bufs;
-        bufs.reserve(g.S);
+        bufs.reserve(g.layout.shards);
         std::vector<c10::intrusive_ptr<c10d::Work>> works;
-        for (int s = 0; s < g.S; ++s) {
-          const auto [b, e] = piece(s);
-          if (e <= b) continue;
+        for (int s = 0; s < g.layout.shards; ++s) {
+          const ShardPiece p = piece(s);
+          if (p.empty()) continue;
           if (s == 0) {
-            out.narrow(0, b, e - b).copy_(slice(b, e));
+            out.narrow(0, p.begin, p.numel()).copy_(slice(p));
           } else {
-            bufs.push_back({out.narrow(0, b, e - b)});
+            bufs.push_back({out.narrow(0, p.begin, p.numel())});
             works.push_back(pg.recv(bufs.back(), s, tag));
           }
         }
@@ -738,7 +728,7 @@ Accounting Engine::take_accounting() {
   a.param_bytes = a.grad_bytes = 0;
   for (auto& u : units_)
     for (auto& g : u->groups) {
-      a.param_bytes += g.S > 1 ? g.shard.nbytes() : g.full.nbytes();
+      a.param_bytes += g.layout.shards > 1 ? g.shard.nbytes() : g.full.nbytes();
       if (g.shard_host) a.host_param_bytes += g.shard.nbytes();
       if (g.trained) {
         if (!g.master.is_same(g.shard)) {
@@ -764,7 +754,7 @@ std::string Engine::describe() const {
   std::string s;
   for (const auto& u : units_) {
     int64_t n = 0;
-    for (const auto& g : u->groups) n += g.numel;
+    for (const auto& g : u->groups) n += g.layout.numel;
     s += fmt::format("{}{}: {} groups, {} elements, shard {}\n", u->name,
                      u->sharded ? "" : " (replicated)", u->groups.size(), n,
                      u->sharded ? options_.shard_size : 1);

@@ -91,8 +91,8 @@ struct Groups {
 // Fills `dst` (end - begin elements, the engine's dtype and device) with elements [begin, end) of
 // a parameter flattened in C order. Called once for every parameter in the order the specs were
 // given, also with begin == end (a random init still draws that tensor).
-using ParamSource = std::function<void(const std::string& name, int64_t begin, int64_t end,
-                                       const at::Tensor& dst)>;
+using ParamSource =
+    std::function<void(const std::string& name, int64_t begin, int64_t end, const at::Tensor& dst)>;
 
 // Per-rank figures since the previous take_accounting() (counters) and now (bytes).
 struct Accounting {
@@ -162,7 +162,6 @@ class Engine : public model::UnitHooks {
   // Global squared gradient norm from this rank's sharded and replicated parts.
   double global_sq_norm(double sharded_sq, double replicated_sq);
 
-
   // Every parameter's name and shape in the engine's order (units, groups, members).
   std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes() const;
   // The full value of parameter `name` on world rank 0 (on the engine's device: the fp32 master
@@ -208,6 +207,8 @@ class Engine : public model::UnitHooks {
   void drain();
   void ensure_grads();
   at::TensorOptions master_options(const Group& g) const;
+  // This rank's shard of group `g`: its shard rank, or 0 for a replicated group.
+  int my_shard(const Group& g) const;
   void wait(c10d::Work& work);
   void issued(c10d::Work& work);
   double scalar_collective(double v, bool max);

@@ -1,9 +1,9 @@
 #include "train/saved_model.h"
 
 #include <filesystem>
-#include <fstream>
 
 #include "core/error.h"
+#include "io/durable_file.h"
 
 namespace ft::train {
 
@@ -43,16 +43,7 @@ model::LoraConfig lora_config_from_preset(const config::LoraSettings& l,
 }
 
 void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.flush();
-    FT_CHECK_T(SystemError, out.good(), "writing ", tmp, " failed (disk full?)");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  FT_CHECK_T(SystemError, !ec, "cannot rename ", tmp, " to ", path, ": ", ec.message());
+  io::write_file_durably(path, text);
 }
 
 std::vector<std::string> save_hf_model(const model::LlamaConfig& config,
@@ -101,9 +92,7 @@ std::vector<std::string> tokenizer_files_of(const std::string& model_dir) {
 void copy_files_into(const std::vector<std::string>& files, const std::string& dir) {
   for (const auto& src : files) {
     const fs::path dst = fs::path(dir) / fs::path(src).filename();
-    std::error_code ec;
-    fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
-    FT_CHECK_T(SystemError, !ec, "cannot copy ", src, " to ", dst.string(), ": ", ec.message());
+    io::copy_file_durably(src, dst.string());
   }
 }
 

@@ -45,12 +45,14 @@ std::vector<std::string> save_hf_model(const model::LlamaConfig& config,
 void save_peft_adapter(const model::LoraConfig& lora, const io::NamedTensors& tensors,
                        const std::string& dir);
 
-// Copies `files` into `dir` (overwriting); SystemError naming both paths on failure.
+// Copies `files` into `dir`, each replacing its namesake durably (io::copy_file_durably);
+// SystemError naming the file that failed.
 void copy_files_into(const std::vector<std::string>& files, const std::string& dir);
 // The tokenizer files (kTokenizerFiles) that `model_dir` holds, as paths; none for "".
 std::vector<std::string> tokenizer_files_of(const std::string& model_dir);
 
-// Writes `text` to path.tmp and renames it over `path`.
+// Writes `text` as the whole of `path`, durably (io::write_file_durably: path.tmp, fsync, rename,
+// fsync of the directory; no temporary left behind on failure).
 void write_text_atomic(const std::string& path, const std::string& text);
 
 }  // namespace ft::train
