@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/strings.h"
+#include "io/durable_file.h"
 #include "model/llama.h"
 #include "model/lora.h"
 #include "train/saved_model.h"
@@ -298,6 +299,7 @@ ExportSummary export_checkpoint(const ExportOptions& o) {
     fs::rename(tmp, out, ec);
     FT_CHECK_T(SystemError, !ec, "cannot rename ", tmp.string(), " to ", out.string(), ": ",
                ec.message());
+    io::fsync_parent_dir(out.string());
   } catch (...) {
     std::error_code ignored;
     fs::remove_all(tmp, ignored);

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/durable_file.h"
 
 namespace ft::train {
 
@@ -44,17 +45,15 @@ void add_peak(nlohmann::json& j, int64_t rss_before, int64_t peak, bool reset) {
 }
 
 void write_json(const std::string& path, const nlohmann::json& j) {
-  std::ofstream out(path, std::ios::out | std::ios::trunc);
-  out << j.dump(2) << "\n";
-  FT_CHECK(out.good(), "cannot write ", path);
+  io::write_file_durably(path, j.dump(2) + "\n");
 }
 
 }  // namespace
 
 void write_load_record(const std::string& path, const LoadRecord& r, int rank, int world_size) {
-  nlohmann::json j = {{"rank", rank},         {"world_size", world_size},
-                      {"source", r.source},   {"seconds", r.seconds},
-                      {"bytes_read", r.bytes_read}, {"param_bytes", r.param_bytes}};
+  nlohmann::json j = {
+      {"rank", rank},         {"world_size", world_size},   {"source", r.source},
+      {"seconds", r.seconds}, {"bytes_read", r.bytes_read}, {"param_bytes", r.param_bytes}};
   add_peak(j, r.rss_before_bytes, r.peak_rss_bytes, r.peak_reset);
   write_json(path, j);
 }
