@@ -3,7 +3,6 @@
 #include "support/catch_torch.h"
 // (catch_torch.h first: c10 defines a CHECK macro of its own)
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "ckpt/checkpoint.h"
@@ -118,15 +117,7 @@ TEST_CASE("truncated, bit-flipped, deleted and uncommitted checkpoints are named
     const std::string dir = fresh();
     CHECK(verify(dir).empty());
     // One flipped bit in the data of rank 1's file.
-    const std::string f = dir + "/rank-00001.safetensors";
-    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
-    io.seekg(-100, std::ios::end);
-    char b = 0;
-    io.read(&b, 1);
-    b ^= 0x10;
-    io.seekp(-100, std::ios::end);
-    io.write(&b, 1);
-    io.close();
+    flip_bits(dir + "/rank-00001.safetensors", 100, 0x10);
     const std::string msg = verify(dir);
     CHECK_THAT(msg, Catch::Contains("rank-00001.safetensors") && Catch::Contains("checksum"));
     // Rank 0's chunk alone still reads.

@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "io/safetensors.h"
+#include "support/numerics.h"
+#include "support/runs.h"
 #include "support/subprocess.h"
 
 namespace fs = std::filesystem;
@@ -25,48 +27,24 @@ using namespace ft::test;
 
 namespace {
 
-const std::vector<std::string> kBase = {
-    "precision.mode=fp32",  "train.max_steps=12",          "data.seq_len=64",
-    "model.hidden_size=64", "model.intermediate_size=176", "train.lr=1e-3",
-    "train.warmup_steps=2", "train.log_every=100",         "train.eps=1e-6",
-    "output.save_every=4",  "output.keep_last=3"};
+// The job tests' small model (runs.h), 12 steps, a checkpoint every 4.
+const std::vector<std::string> kBase =
+    with(small_run_sets(), {"train.max_steps=12", "output.save_every=4", "output.keep_last=3"});
 
+// `ft train --preset tiny-demo --output OUT` with the base settings, then `sets`; under
+// `ft launch --nproc-per-node N` when N > 1.
 std::vector<std::string> train_argv(int nproc, const std::string& out,
                                     const std::vector<std::string>& sets) {
-  std::vector<std::string> argv;
-  if (nproc > 1)
-    argv = {ft_bin(),
-            "launch",
-            "--nproc-per-node",
-            std::to_string(nproc),
-            "--master-port",
-            std::to_string(free_port()),
-            "--"};
-  argv.insert(argv.end(), {ft_bin(), "train", "--preset", "tiny-demo", "--output", out});
-  for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
-  for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
-  return argv;
+  std::vector<std::string> train =
+      ft_train_argv({"--preset", "tiny-demo", "--output", out}, with(kBase, sets));
+  if (nproc == 1) return train;
+  return ft_launch_argv(
+      {"--nproc-per-node", std::to_string(nproc), "--master-port", std::to_string(free_port())},
+      train);
 }
 
-struct Run {
-  int code = -1;
-  std::string output;
-};
-
-Run run(const std::vector<std::string>& argv) {
-  Child c = start(argv, {}, make_temp_dir() + "/out.txt");
-  auto rc = wait_for(c, 150);
-  if (!rc) kill_and_reap(c);
-  return {rc.value_or(-1), c.output()};
-}
-
-std::vector<json> metrics(const std::string& dir) {
-  std::vector<json> out;
-  std::ifstream in(dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) out.push_back(json::parse(line));
-  return out;
+Finished run(const std::vector<std::string>& argv) {
+  return run_to_end(argv, {}, make_temp_dir() + "/out.txt", 150);
 }
 
 std::vector<std::string> with_resume(std::vector<std::string> argv, const std::string& dir) {
@@ -76,19 +54,14 @@ std::vector<std::string> with_resume(std::vector<std::string> argv, const std::s
 
 bool same_file(const std::string& a, const std::string& b) { return read_file(a) == read_file(b); }
 
-double max_rel(const at::Tensor& a, const at::Tensor& b) {
-  const double scale = std::max(a.abs().max().item<double>(), 1e-30);
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() / scale;
-}
-
 }  // namespace
 
 TEST_CASE("a run killed with SIGKILL at a random step resumes bit-identical", "[multiproc]") {
   const std::string ref = make_temp_dir() + "/ref";
-  Run r = run(train_argv(1, ref, {}));
+  Finished r = run(train_argv(1, ref, {}));
   INFO(r.output);
   REQUIRE(r.code == 0);
-  REQUIRE(metrics(ref).size() == 12);
+  REQUIRE(read_metrics(ref).size() == 12);
   for (unsigned seed : {1u, 2u, 3u}) {
     std::mt19937 gen(seed);
     const size_t kill_after = 1 + gen() % 10;  // steps logged before the kill
@@ -96,18 +69,17 @@ TEST_CASE("a run killed with SIGKILL at a random step resumes bit-identical", "[
     const std::string out = make_temp_dir() + "/run";
     Child c = start(train_argv(1, out, {}), {}, make_temp_dir() + "/out.txt");
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (metrics(out).size() < kill_after && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    wait_for_steps(out, kill_after, deadline);
     ::kill(c.pid, SIGKILL);
     REQUIRE(wait_for(c, 30).value_or(-1) == 128 + SIGKILL);
     // Restarted with the same command: it continues from its newest committed checkpoint.
-    Run again = run(train_argv(1, out, {}));
+    Finished again = run(train_argv(1, out, {}));
     INFO(again.output);
     REQUIRE(again.code == 0);
     if (kill_after >= 4) CHECK_THAT(again.output, Catch::Contains("resuming from"));
     CHECK(same_file(ref + "/final/model.safetensors", out + "/final/model.safetensors"));
     // metrics.jsonl holds each step once, with the uninterrupted run's losses.
-    auto a = metrics(ref), b = metrics(out);
+    auto a = read_metrics(ref), b = read_metrics(out);
     REQUIRE(b.size() == a.size());
     for (size_t i = 0; i < a.size(); ++i) {
       CHECK(b[i]["step"] == a[i]["step"]);
@@ -121,22 +93,21 @@ TEST_CASE("SIGTERM to the launcher: every rank checkpoints, exit 75, the same co
   const std::vector<std::string> fsdp = {"strategy.kind=fsdp", "train.micro_batch=4",
                                          "output.save_every=0", "train.max_steps=40"};
   const std::string ref = make_temp_dir() + "/ref";
-  Run r = run(train_argv(2, ref, fsdp));
+  Finished r = run(train_argv(2, ref, fsdp));
   INFO(r.output);
   REQUIRE(r.code == 0);
   const std::string out = make_temp_dir() + "/run";
   const std::vector<std::string> argv = train_argv(2, out, fsdp);
   Child c = start(argv, {}, make_temp_dir() + "/out.txt");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (metrics(out).size() < 5 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  wait_for_steps(out, 5, deadline);
   ::kill(c.pid, SIGTERM);
   const int code = wait_for(c, 60).value_or(-1);
   INFO(c.output());
   REQUIRE(code == 75);
   CHECK_THAT(c.output(), Catch::Contains("stopped after step") &&
                              Catch::Contains("every worker saved a checkpoint"));
-  const size_t done = metrics(out).size();
+  const size_t done = read_metrics(out).size();
   CHECK(done >= 5);
   CHECK(done < 40);
   CHECK(read_file(out + "/checkpoints/latest") ==
@@ -144,7 +115,7 @@ TEST_CASE("SIGTERM to the launcher: every rank checkpoints, exit 75, the same co
   CHECK_FALSE(fs::exists(out + "/final"));
   // Nothing of the job is left running.
   for (pid_t pid : {c.pid}) CHECK_FALSE(pid_alive(pid));
-  Run again = run(argv);
+  Finished again = run(argv);
   INFO(again.output);
   REQUIRE(again.code == 0);
   CHECK(same_file(ref + "/final/model.safetensors", out + "/final/model.safetensors"));
@@ -179,42 +150,18 @@ TEST_CASE(
   const std::string out = make_temp_dir() + "/run";
   const int port = free_port();
   auto launcher = [&](int node) {
-    std::vector<std::string> argv = {ft_bin(),
-                                     "launch",
-                                     "--nnodes",
-                                     "2",
-                                     "--node-rank",
-                                     std::to_string(node),
-                                     "--nproc-per-node",
-                                     "2",
-                                     "--master-addr",
-                                     "127.0.0.1",
-                                     "--master-port",
-                                     std::to_string(port),
-                                     "--max-restarts",
-                                     "2",
-                                     "--heartbeat-timeout",
-                                     "3",
-                                     "--term-grace",
-                                     "3",
-                                     "--",
-                                     ft_bin(),
-                                     "train",
-                                     "--preset",
-                                     "tiny-demo",
-                                     "--output",
-                                     out};
-    for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
-    for (const char* s : {"train.max_steps=30", "output.save_every=3", "train.micro_batch=2"})
-      argv.insert(argv.end(), {"--set", s});
-    return argv;
+    return ft_launch_argv({"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node",
+                           "2", "--master-addr", "127.0.0.1", "--master-port", std::to_string(port),
+                           "--max-restarts", "2", "--heartbeat-timeout", "3", "--term-grace", "3"},
+                          ft_train_argv({"--preset", "tiny-demo", "--output", out},
+                                        with(kBase, {"train.max_steps=30", "output.save_every=3",
+                                                     "train.micro_batch=2"})));
   };
   Child n0 = start(launcher(0), {}, make_temp_dir() + "/n0.txt");
   Child n1 = start(launcher(1), {}, make_temp_dir() + "/n1.txt");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (metrics(out).size() < 8 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  REQUIRE(metrics(out).size() >= 8);
+  wait_for_steps(out, 8, deadline);
+  REQUIRE(read_metrics(out).size() >= 8);
   // Node 1 stops answering (a hung machine: no connection is reset): launcher and workers frozen.
   std::vector<pid_t> node1 = children_of(n1.pid);
   REQUIRE(node1.size() == 2);
@@ -232,7 +179,7 @@ TEST_CASE(
   // The machine is gone for good: its processes die; the same command starts it again.
   for (pid_t p : node1) ::kill(p, SIGKILL);
   CHECK(wait_for(n1, 30).has_value());
-  const size_t before = metrics(out).size();
+  const size_t before = read_metrics(out).size();
   Child again = start(launcher(1), {}, make_temp_dir() + "/n1b.txt");
   auto rc0 = wait_for(n0, 150), rc1 = wait_for(again, 150);
   INFO(again.output());
@@ -243,7 +190,7 @@ TEST_CASE(
   CHECK_THAT(again.output(), Catch::Contains("joining it at round 1"));
   CHECK_THAT(n0.output(), Catch::Contains("resuming from"));
   // Every step once; at most one checkpoint interval (3 steps) was redone.
-  auto m = metrics(out);
+  auto m = read_metrics(out);
   REQUIRE(m.size() == 30);
   for (size_t i = 0; i < m.size(); ++i) CHECK(m[i]["step"] == static_cast<int>(i + 1));
   const std::string resumed = n0.output().substr(n0.output().find("resuming from"));
@@ -259,23 +206,18 @@ TEST_CASE("node 0 (the store host) killed: the other launcher waits, and the job
   const std::string out = make_temp_dir() + "/run";
   const int port = free_port();
   auto launcher = [&](int node) {
-    std::vector<std::string> argv = {ft_bin(), "launch", "--nnodes", "2", "--node-rank",
-                                     std::to_string(node), "--nproc-per-node", "2",
-                                     "--master-addr", "127.0.0.1", "--master-port",
-                                     std::to_string(port), "--max-restarts", "2",
-                                     "--rdzv-timeout", "60", "--term-grace", "3", "--",
-                                     ft_bin(), "train", "--preset", "tiny-demo", "--output", out};
-    for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
-    for (const char* s : {"train.max_steps=24", "output.save_every=3", "train.micro_batch=2"})
-      argv.insert(argv.end(), {"--set", s});
-    return argv;
+    return ft_launch_argv({"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node",
+                           "2", "--master-addr", "127.0.0.1", "--master-port", std::to_string(port),
+                           "--max-restarts", "2", "--rdzv-timeout", "60", "--term-grace", "3"},
+                          ft_train_argv({"--preset", "tiny-demo", "--output", out},
+                                        with(kBase, {"train.max_steps=24", "output.save_every=3",
+                                                     "train.micro_batch=2"})));
   };
   Child n0 = start(launcher(0), {}, make_temp_dir() + "/n0.txt");
   Child n1 = start(launcher(1), {}, make_temp_dir() + "/n1.txt");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (metrics(out).size() < 7 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  REQUIRE(metrics(out).size() >= 7);
+  wait_for_steps(out, 7, deadline);
+  REQUIRE(read_metrics(out).size() >= 7);
   ::kill(n0.pid, SIGKILL);  // the store goes with it; so do its workers
   REQUIRE(wait_for(n0, 30).has_value());
   while (n1.output().find("waiting up to") == std::string::npos &&
@@ -293,7 +235,7 @@ TEST_CASE("node 0 (the store host) killed: the other launcher waits, and the job
   REQUIRE(rc1.value_or(-1) == 0);
   CHECK_THAT(n1.output(), Catch::Contains("the rendezvous store is back"));
   CHECK_THAT(again.output(), Catch::Contains("resuming from"));
-  auto m = metrics(out);
+  auto m = read_metrics(out);
   REQUIRE(m.size() == 24);
   for (size_t i = 0; i < m.size(); ++i) CHECK(m[i]["step"] == static_cast<int>(i + 1));
 }
@@ -302,36 +244,15 @@ TEST_CASE("elastic --nnodes 1:2: after losing a node the job continues on one no
           "[multiproc]") {
   const std::string out = make_temp_dir() + "/run";
   const int port = free_port();
-  std::vector<std::string> argv = {ft_bin(),
-                                   "launch",
-                                   "--nnodes",
-                                   "1:2",
-                                   "--nproc-per-node",
-                                   "2",
-                                   "--master-addr",
-                                   "127.0.0.1",
-                                   "--master-port",
-                                   std::to_string(port),
-                                   "--max-restarts",
-                                   "2",
-                                   "--rdzv-last-call",
-                                   "1",
-                                   "--heartbeat-timeout",
-                                   "3",
-                                   "--term-grace",
-                                   "3",
-                                   "--",
-                                   ft_bin(),
-                                   "train",
-                                   "--preset",
-                                   "tiny-demo",
-                                   "--output",
-                                   out};
-  for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
   // zero3 on 4 ranks, then 2: the checkpoint's shards are split differently.
-  for (const char* s : {"train.max_steps=24", "output.save_every=3", "train.micro_batch=2",
-                        "strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0"})
-    argv.insert(argv.end(), {"--set", s});
+  const std::vector<std::string> argv = ft_launch_argv(
+      {"--nnodes", "1:2", "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+       std::to_string(port), "--max-restarts", "2", "--rdzv-last-call", "1", "--heartbeat-timeout",
+       "3", "--term-grace", "3"},
+      ft_train_argv(
+          {"--preset", "tiny-demo", "--output", out},
+          with(kBase, {"train.max_steps=24", "output.save_every=3", "train.micro_batch=2",
+                       "strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0"})));
   Child a = start(argv, {}, make_temp_dir() + "/a.txt");
   // The second launcher starts once the first hosts the store, so the host is `a`.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -339,11 +260,9 @@ TEST_CASE("elastic --nnodes 1:2: after losing a node the job continues on one no
          std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   Child b = start(argv, {}, make_temp_dir() + "/b.txt");
-  while (metrics(out).size() < 7 &&
-         std::chrono::steady_clock::now() < deadline + std::chrono::seconds(60))
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  wait_for_steps(out, 7, deadline + std::chrono::seconds(60));
   INFO(a.output());
-  REQUIRE(metrics(out).size() >= 7);
+  REQUIRE(read_metrics(out).size() >= 7);
   REQUIRE_THAT(a.output(), Catch::Contains("world size 4"));
   ::kill(b.pid, SIGKILL);  // its workers die with it
   REQUIRE(wait_for(b, 30).has_value());
@@ -352,7 +271,7 @@ TEST_CASE("elastic --nnodes 1:2: after losing a node the job continues on one no
   REQUIRE(rc.value_or(-1) == 0);
   CHECK_THAT(a.output(), Catch::Contains("round 1: 1 node(s) x 2 worker(s), world size 2"));
   CHECK_THAT(a.output(), Catch::Contains("saved by 4 ranks"));
-  auto m = metrics(out);
+  auto m = read_metrics(out);
   REQUIRE(m.size() == 24);
   for (size_t i = 0; i < m.size(); ++i) CHECK(m[i]["step"] == static_cast<int>(i + 1));
   CHECK(m.back()["loss"].get<double>() < m.front()["loss"].get<double>());
@@ -363,28 +282,24 @@ TEST_CASE("elastic --nnodes 1:2: a node that comes later is admitted at the next
           "[multiproc]") {
   const std::string out = make_temp_dir() + "/run";
   const int port = free_port();
-  std::vector<std::string> argv = {ft_bin(), "launch", "--nnodes", "1:2", "--nproc-per-node", "2",
-                                   "--master-addr", "127.0.0.1", "--master-port",
-                                   std::to_string(port), "--max-restarts", "0",
-                                   "--rdzv-last-call", "1", "--heartbeat-timeout", "3",
-                                   "--term-grace", "20", "--", ft_bin(), "train", "--preset",
-                                   "tiny-demo", "--output", out};
-  for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
   // No periodic checkpoint: the only one is the one written when the new round stops the job.
   // fsdp FULL_SHARD on 2 ranks, then on 4: the shards are split differently. Enough steps that
   // the job is still running when the second node has started (a node arriving as the job ends
   // is told so and leaves).
-  for (const char* s : {"train.max_steps=400", "output.save_every=0", "train.micro_batch=2",
-                        "strategy.kind=fsdp"})
-    argv.insert(argv.end(), {"--set", s});
+  const std::vector<std::string> argv =
+      ft_launch_argv({"--nnodes", "1:2", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                      "--master-port", std::to_string(port), "--max-restarts", "0",
+                      "--rdzv-last-call", "1", "--heartbeat-timeout", "3", "--term-grace", "20"},
+                     ft_train_argv({"--preset", "tiny-demo", "--output", out},
+                                   with(kBase, {"train.max_steps=400", "output.save_every=0",
+                                                "train.micro_batch=2", "strategy.kind=fsdp"})));
   Child a = start(argv, {}, make_temp_dir() + "/a.txt");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  while (metrics(out).size() < 5 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  wait_for_steps(out, 5, deadline);
   INFO(a.output());
-  REQUIRE(metrics(out).size() >= 5);
+  REQUIRE(read_metrics(out).size() >= 5);
   REQUIRE_THAT(a.output(), Catch::Contains("round 0: 1 node(s) x 2 worker(s), world size 2"));
-  const size_t before = metrics(out).size();
+  const size_t before = read_metrics(out).size();
   // The second node arrives while the job runs on one (--max-restarts 0: admitting a node is not
   // a failure and uses no restart).
   Child b = start(argv, {}, make_temp_dir() + "/b.txt");
@@ -405,7 +320,7 @@ TEST_CASE("elastic --nnodes 1:2: a node that comes later is admitted at the next
   const std::string resumed = both.substr(both.find("resuming from"));
   const int from = std::stoi(resumed.substr(resumed.find("(step ") + 6));
   CHECK(from >= static_cast<int>(before));
-  auto m = metrics(out);
+  auto m = read_metrics(out);
   REQUIRE(m.size() == 400);
   for (size_t i = 0; i < m.size(); ++i) CHECK(m[i]["step"] == static_cast<int>(i + 1));
   CHECK(m.back()["loss"].get<double>() < m.front()["loss"].get<double>());
@@ -414,18 +329,16 @@ TEST_CASE("elastic --nnodes 1:2: a node that comes later is admitted at the next
 TEST_CASE("a hung rank (no progress for --hang-timeout) gets the job restarted from the checkpoint",
           "[multiproc]") {
   const std::string out = make_temp_dir() + "/run";
-  std::vector<std::string> argv = {ft_bin(), "launch", "--nproc-per-node", "2", "--master-port",
-                                   std::to_string(free_port()), "--max-restarts", "1",
-                                   "--hang-timeout", "3", "--term-grace", "2", "--",
-                                   ft_bin(), "train", "--preset", "tiny-demo", "--output", out};
-  for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
-  for (const char* s : {"train.max_steps=24", "output.save_every=3", "train.micro_batch=4"})
-    argv.insert(argv.end(), {"--set", s});
+  const std::vector<std::string> argv = ft_launch_argv(
+      {"--nproc-per-node", "2", "--master-port", std::to_string(free_port()), "--max-restarts", "1",
+       "--hang-timeout", "3", "--term-grace", "2"},
+      ft_train_argv(
+          {"--preset", "tiny-demo", "--output", out},
+          with(kBase, {"train.max_steps=24", "output.save_every=3", "train.micro_batch=4"})));
   Child c = start(argv, {}, make_temp_dir() + "/out.txt");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (metrics(out).size() < 7 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  REQUIRE(metrics(out).size() >= 7);
+  wait_for_steps(out, 7, deadline);
+  REQUIRE(read_metrics(out).size() >= 7);
   std::vector<pid_t> workers = children_of(c.pid);
   REQUIRE(workers.size() == 2);
   ::kill(workers[1], SIGSTOP);  // one rank stops; the other blocks in its next collective
@@ -443,7 +356,7 @@ TEST_CASE("a hung rank (no progress for --hang-timeout) gets the job restarted f
   CHECK_THAT(c.output(), Catch::Contains("hung: no progress") &&
                              Catch::Contains("restarting the job") &&
                              Catch::Contains("resuming from"));
-  CHECK(metrics(out).size() == 24);
+  CHECK(read_metrics(out).size() == 24);
   CHECK_FALSE(pid_alive(workers[1]));
 }
 
@@ -451,36 +364,36 @@ TEST_CASE("checkpoints move between strategies and world sizes: fsdp x4 -> zero3
           "[multiproc]") {
   const std::string tmp = make_temp_dir();
   // The reference: one rank, 8 sequences per step.
-  Run r = run(train_argv(1, tmp + "/ref", {"train.micro_batch=8"}));
+  Finished r = run(train_argv(1, tmp + "/ref", {"train.micro_batch=8"}));
   INFO(r.output);
   REQUIRE(r.code == 0);
-  Run a = run(train_argv(4, tmp + "/a", {"strategy.kind=fsdp", "train.micro_batch=2"}));
+  Finished a = run(train_argv(4, tmp + "/a", {"strategy.kind=fsdp", "train.micro_batch=2"}));
   INFO(a.output);
   REQUIRE(a.code == 0);
-  Run b = run(with_resume(train_argv(2, tmp + "/b",
-                                     {"strategy.kind=zero3", "train.micro_batch=4",
-                                      "strategy.zero3.param_persistence_threshold=1000"}),
-                          tmp + "/a/checkpoints/step-000000004"));
+  Finished b = run(with_resume(train_argv(2, tmp + "/b",
+                                          {"strategy.kind=zero3", "train.micro_batch=4",
+                                           "strategy.zero3.param_persistence_threshold=1000"}),
+                               tmp + "/a/checkpoints/step-000000004"));
   INFO(b.output);
   REQUIRE(b.code == 0);
   CHECK_THAT(b.output, Catch::Contains("saved by 4 ranks"));
-  Run c = run(with_resume(train_argv(1, tmp + "/c", {"train.micro_batch=8"}),
-                          tmp + "/b/checkpoints/step-000000008"));
+  Finished c = run(with_resume(train_argv(1, tmp + "/c", {"train.micro_batch=8"}),
+                               tmp + "/b/checkpoints/step-000000008"));
   INFO(c.output);
   REQUIRE(c.code == 0);
   // ddp x1 -> fsdp SHARD_GRAD_OP x2.
-  Run d = run(with_resume(train_argv(2, tmp + "/d",
-                                     {"strategy.kind=fsdp", "train.micro_batch=4",
-                                      "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP"}),
-                          tmp + "/ref/checkpoints/step-000000004"));
+  Finished d = run(with_resume(train_argv(2, tmp + "/d",
+                                          {"strategy.kind=fsdp", "train.micro_batch=4",
+                                           "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP"}),
+                               tmp + "/ref/checkpoints/step-000000004"));
   INFO(d.output);
   REQUIRE(d.code == 0);
 
-  auto ref = metrics(tmp + "/ref");
+  auto ref = read_metrics(tmp + "/ref");
   REQUIRE(ref.size() == 12);
   for (const auto& [dir, first] :
        std::vector<std::pair<std::string, int>>{{"/b", 5}, {"/c", 9}, {"/d", 5}}) {
-    auto m = metrics(tmp + dir);
+    auto m = read_metrics(tmp + dir);
     INFO(dir);
     REQUIRE(m.size() == static_cast<size_t>(12 - first + 1));
     for (const auto& rec : m) {
@@ -491,13 +404,13 @@ TEST_CASE("checkpoints move between strategies and world sizes: fsdp x4 -> zero3
     }
     auto fa = ft::io::SafetensorsFile::open(tmp + "/ref/final/model.safetensors");
     auto fb = ft::io::SafetensorsFile::open(tmp + dir + "/final/model.safetensors");
-    for (const auto& n : fa.names()) CHECK(max_rel(fa.tensor(n), fb.tensor(n)) <= 1e-5);
+    for (const auto& n : fa.names()) CHECK(rel_error(fb.tensor(n), fa.tensor(n)) <= 1e-5);
   }
 }
 
 TEST_CASE("a damaged newest checkpoint is named and the previous one is used", "[multiproc]") {
   const std::string ref = make_temp_dir() + "/ref";
-  Run r = run(train_argv(1, ref, {}));
+  Finished r = run(train_argv(1, ref, {}));
   REQUIRE(r.code == 0);
   const std::string out = make_temp_dir() + "/run";
   fs::copy(ref, out, fs::copy_options::recursive);
@@ -505,18 +418,10 @@ TEST_CASE("a damaged newest checkpoint is named and the previous one is used", "
   fs::remove_all(out + "/final");
   // Flip one byte near the end of the newest checkpoint's data.
   const std::string f = out + "/checkpoints/step-000000008/rank-00000.safetensors";
-  {
-    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
-    io.seekg(-64, std::ios::end);
-    char c = 0;
-    io.read(&c, 1);
-    c ^= 0x01;
-    io.seekp(-64, std::ios::end);
-    io.write(&c, 1);
-  }
+  flip_bits(f, 64, 0x01);
   const std::string damaged = make_temp_dir() + "/step-000000008";
   fs::copy(f.substr(0, f.rfind('/')), damaged, fs::copy_options::recursive);
-  Run again = run(train_argv(1, out, {}));
+  Finished again = run(train_argv(1, out, {}));
   INFO(again.output);
   REQUIRE(again.code == 0);
   CHECK_THAT(again.output, Catch::Contains("rank-00000.safetensors") &&
@@ -526,7 +431,7 @@ TEST_CASE("a damaged newest checkpoint is named and the previous one is used", "
 
   // An explicit --resume of a damaged checkpoint is an error, not a silent fresh start.
   const std::string out2 = make_temp_dir() + "/run2";
-  Run bad = run(with_resume(train_argv(1, out2, {}), damaged));
+  Finished bad = run(with_resume(train_argv(1, out2, {}), damaged));
   CHECK(bad.code == 2);
   CHECK_THAT(bad.output, Catch::Contains("unusable"));
   CHECK_FALSE(fs::exists(out2 + "/metrics.jsonl"));

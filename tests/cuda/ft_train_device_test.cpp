@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 
+#include "support/runs.h"
 #include "support/subprocess.h"
 
 using namespace ft::test;
@@ -20,13 +21,10 @@ constexpr bool kCudaBuild = false;
 // GPU from the driver, so this holds on GPU machines too).
 int train_without_gpu(const std::vector<std::string>& sets, const std::string& out,
                       const std::string& log) {
-  std::vector<std::string> argv = {ft_bin(), "train", "--preset", "tiny-demo", "--output", out};
-  for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
-  Child c =
-      start(argv, {{"WORLD_SIZE", "\x01"}, {"RANK", "\x01"}, {"CUDA_VISIBLE_DEVICES", ""}}, log);
-  auto st = wait_for(c, 240);
-  if (!st) kill_and_reap(c);
-  return st.value_or(-1);
+  return run_to_end(ft_train_argv({"--preset", "tiny-demo", "--output", out}, sets),
+                    {{"WORLD_SIZE", "\x01"}, {"RANK", "\x01"}, {"CUDA_VISIBLE_DEVICES", ""}}, log,
+                    240)
+      .code;
 }
 }  // namespace
 

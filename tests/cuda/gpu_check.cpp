@@ -70,14 +70,12 @@ void check_collectives() {
 void check_train() {
   namespace fs = std::filesystem;
   const std::string dir = ft::test::make_temp_dir();
-  ft::test::Child c = ft::test::start(
+  const ft::test::Finished train = ft::test::run_to_end(
       {ft::test::ft_bin(), "train", "--preset", "tiny-demo", "--output", dir + "/run", "--set",
        "hardware.device=cuda", "--set", "precision.mode=bf16", "--set", "train.max_steps=5"},
-      {{"WORLD_SIZE", "\x01"}, {"RANK", "\x01"}}, dir + "/train.log");
-  auto st = ft::test::wait_for(c, 300);
-  if (!st) ft::test::kill_and_reap(c);
-  const std::string log = c.output();
-  expect(st == 0, "ft train --set hardware.device=cuda bf16 exits 0");
+      {{"WORLD_SIZE", "\x01"}, {"RANK", "\x01"}}, dir + "/train.log", 300);
+  const std::string& log = train.output;
+  expect(train.code == 0, "ft train --set hardware.device=cuda bf16 exits 0");
   expect(log.find("ft train: device cuda:0") != std::string::npos, "it trained on cuda:0");
   const std::string metrics = ft::test::read_file(dir + "/run/metrics.jsonl");
   expect(metrics.find("\"cuda_peak_allocated_bytes\"") != std::string::npos,

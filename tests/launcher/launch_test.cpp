@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "support/runs.h"
 #include "support/subprocess.h"
 
 using namespace ft::test;
@@ -23,17 +24,13 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 // Starts `ft launch ARGS -- PROGRAM...` with output in dir/name.out.
-Child launch(const std::string& dir, const std::string& name, std::vector<std::string> args,
+Child launch(const std::string& dir, const std::string& name, const std::vector<std::string>& args,
              const std::vector<std::string>& program, std::map<std::string, std::string> env = {}) {
-  std::vector<std::string> argv = {ft_bin(), "launch"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  argv.push_back("--");
-  argv.insert(argv.end(), program.begin(), program.end());
   // Keep the test independent of a scheduler or torchrun variables in the caller's environment.
   for (const char* k : {"SLURM_JOB_ID", "SLURM_NNODES", "NNODES", "NODE_RANK", "MASTER_ADDR",
                         "MASTER_PORT", "PET_NNODES", "NPROC_PER_NODE"})
     env.emplace(k, "\x01");
-  return start(argv, env, dir + "/" + name + ".out");
+  return start(ft_launch_argv(args, program), env, dir + "/" + name + ".out");
 }
 
 std::vector<std::string> sh(const std::string& script) { return {"/bin/sh", "-c", script}; }

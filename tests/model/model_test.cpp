@@ -13,6 +13,7 @@
 #include "model/llama.h"
 #include "model/lora.h"
 #include "support/catch_torch.h"
+#include "support/numerics.h"
 #include "support/subprocess.h"
 
 using namespace ft;
@@ -24,12 +25,10 @@ std::string fixture(const std::string& name) {
   return std::string(FT_TEST_DIR) + "/model/fixtures/" + name;
 }
 
-// max |a - b| / max |b|: the error relative to the reference's scale.
+// test::rel_error of `a` against the reference `b`, which must have the same shape.
 double rel_err(const at::Tensor& a, const at::Tensor& b) {
   REQUIRE(a.sizes() == b.sizes());
-  double scale = b.abs().max().item<double>();
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() /
-         std::max(scale, 1e-30);
+  return test::rel_error(a, b);
 }
 
 LlamaModel load_model(const std::string& dir) {

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "io/safetensors.h"
+#include "support/numerics.h"
+#include "support/runs.h"
 #include "support/subprocess.h"
 
 namespace fs = std::filesystem;
@@ -22,15 +24,8 @@ using namespace ft::test;
 
 namespace {
 
-// A small model the equivalence runs can afford many times: 2 layers, hidden 64. Adam's eps is
-// raised from 1e-8 to 1e-6: with eps far below a gradient's rounding noise, Adam turns the last-bit
-// differences of another summation order (2 or 4 partial sums instead of 1) in near-zero gradients
-// into full-size steps, which no implementation keeps within 1e-5; the fp64 runs check the algebra
-// itself far tighter.
-const std::vector<std::string> kBase = {
-    "precision.mode=fp32",  "train.max_steps=20",          "data.seq_len=64",
-    "model.hidden_size=64", "model.intermediate_size=176", "train.lr=1e-3",
-    "train.warmup_steps=2", "train.log_every=100",         "train.eps=1e-6"};
+// The job tests' small model (runs.h: 2 layers, hidden 64, and why Adam's eps is 1e-6), 20 steps.
+const std::vector<std::string> kBase = with(small_run_sets(), {"train.max_steps=20"});
 
 struct Job {
   std::string dir;  // the run's --output
@@ -38,14 +33,12 @@ struct Job {
   std::string output;
 };
 
-// `ft launch LAUNCH_ARGS -- ft train --preset tiny-demo --output DIR` with the base settings.
+// `ft launch LAUNCH_ARGS -- ft train --preset tiny-demo --output DIR` with the base settings, then
+// `sets`.
 std::vector<std::string> train_argv(const std::vector<std::string>& launch_args,
-                                    const std::string& dir) {
-  std::vector<std::string> argv = {ft_bin(), "launch"};
-  argv.insert(argv.end(), launch_args.begin(), launch_args.end());
-  argv.insert(argv.end(), {"--", ft_bin(), "train", "--preset", "tiny-demo", "--output", dir});
-  for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
-  return argv;
+                                    const std::string& dir, const std::vector<std::string>& sets) {
+  return ft_launch_argv(
+      launch_args, ft_train_argv({"--preset", "tiny-demo", "--output", dir}, with(kBase, sets)));
 }
 
 // `ft launch --nproc-per-node N -- ft train --preset tiny-demo --set ... --output DIR`.
@@ -53,30 +46,13 @@ Job run_job(int nproc, const std::vector<std::string>& sets,
             const std::map<std::string, std::string>& env = {}) {
   Job j;
   j.dir = make_temp_dir() + "/run";
-  std::vector<std::string> argv = train_argv(
-      {"--nproc-per-node", std::to_string(nproc), "--master-port", std::to_string(free_port())},
-      j.dir);
-  for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
-  Child c = start(argv, env, make_temp_dir() + "/out.txt");
-  auto rc = wait_for(c, 150);
-  if (!rc) kill_and_reap(c);
-  j.code = rc.value_or(-1);
-  j.output = c.output();
+  const Finished f = run_to_end(train_argv({"--nproc-per-node", std::to_string(nproc),
+                                            "--master-port", std::to_string(free_port())},
+                                           j.dir, sets),
+                                env, make_temp_dir() + "/out.txt", 150);
+  j.code = f.code;
+  j.output = f.output;
   return j;
-}
-
-std::vector<json> read_jsonl(const std::string& path) {
-  std::vector<json> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) out.push_back(json::parse(line));
-  return out;
-}
-
-double max_rel(const at::Tensor& a, const at::Tensor& b) {
-  const double scale = std::max(a.abs().max().item<double>(), 1e-30);
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() / scale;
 }
 
 // Loss trajectories within `tol` relative, step by step, and every saved tensor within `tol`
@@ -86,7 +62,7 @@ void check_same_run(const Job& ref, const Job& got, const std::string& weights_f
   INFO(got.output);
   REQUIRE(ref.code == 0);
   REQUIRE(got.code == 0);
-  auto a = read_jsonl(ref.dir + "/metrics.jsonl"), b = read_jsonl(got.dir + "/metrics.jsonl");
+  auto a = read_metrics(ref.dir), b = read_metrics(got.dir);
   REQUIRE(a.size() == 20);
   REQUIRE(b.size() == a.size());
   for (size_t i = 0; i < a.size(); ++i) {
@@ -100,15 +76,10 @@ void check_same_run(const Job& ref, const Job& got, const std::string& weights_f
   REQUIRE(fa.names() == fb.names());
   for (const auto& n : fa.names()) {
     INFO(n);
-    CHECK(max_rel(fa.tensor(n), fb.tensor(n)) <= tol);
+    CHECK(rel_error(fb.tensor(n), fa.tensor(n)) <= tol);
   }
   // Training moved the weights at all (so the comparison means something).
   CHECK(a.back()["loss"].get<double>() < a.front()["loss"].get<double>() - 0.1);
-}
-
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
 }
 
 json last_rank_record(const Job& j, int rank) {
@@ -262,7 +233,7 @@ TEST_CASE("offload: the same run bit for bit, and the state accounted in host me
     }
   };
   auto same_losses = [](const Job& a, const Job& b) {
-    auto ma = read_jsonl(a.dir + "/metrics.jsonl"), mb = read_jsonl(b.dir + "/metrics.jsonl");
+    auto ma = read_metrics(a.dir), mb = read_metrics(b.dir);
     REQUIRE(ma.size() == 3);
     REQUIRE(mb.size() == ma.size());
     for (size_t i = 0; i < ma.size(); ++i) CHECK(ma[i]["loss"] == mb[i]["loss"]);
@@ -383,18 +354,16 @@ TEST_CASE("sharded load: a rank's peak host memory stays below model/world size 
   auto load = [&](int nproc, const std::vector<std::string>& sets) {
     Job j;
     j.dir = make_temp_dir() + "/run";
-    std::vector<std::string> argv = {ft_bin(), "launch", "--nproc-per-node", std::to_string(nproc),
-                                     "--master-port", std::to_string(free_port()), "--", ft_bin(),
-                                     "train", "--preset", "tiny-demo", "--model", model, "--output",
-                                     j.dir};
-    for (const auto& s : with(sets, {"precision.mode=fp32", "train.max_steps=1", "data.seq_len=64",
-                                     "train.micro_batch=" + std::to_string(4 / nproc)}))
-      argv.insert(argv.end(), {"--set", s});
-    Child c = start(argv, {}, make_temp_dir() + "/out.txt");
-    auto rc = wait_for(c, 150);
-    if (!rc) kill_and_reap(c);
-    j.code = rc.value_or(-1);
-    j.output = c.output();
+    const Finished f = run_to_end(
+        ft_launch_argv(
+            {"--nproc-per-node", std::to_string(nproc), "--master-port",
+             std::to_string(free_port())},
+            ft_train_argv({"--preset", "tiny-demo", "--model", model, "--output", j.dir},
+                          with(sets, {"precision.mode=fp32", "train.max_steps=1", "data.seq_len=64",
+                                      "train.micro_batch=" + std::to_string(4 / nproc)}))),
+        {}, make_temp_dir() + "/out.txt", 150);
+    j.code = f.code;
+    j.output = f.output;
     INFO(j.output);
     REQUIRE(j.code == 0);
     return j;
@@ -415,7 +384,7 @@ TEST_CASE("sharded load: a rank's peak host memory stays below model/world size 
     CHECK(rec["bytes_read"] == model_bytes);
     CHECK(rec["peak_delta_bytes"].get<int64_t>() >= model_bytes * 9 / 10);
   }
-  const double ddp_loss = read_jsonl(ddp.dir + "/metrics.jsonl").at(0)["loss"];
+  const double ddp_loss = read_metrics(ddp.dir).at(0)["loss"];
   for (const auto& [nproc, sets] : std::vector<std::pair<int, std::vector<std::string>>>{
            {2, {"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0"}},
            {4, {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"}}}) {
@@ -440,7 +409,7 @@ TEST_CASE("sharded load: a rank's peak host memory stays below model/world size 
     REQUIRE(fs_rec["peak_reset"] == true);
     CHECK(fs_rec["peak_delta_bytes"].get<int64_t>() < model_bytes / 2);
     // Loaded right: the first step's loss (before any update) equals ddp's.
-    const double loss = read_jsonl(j.dir + "/metrics.jsonl").at(0)["loss"];
+    const double loss = read_metrics(j.dir).at(0)["loss"];
     CHECK(std::abs(loss - ddp_loss) <= 1e-5 * ddp_loss);
   }
 }
@@ -496,14 +465,13 @@ TEST_CASE("two launchers x 2 workers with HYBRID_SHARD: shards inside a node, re
   const std::string port = std::to_string(free_port());
   std::vector<Child> nodes;
   for (int node = 0; node < 2; ++node) {
-    std::vector<std::string> argv =
-        train_argv({"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "2",
-                    "--master-addr", "127.0.0.1", "--master-port", port},
-                   hy.dir);
-    for (const auto& s : {"train.micro_batch=2", "strategy.kind=fsdp",
-                          "strategy.fsdp.sharding_strategy=HYBRID_SHARD"})
-      argv.insert(argv.end(), {"--set", s});
-    nodes.push_back(start(argv, {}, make_temp_dir() + "/node.txt"));
+    nodes.push_back(
+        start(train_argv({"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node",
+                          "2", "--master-addr", "127.0.0.1", "--master-port", port},
+                         hy.dir,
+                         {"train.micro_batch=2", "strategy.kind=fsdp",
+                          "strategy.fsdp.sharding_strategy=HYBRID_SHARD"}),
+              {}, make_temp_dir() + "/node.txt"));
   }
   hy.code = 0;
   for (auto& c : nodes) {
@@ -519,7 +487,7 @@ TEST_CASE("two launchers x 2 workers with HYBRID_SHARD: shards inside a node, re
   CHECK(r0["memory"]["param_bytes"] == r3["memory"]["param_bytes"]);
   Job ddp = run_job(1, {"train.max_steps=1"});
   REQUIRE(ddp.code == 0);
-  const int64_t whole = read_jsonl(ddp.dir + "/metrics.jsonl").back()["memory"]["param_bytes"];
+  const int64_t whole = read_metrics(ddp.dir).back()["memory"]["param_bytes"];
   CHECK(r0["memory"]["param_bytes"].get<int64_t>() >= whole / 2);
   CHECK(r0["memory"]["param_bytes"].get<int64_t>() <= whole / 2 + 64);
   CHECK(r3["comm"]["all_reduces"].get<int64_t>() > 0);
@@ -550,10 +518,8 @@ TEST_CASE("strategy settings that do not apply are refused before anything is wr
             "differs from precision.mode=fp32"}}) {
     INFO(c.sets[1]);
     const std::string dir = make_temp_dir() + "/run";
-    std::vector<std::string> argv = {ft_bin(), "train", "--preset", "tiny-demo", "--output", dir};
-    for (const auto& s : kBase) argv.insert(argv.end(), {"--set", s});
-    for (const auto& s : c.sets) argv.insert(argv.end(), {"--set", s});
-    Child ch = start(argv, c.env, make_temp_dir() + "/out.txt");
+    Child ch = start(ft_train_argv({"--preset", "tiny-demo", "--output", dir}, with(kBase, c.sets)),
+                     c.env, make_temp_dir() + "/out.txt");
     auto rc = wait_for(ch, 60);
     INFO(ch.output());
     CHECK(rc == 2);

@@ -79,6 +79,15 @@ void kill_and_reap(Child& c) {
   c.pid = -1;
 }
 
+Finished run_to_end(const std::vector<std::string>& argv,
+                    const std::map<std::string, std::string>& env, const std::string& out_path,
+                    double timeout_s) {
+  Child c = start(argv, env, out_path);
+  auto st = wait_for(c, timeout_s);
+  if (!st) kill_and_reap(c);
+  return {st.value_or(-1), c.output()};
+}
+
 int free_port() {
   int s = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -117,10 +126,7 @@ bool pid_alive(pid_t pid) {
 int run_ft(const std::vector<std::string>& args, const std::string& out_path, double timeout_s) {
   std::vector<std::string> argv = {ft_bin()};
   argv.insert(argv.end(), args.begin(), args.end());
-  Child c = start(argv, {{"WORLD_SIZE", "\x01"}, {"RANK", "\x01"}}, out_path);
-  auto st = wait_for(c, timeout_s);
-  if (!st) kill_and_reap(c);
-  return st.value_or(-1);
+  return run_to_end(argv, {{"WORLD_SIZE", "\x01"}, {"RANK", "\x01"}}, out_path, timeout_s).code;
 }
 
 std::string read_file(const std::string& path) {
@@ -137,6 +143,17 @@ std::string make_temp_dir() {
   buf.push_back('\0');
   if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
   return buf.data();
+}
+
+void flip_bits(const std::string& path, int64_t from_end, unsigned char mask) {
+  std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+  if (!io) throw std::runtime_error("cannot open " + path);
+  io.seekg(-from_end, std::ios::end);
+  char c = 0;
+  io.read(&c, 1);
+  c ^= static_cast<char>(mask);
+  io.seekp(-from_end, std::ios::end);
+  io.write(&c, 1);
 }
 
 std::vector<std::string> lines_with(const std::string& text, const std::string& needle) {

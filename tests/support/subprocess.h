@@ -1,9 +1,11 @@
 // Test support: start real processes (ft launch, workers) with their output in a file, wait with a
-// deadline, inspect what is left. Not thread-safe; one test thread.
+// deadline, inspect what is left; the files tests read and damage. Not thread-safe; one test
+// thread.
 #pragma once
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -26,6 +28,16 @@ Child start(const std::vector<std::string>& argv, const std::map<std::string, st
 std::optional<int> wait_for(Child& c, double timeout_s);
 // Kills (SIGKILL) and reaps a child that is still running.
 void kill_and_reap(Child& c);
+
+// A program run to its end.
+struct Finished {
+  int code = -1;  // exit status as wait_for gives it; -1 when it ran past its deadline
+  std::string output;
+};
+// Starts argv as `start` does, waits up to `timeout_s` (then kills it) and reads its output.
+Finished run_to_end(const std::vector<std::string>& argv,
+                    const std::map<std::string, std::string>& env, const std::string& out_path,
+                    double timeout_s);
 // Runs this build's ft with `args` as a user runs it (one process: the launcher's WORLD_SIZE and
 // RANK removed), its output in `out_path`: its exit status, or -1 when it ran past `timeout_s`
 // (then it is killed).
@@ -41,6 +53,8 @@ int listen_on_free_port(int* port);
 bool pid_alive(pid_t pid);
 std::string read_file(const std::string& path);
 std::string make_temp_dir();
+// Fault injection: XORs `mask` into the byte `from_end` bytes before the end of the file.
+void flip_bits(const std::string& path, int64_t from_end, unsigned char mask);
 // All lines of `text` containing `needle`.
 std::vector<std::string> lines_with(const std::string& text, const std::string& needle);
 

@@ -8,6 +8,7 @@
 #include "model/lora.h"
 #include "parallel/strategy.h"
 #include "support/catch_torch.h"
+#include "support/numerics.h"
 #include "train/optimizer.h"
 #include "train/run.h"
 #include "train/schedule.h"
@@ -39,10 +40,6 @@ data::Batch cat_batches(const std::vector<data::Batch>& bs) {
     d.push_back(x.segment_ids);
   }
   return {at::cat(a), at::cat(b), at::cat(c), at::cat(d)};
-}
-
-double max_rel(const at::Tensor& a, const at::Tensor& b) {
-  return (a - b).abs().max().item<double>() / std::max(b.abs().max().item<double>(), 1e-30);
 }
 
 }  // namespace
@@ -86,7 +83,7 @@ TEST_CASE("4 x 2 micro-batches give the gradient and update of 1 x 8", "[unit]")
       REQUIRE(ma.size() == mb.size());
       for (size_t i = 0; i < ma.size(); ++i) {
         INFO("master group " << i);
-        CHECK(max_rel(ma[i].tensor.grad(), mb[i].tensor.grad()) < 1e-6);
+        CHECK(test::rel_error_in_dtype(ma[i].tensor.grad(), mb[i].tensor.grad()) < 1e-6);
       }
       if (std::string(precision) == "fp64") {
         std::vector<at::Tensor> before;
@@ -96,7 +93,7 @@ TEST_CASE("4 x 2 micro-batches give the gradient and update of 1 x 8", "[unit]")
         for (size_t i = 0; i < ma.size(); ++i) {
           at::Tensor da = ma[i].tensor - before[i], db = mb[i].tensor - before[i];
           CHECK(da.abs().max().item<double>() > 0);
-          CHECK(max_rel(da, db) < 1e-6);
+          CHECK(test::rel_error_in_dtype(da, db) < 1e-6);
         }
       }
     }

@@ -1,0 +1,324 @@
+// The sharding engine in one process: each rank is a thread with its own real c10d Gloo group,
+// formed on a store this test hosts (the launcher's RdzvStore on loopback, port 0, short
+// timeouts), training from the same values as the world-size-1 engine on the same global batch.
+// Per-step losses and the final full parameters are compared with the tolerances the `ft launch`
+// jobs of parallel_test.cpp use, in seconds rather than minutes. Catch2 is not thread-safe: the
+// rank threads only record what they saw; every assertion runs on the main thread after they are
+// joined.
+#include "support/catch_torch.h"
+// (catch_torch.h first: c10 defines a CHECK macro of its own)
+#include <ATen/Parallel.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "config/settings.h"
+#include "core/dtype.h"
+#include "data/synthetic.h"
+#include "dist/dist_env.h"
+#include "dist/process_group.h"
+#include "model/llama.h"
+#include "parallel/engine.h"
+#include "parallel/strategy.h"
+#include "store.h"  // launcher/: the store `ft launch` hosts for its workers
+#include "support/numerics.h"
+#include "support/runs.h"
+#include "train/saved_model.h"
+#include "train/trainer.h"
+
+using namespace ft;
+using ft::test::rel_error;
+using ft::test::with;
+
+namespace {
+
+// Long enough for a loaded 2-core machine, short enough that a rank left waiting for a peer that
+// failed gives up quickly (its error is then reported beside the peer's).
+constexpr std::chrono::seconds kTimeout{20};
+constexpr int64_t kSteps = 3;
+
+// tiny-demo made smaller still. Adam's eps is 1e-6 for the reason support/runs.h gives (with
+// 1e-8 the last-bit differences of another summation order in near-zero gradients become
+// full-size steps); weight decay is on so both of AdamW's groups are exercised.
+const std::vector<std::string> kBase = {
+    "model.hidden_size=32",   "model.intermediate_size=64",
+    "data.seq_len=32",        "train.lr=1e-3",
+    "train.warmup_steps=1",   "train.eps=1e-6",
+    "train.weight_decay=0.1", "train.max_steps=" + std::to_string(kSteps)};
+const std::vector<std::string> kFp32 = {"precision.mode=fp32"};
+
+// What one rank (or the single-process reference) saw.
+struct RankRun {
+  std::vector<train::StepStats> steps;
+  // Every parameter's full value after the last step, by name (rank 0 only).
+  std::map<std::string, at::Tensor> params;
+  int64_t param_bytes = 0;  // resident on the rank after the last step
+  std::string error;        // what the rank threw; empty when it finished
+};
+
+// What every rank of a run, and the single-process reference, share: the resolved settings (with
+// the ranks' micro_batch) and the initial values.
+struct Setup {
+  config::Settings settings;
+  model::LlamaConfig model;
+  at::ScalarType dtype = at::kFloat;
+  // A materialised model seeded with train.seed: the values every engine starts from.
+  std::unique_ptr<model::LlamaModel> initial_model;
+  parallel::ParamSource initial;
+  std::map<std::string, at::Tensor> initial_values;
+};
+
+Setup make_setup(const std::vector<std::string>& sets) {
+  Setup s;
+  s.settings = config::resolve_settings("tiny-demo", with(kBase, sets));
+  s.model = train::model_config_from_preset(s.settings.model);
+  s.dtype = parse_dtype(s.settings.precision.mode);
+  s.initial_model = std::make_unique<model::LlamaModel>(s.model, at::TensorOptions(s.dtype));
+  s.initial_model->init_random(static_cast<uint64_t>(s.settings.train.seed));
+  auto specs = parallel::param_specs(*s.initial_model, false);
+  s.initial = parallel::current_values(specs);
+  for (const auto& spec : specs) s.initial_values[spec.name] = *spec.slot;
+  return s;
+}
+
+// This rank's share of the synthetic task, as `ft train` reads it, `micro_batch` rows at a time.
+data::SyntheticSource source_for(const config::Settings& s, int64_t vocab, int rank, int world,
+                                 int64_t micro_batch) {
+  data::SyntheticOptions o;
+  o.vocab_size = vocab;
+  o.seq_len = s.data.seq_len;
+  o.micro_batch = micro_batch;
+  o.train_on_prompt = s.data.train_on_prompt;
+  o.pack = s.data.pack;
+  o.seed = static_cast<uint64_t>(s.train.seed);
+  o.rank = rank;
+  o.world_size = world;
+  return data::SyntheticSource(o);
+}
+
+// kSteps optimizer steps of grad_accum micro-batches each, then every parameter gathered in full
+// on rank 0 (a collective: every rank calls it for every name in the same order).
+void train_steps(const config::Settings& s, model::LlamaModel& m, parallel::Engine& engine,
+                 data::SyntheticSource& source, RankRun& run) {
+  train::Trainer trainer(m, train::train_options(s.train, s.precision, kSteps), engine);
+  for (int64_t i = 0; i < kSteps; ++i) {
+    std::vector<data::Batch> micro;
+    for (int64_t k = 0; k < s.train.grad_accum; ++k) micro.push_back(source.next());
+    run.steps.push_back(trainer.step(micro));
+  }
+  run.param_bytes = trainer.memory().param_bytes;
+  for (const auto& [name, shape] : engine.parameter_shapes()) {
+    at::Tensor full = engine.full_on_rank0(name);
+    if (engine.rank() == 0) run.params[name] = full.reshape(shape);
+  }
+}
+
+// Rank `rank` of `world` ranks on one node, as `ft launch` would describe it to its worker.
+dist::DistEnv rank_env(int rank, int world, uint16_t port) {
+  dist::DistEnv env;
+  env.rank = rank;
+  env.world_size = world;
+  env.local_rank = rank;
+  env.local_world_size = world;
+  env.node_rank = 0;
+  env.nnodes = 1;
+  env.master_addr = "127.0.0.1";
+  env.master_port = port;
+  env.agent_store = true;
+  return env;
+}
+
+// One rank's run, on its own thread: its group, its shards of the shape-only model, filled from
+// the shared initial values.
+RankRun train_rank(const Setup& s, int rank, int world, uint16_t port) {
+  at::set_num_threads(1);  // 2 cores shared by every rank
+  RankRun run;
+  const dist::DistEnv env = rank_env(rank, world, port);
+  const parallel::StrategyPlan plan =
+      parallel::plan_strategy(s.settings.strategy, s.settings.precision.mode, env, at::kCPU);
+  // One node, no HYBRID_SHARD: the shard group, when there is one, is the world.
+  const int shard = plan.engine.shard_size;
+  if (plan.replicas != 1 || (shard != 1 && shard != world))
+    throw std::logic_error("this test forms the world group only, but the plan (" + plan.label +
+                           ") needs subgroups");
+  dist::ProcessGroupOptions po;
+  po.timeout = kTimeout;
+  dist::ProcessGroup group(env, po);
+  model::LlamaModel m(s.model, at::TensorOptions(s.dtype), /*materialize=*/false);
+  parallel::Engine engine(m, parallel::param_specs(m, false), plan.engine,
+                          {&group, shard > 1 ? &group : nullptr, nullptr});
+  engine.load(s.initial);
+  data::SyntheticSource source =
+      source_for(s.settings, s.model.vocab_size, rank, world, s.settings.train.micro_batch);
+  train_steps(s.settings, m, engine, source, run);
+  // Every rank is done with the group before any rank destroys its end of it.
+  engine.sum_over_ranks(0);
+  return run;
+}
+
+// LibTorch 2.11's flight recorder (on by default) enters each process group into a process-wide
+// map before it takes its lock (c10d FlightRecorderDetail.hpp, recordWithResetEnabled), so ranks
+// that are threads of one process race there on their first collectives: this test crashed there
+// (SIGSEGV inside the map) twice in its first few dozen runs. With one process per rank, as ft
+// runs, that cannot happen; these threads run without the recorder. Set once, before the first
+// group creates the recorder and before any other thread reads the environment.
+void disable_flight_recorder() {
+  static const bool set = ::setenv("TORCH_FR_BUFFER_SIZE", "0", 1) == 0;
+  if (!set) throw std::runtime_error("setenv TORCH_FR_BUFFER_SIZE failed");
+}
+
+// The ranks of `s` as threads of this process, joined whether they finish or throw.
+std::vector<RankRun> run_ranks(const Setup& s, int world) {
+  disable_flight_recorder();
+  auto store = launcher::RdzvStore::host(0, kTimeout);
+  const uint16_t port = store->port();
+  std::vector<RankRun> runs(world);
+  std::vector<std::thread> threads;
+  auto join_all = [&] {
+    for (auto& t : threads) t.join();
+  };
+  try {
+    for (int r = 0; r < world; ++r)
+      threads.emplace_back([&s, &runs, r, world, port] {
+        try {
+          runs[r] = train_rank(s, r, world, port);
+        } catch (const std::exception& e) {
+          runs[r].error = e.what();
+        } catch (...) {
+          runs[r].error = "an exception that is not a std::exception";
+        }
+      });
+  } catch (...) {
+    join_all();  // the ranks started give up at kTimeout waiting for the others
+    throw;
+  }
+  join_all();
+  return runs;
+}
+
+// The world-size-1 engine over the same initial values and the ranks' global batch: `world` x
+// the ranks' micro_batch rows per micro-batch.
+RankRun run_single(const Setup& s, int world) {
+  at::set_num_threads(1);
+  model::LlamaModel m(s.model, at::TensorOptions(s.dtype));
+  m.load([&](const std::string& name, at::Tensor& dst) { dst.copy_(s.initial_values.at(name)); });
+  auto engine = parallel::single_process_engine(m, false, s.dtype);
+  data::SyntheticSource source =
+      source_for(s.settings, s.model.vocab_size, 0, 1, world * s.settings.train.micro_batch);
+  RankRun run;
+  train_steps(s.settings, m, *engine, source, run);
+  return run;
+}
+
+struct Variant {
+  std::vector<std::string> sets;
+  bool sharded;  // parameters split over the ranks (less than the whole model per rank)
+};
+
+// `variant` on `world` ranks of `micro_batch` rows against one rank of world x micro_batch rows:
+// every rank reports the global batch's losses, and rank 0 gathers the final parameters, within
+// `tol` (relative) of the single rank's.
+void check_follows_single(const Variant& variant, const std::vector<std::string>& common, int world,
+                          int64_t micro_batch, double tol) {
+  const Setup s = make_setup(
+      with(with(common, variant.sets), {"train.micro_batch=" + std::to_string(micro_batch)}));
+  const RankRun ref = run_single(s, world);
+  const std::vector<RankRun> ranks = run_ranks(s, world);
+  std::string errors;
+  for (int r = 0; r < world; ++r)
+    if (!ranks[r].error.empty())
+      errors += "rank " + std::to_string(r) + ": " + ranks[r].error + "\n";
+  INFO(errors);
+  REQUIRE(errors.empty());
+
+  REQUIRE(ref.steps.size() == static_cast<size_t>(kSteps));
+  for (int r = 0; r < world; ++r) {
+    REQUIRE(ranks[r].steps.size() == ref.steps.size());
+    for (size_t i = 0; i < ref.steps.size(); ++i) {
+      INFO("rank " << r << ", step " << i + 1);
+      const train::StepStats &a = ref.steps[i], &b = ranks[r].steps[i];
+      CHECK(b.tokens == a.tokens);
+      CHECK(std::abs(a.loss - b.loss) / a.loss <= tol);
+    }
+    // A sharded strategy really holds part of the model; a replicated one all of it.
+    if (variant.sharded) {
+      CHECK(ranks[r].param_bytes < ref.param_bytes);
+    } else {
+      CHECK(ranks[r].param_bytes == ref.param_bytes);
+    }
+  }
+  // Engines lay parameters out in different orders (ddp buckets, units): compared by name.
+  const auto& got = ranks[0].params;
+  REQUIRE(got.size() == ref.params.size());
+  REQUIRE(got.size() == s.initial_values.size());
+  double moved = 0;
+  for (const auto& [name, want] : ref.params) {
+    INFO(name);
+    REQUIRE(got.count(name) == 1);
+    CHECK(rel_error(got.at(name), want) <= tol);
+    moved = std::max(moved, rel_error(want, s.initial_values.at(name)));
+  }
+  // Training moved the weights well beyond the tolerance (so the comparison means something).
+  CHECK(moved > 1e-3);
+}
+
+}  // namespace
+
+TEST_CASE("in one process, every strategy on 2 ranks follows the 1-rank engine (fp32)", "[unit]") {
+  for (const Variant& v : std::vector<Variant>{
+           {{"strategy.kind=ddp"}, false},
+           {{"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0"}, true},
+           // Norms and attention projections stay whole, MLP projections are split; gathers
+           // ahead and reductions in buckets of a few units.
+           {{"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=1500",
+             "strategy.zero3.prefetch_bucket_size=5000", "strategy.zero3.reduce_bucket_size=10000"},
+            true},
+           {{"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"}, true},
+           {{"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP",
+             "strategy.fsdp.forward_prefetch=true",
+             "strategy.fsdp.backward_prefetch=BACKWARD_POST"},
+            true},
+           {{"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=NO_SHARD"}, false},
+           // Waiting for every collective as soon as it is issued changes timing only.
+           {{"strategy.kind=fsdp", "strategy.overlap_comm=false"}, true}}) {
+    DYNAMIC_SECTION(v.sets[0] << " " << (v.sets.size() > 1 ? v.sets[1] : "")) {
+      check_follows_single(v, kFp32, 2, 4, 1e-5);
+    }
+  }
+}
+
+TEST_CASE("in one process, 3 ranks (uneven shards) and 2 ranks x 2 micro-batches follow 1 rank",
+          "[unit]") {
+  for (const Variant& v : std::vector<Variant>{
+           {{"strategy.kind=ddp"}, false},
+           {{"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0"}, true},
+           {{"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"}, true},
+           {{"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP"}, true}}) {
+    DYNAMIC_SECTION("3 ranks: " << v.sets[0] << " " << (v.sets.size() > 1 ? v.sets[1] : "")) {
+      check_follows_single(v, kFp32, 3, 2, 1e-5);
+    }
+    DYNAMIC_SECTION("2 ranks x 2 micro-batches: " << v.sets[0] << " "
+                                                  << (v.sets.size() > 1 ? v.sets[1] : "")) {
+      check_follows_single(v, with(kFp32, {"train.grad_accum=2"}), 2, 2, 1e-5);
+    }
+  }
+}
+
+TEST_CASE("in one process, in fp64 the sharded strategies equal the 1-rank engine to rounding",
+          "[unit]") {
+  // Same algebra, different summation order only: fp64 leaves nothing but 1e-12-level rounding.
+  for (const Variant& v : std::vector<Variant>{
+           {{"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=1500"}, true},
+           {{"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"}, true}}) {
+    DYNAMIC_SECTION(v.sets[0]) { check_follows_single(v, {"precision.mode=fp64"}, 2, 4, 1e-9); }
+  }
+}

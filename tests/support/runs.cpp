@@ -1,0 +1,57 @@
+#include "support/runs.h"
+
+#include <fstream>
+#include <thread>
+
+#include "support/subprocess.h"
+
+namespace ft::test {
+
+std::vector<std::string> small_run_sets() {
+  return {"precision.mode=fp32",         "data.seq_len=64", "model.hidden_size=64",
+          "model.intermediate_size=176", "train.lr=1e-3",   "train.warmup_steps=2",
+          "train.log_every=100",         "train.eps=1e-6"};
+}
+
+std::vector<std::string> ft_train_argv(const std::vector<std::string>& args,
+                                       const std::vector<std::string>& sets) {
+  std::vector<std::string> argv = {ft_bin(), "train"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
+  return argv;
+}
+
+std::vector<std::string> ft_launch_argv(const std::vector<std::string>& launch_args,
+                                        const std::vector<std::string>& program) {
+  std::vector<std::string> argv = {ft_bin(), "launch"};
+  argv.insert(argv.end(), launch_args.begin(), launch_args.end());
+  argv.push_back("--");
+  argv.insert(argv.end(), program.begin(), program.end());
+  return argv;
+}
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
+  return read_jsonl(run_dir + "/metrics.jsonl");
+}
+
+void wait_for_steps(const std::string& run_dir, size_t steps,
+                    std::chrono::steady_clock::time_point deadline) {
+  while (read_metrics(run_dir).size() < steps && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
+}  // namespace ft::test
