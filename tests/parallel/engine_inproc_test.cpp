@@ -24,8 +24,8 @@
 #include "config/settings.h"
 #include "core/dtype.h"
 #include "data/synthetic.h"
-#include "dist/dist_env.h"
-#include "dist/process_group.h"
+#include "comm/dist_env.h"
+#include "comm/process_group.h"
 #include "model/llama.h"
 #include "parallel/engine.h"
 #include "parallel/strategy.h"
@@ -123,8 +123,8 @@ void train_steps(const config::Settings& s, model::LlamaModel& m, parallel::Engi
 }
 
 // Rank `rank` of `world` ranks on one node, as `ft launch` would describe it to its worker.
-dist::DistEnv rank_env(int rank, int world, uint16_t port) {
-  dist::DistEnv env;
+comm::DistEnv rank_env(int rank, int world, uint16_t port) {
+  comm::DistEnv env;
   env.rank = rank;
   env.world_size = world;
   env.local_rank = rank;
@@ -142,7 +142,7 @@ dist::DistEnv rank_env(int rank, int world, uint16_t port) {
 RankRun train_rank(const Setup& s, int rank, int world, uint16_t port) {
   at::set_num_threads(1);  // 2 cores shared by every rank
   RankRun run;
-  const dist::DistEnv env = rank_env(rank, world, port);
+  const comm::DistEnv env = rank_env(rank, world, port);
   const parallel::StrategyPlan plan =
       parallel::plan_strategy(s.settings.strategy, s.settings.precision.mode, env, at::kCPU);
   // One node, no HYBRID_SHARD: the shard group, when there is one, is the world.
@@ -150,9 +150,9 @@ RankRun train_rank(const Setup& s, int rank, int world, uint16_t port) {
   if (plan.replicas != 1 || (shard != 1 && shard != world))
     throw std::logic_error("this test forms the world group only, but the plan (" + plan.label +
                            ") needs subgroups");
-  dist::ProcessGroupOptions po;
+  comm::ProcessGroupOptions po;
   po.timeout = kTimeout;
-  dist::ProcessGroup group(env, po);
+  comm::ProcessGroup group(env, po);
   model::LlamaModel m(s.model, at::TensorOptions(s.dtype), /*materialize=*/false);
   parallel::Engine engine(m, parallel::param_specs(m, false), plan.engine,
                           {&group, shard > 1 ? &group : nullptr, nullptr});
