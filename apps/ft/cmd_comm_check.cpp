@@ -2,8 +2,8 @@
 // bandwidth.
 #include <fmt/format.h>
 
-#include "commands.h"
 #include "comm/comm_check.h"
+#include "commands.h"
 
 namespace ft::app {
 

@@ -2,10 +2,10 @@
 // options are declared in train_options.cpp, which `ft launch` shares to forward them.
 #include <fmt/format.h>
 
+#include "comm/dist_env.h"
 #include "commands.h"
 #include "config/settings.h"
 #include "core/error.h"
-#include "comm/dist_env.h"
 #include "train/run.h"
 #include "train_options.h"
 

@@ -10,8 +10,8 @@
 #include <numeric>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
-#include "core/error.h"
 #include "comm/process_group.h"
+#include "core/error.h"
 #include "parallel/layout.h"
 
 namespace ft::parallel {

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "config/settings.h"
 #include "comm/dist_env.h"
+#include "config/settings.h"
 #include "parallel/engine.h"
 
 namespace ft::parallel {

@@ -12,6 +12,8 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/checkpointer.h"
+#include "comm/dist_env.h"
+#include "comm/process_group.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/strings.h"
@@ -19,8 +21,6 @@
 #include "cuda/loader.h"
 #include "data/jsonl_source.h"
 #include "data/synthetic.h"
-#include "comm/dist_env.h"
-#include "comm/process_group.h"
 #include "model/llama.h"
 #include "model/lora.h"
 #include "parallel/strategy.h"
