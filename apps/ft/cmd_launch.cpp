@@ -12,6 +12,9 @@
 #include "agent.h"
 #include "commands.h"
 #include "config/preset.h"
+#include "config/settings.h"
+#include "cuda/device.h"
+#include "plan/preflight.h"
 #include "core/build_info.h"
 #include "core/error.h"
 #include "options.h"
@@ -112,6 +115,21 @@ Run add_launch(CLI::App& app, const std::vector<std::string>& program) {
     if (cfg.dry_run) {
       std::fputs(launcher::dry_run_text(cfg).c_str(), stdout);
       return 0;
+    }
+    if (train_args->any_given()) {
+      // Every launcher checks the job's plan against its own node before starting workers (each
+      // worker checks again, with what the node has then). Elastic jobs plan for the fewest nodes.
+      plan::PreflightOptions po;
+      po.settings =
+          config::resolve_settings(train_args->value("preset"), train_args->values("set"));
+      po.model_dir = train_args->value("model");
+      po.output_dir = train_args->value("output");
+      po.layout = {cfg.min_nodes, cfg.nproc_per_node,
+                   cuda::choose_device(po.settings.hardware.device, 0).device.is_cuda()};
+      po.node_rank = cfg.node_rank.value_or(-1);
+      po.running = 0;
+      po.who = "ft launch";
+      plan::preflight(po);
     }
     return launcher::run_launch(cfg, bi);
   };

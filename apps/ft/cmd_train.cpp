@@ -6,6 +6,8 @@
 #include "commands.h"
 #include "config/settings.h"
 #include "core/error.h"
+#include "cuda/device.h"
+#include "plan/preflight.h"
 #include "train/run.h"
 #include "train_options.h"
 
@@ -18,6 +20,19 @@ Run add_train(CLI::App& app) {
   return [args]() -> int {
     train::RunOptions opts = args->run_options();
     opts.settings = config::resolve_settings(args->value("preset"), args->values("set"));
+    // Preflight: the job's plan against this node, before anything is allocated or written.
+    const comm::DistEnv env = comm::read_dist_env();
+    plan::PreflightOptions po;
+    po.settings = opts.settings;
+    po.model_dir = opts.model_dir;
+    po.output_dir = opts.output_dir;
+    po.layout = {env.nnodes, env.local_world_size,
+                 cuda::choose_device(opts.settings.hardware.device, env.local_rank).device.is_cuda()};
+    po.node_rank = env.node_rank;
+    po.running = env.local_world_size;
+    po.print = env.local_rank == 0;
+    po.who = "ft train";
+    opts.expected_start_s = plan::preflight(po).first_step_s;
     auto s = train::run_training(opts);
     if (s.preempted) return train::kExitPreempted;
     if (comm::read_dist_env().rank != 0) return 0;

@@ -18,5 +18,6 @@ Run add_presets(CLI::App& app);
 Run add_train(CLI::App& app);
 Run add_eval(CLI::App& app);
 Run add_export(CLI::App& app);
+Run add_plan(CLI::App& app);
 
 }  // namespace ft::app

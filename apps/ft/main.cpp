@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   runs["train"] = ft::app::add_train(app);
   runs["eval"] = ft::app::add_eval(app);
   runs["export"] = ft::app::add_export(app);
+  runs["plan"] = ft::app::add_plan(app);
 
   try {
     std::vector<std::string> rev(args.rbegin(), args.rend());

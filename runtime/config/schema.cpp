@@ -220,6 +220,11 @@ const std::vector<Setting>& preset_schema() {
       "Where each rank trains: cuda = GPU LOCAL_RANK of its node, collectives over NCCL (refused "
       "when no GPU is visible or ft was built without CUDA); cpu = host memory, Gloo; auto = cuda "
       "when a GPU is visible and ft has CUDA, else cpu."),
+    C(KEY(hardware.preflight), "refuse", {"refuse", "warn", "off"},
+      "Before anything is allocated, every rank checks the job's plan (ft plan) against what its "
+      "node has: GPU free memory, host memory for all local ranks, free disk under --output. "
+      "refuse = a job that will not fit exits 2 naming the node, the resource and the first fix; "
+      "warn = print that and run anyway; off = skip the check."),
     // strategy (consumed by the distributed strategies)
     C(KEY(strategy.kind), "ddp", {"ddp", "zero3", "fsdp"}, "How parameters, gradients and optimizer state are spread over ranks."),
     B(KEY(strategy.overlap_comm), true, "Overlap communication with compute (gathers ahead of use, gradient reductions while backward runs). false waits for every collective as soon as it is issued: slower, but comm.wait_s in the metrics is then the whole communication time, to measure what overlap hides."),

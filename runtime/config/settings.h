@@ -70,7 +70,8 @@ struct LoraSettings {
 };
 
 struct HardwareSettings {
-  std::string device;  // auto | cpu | cuda
+  std::string device;     // auto | cpu | cuda
+  std::string preflight;  // refuse | warn | off
 };
 
 struct DdpSettings {

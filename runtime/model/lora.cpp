@@ -144,7 +144,7 @@ std::string lora_config_json(const LoraConfig& c) {
   return j.dump(2) + "\n";
 }
 
-void attach_lora(LlamaModel& model, const LoraConfig& config, uint64_t seed) {
+void attach_lora(LlamaModel& model, const LoraConfig& config, uint64_t seed, bool shapes_only) {
   config.validate("lora");
   at::NoGradGuard no_grad;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
@@ -153,6 +153,14 @@ void attach_lora(LlamaModel& model, const LoraConfig& config, uint64_t seed) {
     for (auto& [path, lin] : projections(L)) {
       if (!targets.count(leaf(path))) continue;
       const int64_t out = lin->weight.size(0), in = lin->weight.size(1);
+      if (shapes_only) {
+        const auto meta = lin->weight.options().device(at::kMeta);
+        lin->lora_a = at::empty({config.r, in}, meta);
+        lin->lora_b = at::empty({out, config.r}, meta);
+        lin->lora_scale = config.scale();
+        lin->lora_dropout = config.dropout;
+        continue;
+      }
       // A model whose base is still shapes only (a strategy will shard it) gets real CPU adapters:
       // the strategy reads their values when it lays out its shards.
       auto opts = lin->weight.options();

@@ -33,8 +33,9 @@ std::string lora_config_json(const LoraConfig& c);
 
 // Adds adapters to every targeted projection: lora_A ~ PEFT's kaiming-uniform (bound 1/sqrt(in))
 // from a CPU generator seeded with `seed`, lora_B = 0. Freezes nothing by itself; the trainer
-// decides what requires grad.
-void attach_lora(LlamaModel& model, const LoraConfig& config, uint64_t seed);
+// decides what requires grad. `shapes_only`: meta tensors, nothing drawn (the planner's model).
+void attach_lora(LlamaModel& model, const LoraConfig& config, uint64_t seed,
+                 bool shapes_only = false);
 
 // The adapter tensors with their PEFT names, in a fixed order.
 std::vector<NamedTensor> lora_parameters(LlamaModel& model);

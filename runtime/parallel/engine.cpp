@@ -13,6 +13,7 @@
 #include "comm/process_group.h"
 #include "core/error.h"
 #include "parallel/layout.h"
+#include "parallel/units.h"
 
 namespace ft::parallel {
 
@@ -125,88 +126,43 @@ Engine::Engine(model::LlamaModel& model, std::vector<ParamSpec> specs, EngineOpt
   FT_ASSERT(S == 1 || (groups_.shard && groups_.shard->size() == S), "shard group of ", S,
             " ranks missing");
   shard_rank_ = S > 1 ? groups_.shard->rank() : 0;
-  const int n_model_units = model_.num_units();
-  unit_of_model_.assign(n_model_units, -1);
-
-  // Which unit and group each spec goes to.
-  auto add_member = [](Group& g, const ParamSpec& p) {
-    Member m;
-    m.name = p.name;
-    m.slot = p.slot;
-    m.shape = p.slot->sizes().vec();
-    m.numel = p.slot->numel();
-    m.offset = g.layout.numel;
-    g.layout.numel += m.numel;
-    g.members.push_back(std::move(m));
-  };
-  auto group_in = [](Unit& u, bool trained, bool decay) -> Group& {
-    for (auto& g : u.groups)
-      if (g.trained == trained && (!trained || g.decay == decay)) return g;
-    u.groups.emplace_back();
-    u.groups.back().trained = trained;
-    u.groups.back().decay = decay;
-    return u.groups.back();
-  };
-
-  if (options_.buckets || S == 1) {
-    // Everything replicated. Frozen parameters: one group, no communication. Trained ones: ddp
-    // buckets in reverse model order (the order backward produces their gradients).
-    auto frozen = std::make_unique<Unit>();
-    frozen->name = "frozen";
-    for (const auto& p : specs_)
-      if (!p.trained) add_member(group_in(*frozen, false, true), p);
-    const int64_t bucket_elems = std::max<int64_t>(
-        1, options_.bucket_bytes / static_cast<int64_t>(c10::elementSize(options_.master_dtype)));
-    std::unique_ptr<Unit> bucket;
-    int64_t in_bucket = 0;
-    for (auto it = specs_.rbegin(); it != specs_.rend(); ++it) {
-      if (!it->trained) continue;
-      if (!bucket || (in_bucket > 0 && in_bucket + it->slot->numel() > bucket_elems)) {
-        if (bucket) units_.push_back(std::move(bucket));
-        bucket = std::make_unique<Unit>();
-        bucket->name = fmt::format("bucket{}", units_.size());
-        in_bucket = 0;
+  // Which unit and group each spec goes to: units.h, shared with the planner.
+  std::vector<UnitParam> params;
+  for (const auto& p : specs_) params.push_back({p.name, p.slot->numel(), p.trained, p.decay});
+  UnitsOptions uo;
+  uo.shard_size = S;
+  uo.buckets = options_.buckets;
+  uo.bucket_bytes = options_.bucket_bytes;
+  uo.master_element_size = static_cast<int64_t>(c10::elementSize(options_.master_dtype));
+  uo.persistence_threshold = options_.persistence_threshold;
+  UnitsPlan plan = plan_units(params, uo, model_.num_units());
+  unit_of_model_ = std::move(plan.unit_of_model);
+  launch_order_ = std::move(plan.launch_order);
+  for (auto& up : plan.units) {
+    auto u = std::make_unique<Unit>();
+    u->name = std::move(up.name);
+    u->model_unit = up.model_unit;
+    u->sharded = up.sharded;
+    for (auto& gp : up.groups) {
+      Group g;
+      g.trained = gp.trained;
+      g.decay = gp.decay;
+      g.layout = gp.layout;
+      for (size_t k = 0; k < gp.members.size(); ++k) {
+        const ParamSpec& p = specs_[gp.members[k]];
+        Member m;
+        m.name = p.name;
+        m.slot = p.slot;
+        m.shape = p.slot->sizes().vec();
+        m.numel = p.slot->numel();
+        m.offset = gp.offsets[k];
+        g.members.push_back(std::move(m));
       }
-      add_member(group_in(*bucket, true, it->decay), *it);
-      in_bucket += it->slot->numel();
-    }
-    if (bucket) units_.push_back(std::move(bucket));
-    for (size_t i = 0; i < units_.size(); ++i) launch_order_.push_back(static_cast<int>(i));
-    if (!frozen->groups.empty()) units_.push_back(std::move(frozen));
-  } else {
-    // Model units (root, layers), split 1/S; zero3's small parameters in one replicated unit.
-    for (int mu = 0; mu < n_model_units; ++mu) {
-      auto u = std::make_unique<Unit>();
-      u->name = mu == 0 ? "root" : fmt::format("layer{}", mu - 1);
-      u->model_unit = mu;
-      u->sharded = true;
-      unit_of_model_[mu] = static_cast<int>(units_.size());
-      units_.push_back(std::move(u));
-    }
-    auto persistent = std::make_unique<Unit>();
-    persistent->name = "persistent";
-    for (const auto& p : specs_) {
-      if (p.slot->numel() < options_.persistence_threshold) {
-        add_member(group_in(*persistent, p.trained, p.decay), p);
-        continue;
-      }
-      const int mu = model::LlamaModel::unit_of(p.name);
-      FT_ASSERT(mu >= 0 && mu < n_model_units, "parameter ", p.name, " has no unit");
-      add_member(group_in(*units_[unit_of_model_[mu]], p.trained, p.decay), p);
-    }
-    for (int u = n_model_units - 1; u >= 1; --u) launch_order_.push_back(unit_of_model_[u]);
-    launch_order_.push_back(unit_of_model_[0]);
-    if (!persistent->groups.empty()) {
-      launch_order_.push_back(static_cast<int>(units_.size()));
-      units_.push_back(std::move(persistent));
-    }
-  }
-  for (auto& u : units_) {
-    for (auto& g : u->groups) {
-      g.layout = FlatLayout::of(g.layout.numel, u->sharded ? S : 1);
       if (g.trained) u->trained_members += static_cast<int>(g.members.size());
+      u->groups.push_back(std::move(g));
     }
     u->pending = u->trained_members;
+    units_.push_back(std::move(u));
   }
 }
 

@@ -182,6 +182,7 @@ class TrainingRun {
   void print_start() const;
   StepRecord step(ckpt::Checkpointer& checkpointer);
   void report_progress();
+  parallel::ParamSource with_progress(parallel::ParamSource inner, size_t tensors) const;
 
   const RunOptions& o_;
   const config::Settings& s_;
@@ -316,7 +317,7 @@ void TrainingRun::load_weights() {
   load_.peak_reset = reset_peak_rss();
   load_.rss_before_bytes = rss_bytes();
   const auto t0 = std::chrono::steady_clock::now();
-  engine_->load(run_param_source(*base_, ck_.get(), specs));
+  engine_->load(with_progress(run_param_source(*base_, ck_.get(), specs), specs.size()));
   load_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   load_.peak_rss_bytes = peak_rss_bytes();
   load_.param_bytes = engine_->take_accounting().param_bytes;
@@ -326,6 +327,42 @@ void TrainingRun::load_weights() {
     for (const auto& pc : held_)
       ck_->read_range("param/" + pc.name, pc.begin, pc.end,
                       engine_->masters()[pc.master].tensor.narrow(0, pc.offset, pc.end - pc.begin));
+}
+
+// Start-up is never silent: rank 0 says what loading does, and how far it has got at least every
+// 10 s, against the plan's expected time.
+parallel::ParamSource TrainingRun::with_progress(parallel::ParamSource inner, size_t tensors) const {
+  if (!rank0_) return inner;
+  const std::string what = ck_ ? "the checkpoint " + ck_->dir() + " and the base weights"
+                           : base_->from_files() ? o_.model_dir
+                                                 : std::string("the seeded random init");
+  fmt::print("ft train: loading {} tensors from {}{}\n", tensors, what,
+             o_.expected_start_s >= 1
+                 ? fmt::format(" (the plan expects about {:.0f} s to the first step)",
+                               o_.expected_start_s)
+                 : "");
+  std::fflush(stdout);
+  struct State {
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now(), last = start;
+    size_t done = 0;
+    int64_t bytes = 0;
+  };
+  auto st = std::make_shared<State>();
+  const double expected = o_.expected_start_s;
+  return [inner = std::move(inner), st, tensors, expected](const std::string& name, int64_t b,
+                                                          int64_t e, const at::Tensor& dst) {
+    inner(name, b, e, dst);
+    st->done++;
+    st->bytes += dst.nbytes();
+    const auto now = std::chrono::steady_clock::now();
+    if (now - st->last < std::chrono::seconds(10) || st->done == tensors) return;
+    st->last = now;
+    const double elapsed = std::chrono::duration<double>(now - st->start).count();
+    fmt::print("ft train: loading: {}/{} tensors, {} of this rank's parameters, {:.0f} s{}\n",
+               st->done, tensors, human_bytes(st->bytes), elapsed,
+               expected >= 1 ? fmt::format(" (expected about {:.0f} s)", expected) : "");
+    std::fflush(stdout);
+  };
 }
 
 // Everything the run needs is loaded and checked: only now is anything written.

@@ -23,6 +23,8 @@ struct RunOptions {
   // "auto": the newest committed checkpoint in output_dir/checkpoints that reads back whole (older
   // ones if not), else a fresh start; "none": a fresh start; else a checkpoint directory.
   std::string resume = "auto";
+  // The plan's expected time to the first step (plan/preflight.h), shown while loading; 0: none.
+  double expected_start_s = 0;
 };
 
 struct RunSummary {

@@ -1,0 +1,101 @@
+#include "parallel/units.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "model/llama.h"
+
+namespace ft::parallel {
+
+int64_t UnitPlan::padded_elements() const {
+  int64_t n = 0;
+  for (const auto& g : groups) n += g.layout.padded;
+  return n;
+}
+
+UnitsPlan plan_units(const std::vector<UnitParam>& params, const UnitsOptions& o,
+                     int n_model_units) {
+  const int S = o.shard_size;
+  FT_ASSERT(S >= 1, "shard size ", S);
+  UnitsPlan plan;
+  plan.unit_of_model.assign(n_model_units, -1);
+  auto add_member = [&](GroupPlan& g, size_t index) {
+    g.members.push_back(index);
+    g.offsets.push_back(g.layout.numel);
+    g.layout.numel += params[index].numel;
+  };
+  auto group_in = [](UnitPlan& u, bool trained, bool decay) -> GroupPlan& {
+    for (auto& g : u.groups)
+      if (g.trained == trained && (!trained || g.decay == decay)) return g;
+    u.groups.emplace_back();
+    u.groups.back().trained = trained;
+    u.groups.back().decay = decay;
+    return u.groups.back();
+  };
+
+  if (o.buckets || S == 1) {
+    // Everything replicated. Frozen parameters: one group, no communication. Trained ones: ddp
+    // buckets in reverse model order (the order backward produces their gradients).
+    UnitPlan frozen;
+    frozen.name = "frozen";
+    for (size_t i = 0; i < params.size(); ++i)
+      if (!params[i].trained) add_member(group_in(frozen, false, true), i);
+    const int64_t bucket_elems = std::max<int64_t>(1, o.bucket_bytes / o.master_element_size);
+    bool open = false;
+    UnitPlan bucket;
+    int64_t in_bucket = 0;
+    for (size_t k = params.size(); k-- > 0;) {
+      const UnitParam& p = params[k];
+      if (!p.trained) continue;
+      if (!open || (in_bucket > 0 && in_bucket + p.numel > bucket_elems)) {
+        if (open) plan.units.push_back(std::move(bucket));
+        bucket = UnitPlan();
+        bucket.name = fmt::format("bucket{}", plan.units.size());
+        in_bucket = 0;
+        open = true;
+      }
+      add_member(group_in(bucket, true, p.decay), k);
+      in_bucket += p.numel;
+    }
+    if (open) plan.units.push_back(std::move(bucket));
+    for (size_t i = 0; i < plan.units.size(); ++i)
+      plan.launch_order.push_back(static_cast<int>(i));
+    if (!frozen.groups.empty()) plan.units.push_back(std::move(frozen));
+  } else {
+    // Model units (root, layers), split 1/S; zero3's small parameters in one replicated unit.
+    for (int mu = 0; mu < n_model_units; ++mu) {
+      UnitPlan u;
+      u.name = mu == 0 ? "root" : fmt::format("layer{}", mu - 1);
+      u.model_unit = mu;
+      u.sharded = true;
+      plan.unit_of_model[mu] = static_cast<int>(plan.units.size());
+      plan.units.push_back(std::move(u));
+    }
+    UnitPlan persistent;
+    persistent.name = "persistent";
+    for (size_t i = 0; i < params.size(); ++i) {
+      const UnitParam& p = params[i];
+      if (p.numel < o.persistence_threshold) {
+        add_member(group_in(persistent, p.trained, p.decay), i);
+        continue;
+      }
+      const int mu = model::LlamaModel::unit_of(p.name);
+      FT_ASSERT(mu >= 0 && mu < n_model_units, "parameter ", p.name, " has no unit");
+      add_member(group_in(plan.units[plan.unit_of_model[mu]], p.trained, p.decay), i);
+    }
+    for (int u = n_model_units - 1; u >= 1; --u)
+      plan.launch_order.push_back(plan.unit_of_model[u]);
+    plan.launch_order.push_back(plan.unit_of_model[0]);
+    if (!persistent.groups.empty()) {
+      plan.launch_order.push_back(static_cast<int>(plan.units.size()));
+      plan.units.push_back(std::move(persistent));
+    }
+  }
+  for (auto& u : plan.units)
+    for (auto& g : u.groups) g.layout = FlatLayout::of(g.layout.numel, u.sharded ? S : 1);
+  return plan;
+}
+
+}  // namespace ft::parallel

@@ -1,0 +1,119 @@
+// The preflight plan of a training job: from the settings, the model's config.json and safetensors
+// headers (never the weight data) or the preset's shape, and the job's layout (nodes x ranks per
+// node, GPU or CPU), what each rank needs on its device, what each node needs in host memory, the
+// disk a run's checkpoints take, the bytes each rank communicates per step, and the time to the
+// first step. Model-state figures come from the engine's own layout (parallel/units.h), so they
+// equal the runtime's accounting; activations, logits and buffers follow the formulas of
+// docs/planning.md. Pure apart from reading config.json and the headers; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "config/settings.h"
+
+namespace ft::plan {
+
+// The job the plan is for.
+struct Layout {
+  int nnodes = 1;
+  int nproc_per_node = 1;
+  bool gpu = false;  // ranks train on GPUs (else on CPU: device memory is host memory)
+  int world() const { return nnodes * nproc_per_node; }
+};
+
+// What a rank or a node may use. 0: unknown (not checked).
+struct Budget {
+  int64_t gpu_bytes = 0;   // free memory of each rank's GPU
+  int64_t host_bytes = 0;  // host memory of each node (all local ranks together)
+  int64_t disk_bytes = 0;  // free space where --output goes
+  std::string gpu_from, host_from, disk_from;  // "--gpu-memory", "this machine: MemAvailable", ...
+  double disk_read_bytes_per_s = 0;  // model files' read throughput (0: assume 1 GB/s)
+  std::string disk_read_from;
+  double init_elements_per_s = 0;  // random-init draws per second (0: assume 2e8)
+  // Resident memory of one ft process before it allocates anything (LibTorch, threads, code):
+  // measured on this machine by the caller (0: assume 200 MiB).
+  int64_t process_bytes = 0;
+  std::string process_from;
+};
+
+struct PlanInputs {
+  config::Settings settings;
+  std::string model_dir;  // "": the preset's model shape, random init
+  Layout layout;
+  Budget budget;
+};
+
+// One figure with the inputs it came from.
+struct Item {
+  std::string key;    // "optimizer_state"
+  std::string label;  // "optimizer state (AdamW exp_avg, exp_avg_sq, step)"
+  int64_t bytes = 0;
+  std::string from;  // "2 x 4 B x 437,207,040 elements + 4 B per group"
+};
+
+struct Check {
+  std::string resource;  // "GPU memory" | "host memory" | "disk"
+  std::string where;     // "each GPU (rank 0 needs most)" | "each node" | "--output's filesystem"
+  int64_t need = 0, have = 0;
+  std::string have_from;
+  bool known() const { return have > 0; }
+  bool fits() const { return !known() || need <= have; }
+};
+
+struct Suggestion {
+  std::string what;               // "activation checkpointing of every layer"
+  std::vector<std::string> sets;  // --set arguments that apply it
+  int nnodes = 0;                 // > 0: run on this many nodes instead
+  int64_t device_bytes = 0, host_bytes = 0;
+  bool fits = false;
+};
+
+struct Plan {
+  // What was planned.
+  std::string model_from;  // "--model DIR/config.json" or "preset tiny-demo's model section"
+  std::string strategy;    // the strategy's label
+  int64_t parameters = 0, trained_parameters = 0;
+  int64_t tokens_per_micro_batch = 0;
+  Layout layout;
+  // The rank that needs most, and why.
+  int rank = 0;
+  std::string rank_why;
+  // Per rank on its device (a GPU; the host on a CPU job), and its peak.
+  std::vector<Item> device;
+  int64_t device_peak = 0;
+  int64_t step_peak = 0;  // during a training step (the peak metrics.jsonl's steps measure)
+  int64_t save_peak = 0;  // while rank 0 writes the final model
+  std::string device_name;  // "GPU" | "host (CPU job)"
+  // Per node in host memory (all local ranks), and its peak.
+  std::vector<Item> host;
+  int64_t host_peak = 0;
+  // Model state of one rank, as the runtime accounts it (metrics.jsonl's memory section).
+  int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
+  std::vector<Item> disk;
+  int64_t disk_need = 0;
+  std::vector<Item> comm;  // bytes per rank per optimizer step
+  std::vector<Item> startup;
+  double first_step_s = 0;
+  std::vector<Check> checks;
+  std::vector<Suggestion> suggestions;  // when something does not fit
+  bool fits() const;
+  // The first check that fails (nullptr when all fit).
+  const Check* shortfall() const;
+};
+
+// The plan of `in`. ConfigError / FormatError for settings or model files it cannot plan (naming
+// the file and key). With `suggest`, a plan that does not fit gets its suggestions, each re-planned.
+Plan make_plan(const PlanInputs& in, bool suggest = true);
+
+// The plan as text (what `ft plan` prints) and as one JSON object (`ft plan --json`).
+std::string plan_text(const Plan& plan);
+nlohmann::json plan_json(const Plan& plan);
+
+// "needs 1.2 TiB of host memory on each node but 755 GiB is available (MemAvailable): 467 GiB
+// short; first: <suggestion>" for the first failing check; "" when the plan fits.
+std::string verdict(const Plan& plan);
+
+}  // namespace ft::plan

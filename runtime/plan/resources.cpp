@@ -1,0 +1,230 @@
+#include "plan/resources.h"
+
+#include <ATen/ATen.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "core/error.h"
+#include "core/strings.h"
+
+namespace ft::plan {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+int64_t meminfo(const std::string& key) {
+  std::ifstream in("/proc/meminfo");
+  std::string k;
+  int64_t v = 0;
+  std::string unit;
+  while (in >> k >> v) {
+    std::getline(in, unit);
+    if (k == key + ":") return v * 1024;
+  }
+  return 0;
+}
+
+int64_t status_bytes(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key + ":", 0) == 0) return std::atoll(line.c_str() + key.size() + 1) * 1024;
+  return 0;
+}
+
+// A number from a cgroup file; 0 for "max", a missing file or a huge v1 "no limit".
+int64_t cgroup_number(const fs::path& file) {
+  std::ifstream in(file);
+  std::string v;
+  if (!(in >> v) || v == "max") return 0;
+  const long double n = std::strtold(v.c_str(), nullptr);
+  if (n <= 0 || n > 1e18) return 0;
+  return static_cast<int64_t>(n);
+}
+
+// The memory a cgroup still lets this process use (limit - usage), and which file said so.
+int64_t cgroup_room(std::string* from) {
+  std::ifstream in("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("0::", 0) == 0) {  // v2
+      const fs::path dir = fs::path("/sys/fs/cgroup") / line.substr(4);
+      const int64_t limit = cgroup_number(dir / "memory.max");
+      if (limit > 0) {
+        *from = (dir / "memory.max").string();
+        return std::max<int64_t>(0, limit - cgroup_number(dir / "memory.current"));
+      }
+    }
+  }
+  const fs::path v1 = "/sys/fs/cgroup/memory";
+  const int64_t limit = cgroup_number(v1 / "memory.limit_in_bytes");
+  if (limit > 0) {
+    *from = (v1 / "memory.limit_in_bytes").string();
+    return std::max<int64_t>(0, limit - cgroup_number(v1 / "memory.usage_in_bytes"));
+  }
+  return 0;
+}
+
+// NVML, opened at run time: free memory of each visible GPU without creating a CUDA context.
+struct NvmlMemory {
+  unsigned long long total, free, used;
+};
+
+void probe_gpus(Machine& m) {
+  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    m.gpu_from = "no NVML (libnvidia-ml.so.1) on this machine";
+    return;
+  }
+  using Init = int (*)();
+  using Count = int (*)(unsigned*);
+  using Handle = int (*)(unsigned, void**);
+  using Mem = int (*)(void*, NvmlMemory*);
+  auto init = reinterpret_cast<Init>(dlsym(lib, "nvmlInit_v2"));
+  auto count = reinterpret_cast<Count>(dlsym(lib, "nvmlDeviceGetCount_v2"));
+  auto handle = reinterpret_cast<Handle>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+  auto mem = reinterpret_cast<Mem>(dlsym(lib, "nvmlDeviceGetMemoryInfo"));
+  auto shutdown = reinterpret_cast<Init>(dlsym(lib, "nvmlShutdown"));
+  unsigned n = 0;
+  if (!init || !count || !handle || !mem || init() != 0 || count(&n) != 0) {
+    m.gpu_from = "NVML found no GPU";
+    return;
+  }
+  // CUDA_VISIBLE_DEVICES as indices, when it is a list of numbers.
+  std::vector<unsigned> visible;
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    std::stringstream ss(v);
+    std::string tok;
+    while (std::getline(ss, tok, ','))
+      if (!tok.empty() && std::all_of(tok.begin(), tok.end(), ::isdigit))
+        visible.push_back(static_cast<unsigned>(std::stoul(tok)));
+  } else {
+    for (unsigned i = 0; i < n; ++i) visible.push_back(i);
+  }
+  for (unsigned i : visible) {
+    void* h = nullptr;
+    NvmlMemory info{};
+    if (i >= n || handle(i, &h) != 0 || mem(h, &info) != 0) continue;
+    m.gpus++;
+    const auto free_bytes = static_cast<int64_t>(info.free);
+    m.gpu_free = m.gpu_free == 0 ? free_bytes : std::min(m.gpu_free, free_bytes);
+  }
+  m.gpu_from = fmt::format("NVML: the least free memory of {} visible GPU(s)", m.gpus);
+  if (shutdown) shutdown();
+}
+
+}  // namespace
+
+Machine probe_machine(const std::string& output_dir) {
+  Machine m;
+  const int64_t avail = meminfo("MemAvailable");
+  std::string cg_from;
+  const int64_t room = cgroup_room(&cg_from);
+  m.host_available = avail;
+  m.host_from = "this machine's MemAvailable";
+  if (room > 0 && (avail == 0 || room < avail)) {
+    m.host_available = room;
+    m.host_from = "the cgroup limit " + cg_from + " less its usage";
+  }
+  probe_gpus(m);
+  if (!output_dir.empty()) {
+    fs::path dir = fs::absolute(output_dir);
+    std::error_code ec;
+    while (!dir.empty() && !fs::exists(dir, ec) && dir != dir.parent_path()) dir = dir.parent_path();
+    struct statvfs sv {};
+    if (::statvfs(dir.c_str(), &sv) == 0) {
+      m.disk_free = static_cast<int64_t>(sv.f_bavail) * static_cast<int64_t>(sv.f_frsize);
+      m.disk_from = "free space of " + dir.string();
+    }
+  }
+  m.process_bytes = status_bytes("VmRSS");
+  return m;
+}
+
+double measure_read_throughput(const std::string& model_dir, std::string* from) {
+  if (model_dir.empty()) return 0;
+  fs::path best;
+  std::error_code ec;
+  uintmax_t size = 0;
+  for (const auto& e : fs::directory_iterator(model_dir, ec))
+    if (e.path().extension() == ".safetensors" && e.file_size(ec) > size) {
+      size = e.file_size(ec);
+      best = e.path();
+    }
+  if (best.empty()) return 0;
+  const int fd = ::open(best.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  const size_t want = std::min<uintmax_t>(size, 64u << 20);
+  ::posix_fadvise(fd, 0, static_cast<off_t>(want), POSIX_FADV_DONTNEED);
+  std::vector<char> buf(4 << 20);
+  size_t done = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (done < want) {
+    const ssize_t n = ::pread(fd, buf.data(), std::min(buf.size(), want - done),
+                              static_cast<off_t>(done));
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::close(fd);
+  if (done < (1u << 20) || s <= 0) return 0;
+  if (from) *from = fmt::format("measured on {} of {}", human_bytes(static_cast<int64_t>(done)),
+                                best.filename().string());
+  return static_cast<double>(done) / s;
+}
+
+double measure_init_rate() {
+  at::Tensor t = at::empty({1 << 22}, at::kFloat);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+  t.normal_(0, 0.02, gen);  // first touch
+  const auto t0 = std::chrono::steady_clock::now();
+  t.normal_(0, 0.02, gen);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return s > 0 ? static_cast<double>(t.numel()) / s : 0;
+}
+
+int64_t parse_size(const std::string& text, const std::string& flag) {
+  std::string t;
+  for (char ch : text)
+    if (!std::isspace(static_cast<unsigned char>(ch))) t += ch;
+  const char* p = t.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const long double v = std::strtold(p, &end);
+  const std::string unit(end ? end : "");
+  static const std::vector<std::pair<std::string, long double>> units = {
+      {"", 1},           {"B", 1},
+      {"KB", 1e3},       {"MB", 1e6},
+      {"GB", 1e9},       {"TB", 1e12},
+      {"KiB", 1024.0L},  {"MiB", 1024.0L * 1024},
+      {"GiB", 1024.0L * 1024 * 1024}, {"TiB", 1024.0L * 1024 * 1024 * 1024},
+      {"K", 1024.0L},    {"M", 1024.0L * 1024},
+      {"G", 1024.0L * 1024 * 1024},   {"T", 1024.0L * 1024 * 1024 * 1024}};
+  long double scale = -1;
+  for (const auto& [u, f] : units)
+    if (u == unit) scale = f;
+  FT_CHECK(end != p && errno == 0 && scale > 0, flag, " ", text,
+           ": not a size; write a number with a unit, e.g. 80GiB, 768GB, 512MiB (units: B, KB, "
+           "MB, GB, TB, KiB, MiB, GiB, TiB)");
+  const long double bytes = v * scale;
+  FT_CHECK(std::isfinite(static_cast<double>(bytes)) && bytes >= 1, flag, " ", text,
+           ": a size must be positive");
+  FT_CHECK(bytes < 9.2e18L, flag, " ", text, ": too large");
+  return static_cast<int64_t>(bytes);
+}
+
+}  // namespace ft::plan

@@ -1,0 +1,41 @@
+// What this machine has, for the plan's checks: host memory (MemAvailable and the cgroup's limit),
+// each visible GPU's free memory (NVML, opened at run time; no CUDA context is created), free disk
+// where the run writes, the model files' read throughput and the random init's draw rate, and the
+// resident memory of an ft process before it allocates. Reads /proc, /sys and the files; each
+// figure says where it came from. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "plan/plan.h"
+
+namespace ft::plan {
+
+struct Machine {
+  int64_t host_available = 0;  // bytes; 0 unknown
+  std::string host_from;
+  int gpus = 0;             // visible GPUs NVML reports
+  int64_t gpu_free = 0;     // the smallest free memory among them; 0 unknown
+  std::string gpu_from;
+  int64_t disk_free = 0;
+  std::string disk_from;
+  int64_t process_bytes = 0;  // this process's resident memory now
+};
+
+// Host memory, GPUs and this process's resident memory; `output_dir`'s filesystem (its nearest
+// existing parent) when not empty.
+Machine probe_machine(const std::string& output_dir);
+
+// The read throughput of the model directory's largest safetensors file, measured on up to 64 MiB
+// of it with the page cache dropped for that range first; 0 when it cannot be measured.
+double measure_read_throughput(const std::string& model_dir, std::string* from);
+
+// Random-init values drawn per second on one thread (about 20 ms of drawing).
+double measure_init_rate();
+
+// "80GiB", "768 GB", "1.5TiB", "512MiB", "1e9": bytes. ConfigError naming `flag` for anything
+// else (unknown units, negative or zero sizes, overflow).
+int64_t parse_size(const std::string& text, const std::string& flag);
+
+}  // namespace ft::plan
