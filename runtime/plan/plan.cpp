@@ -35,6 +35,11 @@ constexpr double kFragmentation = 0.05;               // CUDA caching allocator
 constexpr double kDefaultDiskBps = 1e9;
 constexpr double kDefaultInitPerS = 2e8;
 constexpr double kAllocBytesPerS = 5e9;  // zeroing fresh memory
+// A CPU rank once its first step has run, beyond what it held before allocating: the LibTorch
+// kernels' code and the thread pools' and allocator arenas' memory (bench/plan_accuracy.py).
+constexpr int64_t kCpuRuntimeBytes = 140 * kMiB;
+// glibc returns a freed block to the system only above its mmap threshold (at most 32 MiB).
+constexpr int64_t kMmapThresholdMax = 32 * kMiB;
 
 std::string n3(int64_t v) {  // 1,234,567
   std::string s = std::to_string(v < 0 ? -v : v), out;
@@ -154,6 +159,7 @@ struct State {
   int64_t root_bytes = 0, layer_bytes = 0;  // gathered sizes (compute dtype)
   int64_t layer_reduce_bytes = 0, root_reduce_bytes = 0;
   int64_t sharded_bytes = 0;     // all sharded units, gathered (compute dtype)
+  int64_t retained_bytes = 0;    // of those, units below glibc's mmap threshold
   int64_t trained_sharded = 0;   // padded elements of trained sharded groups
   int64_t trained_replicated = 0;
   int64_t replicated_trained_shard = 0;  // HYBRID: this rank's trained shard elements
@@ -233,14 +239,18 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
   st.sharded = eo.shard_size > 1 && !eo.buckets;
   for (const auto& u : units.units) {
     const int64_t unit_bytes = u.padded_elements() * c;
+    int64_t trained_padded = 0;  // only trained groups get a local gradient buffer
+    for (const auto& g : u.groups)
+      if (g.trained) trained_padded += g.layout.padded;
     if (u.sharded) {
       st.sharded_bytes += unit_bytes;
+      if (unit_bytes < kMmapThresholdMax) st.retained_bytes += unit_bytes;
       if (u.model_unit == 0) {
         st.root_bytes = unit_bytes;
-        st.root_reduce_bytes = u.padded_elements() * r;
+        st.root_reduce_bytes = trained_padded * r;
       } else if (u.model_unit > 0) {
         st.layer_bytes = std::max(st.layer_bytes, unit_bytes);
-        st.layer_reduce_bytes = std::max(st.layer_reduce_bytes, u.padded_elements() * r);
+        st.layer_reduce_bytes = std::max(st.layer_reduce_bytes, trained_padded * r);
       }
     }
     for (const auto& g : u.groups) {
@@ -346,7 +356,11 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
   int64_t buckets = 0;
   std::string buckets_from;
   if (st.sharded) {
-    const int64_t queued = std::max<int64_t>(eo.reduce_bucket_elements * r, st.layer_reduce_bytes);
+    // zero3 queues gradients until a bucket is full (never more than all of them); fsdp issues
+    // each unit's reduce-scatter as soon as it is ready.
+    const int64_t queued = std::min<int64_t>(
+        std::max<int64_t>(eo.reduce_bucket_elements * r, st.layer_reduce_bytes),
+        st.trained_sharded * r - st.root_reduce_bytes);
     buckets = st.root_reduce_bytes + queued + st.layer_reduce_bytes;
     buckets_from = fmt::format(
         "local gradients before their reduce-scatter ({}): the root's {} (its head's gradient "
@@ -361,6 +375,18 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
                          : "none: one rank";
   }
   d.push_back({"comm_buckets", "communication buckets", buckets, buckets_from});
+  // On CPU, a sharded job's gathered units are freed and allocated again every step: glibc keeps
+  // the freed blocks below its mmap threshold in its heap, and Gloo's collectives stage flat
+  // copies of their buffers, so the resident set holds about twice those units besides
+  // (bench/plan_accuracy.py measures it).
+  const int64_t retained = !gpu && st.sharded ? 2 * st.retained_bytes : 0;
+  if (!gpu)
+    d.push_back({"allocator_retention", "host allocator retention", retained,
+                 st.sharded ? fmt::format("2 x the {} of gathered units under glibc's {} mmap "
+                                          "threshold: freed blocks glibc keeps, Gloo's flat copies",
+                                          human_bytes(st.retained_bytes),
+                                          human_bytes(kMmapThresholdMax))
+                            : std::string("none: nothing is gathered")});
   const Acts acts = activations(mc, s, c);
   d.push_back({"activations", "activations of one micro-batch", acts.kept + acts.outside,
                acts.formula});
@@ -373,7 +399,7 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
                    ? "one checkpointed layer recomputed with its gradients"
                    : "the gradients of one layer's intermediate values"});
   const int64_t state_dev = d[0].bytes + d[1].bytes + d[2].bytes + d[3].bytes;
-  const int64_t step_transient = gathered + buckets + acts.kept + acts.outside +
+  const int64_t step_transient = gathered + buckets + retained + acts.kept + acts.outside +
                                  std::max(acts.logits, acts.backward);
   // Rank 0 gathers each whole trained tensor for the final model, one at a time (fp32 master),
   // on its device; LoRA keeps every adapter (in host memory) until they are written.
@@ -391,10 +417,13 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
                                 "the rest for the caching allocator's fragmentation",
                                 human_bytes(kCudaContextBytes), kFragmentation * 100);
   } else {
-    overhead = in.budget.process_bytes > 0 ? in.budget.process_bytes : kDefaultProcessBytes;
-    overhead_from = in.budget.process_bytes > 0
-                        ? in.budget.process_from
-                        : "ft's resident memory before it allocates (assumed)";
+    overhead = (in.budget.process_bytes > 0 ? in.budget.process_bytes : kDefaultProcessBytes) +
+               kCpuRuntimeBytes;
+    overhead_from = fmt::format(
+        "{} + {} of LibTorch kernels, thread pools and arenas once a step has run",
+        in.budget.process_bytes > 0 ? in.budget.process_from
+                                    : "ft's resident memory before it allocates (assumed)",
+        human_bytes(kCpuRuntimeBytes));
   }
   d.push_back({"overhead", gpu ? "allocator and workspace overhead" : "the process itself",
                overhead, overhead_from});
