@@ -61,12 +61,16 @@ def main():
     ap.add_argument("--ft", default="build/bin/ft")
     ap.add_argument("--quick", action="store_true", help="one case per dimension value")
     ap.add_argument("--json")
+    ap.add_argument("--bf16-max-world", type=int, default=4,
+                    help="bf16 runs only up to this world size (bf16 matmuls are slow on CPU)")
     a = ap.parse_args()
     cases = []
     for world, strategy, lora, precision, ac in itertools.product(
             [1, 2, 4], STRATEGIES, [False, True], ["fp32", "bf16"], [False, True]):
         if world == 1 and strategy != "ddp":
             continue  # every strategy is the single-rank engine at world size 1
+        if precision == "bf16" and world > a.bf16_max_world:
+            continue
         cases.append((world, strategy, lora, precision, ac))
     if a.quick:
         cases = [c for i, c in enumerate(cases) if i % 7 == 0]

@@ -40,6 +40,10 @@ Run add_plan(CLI::App& app) {
   cmd->add_option("--output", a->output, "Where the run would write: its free disk is checked");
   cmd->add_flag("--json", a->json, "Print the plan as one JSON object");
   return [a]() -> int {
+    const int64_t gpu_bytes =
+        a->gpu_memory.empty() ? 0 : plan::parse_size(a->gpu_memory, "--gpu-memory");
+    const int64_t host_bytes =
+        a->host_memory.empty() ? 0 : plan::parse_size(a->host_memory, "--host-memory");
     plan::PlanInputs in;
     in.settings = config::resolve_settings(a->preset, a->sets);
     in.model_dir = a->model;
@@ -62,12 +66,12 @@ Run add_plan(CLI::App& app) {
     const plan::Machine machine = plan::probe_machine(a->output);
     in.budget = plan::machine_budget(machine, 0, a->model);
     if (a->output.empty()) in.budget.disk_bytes = 0;  // checked only where the run would write
-    if (!a->gpu_memory.empty()) {
-      in.budget.gpu_bytes = plan::parse_size(a->gpu_memory, "--gpu-memory");
+    if (gpu_bytes > 0) {
+      in.budget.gpu_bytes = gpu_bytes;
       in.budget.gpu_from = "--gpu-memory";
     }
-    if (!a->host_memory.empty()) {
-      in.budget.host_bytes = plan::parse_size(a->host_memory, "--host-memory");
+    if (host_bytes > 0) {
+      in.budget.host_bytes = host_bytes;
       in.budget.host_from = "--host-memory";
     }
     const plan::Plan p = plan::make_plan(in);

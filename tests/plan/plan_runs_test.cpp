@@ -1,0 +1,289 @@
+// `ft plan` against real runs on loopback: the model-state bytes of every rank equal the runtime's
+// own accounting exactly (every strategy and sharding strategy at world sizes 1, 2 and 4, full and
+// LoRA, fp32 and bf16, with and without activation checkpointing), the predicted peak resident
+// memory of each rank is within 15% of the one measured, and a job that cannot fit is refused in
+// seconds with nothing written.
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "support/runs.h"
+#include "support/subprocess.h"
+
+using namespace ft::test;
+using nlohmann::json;
+
+namespace {
+
+bool exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
+
+std::vector<std::string> set_args(const std::vector<std::string>& sets) {
+  std::vector<std::string> a;
+  for (const auto& s : sets) a.insert(a.end(), {"--set", s});
+  return a;
+}
+
+json plan_json(const std::vector<std::string>& sets, int nnodes, int nproc) {
+  std::vector<std::string> argv = {ft_bin(), "plan", "--preset", "tiny-demo", "--json",
+                                   "--nnodes", std::to_string(nnodes), "--nproc-per-node",
+                                   std::to_string(nproc)};
+  const auto a = set_args(sets);
+  argv.insert(argv.end(), a.begin(), a.end());
+  const Finished f = run_to_end(argv, {}, make_temp_dir() + "/plan.txt", 30);
+  INFO(f.output);
+  REQUIRE(f.code >= 0);
+  return json::parse(f.output);
+}
+
+// A real job of `nnodes` launchers x `nproc` workers (one plain ft train for 1 x 1); each rank's
+// records of its steps.
+std::vector<std::vector<json>> run_job(const std::vector<std::string>& sets, int nnodes,
+                                       int nproc) {
+  const std::string dir = make_temp_dir() + "/run";
+  const std::vector<std::string> train = {"--preset", "tiny-demo", "--output", dir};
+  if (nnodes * nproc == 1) {
+    const Finished f = run_to_end(ft_train_argv(train, sets), {}, make_temp_dir() + "/o.txt", 200);
+    INFO(f.output);
+    REQUIRE(f.code == 0);
+    return {read_metrics(dir)};
+  }
+  const std::string port = std::to_string(free_port());
+  std::vector<Child> nodes;
+  for (int n = 0; n < nnodes; ++n)
+    nodes.push_back(start(ft_launch_argv({"--nnodes", std::to_string(nnodes), "--node-rank",
+                                          std::to_string(n), "--nproc-per-node",
+                                          std::to_string(nproc), "--master-addr", "127.0.0.1",
+                                          "--master-port", port},
+                                         ft_train_argv(train, sets)),
+                          {}, make_temp_dir() + "/node.txt"));
+  for (auto& c : nodes) {
+    const auto rc = wait_for(c, 240);
+    if (!rc) kill_and_reap(c);
+    INFO(c.output());
+    REQUIRE(rc.value_or(-1) == 0);
+  }
+  std::vector<std::vector<json>> ranks;
+  for (int r = 0; r < nnodes * nproc; ++r)
+    ranks.push_back(read_jsonl(dir + "/metrics.rank" + std::to_string(r) + ".jsonl"));
+  return ranks;
+}
+
+struct Layout {
+  std::string name;
+  std::vector<std::string> sets;
+  int nnodes = 1, nproc = 1;
+};
+
+const std::vector<Layout> kStrategies = {
+    {"ddp", {"strategy.kind=ddp"}},
+    {"zero3", {"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=100"}},
+    {"fsdp FULL_SHARD", {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"}},
+    {"fsdp SHARD_GRAD_OP",
+     {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP"}},
+    {"fsdp NO_SHARD", {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=NO_SHARD"}},
+};
+
+// Full and LoRA x fp32 and bf16, activation checkpointing on for half of them: the model state
+// of every rank as `ft plan` gives it and as the run accounts it.
+void check_state_exact(const Layout& l) {
+  int variant = 0;
+  for (const bool lora : {false, true})
+    for (const std::string precision : {"fp32", "bf16"}) {
+      std::vector<std::string> sets = with(small_run_sets(), l.sets);
+      sets = with(sets, {"precision.mode=" + precision, "train.max_steps=1", "hardware.device=cpu",
+                         std::string("train.activation_checkpointing=") +
+                             (variant++ % 2 ? "full" : "none")});
+      if (lora) sets = with(sets, {"lora.enabled=true", "lora.r=4"});
+      INFO(l.name << " on " << l.nnodes << " x " << l.nproc << ", lora " << lora << ", "
+                  << precision);
+      const json plan = plan_json(sets, l.nnodes, l.nproc);
+      const auto ranks = run_job(sets, l.nnodes, l.nproc);
+      REQUIRE(ranks.size() == static_cast<size_t>(l.nnodes * l.nproc));
+      for (size_t r = 0; r < ranks.size(); ++r) {
+        INFO("rank " << r);
+        REQUIRE_FALSE(ranks[r].empty());
+        const json& mem = ranks[r].back()["memory"];
+        CHECK(mem["param_bytes"] == plan["rank"]["param_bytes"]);
+        CHECK(mem["grad_bytes"] == plan["rank"]["grad_bytes"]);
+        CHECK(mem["optimizer_bytes"] == plan["rank"]["optimizer_bytes"]);
+      }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("plan state bytes equal the run's at world size 1", "[multiproc]") {
+  check_state_exact({"ddp", {"strategy.kind=ddp"}, 1, 1});
+}
+
+TEST_CASE("plan state bytes equal the run's at world size 2, every strategy", "[multiproc]") {
+  for (Layout l : kStrategies) {
+    l.nproc = 2;
+    check_state_exact(l);
+  }
+}
+
+TEST_CASE("plan state bytes equal the run's at world size 4, every strategy", "[multiproc]") {
+  for (Layout l : kStrategies) {
+    l.nproc = 4;
+    check_state_exact(l);
+  }
+  check_state_exact({"fsdp HYBRID_SHARD",
+                     {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=HYBRID_SHARD"},
+                     2,
+                     2});
+}
+
+// A model big enough that its state and activations, not the process, dominate (20M parameters,
+// 1024 tokens per micro-batch): each rank's peak resident memory over the steps against the plan.
+TEST_CASE("predicted peak host memory of each rank is within 15% of the measured peak",
+          "[multiproc]") {
+  const std::vector<std::string> model = {
+      "model.vocab_size=8000", "model.hidden_size=512",   "model.intermediate_size=1408",
+      "model.num_layers=4",    "model.num_heads=8",       "model.num_kv_heads=4",
+      "model.tie_embeddings=false", "data.seq_len=256",   "train.micro_batch=4",
+      "train.max_steps=3",     "hardware.device=cpu",     "precision.mode=fp32"};
+  struct Case {
+    std::string name;
+    std::vector<std::string> sets;
+    int nproc;
+  };
+  const std::vector<Case> cases = {
+      {"ddp, 1 rank", {"strategy.kind=ddp"}, 1},
+      {"LoRA with activation checkpointing, 1 rank",
+       {"lora.enabled=true", "lora.dropout=0.0", "train.activation_checkpointing=full"}, 1},
+      {"zero3, 2 ranks", {"strategy.kind=zero3"}, 2},
+      {"fsdp FULL_SHARD LoRA, 2 ranks",
+       {"strategy.kind=fsdp", "lora.enabled=true", "lora.dropout=0.0"}, 2},
+      {"fsdp SHARD_GRAD_OP with activation checkpointing, 2 ranks",
+       {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP",
+        "train.activation_checkpointing=full"},
+       2},
+      {"ddp with activation checkpointing, 4 ranks",
+       {"strategy.kind=ddp", "train.activation_checkpointing=full"}, 4},
+  };
+  for (const auto& c : cases) {
+    INFO(c.name);
+    const auto sets = with(model, c.sets);
+    const json plan = plan_json(sets, 1, c.nproc);
+    const double predicted = plan["rank"]["step_peak_bytes"].get<double>();
+    const auto ranks = run_job(sets, 1, c.nproc);
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      double measured = 0;
+      for (const auto& rec : ranks[r])
+        measured = std::max(measured, rec["memory"]["peak_rss_bytes"].get<double>());
+      INFO("rank " << r << ": predicted " << predicted / (1 << 20) << " MiB, measured "
+                   << measured / (1 << 20) << " MiB");
+      CHECK(std::abs(predicted - measured) / measured < 0.15);
+    }
+  }
+}
+
+TEST_CASE("ft train of full-70b on a machine that cannot hold it is refused in seconds",
+          "[multiproc]") {
+  const std::string dir = make_temp_dir();
+  const std::string out = dir + "/run";
+  const auto t0 = std::chrono::steady_clock::now();
+  // The optimizer offload is a GPU setting: without it the CPU job is what is planned.
+  const Finished f = run_to_end(
+      ft_train_argv({"--preset", "full-70b", "--output", out},
+                    {"strategy.zero3.offload_optimizer=false", "data.format=synthetic",
+                     "train.max_steps=1"}),
+      {}, dir + "/out.txt", 60);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(f.output);
+  CHECK(f.code == 2);
+  CHECK(s < 5);
+  struct rusage ru {};
+  ::getrusage(RUSAGE_CHILDREN, &ru);
+  CHECK(ru.ru_maxrss < 1024 * 1024);  // KiB: under 1 GiB
+  CHECK_FALSE(exists(out));
+  // Names the node, the resource, needed against available, and what to do.
+  CHECK_THAT(f.output, Catch::Contains("node 0") && Catch::Contains("host memory") &&
+                           Catch::Contains("is available") && Catch::Contains("short") &&
+                           Catch::Contains("hardware.preflight=warn"));
+  CHECK(f.output.find("DefaultCPUAllocator") == std::string::npos);
+}
+
+TEST_CASE("every ft launch prints the verdict and refuses before starting workers",
+          "[multiproc]") {
+  const std::string dir = make_temp_dir();
+  const std::string out = dir + "/run";
+  const Finished f = run_to_end(
+      {ft_bin(), "launch", "--standalone", "--nproc-per-node", "2", "--preset", "full-70b",
+       "--output", out, "--set", "strategy.zero3.offload_optimizer=false", "--set",
+       "data.format=synthetic", "--set", "train.max_steps=1"},
+      {}, dir + "/out.txt", 60);
+  INFO(f.output);
+  CHECK(f.code == 2);
+  CHECK_THAT(f.output, Catch::Contains("preflight") && Catch::Contains("host memory"));
+  CHECK(f.output.find("[rank") == std::string::npos);  // no worker started
+  CHECK_FALSE(exists(out));
+}
+
+TEST_CASE("a job that fits says so, and start-up says what it loads", "[multiproc]") {
+  const std::string dir = make_temp_dir();
+  const Finished f = run_to_end(
+      ft_train_argv({"--preset", "tiny-demo", "--output", dir + "/run"}, {"train.max_steps=1"}),
+      {}, dir + "/out.txt", 60);
+  INFO(f.output);
+  REQUIRE(f.code == 0);
+  CHECK_THAT(f.output, Catch::Contains("preflight on node 0: fits"));
+  CHECK_THAT(f.output, Catch::Contains("loading 20 tensors from the seeded random init"));
+  // warn and off run the same job; off prints no verdict.
+  const Finished off = run_to_end(
+      ft_train_argv({"--preset", "tiny-demo", "--output", dir + "/off"},
+                    {"train.max_steps=1", "hardware.preflight=off"}),
+      {}, dir + "/off.txt", 60);
+  REQUIRE(off.code == 0);
+  CHECK(off.output.find("preflight") == std::string::npos);
+}
+
+TEST_CASE("ft plan prints every section, --json the same as one object, and bad input is refused",
+          "[multiproc]") {
+  const std::string dir = make_temp_dir();
+  const Finished text = run_to_end({ft_bin(), "plan", "--preset", "full-70b", "--nnodes", "2",
+                                    "--nproc-per-node", "8", "--gpu-memory", "80GiB",
+                                    "--host-memory", "768GiB"},
+                                   {}, dir + "/t.txt", 30);
+  INFO(text.output);
+  CHECK(text.code == 0);
+  for (const char* s : {"per rank, on its GPU", "rank 0 needs most", "fp32 masters",
+                        "optimizer state", "gathered units", "activations", "logits",
+                        "communication buckets", "per node, host memory", "offloaded state",
+                        "disk", "communication per rank", "time to the first step", "fits."})
+    CHECK_THAT(text.output, Catch::Contains(s));
+  const Finished js = run_to_end({ft_bin(), "plan", "--preset", "lora-7b", "--nproc-per-node",
+                                  "4", "--gpu-memory", "24GiB", "--host-memory", "64GiB",
+                                  "--json"},
+                                 {}, dir + "/j.txt", 30);
+  const json j = json::parse(js.output);
+  CHECK(j["layout"]["nproc_per_node"] == 4);
+  CHECK(j["rank"]["items"].size() >= 10);
+  CHECK(j["checks"][0]["resource"] == "GPU memory");
+  CHECK((js.code == 0) == j["fits"].get<bool>());
+  struct Bad {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  const std::vector<Bad> bad = {
+      {{"--gpu-memory", "80XB"}, "--gpu-memory 80XB: not a size"},
+      {{"--host-memory", "-5GiB"}, "--host-memory -5GiB"},
+      {{"--model", dir + "/nowhere"}, "config.json"},
+      {{"--set", "train.micro_batch=0"}, "train.micro_batch"},
+  };
+  for (const auto& b : bad) {
+    std::vector<std::string> argv = {ft_bin(), "plan", "--preset", "tiny-demo"};
+    argv.insert(argv.end(), b.args.begin(), b.args.end());
+    const Finished f = run_to_end(argv, {}, dir + "/b.txt", 30);
+    INFO(f.output);
+    CHECK(f.code == 2);
+    CHECK_THAT(f.output, Catch::Contains(b.says));
+    CHECK(f.output.find("terminate") == std::string::npos);
+  }
+}

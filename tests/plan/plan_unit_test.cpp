@@ -1,0 +1,148 @@
+// The planner in one process: model-state bytes against DeepSpeed's published estimator, the time
+// it takes, and the errors bad input gets.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+
+#include "config/settings.h"
+#include "core/error.h"
+#include "plan/plan.h"
+#include "plan/resources.h"
+#include "support/subprocess.h"
+
+using namespace ft;
+
+namespace {
+
+plan::Plan gpu_plan(const std::string& preset, std::vector<std::string> sets, int nnodes,
+                    int nproc) {
+  plan::PlanInputs in;
+  in.settings = config::resolve_settings(preset, sets);
+  in.layout = {nnodes, nproc, true};
+  in.budget.gpu_bytes = int64_t{80} << 30;
+  in.budget.host_bytes = int64_t{768} << 30;
+  return plan::make_plan(in);
+}
+
+int64_t item(const plan::Plan& p, const std::string& key) {
+  for (const auto& i : p.device)
+    if (i.key == key) return i.bytes;
+  for (const auto& i : p.host)
+    if (i.key == key) return i.bytes;
+  FAIL("no item " << key);
+  return 0;
+}
+
+}  // namespace
+
+// DeepSpeed, deepspeed/runtime/zero/stage3.py, estimate_zero3_model_states_mem_needs:
+//   no offload:            gpu = largest_layer_memory + int(18 * total_params / total_gpus)
+//   cpu_offload (optim.):  gpu = largest_layer_memory + int(2 * total_params / total_gpus)
+//                          cpu = total_params * 16 * gpus_factor * additional_buffer_factor
+// (largest_layer_memory = 4 * largest_layer_params, gpus_factor = 1 / num_nodes). ft's model state
+// is the same per-parameter arithmetic without DeepSpeed's 1.5 host slack; ft keeps zero3's small
+// persistent parameters whole on every rank and pads shards, which the bound below allows for.
+TEST_CASE("zero3 model-state bytes for 7B and 70B agree with DeepSpeed's estimator", "[unit]") {
+  for (const std::string preset : {"full-7b", "full-70b"}) {
+    const int nodes = 2, gpus = 8, G = nodes * gpus;
+    INFO(preset);
+    const plan::Plan off = gpu_plan(preset, {"strategy.kind=zero3"}, nodes, gpus);
+    const plan::Plan on = gpu_plan(preset, {"strategy.kind=zero3",
+                                            "strategy.zero3.offload_optimizer=true"},
+                                   nodes, gpus);
+    const double P = static_cast<double>(off.parameters);
+    REQUIRE(off.trained_parameters == off.parameters);
+    // Without offload: 2 (bf16 shard) + 4 (fp32 master) + 4 (fp32 gradient) + 8 (Adam) bytes.
+    const double ds_gpu = std::floor(18 * P / G);
+    const double ft_gpu = static_cast<double>(off.param_bytes + off.grad_bytes + off.optimizer_bytes);
+    CHECK(std::abs(ft_gpu - ds_gpu) / ds_gpu < 1e-3);
+    CHECK(ft_gpu >= ds_gpu);  // persistent parameters and padding only ever add
+    // Optimizer offloaded: 2 bytes per parameter per GPU on the device, 16 per parameter per node
+    // in host memory.
+    const double ds_gpu_off = std::floor(2 * P / G);
+    CHECK(std::abs(static_cast<double>(item(on, "parameters")) - ds_gpu_off) / ds_gpu_off < 1e-3);
+    CHECK(item(on, "masters") + item(on, "gradients") + item(on, "optimizer_state") == 0);
+    const double ds_cpu = P * 16 / nodes;  // additional_buffer_factor 1: ft states its own slack
+    CHECK(std::abs(static_cast<double>(item(on, "offloaded")) - ds_cpu) / ds_cpu < 1e-3);
+  }
+}
+
+TEST_CASE("ft plan of full-70b takes well under a second", "[unit]") {
+  const auto t0 = std::chrono::steady_clock::now();
+  const plan::Plan p = gpu_plan("full-70b", {}, 2, 8);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(s < 1.0);
+  CHECK(p.parameters > 70'000'000'000);
+  CHECK(p.rank == 0);
+  CHECK_THAT(p.rank_why, Catch::Contains("final save"));
+}
+
+TEST_CASE("a plan that does not fit says by how much and re-plans each suggestion", "[unit]") {
+  plan::PlanInputs in;
+  in.settings = config::resolve_settings("full-7b", {"strategy.kind=ddp"});
+  in.layout = {1, 4, true};
+  in.budget.gpu_bytes = int64_t{24} << 30;
+  in.budget.host_bytes = int64_t{256} << 30;
+  const plan::Plan p = plan::make_plan(in);
+  REQUIRE_FALSE(p.fits());
+  REQUIRE(p.shortfall() != nullptr);
+  CHECK(p.shortfall()->resource == "GPU memory");
+  CHECK(p.shortfall()->need > p.shortfall()->have);
+  bool sharded = false, lora = false, fitting = false;
+  for (const auto& s : p.suggestions) {
+    CHECK(s.device_bytes > 0);
+    // Each suggestion is its own plan: smaller than the original where it changes the state.
+    if (s.what.find("FULL_SHARD") != std::string::npos) {
+      sharded = true;
+      CHECK(s.device_bytes < p.device_peak);
+    }
+    if (s.what.find("LoRA") != std::string::npos) {
+      lora = true;
+      CHECK(s.fits);
+    }
+    fitting = fitting || s.fits;
+  }
+  CHECK(sharded);
+  CHECK(lora);
+  CHECK(fitting);
+  const std::string v = plan::verdict(p);
+  CHECK_THAT(v, Catch::Contains("GPU memory") && Catch::Contains("short") &&
+                    Catch::Contains("to make it fit"));
+  // The same object as JSON.
+  const auto j = plan::plan_json(p);
+  CHECK(j["fits"] == false);
+  CHECK(j["rank"]["peak_bytes"] == p.device_peak);
+  CHECK(j["suggestions"].size() == p.suggestions.size());
+}
+
+TEST_CASE("sizes: units, and a clear error for anything else", "[unit]") {
+  CHECK(plan::parse_size("80GiB", "--gpu-memory") == int64_t{80} << 30);
+  CHECK(plan::parse_size("768 GB", "--host-memory") == int64_t{768} * 1000 * 1000 * 1000);
+  CHECK(plan::parse_size("1.5TiB", "--host-memory") == int64_t{3} << 39);
+  CHECK(plan::parse_size("512M", "--x") == int64_t{512} << 20);
+  for (const std::string bad : {"80XB", "-8GiB", "0", "GiB", "", "1e30TiB", "nan", "80 GBs"}) {
+    INFO(bad);
+    try {
+      plan::parse_size(bad, "--gpu-memory");
+      FAIL("accepted");
+    } catch (const ConfigError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("--gpu-memory"));
+    }
+  }
+}
+
+TEST_CASE("a config.json without the fields the plan needs is refused, naming the file",
+          "[unit]") {
+  const std::string dir = test::make_temp_dir();
+  std::ofstream(dir + "/config.json") << R"({"model_type": "llama", "vocab_size": 1000})";
+  plan::PlanInputs in;
+  in.settings = config::resolve_settings("tiny-demo", {});
+  in.model_dir = dir;
+  try {
+    plan::make_plan(in);
+    FAIL("planned");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains(dir + "/config.json"));
+  }
+}
