@@ -13,11 +13,11 @@
 #include "commands.h"
 #include "config/preset.h"
 #include "config/settings.h"
-#include "cuda/device.h"
-#include "plan/preflight.h"
 #include "core/build_info.h"
 #include "core/error.h"
+#include "cuda/device.h"
 #include "options.h"
+#include "plan/preflight.h"
 #include "train_options.h"
 
 namespace ft::app {

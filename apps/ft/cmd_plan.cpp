@@ -1,6 +1,7 @@
 // `ft plan --preset NAME|FILE [--model DIR] [--set k=v ...] [--nnodes N] [--nproc-per-node G]
-// [--gpu-memory SIZE] [--host-memory SIZE] [--output DIR] [--json]`: what the job needs per rank,
-// per node, on disk and on the wire, against what this machine (or the sizes given) has.
+// [--gpu-memory SIZE] [--host-memory SIZE] [--disk-throughput SIZE] [--output DIR] [--json]`: what
+// the job needs per rank, per node, on disk and on the wire, against what this machine (or the
+// sizes given) has.
 #include <fmt/format.h>
 
 #include "commands.h"
@@ -13,10 +14,11 @@ namespace ft::app {
 
 Run add_plan(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "plan", "Show the memory, disk, communication and start-up time a job needs, and whether "
-              "it fits (before anything is allocated)");
+      "plan",
+      "Show the memory, disk, communication and start-up time a job needs, and whether "
+      "it fits (before anything is allocated)");
   struct Args {
-    std::string preset, model, output, gpu_memory, host_memory;
+    std::string preset, model, output, gpu_memory, host_memory, disk_throughput;
     std::vector<std::string> sets;
     int nnodes = 1, nproc = 0;
     bool json = false;
@@ -37,6 +39,9 @@ Run add_plan(CLI::App& app) {
   cmd->add_option("--host-memory", a->host_memory,
                   "Host memory of each node, e.g. 768GiB (default: this machine's MemAvailable "
                   "or cgroup limit)");
+  cmd->add_option("--disk-throughput", a->disk_throughput,
+                  "Read throughput of the model files per second, e.g. 2GB (default: measured on "
+                  "--model's largest file, else 1 GB/s)");
   cmd->add_option("--output", a->output, "Where the run would write: its free disk is checked");
   cmd->add_flag("--json", a->json, "Print the plan as one JSON object");
   return [a]() -> int {
@@ -56,7 +61,8 @@ Run add_plan(CLI::App& app) {
     // auto: GPUs when this machine has them, when --gpu-memory asks for them, or when the preset
     // offloads to host memory (a GPU-only setting).
     const auto& st = in.settings.strategy;
-    const bool offloads = st.zero3.offload_optimizer || st.zero3.offload_param || st.fsdp.cpu_offload;
+    const bool offloads =
+        st.zero3.offload_optimizer || st.zero3.offload_param || st.fsdp.cpu_offload;
     in.layout.gpu =
         dev == "cuda" || (dev == "auto" && (!a->gpu_memory.empty() || visible > 0 || offloads));
     FT_CHECK(!(dev == "cpu" && !a->gpu_memory.empty()),
@@ -69,6 +75,11 @@ Run add_plan(CLI::App& app) {
     if (gpu_bytes > 0) {
       in.budget.gpu_bytes = gpu_bytes;
       in.budget.gpu_from = "--gpu-memory";
+    }
+    if (!a->disk_throughput.empty()) {
+      in.budget.disk_read_bytes_per_s =
+          static_cast<double>(plan::parse_size(a->disk_throughput, "--disk-throughput"));
+      in.budget.disk_read_from = "--disk-throughput";
     }
     if (host_bytes > 0) {
       in.budget.host_bytes = host_bytes;

@@ -26,8 +26,9 @@ Run add_train(CLI::App& app) {
     po.settings = opts.settings;
     po.model_dir = opts.model_dir;
     po.output_dir = opts.output_dir;
-    po.layout = {env.nnodes, env.local_world_size,
-                 cuda::choose_device(opts.settings.hardware.device, env.local_rank).device.is_cuda()};
+    po.layout = {
+        env.nnodes, env.local_world_size,
+        cuda::choose_device(opts.settings.hardware.device, env.local_rank).device.is_cuda()};
     po.node_rank = env.node_rank;
     po.running = env.local_world_size;
     po.print = env.local_rank == 0;

@@ -60,8 +60,7 @@ UnitsPlan plan_units(const std::vector<UnitParam>& params, const UnitsOptions& o
       in_bucket += p.numel;
     }
     if (open) plan.units.push_back(std::move(bucket));
-    for (size_t i = 0; i < plan.units.size(); ++i)
-      plan.launch_order.push_back(static_cast<int>(i));
+    for (size_t i = 0; i < plan.units.size(); ++i) plan.launch_order.push_back(static_cast<int>(i));
     if (!frozen.groups.empty()) plan.units.push_back(std::move(frozen));
   } else {
     // Model units (root, layers), split 1/S; zero3's small parameters in one replicated unit.
@@ -85,8 +84,7 @@ UnitsPlan plan_units(const std::vector<UnitParam>& params, const UnitsOptions& o
       FT_ASSERT(mu >= 0 && mu < n_model_units, "parameter ", p.name, " has no unit");
       add_member(group_in(plan.units[plan.unit_of_model[mu]], p.trained, p.decay), i);
     }
-    for (int u = n_model_units - 1; u >= 1; --u)
-      plan.launch_order.push_back(plan.unit_of_model[u]);
+    for (int u = n_model_units - 1; u >= 1; --u) plan.launch_order.push_back(plan.unit_of_model[u]);
     plan.launch_order.push_back(plan.unit_of_model[0]);
     if (!persistent.groups.empty()) {
       plan.launch_order.push_back(static_cast<int>(plan.units.size()));

@@ -29,9 +29,9 @@ constexpr int64_t kMiB = int64_t{1} << 20;
 constexpr int64_t kGiB = int64_t{1} << 30;
 // Assumptions (docs/planning.md).
 constexpr int64_t kDefaultProcessBytes = 200 * kMiB;
-constexpr int64_t kCudaContextBytes = kGiB;           // context, cuBLAS/NCCL workspaces (device)
-constexpr int64_t kCudaHostBytes = 3 * kGiB / 2;      // libtorch_cuda, context, NCCL (host, per rank)
-constexpr double kFragmentation = 0.05;               // CUDA caching allocator
+constexpr int64_t kCudaContextBytes = kGiB;       // context, cuBLAS/NCCL workspaces (device)
+constexpr int64_t kCudaHostBytes = 3 * kGiB / 2;  // libtorch_cuda, context, NCCL (host, per rank)
+constexpr double kFragmentation = 0.05;           // CUDA caching allocator
 constexpr double kDefaultDiskBps = 1e9;
 constexpr double kDefaultInitPerS = 2e8;
 constexpr double kAllocBytesPerS = 5e9;  // zeroing fresh memory
@@ -139,7 +139,8 @@ Acts activations(const model::LlamaConfig& mc, const config::Settings& s, int64_
     a.kept += ckpt ? c * N * h : la.saved;
   }
   // The embedding's output, the final norm (fp32 copy, normalised value, the head's input), RoPE's
-  // cos and sin, and a packed batch's [B, 1, T, T] mask.
+  // cos and sin, and a packed batch's [B, 1, T, T] bool mask with the [B, T, T] comparison it is
+  // built from.
   a.outside = c * N * h + 4 * N * h + 2 * c * N * h + 2 * c * N * mc.head_dim +
               (s.data.pack ? 2 * B * T * T : 0);
   // The logits (compute dtype), log-softmax's fp32 output, and in backward the loss' gradient and
@@ -158,9 +159,9 @@ struct State {
   int64_t host_param = 0, host_master = 0, host_grad = 0, host_optimizer = 0;
   int64_t root_bytes = 0, layer_bytes = 0;  // gathered sizes (compute dtype)
   int64_t layer_reduce_bytes = 0, root_reduce_bytes = 0;
-  int64_t sharded_bytes = 0;     // all sharded units, gathered (compute dtype)
-  int64_t retained_bytes = 0;    // of those, units below glibc's mmap threshold
-  int64_t trained_sharded = 0;   // padded elements of trained sharded groups
+  int64_t sharded_bytes = 0;    // all sharded units, gathered (compute dtype)
+  int64_t retained_bytes = 0;   // of those, units below glibc's mmap threshold
+  int64_t trained_sharded = 0;  // padded elements of trained sharded groups
   int64_t trained_replicated = 0;
   int64_t replicated_trained_shard = 0;  // HYBRID: this rank's trained shard elements
   int64_t trained_groups = 0;
@@ -200,7 +201,8 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
   env.local_world_size = L.nproc_per_node;
   env.nnodes = L.nnodes;
   const at::Device device = L.gpu ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
-  const parallel::StrategyPlan sp = parallel::plan_strategy(s.strategy, s.precision.mode, env, device);
+  const parallel::StrategyPlan sp =
+      parallel::plan_strategy(s.strategy, s.precision.mode, env, device);
   const parallel::EngineOptions& eo = sp.engine;
   const int64_t m = static_cast<int64_t>(c10::elementSize(eo.master_dtype));
   const int64_t r = static_cast<int64_t>(c10::elementSize(eo.reduce_dtype));
@@ -300,7 +302,8 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
         st.units_ahead++;
       }
     } else {
-      st.units_ahead = eo.forward_prefetch || eo.backward_prefetch == parallel::BackwardPrefetch::kPre;
+      st.units_ahead =
+          eo.forward_prefetch || eo.backward_prefetch == parallel::BackwardPrefetch::kPre;
     }
   }
   p.param_bytes = st.param + st.master;
@@ -312,32 +315,34 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
   const int S = eo.shard_size;
   const std::string per = S > 1 ? fmt::format(" / {} ranks", S) : "";
   auto on_dev = [&](int64_t total, int64_t host) { return gpu ? total - host : total; };
-  auto where = [&](int64_t host) {
-    return gpu && host > 0 ? " (offloaded to host memory)" : "";
-  };
+  auto where = [&](int64_t host) { return gpu && host > 0 ? " (offloaded to host memory)" : ""; };
 
   // ---- the device of one rank ----
   std::vector<Item>& d = p.device;
   const std::string cdt = s.precision.mode;
-  d.push_back({"parameters", fmt::format("parameters ({} shards){}", cdt, where(st.host_param)),
-               on_dev(st.param, st.host_param),
-               fmt::format("{} elements{} x {} B, padded to a multiple of the shard group",
-                           n3(p.parameters + (s.lora.enabled ? p.trained_parameters : 0)), per, c)});
-  d.push_back({"masters", fmt::format("fp32 masters{}", where(st.host_master)),
-               on_dev(st.master, st.host_master),
-               st.master == 0 && p.trained_parameters > 0
-                   ? std::string("none: the trained parameters are kept in ") + cdt +
-                         " already (they are the masters)"
-                   : fmt::format("{} trained elements{} x {} B", n3(p.trained_parameters), per, m)});
+  d.push_back(
+      {"parameters",
+       fmt::format("parameters ({}{}){}", cdt, S > 1 ? " shards" : "", where(st.host_param)),
+       on_dev(st.param, st.host_param),
+       fmt::format("{} elements{} x {} B{}",
+                   n3(p.parameters + (s.lora.enabled ? p.trained_parameters : 0)), per, c,
+                   S > 1 ? ", padded to a multiple of the shard group" : "")});
+  d.push_back(
+      {"masters", fmt::format("fp32 masters{}", where(st.host_master)),
+       on_dev(st.master, st.host_master),
+       st.master == 0 && p.trained_parameters > 0
+           ? std::string("none: the trained parameters are kept in ") + cdt +
+                 " already (they are the masters)"
+           : fmt::format("{} trained elements{} x {} B", n3(p.trained_parameters), per, m)});
   d.push_back({"gradients", fmt::format("gradients (fp32 accumulators){}", where(st.host_grad)),
                on_dev(st.grad, st.host_grad),
                fmt::format("{} trained elements{} x {} B", n3(p.trained_parameters), per, m)});
-  d.push_back({"optimizer_state",
-               fmt::format("optimizer state (AdamW exp_avg, exp_avg_sq, step){}",
-                           where(st.host_optimizer)),
-               on_dev(st.optimizer, st.host_optimizer),
-               fmt::format("2 x {} B x {} trained elements{} + 4 B x {} groups", m,
-                           n3(p.trained_parameters), per, st.trained_groups)});
+  d.push_back(
+      {"optimizer_state",
+       fmt::format("optimizer state (AdamW exp_avg, exp_avg_sq, step){}", where(st.host_optimizer)),
+       on_dev(st.optimizer, st.host_optimizer),
+       fmt::format("2 x {} B x {} trained elements{} + 4 B x {} groups", m,
+                   n3(p.trained_parameters), per, st.trained_groups)});
   int64_t gathered = 0;
   std::string gathered_from = "nothing: every parameter is whole on every rank";
   if (st.sharded) {
@@ -345,7 +350,7 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
         eo.reshard_after_forward ? 1 + st.units_ahead : mc.num_hidden_layers;
     gathered = st.root_bytes + layers_held * st.layer_bytes;
     gathered_from = fmt::format(
-        "the root unit (embedding, final norm, head: {}) kept gathered + {} layer unit(s) of {} "
+        "the root unit (embedding and head: {}) kept gathered + {} layer unit(s) of {} "
         "({})",
         human_bytes(st.root_bytes), layers_held, human_bytes(st.layer_bytes),
         eo.reshard_after_forward
@@ -358,9 +363,9 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
   if (st.sharded) {
     // zero3 queues gradients until a bucket is full (never more than all of them); fsdp issues
     // each unit's reduce-scatter as soon as it is ready.
-    const int64_t queued = std::min<int64_t>(
-        std::max<int64_t>(eo.reduce_bucket_elements * r, st.layer_reduce_bytes),
-        st.trained_sharded * r - st.root_reduce_bytes);
+    const int64_t queued =
+        std::min<int64_t>(std::max<int64_t>(eo.reduce_bucket_elements * r, st.layer_reduce_bytes),
+                          st.trained_sharded * r - st.root_reduce_bytes);
     buckets = st.root_reduce_bytes + queued + st.layer_reduce_bytes;
     buckets_from = fmt::format(
         "local gradients before their reduce-scatter ({}): the root's {} (its head's gradient "
@@ -371,8 +376,8 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
     buckets = eo.bucket_bytes;
     buckets_from = "one converted gradient bucket";
   } else {
-    buckets_from = W > 1 ? "none: gradients are all-reduced in place in their fp32 buckets"
-                         : "none: one rank";
+    buckets_from =
+        W > 1 ? "none: gradients are all-reduced in place in their fp32 buckets" : "none: one rank";
   }
   d.push_back({"comm_buckets", "communication buckets", buckets, buckets_from});
   // On CPU, a sharded job's gathered units are freed and allocated again every step: glibc keeps
@@ -382,22 +387,21 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
   const int64_t retained = !gpu && st.sharded ? 2 * st.retained_bytes : 0;
   if (!gpu)
     d.push_back({"allocator_retention", "host allocator retention", retained,
-                 st.sharded ? fmt::format("2 x the {} of gathered units under glibc's {} mmap "
-                                          "threshold: freed blocks glibc keeps, Gloo's flat copies",
-                                          human_bytes(st.retained_bytes),
-                                          human_bytes(kMmapThresholdMax))
-                            : std::string("none: nothing is gathered")});
+                 st.sharded
+                     ? fmt::format("2 x the {} of gathered units under glibc's {} mmap "
+                                   "threshold: freed blocks glibc keeps, Gloo's flat copies",
+                                   human_bytes(st.retained_bytes), human_bytes(kMmapThresholdMax))
+                     : std::string("none: nothing is gathered")});
   const Acts acts = activations(mc, s, c);
-  d.push_back({"activations", "activations of one micro-batch", acts.kept + acts.outside,
-               acts.formula});
+  d.push_back(
+      {"activations", "activations of one micro-batch", acts.kept + acts.outside, acts.formula});
   d.push_back({"logits", "logits and loss buffers", acts.logits,
                fmt::format("(c {} + 12) B x {} tokens x vocabulary {}: the logits, log-softmax's "
                            "fp32 output and in backward two fp32 gradients",
                            c, n3(p.tokens_per_micro_batch), n3(mc.vocab_size))});
   d.push_back({"backward", "backward working set", acts.backward,
-               acts.checkpointed > 0
-                   ? "one checkpointed layer recomputed with its gradients"
-                   : "the gradients of one layer's intermediate values"});
+               acts.checkpointed > 0 ? "one checkpointed layer recomputed with its gradients"
+                                     : "the gradients of one layer's intermediate values"});
   const int64_t state_dev = d[0].bytes + d[1].bytes + d[2].bytes + d[3].bytes;
   const int64_t step_transient = gathered + buckets + retained + acts.kept + acts.outside +
                                  std::max(acts.logits, acts.backward);
@@ -413,9 +417,10 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
   if (gpu) {
     const int64_t base = state_dev + step_transient;
     overhead = kCudaContextBytes + static_cast<int64_t>(kFragmentation * static_cast<double>(base));
-    overhead_from = fmt::format("{} for the CUDA context and cuBLAS/NCCL workspaces + {:.0f}% of "
-                                "the rest for the caching allocator's fragmentation",
-                                human_bytes(kCudaContextBytes), kFragmentation * 100);
+    overhead_from = fmt::format(
+        "{} for the CUDA context and cuBLAS/NCCL workspaces + {:.0f}% of "
+        "the rest for the caching allocator's fragmentation",
+        human_bytes(kCudaContextBytes), kFragmentation * 100);
   } else {
     overhead = (in.budget.process_bytes > 0 ? in.budget.process_bytes : kDefaultProcessBytes) +
                kCpuRuntimeBytes;
@@ -433,11 +438,11 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
   p.save_peak = save_peak;
   p.device_peak = std::max(step_peak, save_peak);
   p.rank = 0;
-  p.rank_why =
-      W == 1 ? "the only rank"
-             : fmt::format("every rank holds the same model state ({}: shards are equal, padded), "
-                           "and rank 0 also gathers each whole trained tensor for the final save",
-                           S > 1 ? "sharded" : "replicated");
+  p.rank_why = W == 1 ? "the only rank"
+                      : fmt::format(
+                            "every rank holds the same model state ({}), and rank 0 also gathers "
+                            "each whole trained tensor for the final save",
+                            S > 1 ? "shards are equal in size, padded" : "replicated");
 
   // ---- host memory of one node (all its ranks) ----
   std::vector<Item>& hm = p.host;
@@ -491,8 +496,8 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
 
   // ---- disk ----
   const int64_t ckpt_bytes = p.trained_parameters * 3 * m;
-  const int64_t final_bytes =
-      s.lora.enabled ? p.trained_parameters * c : p.parameters * c;
+  // final/ holds the model in the compute dtype, or the adapters in fp32 (final_save.cpp).
+  const int64_t final_bytes = s.lora.enabled ? p.trained_parameters * 4 : p.parameters * c;
   const int64_t keep = std::max<int64_t>(1, s.output.keep_last);
   p.disk.push_back({"checkpoint", "one checkpoint", ckpt_bytes,
                     fmt::format("{} trained elements x (master + exp_avg + exp_avg_sq) x {} B",
@@ -502,7 +507,8 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
                           : "none: output.save_every and save_every_minutes are 0"});
   p.disk.push_back({"final", "final model", final_bytes,
                     fmt::format("{} {} elements x {} B", s.lora.enabled ? "adapter" : "model",
-                                n3(s.lora.enabled ? p.trained_parameters : p.parameters), c)});
+                                n3(s.lora.enabled ? p.trained_parameters : p.parameters),
+                                s.lora.enabled ? 4 : c)});
   p.disk_need = (saves ? (keep + 1) * ckpt_bytes : 0) + final_bytes;
 
   // ---- communication per rank per step ----
@@ -511,17 +517,15 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
     if (st.sharded) {
       const int64_t layers_bytes = st.sharded_bytes - st.root_bytes;
       const int64_t gathers = st.root_bytes + layers_bytes * (eo.reshard_after_forward ? 2 : 1);
-      p.comm.push_back({"all_gather", "all-gather (parameters, received)", micro * gathers,
-                        fmt::format("{} micro-batches x ({} forward{})", micro,
-                                    human_bytes(st.sharded_bytes),
-                                    eo.reshard_after_forward
-                                        ? fmt::format(" + {} again in backward",
-                                                      human_bytes(layers_bytes))
-                                        : "")});
-      p.comm.push_back({"reduce_scatter", "reduce-scatter (gradients, sent)",
-                        micro * st.trained_sharded * r,
-                        fmt::format("{} micro-batches x {} elements x {} B", micro,
-                                    n3(st.trained_sharded), r)});
+      p.comm.push_back(
+          {"all_gather", "all-gather (parameters, received)", micro * gathers,
+           fmt::format("{} micro-batches x ({} forward{})", micro, human_bytes(st.sharded_bytes),
+                       eo.reshard_after_forward
+                           ? fmt::format(" + {} again in backward", human_bytes(layers_bytes))
+                           : "")});
+      p.comm.push_back(
+          {"reduce_scatter", "reduce-scatter (gradients, sent)", micro * st.trained_sharded * r,
+           fmt::format("{} micro-batches x {} elements x {} B", micro, n3(st.trained_sharded), r)});
     }
     int64_t allreduce = st.trained_replicated * r;
     std::string ar_from = fmt::format("{} replicated trained elements x {} B, once per step",
@@ -556,19 +560,23 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
     p.startup.push_back(
         {"init", "random init", p.parameters * 4,
          fmt::format("every rank draws all {} values at {:.0e}/s ({}): {:.0f} s", n3(p.parameters),
-                     init_rate, in.budget.init_elements_per_s > 0 ? "measured" : "assumed", init_s)});
+                     init_rate, in.budget.init_elements_per_s > 0 ? "measured" : "assumed",
+                     init_s)});
   }
-  const double alloc_s = static_cast<double>(state_dev) / kAllocBytesPerS;
-  p.startup.push_back({"allocate", "allocate and fill this rank's state", state_dev,
-                       fmt::format("{} at {}/s: {:.0f} s", human_bytes(state_dev),
-                                   human_bytes(static_cast<int64_t>(kAllocBytesPerS)), alloc_s)});
+  const int64_t state_all =
+      state_dev + (gpu ? st.host_param + st.host_master + st.host_grad + st.host_optimizer : 0);
+  const double alloc_s = static_cast<double>(state_all) / kAllocBytesPerS;
+  p.startup.push_back(
+      {"allocate", "allocate and fill this rank's state", state_all,
+       fmt::format("{} (offloaded host state included) at {}/s: {:.0f} s", human_bytes(state_all),
+                   human_bytes(static_cast<int64_t>(kAllocBytesPerS)), alloc_s)});
   p.first_step_s = read_s + init_s + alloc_s;
 
   // ---- checks ----
   const Budget& b = in.budget;
   if (gpu)
-    p.checks.push_back({"GPU memory", "each GPU (rank 0 needs most)", p.device_peak, b.gpu_bytes,
-                        b.gpu_from});
+    p.checks.push_back(
+        {"GPU memory", "each GPU (rank 0 needs most)", p.device_peak, b.gpu_bytes, b.gpu_from});
   p.checks.push_back({"host memory", "each node", p.host_peak, b.host_bytes, b.host_from});
   p.checks.push_back({"disk", "--output's filesystem", p.disk_need, b.disk_bytes, b.disk_from});
 
@@ -582,8 +590,8 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
       if (nnodes > 0) v.layout.nnodes = nnodes;
       try {
         const Plan q = make_plan(v, false);
-        p.suggestions.push_back({what, std::move(sets), nnodes, q.device_peak, q.host_peak,
-                                 q.fits()});
+        p.suggestions.push_back(
+            {what, std::move(sets), nnodes, q.device_peak, q.host_peak, q.fits()});
       } catch (const Error&) {
         // A change this job cannot take (a knob the layout refuses) is not a suggestion.
       }
@@ -602,8 +610,8 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
               });
       if (!p.suggestions.empty() && p.suggestions.back().fits) break;
     }
-    if (W > 1 && (s.strategy.kind == "ddp" || (s.strategy.kind == "fsdp" &&
-                                                s.strategy.fsdp.sharding_strategy != "FULL_SHARD")))
+    if (W > 1 && (s.strategy.kind == "ddp" ||
+                  (s.strategy.kind == "fsdp" && s.strategy.fsdp.sharding_strategy != "FULL_SHARD")))
       variant("fsdp FULL_SHARD instead of " + s.strategy.kind,
               {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"},
               [](config::Settings& v) {
@@ -612,10 +620,11 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
               });
     if (gpu && W > 1) {
       if (s.strategy.kind == "fsdp" && !s.strategy.fsdp.cpu_offload)
-        variant("fsdp cpu_offload (parameter shards, masters, gradients and optimizer state in "
-                "host memory)",
-                {"strategy.fsdp.cpu_offload=true"},
-                [](config::Settings& v) { v.strategy.fsdp.cpu_offload = true; });
+        variant(
+            "fsdp cpu_offload (parameter shards, masters, gradients and optimizer state in "
+            "host memory)",
+            {"strategy.fsdp.cpu_offload=true"},
+            [](config::Settings& v) { v.strategy.fsdp.cpu_offload = true; });
       if (s.strategy.kind != "fsdp" && !s.strategy.zero3.offload_optimizer)
         variant("zero3 with the optimizer offloaded to host memory",
                 {"strategy.kind=zero3", "strategy.zero3.offload_optimizer=true"},
@@ -670,8 +679,13 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
           lo = mid;
       }
       const Plan q = fits_on(hi);
-      p.suggestions.push_back({fmt::format("{} nodes of {} rank(s) (the fewest that fit)", hi, local),
-                               {}, hi, q.device_peak, q.host_peak, true});
+      p.suggestions.push_back(
+          {fmt::format("{} nodes of {} rank(s) (the fewest that fit)", hi, local),
+           {},
+           hi,
+           q.device_peak,
+           q.host_peak,
+           true});
     }
   }
   return p;
@@ -683,9 +697,10 @@ std::string suggestion_text(const Suggestion& g, const Plan& p) {
   std::string how;
   for (const auto& x : g.sets) how += " --set " + x;
   if (g.nnodes > 0) how = fmt::format(" --nnodes {}", g.nnodes);
-  return fmt::format("{}{}: {} per rank{}, {} host per node{}", g.what, how.empty() ? "" : " (" + how.substr(1) + ")",
-                     human_bytes(g.device_bytes), p.layout.gpu ? " on its GPU" : "",
-                     human_bytes(g.host_bytes), g.fits ? " - fits" : " - still does not fit");
+  return fmt::format("{}{}: {} per rank{}, {} host per node{}", g.what,
+                     how.empty() ? "" : " (" + how.substr(1) + ")", human_bytes(g.device_bytes),
+                     p.layout.gpu ? " on its GPU" : "", human_bytes(g.host_bytes),
+                     g.fits ? " - fits" : " - still does not fit");
 }
 
 }  // namespace
@@ -734,12 +749,12 @@ std::string plan_text(const Plan& p) {
   for (const auto& i : p.startup) line(i);
   o += "\nverdict:\n";
   for (const auto& c : p.checks)
-    o += fmt::format("  {:<12} {:<32} needs {:>10}, {}\n", c.resource, c.where,
-                     human_bytes(c.need),
-                     !c.known() ? std::string("available: unknown (not checked)")
-                                : fmt::format("has {} ({}): {}", human_bytes(c.have), c.have_from,
-                                              c.fits() ? "fits" : fmt::format("{} SHORT",
-                                                                              human_bytes(c.need - c.have))));
+    o += fmt::format(
+        "  {:<12} {:<32} needs {:>10}, {}\n", c.resource, c.where, human_bytes(c.need),
+        !c.known() ? std::string("available: unknown (not checked)")
+                   : fmt::format("has {} ({}): {}", human_bytes(c.have), c.have_from,
+                                 c.fits() ? "fits"
+                                          : fmt::format("{} SHORT", human_bytes(c.need - c.have))));
   if (!p.fits()) {
     o += "\ndoes not fit. What would (each re-planned):\n";
     for (const auto& g : p.suggestions) o += "  - " + suggestion_text(g, p) + "\n";
@@ -766,10 +781,15 @@ json plan_json(const Plan& p) {
   j["layout"] = {{"nnodes", p.layout.nnodes},
                  {"nproc_per_node", p.layout.nproc_per_node},
                  {"gpu", p.layout.gpu}};
-  j["rank"] = {{"rank", p.rank}, {"why", p.rank_why}, {"device", p.device_name},
-               {"items", items(p.device)}, {"peak_bytes", p.device_peak},
-               {"step_peak_bytes", p.step_peak}, {"save_peak_bytes", p.save_peak},
-               {"param_bytes", p.param_bytes}, {"grad_bytes", p.grad_bytes},
+  j["rank"] = {{"rank", p.rank},
+               {"why", p.rank_why},
+               {"device", p.device_name},
+               {"items", items(p.device)},
+               {"peak_bytes", p.device_peak},
+               {"step_peak_bytes", p.step_peak},
+               {"save_peak_bytes", p.save_peak},
+               {"param_bytes", p.param_bytes},
+               {"grad_bytes", p.grad_bytes},
                {"optimizer_bytes", p.optimizer_bytes}};
   j["node"] = {{"items", items(p.host)}, {"peak_bytes", p.host_peak}};
   j["disk"] = {{"items", items(p.disk)}, {"need_bytes", p.disk_need}};
@@ -777,15 +797,21 @@ json plan_json(const Plan& p) {
   j["first_step"] = {{"seconds", p.first_step_s}, {"items", items(p.startup)}};
   json checks = json::array();
   for (const auto& c : p.checks)
-    checks.push_back({{"resource", c.resource}, {"where", c.where}, {"need_bytes", c.need},
+    checks.push_back({{"resource", c.resource},
+                      {"where", c.where},
+                      {"need_bytes", c.need},
                       {"have_bytes", c.known() ? json(c.have) : json(nullptr)},
-                      {"have_from", c.have_from}, {"fits", c.fits()}});
+                      {"have_from", c.have_from},
+                      {"fits", c.fits()}});
   j["checks"] = checks;
   j["fits"] = p.fits();
   json sug = json::array();
   for (const auto& g : p.suggestions)
-    sug.push_back({{"what", g.what}, {"set", g.sets}, {"nnodes", g.nnodes},
-                   {"device_peak_bytes", g.device_bytes}, {"host_peak_bytes", g.host_bytes},
+    sug.push_back({{"what", g.what},
+                   {"set", g.sets},
+                   {"nnodes", g.nnodes},
+                   {"device_peak_bytes", g.device_bytes},
+                   {"host_peak_bytes", g.host_bytes},
                    {"fits", g.fits}});
   j["suggestions"] = sug;
   j["verdict"] = verdict(p);

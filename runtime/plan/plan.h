@@ -30,7 +30,7 @@ struct Budget {
   int64_t host_bytes = 0;  // host memory of each node (all local ranks together)
   int64_t disk_bytes = 0;  // free space where --output goes
   std::string gpu_from, host_from, disk_from;  // "--gpu-memory", "this machine: MemAvailable", ...
-  double disk_read_bytes_per_s = 0;  // model files' read throughput (0: assume 1 GB/s)
+  double disk_read_bytes_per_s = 0;            // model files' read throughput (0: assume 1 GB/s)
   std::string disk_read_from;
   double init_elements_per_s = 0;  // random-init draws per second (0: assume 2e8)
   // Resident memory of one ft process before it allocates anything (LibTorch, threads, code):
@@ -84,8 +84,8 @@ struct Plan {
   // Per rank on its device (a GPU; the host on a CPU job), and its peak.
   std::vector<Item> device;
   int64_t device_peak = 0;
-  int64_t step_peak = 0;  // during a training step (the peak metrics.jsonl's steps measure)
-  int64_t save_peak = 0;  // while rank 0 writes the final model
+  int64_t step_peak = 0;    // during a training step (the peak metrics.jsonl's steps measure)
+  int64_t save_peak = 0;    // while rank 0 writes the final model
   std::string device_name;  // "GPU" | "host (CPU job)"
   // Per node in host memory (all local ranks), and its peak.
   std::vector<Item> host;
@@ -105,7 +105,8 @@ struct Plan {
 };
 
 // The plan of `in`. ConfigError / FormatError for settings or model files it cannot plan (naming
-// the file and key). With `suggest`, a plan that does not fit gets its suggestions, each re-planned.
+// the file and key). With `suggest`, a plan that does not fit gets its suggestions, each
+// re-planned.
 Plan make_plan(const PlanInputs& in, bool suggest = true);
 
 // The plan as text (what `ft plan` prints) and as one JSON object (`ft plan --json`).

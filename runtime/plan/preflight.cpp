@@ -22,9 +22,10 @@ Budget machine_budget(const Machine& m, int running, const std::string& model_di
   b.gpu_from = m.gpu_from;
   if (m.host_available > 0) {
     b.host_bytes = m.host_available + static_cast<int64_t>(running) * m.process_bytes;
-    b.host_from = running > 0 ? fmt::format("{} + the {} ft process(es) of this job already "
-                                            "running",
-                                            m.host_from, running)
+    b.host_from = running > 0 ? fmt::format(
+                                    "{} + the {} ft process(es) of this job already "
+                                    "running",
+                                    m.host_from, running)
                               : m.host_from;
   }
   b.disk_bytes = m.disk_free;
@@ -53,19 +54,20 @@ Plan preflight(const PreflightOptions& o) {
   const Plan p = make_plan(in);
   if (p.fits()) {
     if (o.print)
-      fmt::print("{}: preflight on {}: fits ({} per rank on its {}, {} host memory per node, "
-                 "{} disk; first step in about {:.0f} s)\n",
-                 o.who, node_name(o.node_rank), human_bytes(p.device_peak), p.device_name,
-                 human_bytes(p.host_peak), human_bytes(p.disk_need), p.first_step_s);
+      fmt::print(
+          "{}: preflight on {}: fits ({} per rank on its {}, {} host memory per node, "
+          "{} disk; first step in about {:.0f} s)\n",
+          o.who, node_name(o.node_rank), human_bytes(p.device_peak), p.device_name,
+          human_bytes(p.host_peak), human_bytes(p.disk_need), p.first_step_s);
     std::fflush(stdout);
     return p;
   }
   char host[256] = "";
   ::gethostname(host, sizeof(host) - 1);
-  const std::string msg =
-      fmt::format("preflight: {} ({}): this job {}. `ft plan` shows every figure; "
-                  "hardware.preflight=warn runs anyway",
-                  node_name(o.node_rank), host, verdict(p));
+  const std::string msg = fmt::format(
+      "preflight: {} ({}): this job {}. `ft plan` shows every figure; "
+      "hardware.preflight=warn runs anyway",
+      node_name(o.node_rank), host, verdict(p));
   FT_CHECK(mode == "warn", msg);
   if (o.print) fmt::print(stderr, "{}: warning: {}\n", o.who, msg);
   return p;

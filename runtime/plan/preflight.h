@@ -22,9 +22,9 @@ struct PreflightOptions {
   std::string model_dir, output_dir;
   Layout layout;
   int node_rank = 0;
-  int running = 1;     // ft processes of this job already running on this node
-  bool print = true;   // print the verdict (one process per node)
-  std::string who;     // "ft train", "ft launch"
+  int running = 1;    // ft processes of this job already running on this node
+  bool print = true;  // print the verdict (one process per node)
+  std::string who;    // "ft train", "ft launch"
 };
 
 // Plans the job and checks it against this node (hardware.preflight: refuse, warn or off). A job

@@ -105,14 +105,20 @@ void probe_gpus(Machine& m) {
     return;
   }
   // CUDA_VISIBLE_DEVICES as indices, when it is a list of numbers.
+  // (UUIDs or MIG names: every GPU counts, the least free memory among them bounds all.)
   std::vector<unsigned> visible;
+  bool indices = true;
   if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
     std::stringstream ss(v);
     std::string tok;
-    while (std::getline(ss, tok, ','))
-      if (!tok.empty() && std::all_of(tok.begin(), tok.end(), ::isdigit))
-        visible.push_back(static_cast<unsigned>(std::stoul(tok)));
-  } else {
+    while (std::getline(ss, tok, ',')) {
+      if (tok.empty()) continue;
+      if (!std::all_of(tok.begin(), tok.end(), ::isdigit)) indices = false;
+      if (indices) visible.push_back(static_cast<unsigned>(std::stoul(tok)));
+    }
+  }
+  if (!std::getenv("CUDA_VISIBLE_DEVICES") || !indices) {
+    visible.clear();
     for (unsigned i = 0; i < n; ++i) visible.push_back(i);
   }
   for (unsigned i : visible) {
@@ -144,7 +150,8 @@ Machine probe_machine(const std::string& output_dir) {
   if (!output_dir.empty()) {
     fs::path dir = fs::absolute(output_dir);
     std::error_code ec;
-    while (!dir.empty() && !fs::exists(dir, ec) && dir != dir.parent_path()) dir = dir.parent_path();
+    while (!dir.empty() && !fs::exists(dir, ec) && dir != dir.parent_path())
+      dir = dir.parent_path();
     struct statvfs sv {};
     if (::statvfs(dir.c_str(), &sv) == 0) {
       m.disk_free = static_cast<int64_t>(sv.f_bavail) * static_cast<int64_t>(sv.f_frsize);
@@ -174,16 +181,17 @@ double measure_read_throughput(const std::string& model_dir, std::string* from) 
   size_t done = 0;
   const auto t0 = std::chrono::steady_clock::now();
   while (done < want) {
-    const ssize_t n = ::pread(fd, buf.data(), std::min(buf.size(), want - done),
-                              static_cast<off_t>(done));
+    const ssize_t n =
+        ::pread(fd, buf.data(), std::min(buf.size(), want - done), static_cast<off_t>(done));
     if (n <= 0) break;
     done += static_cast<size_t>(n);
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ::close(fd);
   if (done < (1u << 20) || s <= 0) return 0;
-  if (from) *from = fmt::format("measured on {} of {}", human_bytes(static_cast<int64_t>(done)),
-                                best.filename().string());
+  if (from)
+    *from = fmt::format("measured on {} of {}", human_bytes(static_cast<int64_t>(done)),
+                        best.filename().string());
   return static_cast<double>(done) / s;
 }
 
@@ -207,19 +215,26 @@ int64_t parse_size(const std::string& text, const std::string& flag) {
   const long double v = std::strtold(p, &end);
   const std::string unit(end ? end : "");
   static const std::vector<std::pair<std::string, long double>> units = {
-      {"", 1},           {"B", 1},
-      {"KB", 1e3},       {"MB", 1e6},
-      {"GB", 1e9},       {"TB", 1e12},
-      {"KiB", 1024.0L},  {"MiB", 1024.0L * 1024},
-      {"GiB", 1024.0L * 1024 * 1024}, {"TiB", 1024.0L * 1024 * 1024 * 1024},
-      {"K", 1024.0L},    {"M", 1024.0L * 1024},
-      {"G", 1024.0L * 1024 * 1024},   {"T", 1024.0L * 1024 * 1024 * 1024}};
+      {"", 1},
+      {"B", 1},
+      {"KB", 1e3},
+      {"MB", 1e6},
+      {"GB", 1e9},
+      {"TB", 1e12},
+      {"KiB", 1024.0L},
+      {"MiB", 1024.0L * 1024},
+      {"GiB", 1024.0L * 1024 * 1024},
+      {"TiB", 1024.0L * 1024 * 1024 * 1024},
+      {"K", 1024.0L},
+      {"M", 1024.0L * 1024},
+      {"G", 1024.0L * 1024 * 1024},
+      {"T", 1024.0L * 1024 * 1024 * 1024}};
   long double scale = -1;
   for (const auto& [u, f] : units)
     if (u == unit) scale = f;
   FT_CHECK(end != p && errno == 0 && scale > 0, flag, " ", text,
            ": not a size; write a number with a unit, e.g. 80GiB, 768GB, 512MiB (units: B, KB, "
-           "MB, GB, TB, KiB, MiB, GiB, TiB)");
+           "MB, GB, TB, KiB, MiB, GiB, TiB; K, M, G, T are binary)");
   const long double bytes = v * scale;
   FT_CHECK(std::isfinite(static_cast<double>(bytes)) && bytes >= 1, flag, " ", text,
            ": a size must be positive");

@@ -15,8 +15,8 @@ namespace ft::plan {
 struct Machine {
   int64_t host_available = 0;  // bytes; 0 unknown
   std::string host_from;
-  int gpus = 0;             // visible GPUs NVML reports
-  int64_t gpu_free = 0;     // the smallest free memory among them; 0 unknown
+  int gpus = 0;          // visible GPUs NVML reports
+  int64_t gpu_free = 0;  // the smallest free memory among them; 0 unknown
   std::string gpu_from;
   int64_t disk_free = 0;
   std::string disk_from;

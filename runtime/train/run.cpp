@@ -331,16 +331,17 @@ void TrainingRun::load_weights() {
 
 // Start-up is never silent: rank 0 says what loading does, and how far it has got at least every
 // 10 s, against the plan's expected time.
-parallel::ParamSource TrainingRun::with_progress(parallel::ParamSource inner, size_t tensors) const {
+parallel::ParamSource TrainingRun::with_progress(parallel::ParamSource inner,
+                                                 size_t tensors) const {
   if (!rank0_) return inner;
   const std::string what = ck_ ? "the checkpoint " + ck_->dir() + " and the base weights"
                            : base_->from_files() ? o_.model_dir
                                                  : std::string("the seeded random init");
-  fmt::print("ft train: loading {} tensors from {}{}\n", tensors, what,
-             o_.expected_start_s >= 1
-                 ? fmt::format(" (the plan expects about {:.0f} s to the first step)",
-                               o_.expected_start_s)
-                 : "");
+  fmt::print(
+      "ft train: loading {} tensors from {}{}\n", tensors, what,
+      o_.expected_start_s >= 1
+          ? fmt::format(" (the plan expects about {:.0f} s to the first step)", o_.expected_start_s)
+          : "");
   std::fflush(stdout);
   struct State {
     std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now(), last = start;
@@ -350,7 +351,7 @@ parallel::ParamSource TrainingRun::with_progress(parallel::ParamSource inner, si
   auto st = std::make_shared<State>();
   const double expected = o_.expected_start_s;
   return [inner = std::move(inner), st, tensors, expected](const std::string& name, int64_t b,
-                                                          int64_t e, const at::Tensor& dst) {
+                                                           int64_t e, const at::Tensor& dst) {
     inner(name, b, e, dst);
     st->done++;
     st->bytes += dst.nbytes();

@@ -29,8 +29,14 @@ std::vector<std::string> set_args(const std::vector<std::string>& sets) {
 }
 
 json plan_json(const std::vector<std::string>& sets, int nnodes, int nproc) {
-  std::vector<std::string> argv = {ft_bin(), "plan", "--preset", "tiny-demo", "--json",
-                                   "--nnodes", std::to_string(nnodes), "--nproc-per-node",
+  std::vector<std::string> argv = {ft_bin(),
+                                   "plan",
+                                   "--preset",
+                                   "tiny-demo",
+                                   "--json",
+                                   "--nnodes",
+                                   std::to_string(nnodes),
+                                   "--nproc-per-node",
                                    std::to_string(nproc)};
   const auto a = set_args(sets);
   argv.insert(argv.end(), a.begin(), a.end());
@@ -55,12 +61,12 @@ std::vector<std::vector<json>> run_job(const std::vector<std::string>& sets, int
   const std::string port = std::to_string(free_port());
   std::vector<Child> nodes;
   for (int n = 0; n < nnodes; ++n)
-    nodes.push_back(start(ft_launch_argv({"--nnodes", std::to_string(nnodes), "--node-rank",
-                                          std::to_string(n), "--nproc-per-node",
-                                          std::to_string(nproc), "--master-addr", "127.0.0.1",
-                                          "--master-port", port},
-                                         ft_train_argv(train, sets)),
-                          {}, make_temp_dir() + "/node.txt"));
+    nodes.push_back(
+        start(ft_launch_argv({"--nnodes", std::to_string(nnodes), "--node-rank", std::to_string(n),
+                              "--nproc-per-node", std::to_string(nproc), "--master-addr",
+                              "127.0.0.1", "--master-port", port},
+                             ft_train_argv(train, sets)),
+              {}, make_temp_dir() + "/node.txt"));
   for (auto& c : nodes) {
     const auto rc = wait_for(c, 240);
     if (!rc) kill_and_reap(c);
@@ -83,8 +89,7 @@ const std::vector<Layout> kStrategies = {
     {"ddp", {"strategy.kind=ddp"}},
     {"zero3", {"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=100"}},
     {"fsdp FULL_SHARD", {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"}},
-    {"fsdp SHARD_GRAD_OP",
-     {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP"}},
+    {"fsdp SHARD_GRAD_OP", {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP"}},
     {"fsdp NO_SHARD", {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=NO_SHARD"}},
 };
 
@@ -144,10 +149,10 @@ TEST_CASE("plan state bytes equal the run's at world size 4, every strategy", "[
 TEST_CASE("predicted peak host memory of each rank is within 15% of the measured peak",
           "[multiproc]") {
   const std::vector<std::string> model = {
-      "model.vocab_size=8000", "model.hidden_size=512",   "model.intermediate_size=1408",
-      "model.num_layers=4",    "model.num_heads=8",       "model.num_kv_heads=4",
-      "model.tie_embeddings=false", "data.seq_len=256",   "train.micro_batch=4",
-      "train.max_steps=3",     "hardware.device=cpu",     "precision.mode=fp32"};
+      "model.vocab_size=8000",      "model.hidden_size=512", "model.intermediate_size=1408",
+      "model.num_layers=4",         "model.num_heads=8",     "model.num_kv_heads=4",
+      "model.tie_embeddings=false", "data.seq_len=256",      "train.micro_batch=4",
+      "train.max_steps=3",          "hardware.device=cpu",   "precision.mode=fp32"};
   struct Case {
     std::string name;
     std::vector<std::string> sets;
@@ -156,16 +161,19 @@ TEST_CASE("predicted peak host memory of each rank is within 15% of the measured
   const std::vector<Case> cases = {
       {"ddp, 1 rank", {"strategy.kind=ddp"}, 1},
       {"LoRA with activation checkpointing, 1 rank",
-       {"lora.enabled=true", "lora.dropout=0.0", "train.activation_checkpointing=full"}, 1},
+       {"lora.enabled=true", "lora.dropout=0.0", "train.activation_checkpointing=full"},
+       1},
       {"zero3, 2 ranks", {"strategy.kind=zero3"}, 2},
       {"fsdp FULL_SHARD LoRA, 2 ranks",
-       {"strategy.kind=fsdp", "lora.enabled=true", "lora.dropout=0.0"}, 2},
+       {"strategy.kind=fsdp", "lora.enabled=true", "lora.dropout=0.0"},
+       2},
       {"fsdp SHARD_GRAD_OP with activation checkpointing, 2 ranks",
        {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP",
         "train.activation_checkpointing=full"},
        2},
       {"ddp with activation checkpointing, 4 ranks",
-       {"strategy.kind=ddp", "train.activation_checkpointing=full"}, 4},
+       {"strategy.kind=ddp", "train.activation_checkpointing=full"},
+       4},
   };
   for (const auto& c : cases) {
     INFO(c.name);
@@ -190,11 +198,10 @@ TEST_CASE("ft train of full-70b on a machine that cannot hold it is refused in s
   const std::string out = dir + "/run";
   const auto t0 = std::chrono::steady_clock::now();
   // The optimizer offload is a GPU setting: without it the CPU job is what is planned.
-  const Finished f = run_to_end(
-      ft_train_argv({"--preset", "full-70b", "--output", out},
-                    {"strategy.zero3.offload_optimizer=false", "data.format=synthetic",
-                     "train.max_steps=1"}),
-      {}, dir + "/out.txt", 60);
+  const Finished f = run_to_end(ft_train_argv({"--preset", "full-70b", "--output", out},
+                                              {"strategy.zero3.offload_optimizer=false",
+                                               "data.format=synthetic", "train.max_steps=1"}),
+                                {}, dir + "/out.txt", 60);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(f.output);
   CHECK(f.code == 2);
@@ -210,15 +217,14 @@ TEST_CASE("ft train of full-70b on a machine that cannot hold it is refused in s
   CHECK(f.output.find("DefaultCPUAllocator") == std::string::npos);
 }
 
-TEST_CASE("every ft launch prints the verdict and refuses before starting workers",
-          "[multiproc]") {
+TEST_CASE("every ft launch prints the verdict and refuses before starting workers", "[multiproc]") {
   const std::string dir = make_temp_dir();
   const std::string out = dir + "/run";
-  const Finished f = run_to_end(
-      {ft_bin(), "launch", "--standalone", "--nproc-per-node", "2", "--preset", "full-70b",
-       "--output", out, "--set", "strategy.zero3.offload_optimizer=false", "--set",
-       "data.format=synthetic", "--set", "train.max_steps=1"},
-      {}, dir + "/out.txt", 60);
+  const Finished f =
+      run_to_end({ft_bin(), "launch", "--standalone", "--nproc-per-node", "2", "--preset",
+                  "full-70b", "--output", out, "--set", "strategy.zero3.offload_optimizer=false",
+                  "--set", "data.format=synthetic", "--set", "train.max_steps=1"},
+                 {}, dir + "/out.txt", 60);
   INFO(f.output);
   CHECK(f.code == 2);
   CHECK_THAT(f.output, Catch::Contains("preflight") && Catch::Contains("host memory"));
@@ -229,17 +235,16 @@ TEST_CASE("every ft launch prints the verdict and refuses before starting worker
 TEST_CASE("a job that fits says so, and start-up says what it loads", "[multiproc]") {
   const std::string dir = make_temp_dir();
   const Finished f = run_to_end(
-      ft_train_argv({"--preset", "tiny-demo", "--output", dir + "/run"}, {"train.max_steps=1"}),
-      {}, dir + "/out.txt", 60);
+      ft_train_argv({"--preset", "tiny-demo", "--output", dir + "/run"}, {"train.max_steps=1"}), {},
+      dir + "/out.txt", 60);
   INFO(f.output);
   REQUIRE(f.code == 0);
   CHECK_THAT(f.output, Catch::Contains("preflight on node 0: fits"));
   CHECK_THAT(f.output, Catch::Contains("loading 20 tensors from the seeded random init"));
   // warn and off run the same job; off prints no verdict.
-  const Finished off = run_to_end(
-      ft_train_argv({"--preset", "tiny-demo", "--output", dir + "/off"},
-                    {"train.max_steps=1", "hardware.preflight=off"}),
-      {}, dir + "/off.txt", 60);
+  const Finished off = run_to_end(ft_train_argv({"--preset", "tiny-demo", "--output", dir + "/off"},
+                                                {"train.max_steps=1", "hardware.preflight=off"}),
+                                  {}, dir + "/off.txt", 60);
   REQUIRE(off.code == 0);
   CHECK(off.output.find("preflight") == std::string::npos);
 }
@@ -247,20 +252,19 @@ TEST_CASE("a job that fits says so, and start-up says what it loads", "[multipro
 TEST_CASE("ft plan prints every section, --json the same as one object, and bad input is refused",
           "[multiproc]") {
   const std::string dir = make_temp_dir();
-  const Finished text = run_to_end({ft_bin(), "plan", "--preset", "full-70b", "--nnodes", "2",
-                                    "--nproc-per-node", "8", "--gpu-memory", "80GiB",
-                                    "--host-memory", "768GiB"},
-                                   {}, dir + "/t.txt", 30);
+  const Finished text =
+      run_to_end({ft_bin(), "plan", "--preset", "full-70b", "--nnodes", "2", "--nproc-per-node",
+                  "8", "--gpu-memory", "80GiB", "--host-memory", "768GiB"},
+                 {}, dir + "/t.txt", 30);
   INFO(text.output);
   CHECK(text.code == 0);
-  for (const char* s : {"per rank, on its GPU", "rank 0 needs most", "fp32 masters",
-                        "optimizer state", "gathered units", "activations", "logits",
-                        "communication buckets", "per node, host memory", "offloaded state",
-                        "disk", "communication per rank", "time to the first step", "fits."})
+  for (const char* s :
+       {"per rank, on its GPU", "rank 0 needs most", "fp32 masters", "optimizer state",
+        "gathered units", "activations", "logits", "communication buckets", "per node, host memory",
+        "offloaded state", "disk", "communication per rank", "time to the first step", "fits."})
     CHECK_THAT(text.output, Catch::Contains(s));
-  const Finished js = run_to_end({ft_bin(), "plan", "--preset", "lora-7b", "--nproc-per-node",
-                                  "4", "--gpu-memory", "24GiB", "--host-memory", "64GiB",
-                                  "--json"},
+  const Finished js = run_to_end({ft_bin(), "plan", "--preset", "lora-7b", "--nproc-per-node", "4",
+                                  "--gpu-memory", "24GiB", "--host-memory", "64GiB", "--json"},
                                  {}, dir + "/j.txt", 30);
   const json j = json::parse(js.output);
   CHECK(j["layout"]["nproc_per_node"] == 4);
@@ -274,6 +278,7 @@ TEST_CASE("ft plan prints every section, --json the same as one object, and bad 
   const std::vector<Bad> bad = {
       {{"--gpu-memory", "80XB"}, "--gpu-memory 80XB: not a size"},
       {{"--host-memory", "-5GiB"}, "--host-memory -5GiB"},
+      {{"--disk-throughput", "fastGB"}, "--disk-throughput fastGB: not a size"},
       {{"--model", dir + "/nowhere"}, "config.json"},
       {{"--set", "train.micro_batch=0"}, "train.micro_batch"},
   };

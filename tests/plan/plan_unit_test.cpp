@@ -48,14 +48,14 @@ TEST_CASE("zero3 model-state bytes for 7B and 70B agree with DeepSpeed's estimat
     const int nodes = 2, gpus = 8, G = nodes * gpus;
     INFO(preset);
     const plan::Plan off = gpu_plan(preset, {"strategy.kind=zero3"}, nodes, gpus);
-    const plan::Plan on = gpu_plan(preset, {"strategy.kind=zero3",
-                                            "strategy.zero3.offload_optimizer=true"},
-                                   nodes, gpus);
+    const plan::Plan on = gpu_plan(
+        preset, {"strategy.kind=zero3", "strategy.zero3.offload_optimizer=true"}, nodes, gpus);
     const double P = static_cast<double>(off.parameters);
     REQUIRE(off.trained_parameters == off.parameters);
     // Without offload: 2 (bf16 shard) + 4 (fp32 master) + 4 (fp32 gradient) + 8 (Adam) bytes.
     const double ds_gpu = std::floor(18 * P / G);
-    const double ft_gpu = static_cast<double>(off.param_bytes + off.grad_bytes + off.optimizer_bytes);
+    const double ft_gpu =
+        static_cast<double>(off.param_bytes + off.grad_bytes + off.optimizer_bytes);
     CHECK(std::abs(ft_gpu - ds_gpu) / ds_gpu < 1e-3);
     CHECK(ft_gpu >= ds_gpu);  // persistent parameters and padding only ever add
     // Optimizer offloaded: 2 bytes per parameter per GPU on the device, 16 per parameter per node
@@ -132,8 +132,7 @@ TEST_CASE("sizes: units, and a clear error for anything else", "[unit]") {
   }
 }
 
-TEST_CASE("a config.json without the fields the plan needs is refused, naming the file",
-          "[unit]") {
+TEST_CASE("a config.json without the fields the plan needs is refused, naming the file", "[unit]") {
   const std::string dir = test::make_temp_dir();
   std::ofstream(dir + "/config.json") << R"({"model_type": "llama", "vocab_size": 1000})";
   plan::PlanInputs in;
