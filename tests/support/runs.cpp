@@ -39,8 +39,13 @@ std::vector<nlohmann::json> read_jsonl(const std::string& path) {
   std::vector<nlohmann::json> out;
   std::ifstream in(path);
   std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  // A line without its newline is still being written (a test polling a live run): not a record
+  // yet. Every complete line must parse.
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    if (in.eof()) break;
+    out.push_back(nlohmann::json::parse(line));
+  }
   return out;
 }
 
