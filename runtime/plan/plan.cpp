@@ -663,7 +663,8 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
     };
     int lo = L.nnodes, hi = 0;
     for (int n = std::max(2, 2 * L.nnodes); n <= 4096; n *= 2) {
-      if (fits_on(n).fits() && !fits_on(n).checks.empty()) {
+      const Plan q = fits_on(n);
+      if (q.fits() && !q.checks.empty()) {
         hi = n;
         break;
       }
