@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Configures (once) and builds ft into the build folder given as $1 (default build/).
+# Configures (once) and builds ft into the build folder given as $1 (default build/); further
+# arguments name the only targets to build (e.g. `ft ft_cuda test_cuda_gpu` on a GPU machine).
 # Reads $FT_CACHE/env.sh written by setup.sh. ccache and Ninja are used when present.
 set -euo pipefail
 build=${1:-build}
+shift || true
+targets=(); (($#)) && targets=(--target "$@")
 FT_CACHE=${FT_CACHE:-$HOME/.cache/ft}
 # Fresh clones in other folders still hit the compiler cache.
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)}
@@ -20,4 +23,4 @@ if [[ ! -f $build/CMakeCache.txt || "$(cat "$build/.ft-config" 2>/dev/null)" != 
     -DFT_WITH_CUDA="${FT_WITH_CUDA:-AUTO}"
   echo "$want" > "$build/.ft-config"
 fi
-cmake --build "$build" -j "${FT_JOBS:-$(nproc)}"
+cmake --build "$build" -j "${FT_JOBS:-$(nproc)}" "${targets[@]}"

@@ -16,10 +16,15 @@ struct Batch {
   at::Tensor labels;        // [B, T] int64, -100 where a token is not trained on
   at::Tensor position_ids;  // [B, T] int64, restarting at 0 in each packed segment
   at::Tensor segment_ids;   // [B, T] int64 (packed sequences) or undefined
+  // Every row holds at most one record followed by padding: plain causal attention then gives
+  // every trained token the same result as the segment mask, through the fused (flash) kernel.
+  bool single_segment_rows = false;
   // Tokens that carry a loss after the next-token shift (labels[:, 1:] != -100).
   int64_t target_tokens() const;
   // Tokens that are not padding (id 0 in a padding segment); all tokens when unsegmented.
   int64_t input_tokens() const;
+  // What attention needs: the segment ids, or undefined when causal attention is exact.
+  at::Tensor attention_segments() const { return single_segment_rows ? at::Tensor() : segment_ids; }
   // The same batch with every tensor on `device` (itself when already there).
   Batch to(const at::Device& device) const;
 };

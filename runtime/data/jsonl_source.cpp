@@ -212,6 +212,7 @@ Batch JsonlSource::next() {
   auto L = labels.accessor<int64_t, 2>();
   auto P = pos.accessor<int64_t, 2>();
   auto S = seg.accessor<int64_t, 2>();
+  bool single = true;
   for (int64_t b = 0; b < B; ++b) {
     int64_t t = 0, segment = 0;
     for (;;) {
@@ -232,8 +233,11 @@ Batch JsonlSource::next() {
       if (!options_.pack) break;
     }
     for (; t < T; ++t) S[b][t] = segment;  // padding: its own segment, no loss
+    single = single && segment <= 1;
   }
-  return {ids, labels, pos, seg};
+  Batch batch{ids, labels, pos, seg};
+  batch.single_segment_rows = single;
+  return batch;
 }
 
 }  // namespace ft::data

@@ -262,7 +262,7 @@ at::Tensor LlamaModel::forward(const at::Tensor& input_ids, const at::Tensor& po
   return at::linear(hidden_states(input_ids, position_ids, training, segment_ids), lm_head());
 }
 
-LossSum causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
+LossSum causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels, bool count_tokens) {
   FT_CHECK(logits.dim() == 3 && labels.dim() == 2 && logits.size(0) == labels.size(0) &&
                logits.size(1) == labels.size(1),
            "logits ", logits.sizes(), " and labels ", labels.sizes(), " do not match");
@@ -278,7 +278,7 @@ LossSum causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
   LossSum out;
   out.sum = at::cross_entropy_loss(shift_logits, shift_labels, /*weight=*/{}, at::Reduction::Sum,
                                    /*ignore_index=*/-100);
-  out.tokens = shift_labels.ne(-100).sum().item<int64_t>();
+  if (count_tokens) out.tokens = shift_labels.ne(-100).sum().item<int64_t>();
   return out;
 }
 

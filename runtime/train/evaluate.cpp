@@ -56,7 +56,7 @@ EvalResult evaluate(const EvalOptions& o) {
   for (int64_t i = 0; i < r.records; ++i) {
     data::Batch b = source.next();
     model::LossSum ls = model::causal_lm_loss_sum(
-        model.forward(b.input_ids, b.position_ids, false, b.segment_ids), b.labels);
+        model.forward(b.input_ids, b.position_ids, false, b.attention_segments()), b.labels);
     loss_sum += ls.sum.item<double>();
     r.tokens += ls.tokens;
   }

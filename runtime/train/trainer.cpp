@@ -8,6 +8,16 @@
 #include "core/error.h"
 
 namespace ft::train {
+namespace {
+
+// A 1-D fp64 tensor's values on the host: one copy (one wait when it is on a GPU).
+std::vector<double> host_values(const at::Tensor& t) {
+  const at::Tensor c = t.to(at::kCPU).contiguous();
+  const double* p = c.data_ptr<double>();
+  return std::vector<double>(p, p + c.numel());
+}
+
+}  // namespace
 
 TrainOptions train_options(const config::TrainSettings& train,
                            const config::PrecisionSettings& precision, int64_t total_steps) {
@@ -74,21 +84,27 @@ StepStats Trainer::compute_gradients(const std::vector<data::Batch>& micro_batch
   const double scale = fp16 ? loss_scale_.item<double>() : 1.0;
   st.loss_scale = scale;
 
-  double loss_sum = 0;
+  // The loss sums stay on the device until the step is done: reading one back after each
+  // micro-batch would make the host wait for the GPU there (fp64: the same sums as on the host).
+  at::Tensor loss_sums =
+      at::empty({static_cast<int64_t>(micro_batches.size())},
+                at::TensorOptions().dtype(at::kDouble).device(engine_.options().device));
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const auto& b = micro_batches[i];
     engine_.begin_micro_batch(i + 1 == micro_batches.size());
     at::Tensor logits =
-        model_.forward(b.input_ids, b.position_ids, /*training=*/true, b.segment_ids);
-    model::LossSum ls = model::causal_lm_loss_sum(logits, b.labels);
+        model_.forward(b.input_ids, b.position_ids, /*training=*/true, b.attention_segments());
+    model::LossSum ls = model::causal_lm_loss_sum(logits, b.labels, /*count_tokens=*/false);
     // Each micro-batch contributes its token-loss sum over the whole step's tokens (all ranks):
     // the sum of these gradients is exactly the gradient of the step's mean token loss.
     at::Tensor loss = ls.sum * (scale / std::max<int64_t>(tokens, 1));
     loss.backward();
     engine_.end_backward();
-    loss_sum += ls.sum.item<double>();
+    loss_sums[static_cast<int64_t>(i)].copy_(ls.sum.detach());
   }
   engine_.finish_gradients();
+  double loss_sum = 0;
+  for (const double v : host_values(loss_sums)) loss_sum += v;
   st.loss = engine_.sum_over_ranks(loss_sum) / std::max<int64_t>(tokens, 1);
   return st;
 }
@@ -123,7 +139,9 @@ StepStats Trainer::apply_update(StepStats st) {
   auto sq = [](const std::vector<at::Tensor>& ts) {
     double s = 0;
     if (ts.empty()) return s;
-    for (const auto& n : at::_foreach_norm(ts, 2, at::kDouble)) s += std::pow(n.item<double>(), 2);
+    // One copy to the host for all the norms (one wait for the GPU, not one per tensor).
+    for (const double n : host_values(at::stack(at::_foreach_norm(ts, 2, at::kDouble))))
+      s += std::pow(n, 2);
     return s;
   };
   const double norm = std::sqrt(engine_.global_sq_norm(sq(sharded), sq(replicated)));
