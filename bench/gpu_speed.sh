@@ -4,6 +4,8 @@
 #            seq 4096, micro-batch FULL_MB (default 2), ddp at world size 1 (an NCCL group)
 #   lora-8b  LoRA r=16 on every projection of a Llama-3-8B-shaped model, bf16 base, seq 4096,
 #            micro-batch 1
+#   offload-1b  full-1b under zero3 with offload_optimizer (masters, gradients and AdamW on the
+#            host): ft only, its step time against full-1b's
 # against bench/gpu_speed_ref.py (transformers, + PEFT for LoRA, fused AdamW, bf16 autocast).
 # Data: pre-tokenized rows of exactly seq_len random ids (below 1150, the fixture tokenizer's
 # vocabulary; the model's vocabulary is 128256, so the cost is a real 128k-vocabulary step).
@@ -13,7 +15,7 @@
 # Also: ft plan's GPU prediction (its figures less the assumed overhead) against the CUDA
 # allocator's peak.
 #   bench/gpu_speed.sh [BUILD] [full-1b] [lora-8b]   BENCH_STEPS (10), BENCH_WARMUP (3),
-#   FULL_MB (2), GPU_PEAK_TFLOPS (989.4, H100 SXM dense bf16), OUT_DIR (kept runs; default a temp dir)
+#   FULL_MB (2), BENCH_PROFILE (steps to profile in ft and the reference; 0), GPU_PEAK_TFLOPS (989.4, H100 SXM dense bf16), OUT_DIR (kept runs; default a temp dir)
 set -euo pipefail
 build=${1:-build}
 shift || true
@@ -24,6 +26,7 @@ ft=$build/bin/ft
 steps=${BENCH_STEPS:-10}
 warm=${BENCH_WARMUP:-3}
 full_mb=${FULL_MB:-2}
+profile=${BENCH_PROFILE:-0}
 peak=${GPU_PEAK_TFLOPS:-989.4}
 out=${OUT_DIR:-$(mktemp -d)}
 mkdir -p "$out"
@@ -45,7 +48,7 @@ common=(--set data.format=tokenized --set data.seq_len=$seq --set data.pack=fals
         --set model.num_heads=32 --set model.num_kv_heads=8 --set model.rope_theta=500000
         --set train.max_steps=$((warm + steps)) --set train.log_every=1 --set train.grad_accum=1
         --set train.warmup_steps=1 --set precision.mode=bf16 --set hardware.device=cuda
-        --set strategy.kind=ddp)
+        --set strategy.kind=ddp --set output.profile_steps="$profile")
 shape_full=(--set model.hidden_size=2048 --set model.intermediate_size=8192 --set model.num_layers=16
             --set model.tie_embeddings=true --set train.micro_batch="$full_mb" --set train.lr=2e-5)
 shape_lora=(--set model.hidden_size=4096 --set model.intermediate_size=14336
@@ -56,7 +59,8 @@ shape_lora=(--set model.hidden_size=4096 --set model.intermediate_size=14336
 run_case() {
   local name=$1 mode=$2 mb=$3
   shift 3
-  local sets=("$@")
+  local sets=("$@") ref=1
+  [[ $mode == none ]] && ref=0
   echo "== $name: ft plan"
   "$ft" plan --preset tiny-demo "${common[@]}" "${sets[@]}" --gpu-memory 80GiB --host-memory 120GiB \
     --json > "$out/$name-plan.json" || true
@@ -64,6 +68,7 @@ run_case() {
   rm -rf "$out/$name-ft"
   "$ft" train --preset tiny-demo --output "$out/$name-ft" --data "$out/tokens.jsonl" --tokenizer "$tok" \
     "${common[@]}" "${sets[@]}" 2>&1 | tee "$out/$name-ft.log" | grep -v '^ft train: step' || true
+  ((ref)) || return 0
   echo "== $name: reference"
   local h inter layers tie
   h=$(grep -o 'model.hidden_size=[0-9]*' <<<"${sets[*]}" | cut -d= -f2)
@@ -71,7 +76,7 @@ run_case() {
   layers=$(grep -o 'model.num_layers=[0-9]*' <<<"${sets[*]}" | cut -d= -f2)
   tie=$([[ ${sets[*]} == *tie_embeddings=true* ]] && echo 1 || echo 0)
   "$py" bench/gpu_speed_ref.py --mode "$mode" --hidden "$h" --inter "$inter" --layers "$layers" \
-    --tie "$tie" --batch "$mb" --seq $seq --steps "$steps" --warmup "$warm" \
+    --tie "$tie" --batch "$mb" --seq $seq --steps "$steps" --warmup "$warm" --profile "$profile" \
     2>"$out/$name-ref.err" | tee "$out/$name-ref.json" || tail -n 20 "$out/$name-ref.err"
 }
 
@@ -79,7 +84,9 @@ for w in "${what[@]}"; do
   case $w in
     full-1b) run_case full-1b full "$full_mb" "${shape_full[@]}" ;;
     lora-8b) run_case lora-8b lora 1 "${shape_lora[@]}" ;;
-    *) echo "gpu_speed: unknown case '$w' (full-1b, lora-8b)" >&2; exit 2 ;;
+    offload-1b) run_case offload-1b none "$full_mb" "${shape_full[@]}" --set strategy.kind=zero3 \
+                  --set strategy.zero3.offload_optimizer=true ;;
+    *) echo "gpu_speed: unknown case '$w' (full-1b, lora-8b, offload-1b)" >&2; exit 2 ;;
   esac
 done
 
@@ -88,6 +95,7 @@ import json, os, statistics, sys
 out, warm, peak = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 measured = json.load(open(os.path.join(out, "matmul.json")))["matmul_bf16_tflops"]
 shapes = {"full-1b": dict(h=2048, inter=8192, L=16, tie=True, lora=False),
+          "offload-1b": dict(h=2048, inter=8192, L=16, tie=True, lora=False),
           "lora-8b": dict(h=4096, inter=14336, L=32, tie=False, lora=True)}
 V, T, hd, kv, r = 128256, 4096, 128, 8, 16
 def flops(s):

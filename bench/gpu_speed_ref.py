@@ -20,6 +20,7 @@ p.add_argument("--tie", type=int, default=1)
 p.add_argument("--token-limit", type=int, default=1150, help="token ids drawn below this (as ft's data)")
 p.add_argument("--compile", action="store_true", help="torch.compile the model")
 p.add_argument("--matmul-peak", action="store_true")
+p.add_argument("--profile", type=int, default=0, help="profile this many steps after the warm-up")
 a = p.parse_args()
 
 if a.matmul_peak:
@@ -65,7 +66,17 @@ fwd = torch.compile(model) if a.compile else model
 gen = torch.Generator(device="cuda").manual_seed(1)
 times, first_loss = [], None
 torch.cuda.reset_peak_memory_stats()
+prof = None
 for i in range(a.warmup + a.steps):
+    if a.profile and i == a.warmup:
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                  torch.profiler.ProfilerActivity.CUDA])
+        prof.__enter__()
+    if prof is not None and i == a.warmup + a.profile:
+        prof.__exit__(None, None, None)
+        import sys
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25), file=sys.stderr)
+        prof = None
     ids = torch.randint(0, a.token_limit, (a.batch, a.seq), generator=gen, device="cuda")
     torch.cuda.synchronize()
     t0 = time.perf_counter()

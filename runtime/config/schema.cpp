@@ -249,6 +249,7 @@ const std::vector<Setting>& preset_schema() {
     F(KEY(output.save_every_minutes), 0.0, 0, kInf, "Minutes between checkpoints (0: none by time); with save_every, whichever comes first."),
     I(KEY(output.keep_last), 2, 1, kInf, "Committed checkpoints kept; older ones are deleted only after a newer one is committed."),
     B(KEY(output.async_save), true, "Copy the state to host memory and write it on a background thread while training goes on."),
+    I(KEY(output.profile_steps), 0, 0, kInf, "Profile this many optimizer steps after the first 3 with LibTorch's profiler: rank 0 writes profile.json (a Chrome trace) and profile.txt, and prints where the step time went by kernel or op (0: off)."),
   };
   // clang-format on
   return schema;

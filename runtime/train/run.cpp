@@ -26,6 +26,7 @@
 #include "parallel/strategy.h"
 #include "train/final_save.h"
 #include "train/metrics.h"
+#include "train/profile.h"
 #include "train/saved_model.h"
 #include "train/train_state.h"
 #include "train/trainer.h"
@@ -492,8 +493,12 @@ RunSummary TrainingRun::train() {
   const RunRecord record{s_.resolved, s_.lora.enabled, o_.model_dir,
                          s_.data.synthetic() ? "" : o_.tokenizer_path, plan_.label};
   RunSummary sum;
+  StepProfiler profiler(trainer_->steps() + 4, rank0_ ? s_.output.profile_steps : 0, total_steps_,
+                        device_.is_cuda(), o_.output_dir);
   while (trainer_->steps() < total_steps_) {
+    profiler.before_step(trainer_->steps() + 1);
     const StepRecord r = step(checkpointer);
+    profiler.after_step(trainer_->steps());
     log.write(r);
     rank_log.write(r);
     if (rank0_) progress.update(r);

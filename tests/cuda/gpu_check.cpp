@@ -2,17 +2,25 @@
 // cuda:0 it forms a world-size-1 NCCL process group (in-process store) and a subgroup, checks the
 // collectives the engine uses (all-reduce SUM and MAX on fp64 scalars, all-gather and
 // reduce-scatter into flat buffers) and the memory and seeding entry points, then runs `ft train`
-// on the GPU in bf16 and checks its metrics. Exits 0 when every check held, 1 otherwise.
+// on the GPU in bf16 and checks its metrics; offloaded runs (zero3 offload_optimizer /
+// offload_param, fsdp cpu_offload) against the same runs without offload, bit for bit; and a run
+// killed with SIGKILL at a random step, resumed on the GPU, against an uninterrupted one. Exits 0
+// when every check held, 1 otherwise.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
+#include <random>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
-#include "cuda/device.h"
-#include "cuda/loader.h"
 #include "comm/dist_env.h"
 #include "comm/process_group.h"
+#include "cuda/device.h"
+#include "cuda/loader.h"
+#include "support/runs.h"
 #include "support/subprocess.h"
 
 namespace {
@@ -84,6 +92,100 @@ void check_train() {
   if (failures) fmt::print("--- ft train output ---\n{}\n", log);
 }
 
+// `ft train` of tiny-demo on cuda:0 in bf16 with the job tests' small model and `sets` after them.
+std::vector<std::string> gpu_train(const std::string& out, const std::vector<std::string>& sets) {
+  return ft::test::ft_train_argv(
+      {"--preset", "tiny-demo", "--output", out},
+      ft::test::with(ft::test::small_run_sets(),
+                     ft::test::with({"hardware.device=cuda", "precision.mode=bf16"}, sets)));
+}
+
+const std::map<std::string, std::string> kNoLauncher = {{"WORLD_SIZE", "\x01"}, {"RANK", "\x01"}};
+
+ft::test::Finished run_gpu(const std::vector<std::string>& argv, const std::string& log) {
+  return ft::test::run_to_end(argv, kNoLauncher, log, 300);
+}
+
+// Same losses (exactly) at every step and the same final model bytes.
+bool same_run(const std::string& a, const std::string& b, const std::string& what) {
+  const auto ma = ft::test::read_metrics(a), mb = ft::test::read_metrics(b);
+  bool ok = !ma.empty() && ma.size() == mb.size();
+  for (size_t i = 0; ok && i < ma.size(); ++i) ok = ma[i]["loss"] == mb[i]["loss"];
+  expect(ok, what + ": the same loss at every step (" + std::to_string(ma.size()) + " steps)");
+  const bool same_model = ft::test::read_file(a + "/final/model.safetensors") ==
+                          ft::test::read_file(b + "/final/model.safetensors");
+  expect(same_model, what + ": the same final model, byte for byte");
+  return ok && same_model;
+}
+
+double median_step_s(const std::string& dir) {
+  std::vector<double> t;
+  for (const auto& m : ft::test::read_metrics(dir)) t.push_back(m["step_time_s"].get<double>());
+  if (t.empty()) return 0;
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Offload moves state to the host and runs the optimizer there; the results must not move.
+void check_offload() {
+  struct Variant {
+    std::vector<std::string> plain, offload;
+  };
+  const std::vector<std::string> steps = {"train.max_steps=6", "train.log_every=1",
+                                          "train.micro_batch=4", "train.grad_accum=2"};
+  for (const auto& v : std::vector<Variant>{
+           {{"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0"},
+            {"strategy.zero3.offload_optimizer=true", "strategy.zero3.offload_param=true"}},
+           {{"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=5000"},
+            {"strategy.zero3.offload_optimizer=true"}},
+           {{"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"},
+            {"strategy.fsdp.cpu_offload=true"}}}) {
+    const std::string dir = ft::test::make_temp_dir();
+    const std::string what = v.plain[0] + " + " + v.offload[0];
+    const auto plain =
+        run_gpu(gpu_train(dir + "/plain", ft::test::with(steps, v.plain)), dir + "/plain.log");
+    const auto off =
+        run_gpu(gpu_train(dir + "/off", ft::test::with(ft::test::with(steps, v.plain), v.offload)),
+                dir + "/off.log");
+    expect(plain.code == 0 && off.code == 0, what + ": both runs exit 0");
+    if (plain.code != 0 || off.code != 0) {
+      fmt::print("--- without offload ---\n{}\n--- with ---\n{}\n", plain.output, off.output);
+      continue;
+    }
+    same_run(dir + "/plain", dir + "/off", what);
+    fmt::print("     median step {:.4f} s without offload, {:.4f} s with\n",
+               median_step_s(dir + "/plain"), median_step_s(dir + "/off"));
+  }
+}
+
+// SIGKILL after a random number of steps, the same command again: it resumes from its newest
+// checkpoint (GPU generator state included) and ends exactly as the uninterrupted run.
+void check_resume() {
+  const std::vector<std::string> sets = {"train.max_steps=60", "output.save_every=4",
+                                         "output.keep_last=3", "train.log_every=1"};
+  const std::string dir = ft::test::make_temp_dir();
+  const auto ref = run_gpu(gpu_train(dir + "/ref", sets), dir + "/ref.log");
+  expect(ref.code == 0, "resume: the uninterrupted run exits 0");
+  if (ref.code != 0) {
+    fmt::print("{}\n", ref.output);
+    return;
+  }
+  std::mt19937 gen(std::random_device{}());
+  const size_t kill_after = 4 + gen() % 27;  // after a checkpoint, long before the end
+  const std::string out = dir + "/run";
+  ft::test::Child c = ft::test::start(gpu_train(out, sets), kNoLauncher, dir + "/run.log");
+  ft::test::wait_for_steps(out, kill_after,
+                           std::chrono::steady_clock::now() + std::chrono::seconds(120));
+  ::kill(c.pid, SIGKILL);
+  expect(ft::test::wait_for(c, 30).value_or(-1) == 128 + SIGKILL,
+         fmt::format("resume: killed with SIGKILL after {} steps", kill_after));
+  const auto again = run_gpu(gpu_train(out, sets), dir + "/again.log");
+  expect(again.code == 0 && again.output.find("resuming from") != std::string::npos,
+         "resume: the same command resumes from a checkpoint and exits 0");
+  if (again.code != 0) fmt::print("{}\n", again.output);
+  same_run(dir + "/ref", out, "resume");
+}
+
 }  // namespace
 
 int main() {
@@ -96,6 +198,8 @@ int main() {
     ft::cuda::use_device(0);
     check_collectives();
     check_train();
+    check_offload();
+    check_resume();
   } catch (const std::exception& e) {
     fmt::print("FAIL: {}\n", e.what());
     return 1;
