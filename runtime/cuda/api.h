@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "train/adamw_math.h"
+
 namespace c10d {
 class Backend;
 class Store;
@@ -21,7 +23,7 @@ class Store;
 namespace ft::cuda {
 
 // Bumped whenever Api changes: a libft_cuda.so from another build is refused, not misread.
-inline constexpr int kApiVersion = 2;
+inline constexpr int kApiVersion = 3;
 inline constexpr const char* kApiSymbol = "ft_cuda_api";
 
 // One device's caching allocator (LibTorch's CUDA allocator), bytes.
@@ -62,6 +64,10 @@ struct Api {
   // the same masks.
   std::vector<uint8_t> (*generator_state)(int index);
   void (*set_generator_state)(int index, const std::vector<uint8_t>& state);
+  // AdamW (train/adamw_math.h: the same bits as the host's loop) over n contiguous fp32 elements
+  // on device `index`, queued on its current stream.
+  void (*adamw_fp32)(int index, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                     int64_t n, const train::AdamWScalars& s);
 };
 
 }  // namespace ft::cuda

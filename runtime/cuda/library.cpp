@@ -6,12 +6,14 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
 #include <mutex>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
 #include "cuda/api.h"
+#include "cuda/kernels.h"
 
 namespace ft::cuda {
 namespace {
@@ -81,13 +83,19 @@ void set_generator_state(int index, const std::vector<uint8_t>& state) {
   gen.set_state(s);
 }
 
+void adamw(int index, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+           const train::AdamWScalars& s) {
+  const c10::DeviceIndex d = index_of(index);
+  c10::cuda::CUDAGuard guard(d);
+  adamw_fp32(param, grad, exp_avg, exp_avg_sq, n, s, c10::cuda::getCurrentCUDAStream(d).stream());
+}
+
 }  // namespace
 }  // namespace ft::cuda
 
 extern "C" __attribute__((visibility("default"))) const ft::cuda::Api* ft_cuda_api() {
   using namespace ft::cuda;
-  static const Api api{kApiVersion, device_count,    set_device,         make_nccl_backend,
-                       synchronize, memory,          manual_seed,        generator_state,
-                       set_generator_state};
+  static const Api api{kApiVersion, device_count, set_device,      make_nccl_backend,   synchronize,
+                       memory,      manual_seed,  generator_state, set_generator_state, adamw};
   return &api;
 }

@@ -76,6 +76,17 @@ struct Engine::Pending {
 
 namespace {
 
+// `t` on the device of `like`: itself when it is there already; from a GPU to the host through
+// page-locked memory (one DMA copy at full speed; a plain .to() lands in pageable memory, several
+// times slower, which was most of an offloaded step).
+at::Tensor on_device_of(const at::Tensor& t, const at::Tensor& like) {
+  if (t.device() == like.device()) return t;
+  if (!t.is_cuda() || !like.is_cpu()) return t.to(like.device());
+  at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+  host.copy_(t);
+  return host;
+}
+
 class GradHook : public torch::autograd::PostAccumulateGradHook {
  public:
   GradHook(Engine* e, int u, int g, int m) : engine_(e), u_(u), g_(g), m_(m) {}
@@ -364,7 +375,7 @@ void Engine::on_param_grad(int ui, int gi, int mi, const at::Tensor& param) {
   FT_ASSERT(grad.defined(), "gradient hook without a gradient for ", m.name);
   if (g.layout.shards == 1) {
     // (Offloaded: the accumulator is in host memory; the gradient comes over first.)
-    g.grad_acc.narrow(0, m.offset, m.numel).add_(grad.reshape({-1}).to(g.grad_acc.device()));
+    g.grad_acc.narrow(0, m.offset, m.numel).add_(on_device_of(grad.reshape({-1}), g.grad_acc));
   } else {
     if (!g.grad_full.defined())
       g.grad_full = at::zeros({g.layout.padded}, g.full.options().dtype(options_.reduce_dtype));
@@ -479,7 +490,7 @@ void Engine::drain() {
       if (part.copy)
         part.dst->copy_(src);
       else  // (an offloaded accumulator is in host memory: the shard comes over first)
-        part.dst->add_(src.to(part.dst->device()));
+        part.dst->add_(on_device_of(src, *part.dst));
     }
   }
   pending_.clear();
@@ -586,7 +597,19 @@ void Engine::after_update() {
   for (auto& u : units_)
     for (auto& g : u->groups) {
       if (!g.trained) continue;
-      if (!g.master.is_same(g.shard)) g.shard.copy_(g.master);
+      if (g.master.is_same(g.shard)) {
+      } else if (g.master.device() == g.shard.device()) {
+        g.shard.copy_(g.master);
+      } else {
+        // Offloaded masters: rounded on the host into page-locked memory, then one DMA copy
+        // (a plain copy_ would round into pageable memory and copy from there, several times
+        // slower). The caching host allocator keeps the buffer until the copy has run.
+        at::Tensor staged = at::empty(
+            g.master.sizes(),
+            g.master.options().dtype(g.shard.scalar_type()).pinned_memory(g.shard.is_cuda()));
+        staged.copy_(g.master);
+        g.shard.copy_(staged, /*non_blocking=*/true);
+      }
       if (g.grad_acc.defined()) g.grad_acc.zero_();
     }
 }

@@ -1,5 +1,13 @@
 #include "train/optimizer.h"
 
+#include <ATen/Parallel.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "cuda/loader.h"
+#include "train/adamw_math.h"
+
 namespace ft::train {
 
 bool AdamW::no_decay(const std::string& name) {
@@ -12,6 +20,20 @@ bool AdamW::no_decay(const std::string& name) {
 }
 
 namespace {
+
+// The host's loop: the same element function as the CUDA kernel, over threads.
+template <typename T>
+void step_on_host(at::Tensor& p, const at::Tensor& grad, at::Tensor& m, at::Tensor& v,
+                  const AdamWScalars& s) {
+  T* pp = p.data_ptr<T>();
+  const T* gp = grad.data_ptr<T>();
+  T* mp = m.data_ptr<T>();
+  T* vp = v.data_ptr<T>();
+  at::parallel_for(0, p.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) adamw_element(pp[i], gp[i], mp[i], vp[i], s);
+  });
+}
+
 std::vector<AdamW::Param> by_name(const std::vector<std::pair<std::string, at::Tensor>>& params) {
   std::vector<AdamW::Param> out;
   for (const auto& [name, t] : params) out.push_back({t, !AdamW::no_decay(name)});
@@ -38,15 +60,39 @@ AdamW::AdamW(const std::vector<Param>& params, AdamWOptions options) : options_(
 void AdamW::step(double lr) {
   at::NoGradGuard no_grad;
   ++steps_;
+  const double step = static_cast<double>(steps_);
   for (auto& g : groups_) {
     if (g.params.empty()) continue;
-    std::vector<at::Tensor> grads;
-    grads.reserve(g.params.size());
-    for (auto& p : g.params) grads.push_back(p.grad());
+    AdamWScalars s;
+    s.decay = static_cast<float>(1.0 - lr * g.weight_decay);
+    s.beta1 = static_cast<float>(options_.beta1);
+    s.one_minus_beta1 = static_cast<float>(1.0 - options_.beta1);
+    s.beta2 = static_cast<float>(options_.beta2);
+    s.one_minus_beta2 = static_cast<float>(1.0 - options_.beta2);
+    s.step_size = static_cast<float>(lr / (1.0 - std::pow(options_.beta1, step)));
+    s.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(options_.beta2, step)));
+    s.eps = static_cast<float>(options_.eps);
     at::_foreach_add_(g.steps, 1);
-    at::_fused_adamw_(g.params, grads, g.exp_avg, g.exp_avg_sq, /*max_exp_avg_sqs=*/{}, g.steps, lr,
-                      options_.beta1, options_.beta2, g.weight_decay, options_.eps,
-                      /*amsgrad=*/false, /*maximize=*/false);
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      at::Tensor& p = g.params[i];
+      const at::Tensor& grad = p.grad();
+      FT_CHECK(grad.defined() && p.is_contiguous() && grad.is_contiguous() &&
+                   grad.scalar_type() == p.scalar_type() && grad.device() == p.device(),
+               "AdamW: a parameter without a contiguous gradient of its own dtype and device");
+      if (p.is_cuda()) {
+        FT_CHECK(p.scalar_type() == at::kFloat, "AdamW on a GPU updates fp32 masters, got ",
+                 p.scalar_type());
+        cuda::api().adamw_fp32(p.get_device(), p.data_ptr<float>(), grad.data_ptr<float>(),
+                               g.exp_avg[i].data_ptr<float>(), g.exp_avg_sq[i].data_ptr<float>(),
+                               p.numel(), s);
+      } else if (p.scalar_type() == at::kFloat) {
+        step_on_host<float>(p, grad, g.exp_avg[i], g.exp_avg_sq[i], s);
+      } else {
+        FT_CHECK(p.scalar_type() == at::kDouble, "AdamW updates fp32 or fp64 masters, got ",
+                 p.scalar_type());
+        step_on_host<double>(p, grad, g.exp_avg[i], g.exp_avg_sq[i], s);
+      }
+    }
   }
 }
 

@@ -1,6 +1,8 @@
-// AdamW over fp32 master parameters with LibTorch's fused kernel (one pass over all tensors), in
-// two groups: with weight decay, and without it for norms and biases. Owns the optimizer state
-// (exp_avg, exp_avg_sq, step per tensor). Not thread-safe.
+// AdamW over fp32 (or fp64) master parameters, one pass per flat tensor through the element
+// function of train/adamw_math.h: a threaded loop on the host, a kernel of libft_cuda.so on a GPU,
+// the same bits on both (an offloaded optimizer changes nothing). In two groups: with weight decay,
+// and without it for norms and biases. Owns the optimizer state (exp_avg, exp_avg_sq, step per
+// tensor). Not thread-safe.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -32,9 +34,7 @@ class AdamW {
 
   // The state of the i-th parameter given to the constructor (for checkpoints).
   at::Tensor& exp_avg(size_t i) { return groups_[where_[i].first].exp_avg[where_[i].second]; }
-  at::Tensor& exp_avg_sq(size_t i) {
-    return groups_[where_[i].first].exp_avg_sq[where_[i].second];
-  }
+  at::Tensor& exp_avg_sq(size_t i) { return groups_[where_[i].first].exp_avg_sq[where_[i].second]; }
   // Sets the step count (a resumed run): steps() and every parameter's step tensor.
   void set_steps(int64_t steps);
 
