@@ -179,6 +179,9 @@ at::Tensor LlamaModel::rope_cos_sin(const at::Tensor& position_ids, at::ScalarTy
 namespace {
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  // On a GPU, LibTorch's fused kernel (one pass forward, one backward; fp32 inside, rounded once
+  // at the end rather than before the weight). Elsewhere transformers' exact sequence of ops.
+  if (x.is_cuda()) return at::rms_norm(x, {x.size(-1)}, weight, eps);
   at::Tensor h = x.to(at::kFloat);
   at::Tensor var = h.pow(2).mean(-1, /*keepdim=*/true);
   h = h * at::rsqrt(var + eps);
