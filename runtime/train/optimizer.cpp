@@ -21,7 +21,21 @@ bool AdamW::no_decay(const std::string& name) {
 
 namespace {
 
-// The host's loop: the same element function as the CUDA kernel, over threads.
+// The host's loop: the same element function as the CUDA kernel, vectorized where the CPU allows
+// (IEEE vector multiply, add, divide and square root round as the scalar ones do), over threads.
+template <typename T>
+__attribute__((target_clones("avx512f", "avx2", "default"), optimize("tree-vectorize"))) void
+adamw_range(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v,
+            int64_t n, const AdamWScalars s) {
+  for (int64_t i = 0; i < n; ++i) {
+    T pi = p[i], mi = m[i], vi = v[i];
+    adamw_element(pi, g[i], mi, vi, s);
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
 template <typename T>
 void step_on_host(at::Tensor& p, const at::Tensor& grad, at::Tensor& m, at::Tensor& v,
                   const AdamWScalars& s) {
@@ -29,8 +43,8 @@ void step_on_host(at::Tensor& p, const at::Tensor& grad, at::Tensor& m, at::Tens
   const T* gp = grad.data_ptr<T>();
   T* mp = m.data_ptr<T>();
   T* vp = v.data_ptr<T>();
-  at::parallel_for(0, p.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) adamw_element(pp[i], gp[i], mp[i], vp[i], s);
+  at::parallel_for(0, p.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
+    adamw_range<T>(pp + begin, gp + begin, mp + begin, vp + begin, end - begin, s);
   });
 }
 
