@@ -13,14 +13,15 @@
 
 namespace ft::train {
 
-// Per step and parameter group, computed on the host in fp64 and rounded once.
+// Per step and parameter group, computed on the host in fp64; each is rounded once to the
+// masters' dtype where it is used.
 struct AdamWScalars {
-  float decay;  // 1 - lr * weight_decay
-  float beta1, one_minus_beta1;
-  float beta2, one_minus_beta2;
-  float step_size;   // lr / (1 - beta1^step)
-  float bias2_sqrt;  // sqrt(1 - beta2^step)
-  float eps;
+  double decay;  // 1 - lr * weight_decay
+  double beta1, one_minus_beta1;
+  double beta2, one_minus_beta2;
+  double step_size;   // lr / (1 - beta1^step)
+  double bias2_sqrt;  // sqrt(1 - beta2^step)
+  double eps;
 };
 
 namespace adamw_detail {

@@ -78,14 +78,14 @@ void AdamW::step(double lr) {
   for (auto& g : groups_) {
     if (g.params.empty()) continue;
     AdamWScalars s;
-    s.decay = static_cast<float>(1.0 - lr * g.weight_decay);
-    s.beta1 = static_cast<float>(options_.beta1);
-    s.one_minus_beta1 = static_cast<float>(1.0 - options_.beta1);
-    s.beta2 = static_cast<float>(options_.beta2);
-    s.one_minus_beta2 = static_cast<float>(1.0 - options_.beta2);
-    s.step_size = static_cast<float>(lr / (1.0 - std::pow(options_.beta1, step)));
-    s.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(options_.beta2, step)));
-    s.eps = static_cast<float>(options_.eps);
+    s.decay = 1.0 - lr * g.weight_decay;
+    s.beta1 = options_.beta1;
+    s.one_minus_beta1 = 1.0 - options_.beta1;
+    s.beta2 = options_.beta2;
+    s.one_minus_beta2 = 1.0 - options_.beta2;
+    s.step_size = lr / (1.0 - std::pow(options_.beta1, step));
+    s.bias2_sqrt = std::sqrt(1.0 - std::pow(options_.beta2, step));
+    s.eps = options_.eps;
     at::_foreach_add_(g.steps, 1);
     for (size_t i = 0; i < g.params.size(); ++i) {
       at::Tensor& p = g.params[i];

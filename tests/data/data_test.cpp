@@ -394,6 +394,15 @@ TEST_CASE("JsonlSource packs records with segment and position ids") {
   CHECK(single.samples_consumed() == o.micro_batch);
   auto S = b.segment_ids.accessor<int64_t, 2>();
   for (int64_t r = 0; r < o.micro_batch; ++r) CHECK(S[r][o.seq_len - 1] <= 1);
+  // One record per row: attention may be plain causal (the flash kernel on a GPU).
+  CHECK(b.single_segment_rows);
+  CHECK_FALSE(b.attention_segments().defined());
+  // Packed rows hold several records: the segment mask stays.
+  JsonlSource again(options_for(path));
+  const Batch p = again.next();
+  CHECK(p.segment_ids.max().item<int64_t>() >= 2);
+  CHECK_FALSE(p.single_segment_rows);
+  CHECK(p.attention_segments().defined());
 }
 
 TEST_CASE("JsonlSource shuffles deterministically from seed and epoch") {

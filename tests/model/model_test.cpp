@@ -243,10 +243,11 @@ struct Pass {
 
 // One training forward + backward with the model's current checkpointing; gradients are taken
 // from (and then cleared on) `params`.
+// The labels are the ids unless given.
 Pass train_pass(LlamaModel& m, const std::vector<NamedTensor>& params, const at::Tensor& ids,
-                const at::Tensor& segment_ids) {
+                const at::Tensor& segment_ids, const at::Tensor& labels = {}) {
   at::Tensor logits = m.forward(ids, {}, /*training=*/true, segment_ids);
-  LossSum ls = causal_lm_loss_sum(logits, ids);
+  LossSum ls = causal_lm_loss_sum(logits, labels.defined() ? labels : ids);
   at::Tensor loss = ls.sum / static_cast<double>(ls.tokens);
   Pass out;
   out.loss = loss.detach();
@@ -296,6 +297,43 @@ class LiveBytes final : public c10::Allocator {
 };
 
 }  // namespace
+
+// The trainer's shortcut (data::Batch::attention_segments): rows that hold one record and then
+// padding attend causally instead of through the segment mask. Padding comes after the record, so
+// no trained position sees it either way; only padding positions (no loss) see differently.
+TEST_CASE("one record per row: causal attention gives the segment mask's loss and gradients",
+          "[unit]") {
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    DYNAMIC_SECTION(c10::toString(dtype)) {
+      const double tol = dtype == at::kFloat ? 1e-6 : 1e-12;
+      LlamaModel m(tiny_config(2), at::TensorOptions().dtype(dtype));
+      m.init_random(5);
+      auto params = m.parameters();
+      require_grad(params);
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(13);
+      at::Tensor ids = at::randint(1, 96, {2, 16}, gen, at::kLong);
+      at::Tensor labels = ids.clone();
+      at::Tensor segments = at::zeros({2, 16}, at::kLong);
+      // Row 0: a record of 11 tokens, then 5 of padding (id 0, no loss, its own segment).
+      ids.index_put_({0, at::indexing::Slice(11)}, 0);
+      labels.index_put_({0, at::indexing::Slice(11)}, -100);
+      segments.index_put_({0, at::indexing::Slice(11)}, 1);
+      auto pass = [&](const at::Tensor& seg) { return train_pass(m, params, ids, seg, labels); };
+      const Pass masked = pass(segments);
+      const Pass causal = pass(at::Tensor());
+      CHECK(rel_err(causal.loss, masked.loss) <= tol);
+      for (size_t i = 0; i < params.size(); ++i) {
+        INFO(params[i].name);
+        CHECK(rel_err(causal.grads[i], masked.grads[i]) <= tol);
+      }
+      // And the shortcut is not taken where a row packs two records.
+      at::Tensor two = segments.clone();
+      two.index_put_({1, at::indexing::Slice(8)}, 1);
+      const Pass packed = pass(two);
+      CHECK(rel_err(packed.loss, masked.loss) > tol);
+    }
+  }
+}
 
 TEST_CASE("activation checkpointing: loss and every gradient equal the plain forward's", "[unit]") {
   for (auto dtype : {at::kFloat, at::kDouble}) {

@@ -68,12 +68,13 @@ TEST_CASE("ft train writes metrics, the preset and a model that ft train loads a
   // A later launcher round (TORCHELASTIC_RESTART_COUNT > 0) that finds the run finished, with no
   // checkpoint to continue from, has nothing to do: exit 0, nothing trained or written over.
   const std::string final_before = read_file(out + "/final/model.safetensors");
-  Child again = start({ft_bin(), "train", "--preset", "tiny-demo", "--output", out},
-                      {{"WORLD_SIZE", "\x01"}, {"RANK", "\x01"}, {"TORCHELASTIC_RESTART_COUNT", "1"}},
-                      dir + "/4.log");
+  Child again =
+      start({ft_bin(), "train", "--preset", "tiny-demo", "--output", out},
+            {{"WORLD_SIZE", "\x01"}, {"RANK", "\x01"}, {"TORCHELASTIC_RESTART_COUNT", "1"}},
+            dir + "/4.log");
   CHECK(wait_for(again, 60) == 0);
-  CHECK_THAT(again.output(), Catch::Contains("holds a finished run") &&
-                                 Catch::Contains("nothing to do"));
+  CHECK_THAT(again.output(),
+             Catch::Contains("holds a finished run") && Catch::Contains("nothing to do"));
   CHECK(read_file(out + "/metrics.jsonl") == before);
   CHECK(read_file(out + "/final/model.safetensors") == final_before);
 }
@@ -337,4 +338,28 @@ TEST_CASE("ft train with train.max_steps=0 runs train.epochs passes over --data"
   CHECK(run(args("none", {"train.epochs=0"}), dir + "/none.log") == 2);
   CHECK_THAT(read_file(dir + "/none.log"), Catch::Contains("both 0"));
   CHECK_FALSE(exists(dir + "/none"));
+}
+
+TEST_CASE("output.profile_steps writes a Chrome trace and prints where the step time went",
+          "[multiproc]") {
+  const std::string dir = make_temp_dir();
+  const int code = run({"train", "--preset", "tiny-demo", "--output", dir + "/run", "--set",
+                        "train.max_steps=6", "--set", "output.profile_steps=2"},
+                       dir + "/out.txt");
+  const std::string out = read_file(dir + "/out.txt");
+  INFO(out);
+  REQUIRE(code == 0);
+  CHECK(out.find("ft train: profiled steps 4-5") != std::string::npos);
+  CHECK(out.find("aten::mm") != std::string::npos);  // the table names operators
+  CHECK(out.find("ERROR") == std::string::npos);     // Kineto's no-GPU noise is silenced
+  const std::string trace = read_file(dir + "/run/profile.json");
+  CHECK(trace.find("\"traceEvents\"") != std::string::npos);
+  CHECK(read_file(dir + "/run/profile.txt").find("ms/step") != std::string::npos);
+  // A run too short to profile says so and trains all the same.
+  const int short_code = run({"train", "--preset", "tiny-demo", "--output", dir + "/short", "--set",
+                              "train.max_steps=2", "--set", "output.profile_steps=2"},
+                             dir + "/short.txt");
+  CHECK(short_code == 0);
+  CHECK(read_file(dir + "/short.txt").find("nothing to profile") != std::string::npos);
+  CHECK_FALSE(exists(dir + "/short/profile.json"));
 }

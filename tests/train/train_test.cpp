@@ -238,3 +238,36 @@ TEST_CASE("steps_for_epochs: ceil(epochs * rows / rows per step), decimals kept 
   CHECK(train::steps_for_epochs(0.001, 10, 1, 1, 1) == 1);
   CHECK_THROWS_AS(train::steps_for_epochs(0, 80, 4, 2, 1), ft::ConfigError);
 }
+
+// ft's AdamW (train/adamw_math.h: one element function for host and GPU, no FMA) follows
+// torch.optim.AdamW's formula: it stays within rounding of LibTorch's fused kernel over several
+// steps with weight decay, in fp32 and fp64.
+TEST_CASE("AdamW equals LibTorch's fused AdamW within rounding", "[unit]") {
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    DYNAMIC_SECTION(c10::toString(dtype)) {
+      const double tol = dtype == at::kFloat ? 2e-6 : 1e-13;
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(21);
+      const auto o = at::TensorOptions().dtype(dtype);
+      at::Tensor mine = at::randn({100003}, gen, o), ref = mine.clone();
+      mine.requires_grad_(true);
+      train::AdamWOptions opts;
+      opts.weight_decay = 0.1;
+      train::AdamW adam({{mine, true}}, opts);
+      at::Tensor m = at::zeros_like(ref), v = at::zeros_like(ref);
+      at::Tensor step = at::zeros({}, o.dtype(at::kFloat));
+      for (int s = 1; s <= 5; ++s) {
+        at::Tensor g = at::randn({100003}, gen, o);
+        mine.mutable_grad() = g.clone();
+        const double lr = 1e-2 / s;
+        adam.step(lr);
+        step.add_(1);
+        at::_fused_adamw_({ref}, {g}, {m}, {v}, {}, {step}, lr, opts.beta1, opts.beta2,
+                          opts.weight_decay, opts.eps, false, false);
+        INFO("step " << s);
+        CHECK(ft::test::rel_error(mine.detach(), ref) <= tol);
+        CHECK(ft::test::rel_error(adam.exp_avg_sq(0), v) <= tol);
+      }
+      CHECK(adam.steps() == 5);
+    }
+  }
+}
