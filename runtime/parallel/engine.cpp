@@ -208,8 +208,14 @@ void Engine::load(const ParamSource& source) {
       // just long enough to alias the model's tensors into it, below.
       g.shard_host = g.layout.shards > 1 && options_.offload_params;
       g.master_host = g.trained && options_.offload_optimizer;
-      g.shard = at::zeros({g.layout.shards == 1 ? g.layout.padded : g.layout.shard_numel},
+      // Uninitialised: every member element is written as it is read below, so a large model's
+      // pages are touched then, under the loading progress lines, not all at once before the
+      // first line. Only the group's padding (never read) is zeroed here.
+      g.shard = at::empty({g.layout.shards == 1 ? g.layout.padded : g.layout.shard_numel},
                           g.shard_host ? host.dtype(options_.compute_dtype) : copt);
+      const ShardPiece pad = intersect(g.layout, my_shard(g), g.layout.numel,
+                                       g.layout.padded - g.layout.numel);
+      if (!pad.empty()) g.shard.narrow(0, pad.shard_offset, pad.numel()).zero_();
       for (size_t mi = 0; mi < g.members.size(); ++mi)
         where[g.members[mi].name] = {static_cast<int>(ui), static_cast<int>(gi),
                                      static_cast<int>(mi)};
