@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/json.h"
 
 namespace ft::launcher {
 
@@ -73,7 +74,7 @@ std::string Failure::to_json() const {
 }
 
 Failure Failure::from_json(const std::string& text) {
-  const json j = json::parse(text);
+  const json j = parse_json<RendezvousError>(text, "a failure record in the store");
   Failure f;
   f.kind = kind_named(j.value("kind", ""));
   f.node_rank = j.value("node_rank", -1);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json.h"
 
 namespace ft::launcher {
 
@@ -22,6 +23,8 @@ std::string Fingerprint::to_json() const { return json(*this).dump(); }
 
 Fingerprint Fingerprint::from_json(const std::string& text) {
   try {
+    FT_CHECK_T(RendezvousError, json_too_deep_at(text) == std::string_view::npos,
+               "a node published a fingerprint nested deeper than ", kMaxJsonDepth, " levels");
     return json::parse(text).get<Fingerprint>();
   } catch (const json::exception& e) {
     throw RendezvousError(fmt::format(

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "core/net.h"
 
 namespace ft::launcher {
@@ -309,7 +310,7 @@ RoundResult Rendezvous::join(int round) {
   }
   store_->add(key(round, "result_read"), 1);
 
-  json j = json::parse(result_text);
+  json j = parse_json<RendezvousError>(result_text, "the rendezvous result in the store");
   if (j.contains("finished")) throw JobFinished(j["finished"].get<std::string>());
   if (j.contains("error")) {
     if (store_->is_host()) {

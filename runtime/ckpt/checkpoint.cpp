@@ -11,11 +11,13 @@
 #include <fstream>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "ckpt/crc32c.h"
 #include "core/build_info.h"
 #include "core/error.h"
+#include "core/json.h"
 #include "io/durable_file.h"
 #include "io/safetensors.h"
 
@@ -190,8 +192,9 @@ void Saver::Impl::commit(const Snapshot& s, const std::string& tmp) {
     std::ifstream in(path);
     FT_CHECK_T(SystemError, in.good(), "rank ", r, " reported its checkpoint files written, but ",
                path, " is not there: the output directory must be on storage every node shares");
-    json rj = json::parse(in, nullptr, false);
-    FT_CHECK_T(FormatError, !rj.is_discarded(), path, ": not valid JSON");
+    std::stringstream text;
+    text << in.rdbuf();
+    json rj = parse_json<FormatError>(text.str(), path);
     ranks.push_back(rj["state"]);
     for (auto& [t, shape] : rj["shapes"].items())
       if (!tensors.contains(t)) tensors[t] = {{"shape", shape}, {"chunks", json::array()}};
@@ -301,8 +304,12 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   FT_CHECK_T(FormatError, in.good(), path,
              ": missing, so this checkpoint was never committed (a save interrupted before every "
              "rank finished); use an earlier one");
-  m.meta = json::parse(in, nullptr, false);
-  FT_CHECK_T(FormatError, !m.meta.is_discarded() && m.meta.is_object(), path,
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string meta_text = text.str();
+  const bool valid = json_too_deep_at(meta_text) == std::string_view::npos &&
+                     (m.meta = json::parse(meta_text, nullptr, false), !m.meta.is_discarded());
+  FT_CHECK_T(FormatError, valid && m.meta.is_object(), path,
              ": not valid JSON (damaged); use an earlier checkpoint");
   try {
     FT_CHECK_T(FormatError, m.meta.value("format", "") == "ft-checkpoint", path,

@@ -9,6 +9,7 @@
 
 #include "config/schema.h"
 #include "core/error.h"
+#include "core/json.h"
 
 namespace ft::config {
 
@@ -43,13 +44,9 @@ bool is_file(const std::string& p) {
 }
 
 json parse_text(const std::string& text, const std::string& where) {
-  try {
-    json j = json::parse(text);
-    FT_CHECK(j.is_object(), where, ": a preset must be a JSON object");
-    return j;
-  } catch (const json::parse_error& e) {
-    throw ConfigError(fmt::format("{}: not valid JSON: {}", where, e.what()));
-  }
+  json j = parse_json<ConfigError>(text, where);
+  FT_CHECK(j.is_object(), where, ": a preset must be a JSON object");
+  return j;
 }
 
 // Loads one layer and, recursively, its bases; returns the merged object (without defaults).

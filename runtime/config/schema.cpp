@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "core/strings.h"
 
 namespace ft::config {
@@ -17,6 +18,10 @@ using nlohmann::json;
 namespace {
 constexpr double kNoRange = 1, kNoRangeMax = 0;  // min > max: no range check
 const double kInf = std::numeric_limits<double>::infinity();
+// Upper bounds of the integer keys that count steps or events (10^12: far beyond any run, and
+// products with other settings stay inside int64) and of the seed (any non-negative int64).
+const double kMaxCount = 1e12;
+const double kMaxSeed = 9223372036854775807.0;
 
 // The field of Settings a row fills: FIELD(data.chat_template) for the key data.template.
 template <class T>
@@ -90,7 +95,7 @@ std::string did_you_mean(const std::string& key) {
 }
 
 void check_value(const Setting& s, const json& v, const std::string& where) {
-  const std::string got = v.dump();
+  const std::string got = excerpt(v.dump());
   auto fail = [&](const std::string& what) {
     throw ConfigError(fmt::format("{}: \"{}\" must be {}, got {}", where, s.key, what, got));
   };
@@ -122,13 +127,24 @@ void check_value(const Setting& s, const json& v, const std::string& where) {
       }
       break;
   }
-  if ((s.kind == Kind::kInt || s.kind == Kind::kFloat) && s.min <= s.max) {
-    double x = v.get<double>();
-    if (!(x >= s.min && x <= s.max)) {
-      std::string range =
-          s.max == kInf ? fmt::format(">= {}", s.min) : fmt::format("in [{}, {}]", s.min, s.max);
-      fail(range);
-    }
+  auto range = [&] {
+    return s.max == kInf || s.max >= kMaxSeed
+               ? fmt::format("an integer in [{:.0f}, {}]", s.min, INT64_MAX)
+               : fmt::format("in [{:.0f}, {:.0f}]", s.min, s.max);
+  };
+  if (s.kind == Kind::kInt) {
+    // In integers: a value past INT64_MAX parses as unsigned and would wrap to a negative one.
+    if (v.is_number_unsigned() &&
+        v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      fail(range());
+    const int64_t x = v.get<int64_t>();
+    const bool above = s.max<kMaxSeed&& static_cast<double>(x)> s.max;
+    if (static_cast<double>(x) < s.min || above) fail(range());
+  } else if (s.kind == Kind::kFloat && s.min <= s.max) {
+    const double x = v.get<double>();
+    if (!std::isfinite(x)) fail("a finite number");
+    if (!(x >= s.min && x <= s.max))
+      fail(s.max == kInf ? fmt::format(">= {}", s.min) : fmt::format("in [{}, {}]", s.min, s.max));
   }
 }
 
@@ -162,52 +178,52 @@ const std::vector<Setting>& preset_schema() {
   // clang-format off
   static const std::vector<Setting> schema = {
     // model: the shape used when no --model directory is given (random init, for demos/benchmarks)
-    I(KEY(model.vocab_size), 32000, 1, kInf, "Vocabulary size of a randomly initialised model."),
-    I(KEY(model.hidden_size), 4096, 1, kInf, "Hidden size."),
-    I(KEY(model.intermediate_size), 11008, 1, kInf, "MLP inner size."),
-    I(KEY(model.num_layers), 32, 1, kInf, "Transformer blocks."),
-    I(KEY(model.num_heads), 32, 1, kInf, "Attention heads."),
-    I(KEY(model.num_kv_heads), 32, 1, kInf, "Key/value heads (GQA when fewer than num_heads)."),
+    I(KEY(model.vocab_size), 32000, 1, 16777216, "Vocabulary size of a randomly initialised model."),
+    I(KEY(model.hidden_size), 4096, 1, 1048576, "Hidden size."),
+    I(KEY(model.intermediate_size), 11008, 1, 4194304, "MLP inner size."),
+    I(KEY(model.num_layers), 32, 1, 4096, "Transformer blocks."),
+    I(KEY(model.num_heads), 32, 1, 4096, "Attention heads."),
+    I(KEY(model.num_kv_heads), 32, 1, 4096, "Key/value heads (GQA when fewer than num_heads)."),
     F(KEY(model.rope_theta), 10000.0, 1, kInf, "Rotary base."),
     B(KEY(model.tie_embeddings), false, "Share the embedding and the LM head."),
-    I(KEY(model.max_seq_len), 4096, 1, kInf, "Longest sequence the model is used with."),
+    I(KEY(model.max_seq_len), 4096, 1, 16777216, "Longest sequence the model is used with."),
     // data
     C(KEY(data.format), "auto", {"auto", "text", "alpaca", "chat", "tokenized", "synthetic"},
       "Record format of the JSONL data; auto detects it from the first record."),
     C("data.template", FIELD(data.chat_template), "llama3", {"llama3", "llama2", "chatml", "mistral", "none"},
       "Chat/instruction template used to render alpaca and chat records."),
-    I(KEY(data.seq_len), 2048, 8, kInf, "Tokens per training sequence."),
+    I(KEY(data.seq_len), 2048, 8, 16777216, "Tokens per training sequence."),
     B(KEY(data.pack), true, "Pack several records into one sequence (attention stays within each record)."),
     B(KEY(data.train_on_prompt), false, "Also train on prompt tokens (by default only responses count)."),
     C(KEY(data.on_bad_record), "error", {"error", "skip"},
       "A malformed JSONL line stops the run (error) or is skipped and counted (skip)."),
     // train
-    I(KEY(train.micro_batch), 1, 1, kInf, "Sequences per micro-batch on each rank."),
-    I(KEY(train.grad_accum), 1, 1, kInf, "Micro-batches per optimizer step."),
-    I(KEY(train.max_steps), 0, 0, kInf, "Optimizer steps; 0 = run for train.epochs."),
+    I(KEY(train.micro_batch), 1, 1, 1048576, "Sequences per micro-batch on each rank."),
+    I(KEY(train.grad_accum), 1, 1, 1048576, "Micro-batches per optimizer step."),
+    I(KEY(train.max_steps), 0, 0, kMaxCount, "Optimizer steps; 0 = run for train.epochs."),
     F(KEY(train.epochs), 1.0, 0, kInf, "Passes over the data when max_steps is 0."),
     F(KEY(train.lr), 2e-5, 0, kInf, "Peak learning rate."),
     F(KEY(train.min_lr_ratio), 0.1, 0, 1, "Final learning rate as a fraction of the peak."),
-    I(KEY(train.warmup_steps), 0, 0, kInf, "Linear warmup steps."),
+    I(KEY(train.warmup_steps), 0, 0, kMaxCount, "Linear warmup steps."),
     C(KEY(train.schedule), "cosine", {"cosine", "linear", "constant"}, "Decay after warmup."),
     F(KEY(train.weight_decay), 0.0, 0, kInf, "AdamW decoupled weight decay (never on norms and biases)."),
     F(KEY(train.beta1), 0.9, 0, 0.999999, "AdamW beta1."),
     F(KEY(train.beta2), 0.999, 0, 0.99999999, "AdamW beta2."),
     F(KEY(train.eps), 1e-8, 0, 1, "AdamW epsilon."),
     F(KEY(train.grad_clip), 1.0, 0, kInf, "Global gradient-norm clip; 0 disables."),
-    I(KEY(train.seed), 42, 0, kInf, "Seed for initialisation, data order, dropout."),
-    I(KEY(train.log_every), 1, 1, kInf, "Optimizer steps between log lines."),
+    I(KEY(train.seed), 42, 0, kMaxSeed, "Seed for initialisation, data order, dropout."),
+    I(KEY(train.log_every), 1, 1, kMaxCount, "Optimizer steps between log lines."),
     C(KEY(train.activation_checkpointing), "none", {"none", "full", "every_n"},
       "Recompute layer activations in backward instead of keeping them: none; full (every "
       "layer); every_n (layers whose index % checkpoint_every_n_layers == 0). Same gradients, "
       "less memory, one more forward of those layers per step."),
-    I(KEY(train.checkpoint_every_n_layers), 2, 1, kInf,
+    I(KEY(train.checkpoint_every_n_layers), 2, 1, 4096,
       "n for activation_checkpointing = every_n: layers 0, n, 2n, ... are checkpointed."),
     // precision
     C(KEY(precision.mode), "bf16", {"fp32", "bf16", "fp16", "fp64"},
       "Compute dtype; bf16/fp16 keep fp32 master weights and optimizer state; fp64 is for exact numerical checks."),
     F(KEY(precision.loss_scale_init), 65536.0, 1, kInf, "fp16: initial dynamic loss scale."),
-    I(KEY(precision.loss_scale_window), 1000, 1, kInf, "fp16: overflow-free steps before the scale doubles."),
+    I(KEY(precision.loss_scale_window), 1000, 1, kMaxCount, "fp16: overflow-free steps before the scale doubles."),
     // lora
     B(KEY(lora.enabled), false, "Train LoRA adapters on a frozen base instead of every weight."),
     I(KEY(lora.r), 16, 1, 4096, "Adapter rank."),
@@ -245,11 +261,11 @@ const std::vector<Setting>& preset_schema() {
     B(KEY(strategy.fsdp.cpu_offload), false,
       "fsdp, GPU jobs: both zero3 offloads (parameter shards, gradients, optimizer on the host)."),
     // output
-    I(KEY(output.save_every), 0, 0, kInf, "Optimizer steps between checkpoints (0: none by steps); a run that checkpoints also saves at its last step."),
+    I(KEY(output.save_every), 0, 0, kMaxCount, "Optimizer steps between checkpoints (0: none by steps); a run that checkpoints also saves at its last step."),
     F(KEY(output.save_every_minutes), 0.0, 0, kInf, "Minutes between checkpoints (0: none by time); with save_every, whichever comes first."),
-    I(KEY(output.keep_last), 2, 1, kInf, "Committed checkpoints kept; older ones are deleted only after a newer one is committed."),
+    I(KEY(output.keep_last), 2, 1, 1000000, "Committed checkpoints kept; older ones are deleted only after a newer one is committed."),
     B(KEY(output.async_save), true, "Copy the state to host memory and write it on a background thread while training goes on."),
-    I(KEY(output.profile_steps), 0, 0, kInf, "Profile this many optimizer steps after the first 3 with LibTorch's profiler: rank 0 writes profile.json (a Chrome trace) and profile.txt, and prints where the step time went by kernel or op (0: off)."),
+    I(KEY(output.profile_steps), 0, 0, 1000000, "Profile this many optimizer steps after the first 3 with LibTorch's profiler: rank 0 writes profile.json (a Chrome trace) and profile.txt, and prints where the step time went by kernel or op (0: off)."),
   };
   // clang-format on
   return schema;
@@ -283,9 +299,10 @@ json parse_setting_value(const Setting& s, const std::string& text, const std::s
     case Kind::kStringList: {
       if (!text.empty() && text.front() == '[') {
         try {
-          v = json::parse(text);
-        } catch (const json::exception&) {
-          throw ConfigError(fmt::format("{}: \"{}\" = {} is not a JSON list", where, s.key, text));
+          v = parse_json<ConfigError>(text, where);
+        } catch (const ConfigError&) {
+          throw ConfigError(
+              fmt::format("{}: \"{}\" = {} is not a JSON list", where, s.key, excerpt(text)));
         }
       } else {
         v = json::array();
@@ -303,13 +320,13 @@ json parse_setting_value(const Setting& s, const std::string& text, const std::s
     }
     default:
       try {
-        v = json::parse(text);
-      } catch (const json::exception&) {
+        v = parse_json<ConfigError>(text, where);
+      } catch (const ConfigError&) {
         throw ConfigError(fmt::format("{}: \"{}\" must be {}, got '{}'", where, s.key,
                                       s.kind == Kind::kInt     ? "an integer"
                                       : s.kind == Kind::kFloat ? "a number"
                                                                : "true or false",
-                                      text));
+                                      excerpt(text)));
       }
       if (s.kind == Kind::kFloat && v.is_number_integer()) v = v.get<double>();
   }
@@ -322,7 +339,8 @@ std::string schema_markdown() {
   for (const auto& s : preset_schema()) {
     std::string type = kind_name(s);
     if ((s.kind == Kind::kInt || s.kind == Kind::kFloat) && s.min <= s.max)
-      type += s.max == kInf ? fmt::format(", >= {}", s.min) : fmt::format(", {}..{}", s.min, s.max);
+      type += s.max == kInf || s.max >= kMaxSeed ? fmt::format(", >= {}", s.min)
+                                                 : fmt::format(", {}..{}", s.min, s.max);
     std::string t;
     for (char c : type) t += c == '|' ? std::string("\\|") : std::string(1, c);
     md += fmt::format("| `{}` | {} | `{}` | {} |\n", s.key, t, s.default_value.dump(), s.help);

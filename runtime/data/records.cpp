@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ft::data {
@@ -15,12 +16,7 @@ using Json = nlohmann::json;
 constexpr int64_t kIgnore = -100;
 
 Json parse_json(std::string_view line, const std::string& origin) {
-  Json j;
-  try {
-    j = Json::parse(line.begin(), line.end());
-  } catch (const Json::parse_error& e) {
-    throw FormatError(detail::cat(origin, ": not valid JSON: ", e.what()));
-  }
+  Json j = ft::parse_json<FormatError>(line, origin);
   FT_CHECK_T(FormatError, j.is_object(), origin, ": a record must be a JSON object, got ",
              j.type_name());
   return j;

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "core/json.h"
 
 namespace ft::io {
 
@@ -396,6 +397,10 @@ Header parse_header(const std::string& path, const uint8_t* data, uint64_t size)
 
   HeaderParser parser(path);
   const auto* json_begin = reinterpret_cast<const char*>(data + kHeaderLengthBytes);
+  const size_t deep = json_too_deep_at(std::string_view(json_begin, n));
+  FT_CHECK_T(FormatError, deep == std::string_view::npos, where, "header JSON nested deeper than ",
+             kMaxJsonDepth, " levels (at byte ", kHeaderLengthBytes + deep,
+             "): corrupt, or not safetensors");
   nlohmann::json::sax_parse(json_begin, json_begin + n, &parser);
   FT_ASSERT(parser.done(), "header parser stopped early on '", path, "'");
   h.data_start = kHeaderLengthBytes + n;

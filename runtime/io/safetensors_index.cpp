@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json.h"
 
 namespace ft::io {
 
@@ -45,12 +46,8 @@ SafetensorsIndex SafetensorsIndex::open(const std::string& dir) {
   FT_CHECK_T(FormatError, fs::exists(index, ec), "model directory '", dir, "' has neither ",
              kSingleFileName, " nor ", kIndexFileName);
 
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(read_text(index, kMaxHeaderBytes));
-  } catch (const nlohmann::json::exception& e) {
-    throw FormatError(detail::cat("index '", index, "' is not valid JSON: ", e.what()));
-  }
+  const nlohmann::json doc =
+      parse_json<FormatError>(read_text(index, kMaxHeaderBytes), "index '" + index + "'");
   FT_CHECK_T(FormatError, doc.is_object() && doc.contains("weight_map"), "index '", index,
              "' lacks \"weight_map\"");
   const auto& weight_map = doc["weight_map"];

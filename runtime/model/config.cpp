@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json.h"
 
 namespace ft::model {
 
@@ -91,12 +92,9 @@ LlamaConfig load_llama_config(const std::string& path) {
   std::ifstream in(path);
   FT_CHECK_T(FormatError, in.good(), "cannot read model config ", path,
              ": the model directory needs a Hugging Face config.json");
-  json j;
-  try {
-    in >> j;
-  } catch (const json::exception& e) {
-    throw FormatError(fmt::format("{}: not valid JSON ({})", path, e.what()));
-  }
+  std::stringstream text;
+  text << in.rdbuf();
+  const json j = parse_json<FormatError>(text.str(), path);
   FT_CHECK_T(FormatError, j.is_object(), path, ": expected a JSON object");
   LlamaConfig c;
   c.model_type = get_or<std::string>(j, "model_type", "llama", path);

@@ -7,8 +7,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "core/error.h"
+#include "core/json.h"
 
 namespace ft::model {
 
@@ -73,12 +75,9 @@ at::Tensor merge_lora(const at::Tensor& weight, const at::Tensor& a, const at::T
 LoraConfig load_lora_config(const std::string& path) {
   std::ifstream in(path);
   FT_CHECK_T(FormatError, in.good(), "cannot read adapter config ", path);
-  json j;
-  try {
-    in >> j;
-  } catch (const json::exception& e) {
-    throw FormatError(fmt::format("{}: not valid JSON ({})", path, e.what()));
-  }
+  std::stringstream text;
+  text << in.rdbuf();
+  const json j = parse_json<FormatError>(text.str(), path);
   auto str = [&](const char* k, const std::string& d) {
     return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : d;
   };

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "tokenizer/added_tokens.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/decoder.h"
@@ -47,13 +48,7 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
 }
 
 Tokenizer Tokenizer::from_json_text(std::string_view json_text, const std::string& origin) {
-  Json root;
-  try {
-    root = Json::parse(json_text.begin(), json_text.end());
-  } catch (const Json::parse_error& e) {
-    throw ft::FormatError(origin + ": not valid JSON: " + e.what());
-  }
-  return from_json(root, origin);
+  return from_json(ft::parse_json<ft::FormatError>(json_text, origin), origin);
 }
 
 Tokenizer Tokenizer::from_json(const Json& root, const std::string& origin) try {

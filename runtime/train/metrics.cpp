@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "io/durable_file.h"
 
 namespace ft::train {
@@ -71,6 +72,8 @@ MetricsLog::MetricsLog(const std::string& path, int64_t keep_through_step) : pat
     std::ifstream in(path);
     std::string line;
     while (std::getline(in, line)) {
+      // (Our own file; a line nested absurdly deep is not ours and is dropped like a torn one.)
+      if (json_too_deep_at(line) != std::string_view::npos) continue;
       auto j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_object() && j.value("step", int64_t{-1}) <= keep_through_step) kept += line + "\n";
     }

@@ -6,6 +6,7 @@
 #include "config/preset.h"
 #include "config/schema.h"
 #include "core/error.h"
+#include "core/json.h"
 #include "support/subprocess.h"
 
 using namespace ft::config;
@@ -75,7 +76,8 @@ TEST_CASE("bad presets are refused naming file and key", "[unit]") {
       resolve_preset(f, {}),
       Catch::Contains("type.json: \"train.micro_batch\" must be an integer, got \"8\""));
   f = file("range.json", R"({"train": {"micro_batch": 0}})");
-  CHECK_THROWS_WITH(resolve_preset(f, {}), Catch::Contains("\"train.micro_batch\" must be >= 1"));
+  CHECK_THROWS_WITH(resolve_preset(f, {}),
+                    Catch::Contains("\"train.micro_batch\" must be in [1, 1048576], got 0"));
   f = file("choice.json", R"({"strategy": {"kind": "zero2"}})");
   CHECK_THROWS_WITH(resolve_preset(f, {}), Catch::Contains("must be one of ddp|zero3|fsdp"));
   f = file("list.json", R"({"lora": {"target_modules": ["q_proj", "qkv"]}})");
@@ -101,4 +103,69 @@ TEST_CASE("docs/presets.md carries the generated schema table", "[unit]") {
   std::string doc((std::istreambuf_iterator<char>(in)), {});
   INFO("regenerate with: build/bin/ft presets --print-schema-md");
   CHECK(doc.find(schema_markdown()) != std::string::npos);
+}
+
+// Found by an adversarial user (issue 13): a preset nested 100,000 levels deep crashed the JSON
+// parser; integers past INT64_MAX wrapped to -1; a huge bad value was echoed whole.
+TEST_CASE("hostile presets and --set values are refused with short messages", "[unit]") {
+  std::string dir = ft::test::make_temp_dir();
+  auto file = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  for (int depth : {300, 100000}) {
+    const std::string f =
+        file("deep.json", R"({"base": "tiny-demo", "train": {"lr": )" + std::string(depth, '[') +
+                              std::string(depth, ']') + "}}");
+    CHECK_THROWS_WITH(resolve_preset(f, {}),
+                      Catch::Contains("deep.json: JSON nested deeper than 256 levels"));
+  }
+  // The scan: brackets inside strings (escaped quotes included) are not nesting.
+  CHECK(ft::json_too_deep_at(R"([[["a\"[[[["]]])", 3) == std::string_view::npos);
+  CHECK(ft::json_too_deep_at(R"({"a": [[{}]]})", 3) == 8);
+  CHECK(ft::json_too_deep_at("[]", 0) == 0);
+  CHECK(ft::excerpt("short") == "short");
+  CHECK(ft::excerpt(std::string(100, 'y'), 4) == "yyyy... (100 characters)");
+  // Strings full of brackets are not nesting.
+  const std::string brackets = file("brackets.json", R"({"base": "tiny-demo", "description": ")" +
+                                                         std::string(1000, '[') + R"("})");
+  CHECK_NOTHROW(resolve_preset(brackets, {}));
+
+  const std::string u64max = "18446744073709551615";
+  for (const char* key : {"train.micro_batch", "train.grad_accum", "train.warmup_steps",
+                          "train.max_steps", "model.hidden_size", "output.save_every"}) {
+    INFO(key);
+    CHECK_THROWS_WITH(resolve_preset("tiny-demo", {std::string(key) + "=" + u64max}),
+                      Catch::Contains("must be in [") && Catch::Contains("got " + u64max));
+    const std::string f =
+        file("big.json", R"({"base": "tiny-demo", ")" +
+                             std::string(key).substr(0, std::string(key).find('.')) + R"(": {")" +
+                             std::string(key).substr(std::string(key).find('.') + 1) + R"(": )" +
+                             u64max + "}}");
+    CHECK_THROWS_WITH(resolve_preset(f, {}), Catch::Contains("got " + u64max));
+  }
+  // The seed takes any non-negative int64, and nothing past it.
+  CHECK(resolve_preset("tiny-demo", {"train.seed=9223372036854775807"})["train"]["seed"] ==
+        INT64_MAX);
+  CHECK_THROWS_AS(resolve_preset("tiny-demo", {"train.seed=9223372036854775808"}), ft::ConfigError);
+  CHECK_THROWS_WITH(resolve_preset("tiny-demo", {"train.lr=1e999"}),
+                    Catch::Contains("\"train.lr\" must be a number"));
+
+  // A 10 MB bad value is quoted by its start and its length, not whole.
+  const std::string huge(10'000'000, 'x');
+  try {
+    resolve_preset(
+        file("huge.json", R"({"base": "tiny-demo", "train": {"lr": ")" + huge + R"("}})"), {});
+    FAIL("a 10 MB string for train.lr was accepted");
+  } catch (const ft::ConfigError& e) {
+    const std::string what = e.what();
+    CHECK(what.size() < 1000);
+    CHECK_THAT(what, Catch::Contains("(10000002 characters)"));
+  }
+  try {
+    resolve_preset("tiny-demo", {"train.lr=" + huge});
+    FAIL("a 10 MB --set value was accepted");
+  } catch (const ft::ConfigError& e) {
+    CHECK(std::string(e.what()).size() < 1000);
+  }
 }

@@ -196,6 +196,14 @@ TEST_CASE("malformed records are FormatErrors naming the line and the problem") 
   CHECK_THAT(parse_error(R"({"input_ids": [1, 2], "labels": [1]})", RecordFormat::kTokens),
              Catch::Contains("labels has 1 entries but input_ids has 2"));
   CHECK_THAT(parse_error(R"([1, 2])", RecordFormat::kAuto), Catch::Contains("JSON object"));
+  // Hostile lines: nested past the limit (100,000 deep crashed nlohmann's parser), and a 1 MB bad
+  // line, quoted short.
+  const std::string deep =
+      "{\"text\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  CHECK_THAT(parse_error(deep, RecordFormat::kText),
+             Catch::StartsWith("train.jsonl:17: JSON nested deeper than 256 levels"));
+  CHECK(parse_error("{\"text\": \"" + std::string(1000000, 'z'), RecordFormat::kText).size() <
+        1000);
 }
 
 TEST_CASE("templates render the models' chat formats exactly") {

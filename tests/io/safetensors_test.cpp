@@ -236,7 +236,7 @@ TEST_CASE("read_range copies a flat range, converts, and drops the pages it read
   {
     at::Tensor view = f.tensor("w");
     CHECK(view.max().item<float>() == w.max().item<float>());  // reads every page, no copy
-    CHECK(rss_kib() - before > 6 * 1024);  // a view's pages stay mapped
+    CHECK(rss_kib() - before > 6 * 1024);                      // a view's pages stay mapped
   }
 
   std::string msg = format_error_of([&] { f.read_range("b", 4, 11, dst); });
@@ -620,4 +620,12 @@ TEST_CASE("a failed write leaves the existing file untouched", "[unit]") {
   CHECK_THROWS_AS(write_safetensors(path, {{"c", at::zeros({2}, at::kComplexDouble)}}), ft::Error);
   CHECK_THROWS_AS(write_safetensors(path, {{"u", at::Tensor()}}), ft::Error);
   CHECK(SafetensorsFile::open(path).tensor("w").equal(old * 2));
+}
+
+TEST_CASE("a header nested 100,000 deep is refused, not a crash", "[unit]") {
+  TempDir dir;
+  const std::string path = dir / "deep.safetensors";
+  write_bytes(path, craft(std::string(100000, '[') + std::string(100000, ']'), 0));
+  CHECK_THROWS_WITH(SafetensorsFile::open(path), Catch::Contains("deep.safetensors") &&
+                                                     Catch::Contains("nested deeper than 256"));
 }

@@ -170,6 +170,8 @@ TEST_CASE("config.json: both rope formats, refusals name the file and key", "[un
 
   CHECK_THROWS_WITH(load_llama_config(write(R"({"vocab_size": 10})")),
                     Catch::Contains("config.json: required key \"hidden_size\" is missing"));
+  CHECK_THROWS_WITH(load_llama_config(write(std::string(100000, '[') + std::string(100000, ']'))),
+                    Catch::Contains("config.json: JSON nested deeper than 256 levels"));
   CHECK_THROWS_WITH(
       load_llama_config(
           write("{" + base + R"(, "rope_scaling": {"rope_type": "dynamic", "factor": 2}})")),

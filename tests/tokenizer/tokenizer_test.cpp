@@ -242,6 +242,9 @@ TEST_CASE("malformed or unsupported tokenizer.json is refused naming file and ke
 
   Json j = minimal_tokenizer();
   REQUIRE_NOTHROW(Tokenizer::from_json_text(j.dump(), "minimal"));
+  CHECK_THROWS_WITH(
+      Tokenizer::from_json_text(std::string(100000, '{') + std::string(100000, '}'), "deep.json"),
+      Catch::Contains("deep.json: JSON nested deeper than 256 levels"));
   CHECK(Tokenizer::from_json_text(j.dump(), "minimal").encode("<s>ab", false) ==
         std::vector<int32_t>{0, 3});
 

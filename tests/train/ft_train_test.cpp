@@ -118,6 +118,25 @@ TEST_CASE("ft train refuses bad input before writing anything", "[multiproc]") {
   CHECK_THAT(read_file(dir + "/e.log"),
              Catch::Contains("strategy.zero3.offload_optimizer: this run is on CPU"));
   CHECK_FALSE(exists(dir + "/o4"));
+  // Integers past INT64_MAX used to wrap to -1 and fail after the output directory was made.
+  for (const char* key : {"train.micro_batch", "train.grad_accum", "train.warmup_steps"}) {
+    INFO(key);
+    CHECK(run({"train", "--preset", "tiny-demo", "--output", dir + "/o5", "--set",
+               std::string(key) + "=18446744073709551615"},
+              dir + "/f.log") == 2);
+    CHECK_THAT(read_file(dir + "/f.log"), Catch::Contains("got 18446744073709551615"));
+    CHECK_FALSE(exists(dir + "/o5"));
+  }
+  // A preset nested 100,000 deep crashed `ft train` (SIGSEGV): now exit 2 naming the file.
+  {
+    std::ofstream f(dir + "/deep.json");
+    f << R"({"base": "tiny-demo", "train": {"lr": )" << std::string(100000, '[')
+      << std::string(100000, ']') << "}}";
+  }
+  CHECK(run({"train", "--preset", dir + "/deep.json", "--output", dir + "/o6"}, dir + "/g.log") ==
+        2);
+  CHECK_THAT(read_file(dir + "/g.log"), Catch::Contains("deep.json: JSON nested deeper than 256"));
+  CHECK_FALSE(exists(dir + "/o6"));
 }
 
 TEST_CASE("ft train on JSONL chat data with a tokenizer and a bad line names file and line",
