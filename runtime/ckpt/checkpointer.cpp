@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 
@@ -13,10 +15,64 @@ using nlohmann::json;
 
 namespace {
 
-// Set by SIGTERM while a Checkpointer lives; the run checkpoints and stops at the next step.
-volatile std::sig_atomic_t g_terminate = 0;
-void on_terminate(int) { g_terminate = 1; }
-struct sigaction g_old_term {};
+// Set by SIGTERM or SIGINT while a Checkpointer lives; the run checkpoints and stops after the
+// step that is running. The handler only writes preformatted bytes (async-signal-safe).
+volatile std::sig_atomic_t g_terminate = 0, g_signal = SIGTERM;
+volatile std::sig_atomic_t g_announce = 0, g_second_stops = 0;
+std::atomic<int64_t> g_step{0};
+static_assert(std::atomic<int64_t>::is_always_lock_free, "read in a signal handler");
+struct sigaction g_old_term {
+}, g_old_int{};
+
+void write_all(const char* s, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(STDERR_FILENO, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+// Appends `v` in decimal to `out` at `*n` (no allocation, no locale).
+void put_number(char* out, size_t* n, int64_t v) {
+  char digits[24];
+  int k = 0;
+  do digits[k++] = static_cast<char>('0' + v % 10);
+  while ((v /= 10) > 0 && k < 23);
+  while (k > 0) out[(*n)++] = digits[--k];
+}
+
+void put(char* out, size_t* n, const char* s) {
+  while (*s) out[(*n)++] = *s++;
+}
+
+void on_terminate(int sig) {
+  const int saved = errno;
+  const char* name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+  char msg[256];
+  size_t n = 0;
+  if (g_terminate && g_second_stops) {
+    put(msg, &n, "\nft train: ");
+    put(msg, &n, name);
+    put(msg, &n, " again: stopping now; the checkpoints already committed are intact\n");
+    write_all(msg, n);
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+    return;
+  }
+  if (!g_terminate && g_announce) {
+    put(msg, &n, "\nft train: ");
+    put(msg, &n, name);
+    put(msg, &n, ": finishing step ");
+    put_number(msg, &n, g_step.load());
+    put(msg, &n, ", then a checkpoint, then exit 75");
+    put(msg, &n, g_second_stops ? "; send it again to stop at once\n" : "\n");
+    write_all(msg, n);
+  }
+  if (!g_terminate) g_signal = sig;
+  g_terminate = 1;
+  errno = saved;
+}
 
 bool checkpoints_at_all(const CheckpointerOptions& o) {
   return o.save_every > 0 || o.save_every_minutes > 0;
@@ -31,14 +87,24 @@ Checkpointer::Checkpointer(CheckpointerOptions options)
       last_save_(std::chrono::steady_clock::now()) {
   if (rank0_ && checkpoints_at_all(options_)) log_.open(options_.log_path, std::ios::app);
   g_terminate = 0;
+  g_announce = options_.announce ? 1 : 0;
+  g_second_stops = options_.second_signal_stops ? 1 : 0;
   struct sigaction sa {};
   sa.sa_handler = on_terminate;
   sa.sa_flags = SA_RESTART;
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGTERM, &sa, &g_old_term);
+  ::sigaction(SIGINT, &sa, &g_old_int);
 }
 
-Checkpointer::~Checkpointer() { ::sigaction(SIGTERM, &g_old_term, nullptr); }
+Checkpointer::~Checkpointer() {
+  ::sigaction(SIGTERM, &g_old_term, nullptr);
+  ::sigaction(SIGINT, &g_old_int, nullptr);
+}
+
+void Checkpointer::running(int64_t step) { g_step.store(step); }
+
+const char* Checkpointer::stop_signal() { return g_signal == SIGINT ? "SIGINT" : "SIGTERM"; }
 
 void Checkpointer::log(const json& record) {
   if (!rank0_) return;

@@ -27,6 +27,11 @@ struct CheckpointerOptions {
   // The largest of a value over all ranks (one collective, in step on every rank); the value
   // itself on a single rank.
   std::function<double(double)> max_over_ranks;
+  // SIGTERM / SIGINT while training: `announce` (rank 0) says at once what happens next; with
+  // `second_signal_stops` (ft train run by itself, no launcher to escalate) a second signal ends
+  // the process at once, leaving the committed checkpoints as they are.
+  bool announce = false;
+  bool second_signal_stops = false;
 };
 
 class Checkpointer {
@@ -48,6 +53,11 @@ class Checkpointer {
 
   // The end of the run: the last save is durable (rank 0: committed) and recorded.
   void finish(int64_t step);
+
+  // The optimizer step now running, for the message a signal prints.
+  void running(int64_t step);
+  // The signal that stopped the run: "SIGTERM" or "SIGINT".
+  static const char* stop_signal();
 
   const std::string& root() const { return options_.saver.root; }
 

@@ -418,6 +418,8 @@ ckpt::CheckpointerOptions TrainingRun::checkpointer_options() {
   co.async_save = s_.output.async_save;
   co.log_path = (fs::path(o_.output_dir) / "checkpoints.jsonl").string();
   co.max_over_ranks = [this](double v) { return engine_->max_over_ranks(v); };
+  co.announce = rank0_;
+  co.second_signal_stops = !env_.launched();
   return co;
 }
 
@@ -497,6 +499,7 @@ RunSummary TrainingRun::train() {
                         device_.is_cuda(), o_.output_dir);
   while (trainer_->steps() < total_steps_) {
     profiler.before_step(trainer_->steps() + 1);
+    checkpointer.running(trainer_->steps() + 1);
     const StepRecord r = step(checkpointer);
     profiler.after_step(trainer_->steps());
     log.write(r);
@@ -514,9 +517,10 @@ RunSummary TrainingRun::train() {
         })) {
       if (rank0_)
         fmt::print(stderr,
-                   "ft train: stopped after step {} on SIGTERM; checkpoint written to {}; run the "
+                   "ft train: stopped after step {} on {}; checkpoint written to {}; run the "
                    "same command again to continue (exit {})\n",
-                   trainer_->steps(), checkpointer.root(), kExitPreempted);
+                   trainer_->steps(), ckpt::Checkpointer::stop_signal(), checkpointer.root(),
+                   kExitPreempted);
       sum.preempted = true;
       return sum;
     }

@@ -200,9 +200,10 @@ TEST_CASE(
   for (pid_t p : node1) CHECK_FALSE(pid_alive(p));
 }
 
-TEST_CASE("node 0 (the store host) killed: the other launcher waits, and the job resumes when "
-          "node 0 is started again",
-          "[multiproc]") {
+TEST_CASE(
+    "node 0 (the store host) killed: the other launcher waits, and the job resumes when "
+    "node 0 is started again",
+    "[multiproc]") {
   const std::string out = make_temp_dir() + "/run";
   const int port = free_port();
   auto launcher = [&](int node) {
@@ -277,9 +278,10 @@ TEST_CASE("elastic --nnodes 1:2: after losing a node the job continues on one no
   CHECK(m.back()["loss"].get<double>() < m.front()["loss"].get<double>());
 }
 
-TEST_CASE("elastic --nnodes 1:2: a node that comes later is admitted at the next round, "
-          "which continues from the checkpoint every rank wrote on SIGTERM",
-          "[multiproc]") {
+TEST_CASE(
+    "elastic --nnodes 1:2: a node that comes later is admitted at the next round, "
+    "which continues from the checkpoint every rank wrote on SIGTERM",
+    "[multiproc]") {
   const std::string out = make_temp_dir() + "/run";
   const int port = free_port();
   // No periodic checkpoint: the only one is the one written when the new round stops the job.
@@ -435,4 +437,60 @@ TEST_CASE("a damaged newest checkpoint is named and the previous one is used", "
   CHECK(bad.code == 2);
   CHECK_THAT(bad.output, Catch::Contains("unusable"));
   CHECK_FALSE(fs::exists(out2 + "/metrics.jsonl"));
+}
+
+// `ft train` run by itself (no launcher): a signal mid-step is answered at once with what happens
+// next, the step finishes, a checkpoint is written, exit 75; a second signal stops at once and
+// leaves the committed checkpoints as they were (issue 13, item 8).
+TEST_CASE("ft train alone: a signal is answered at once, a second one stops at once",
+          "[multiproc]") {
+  // Steps of about a second on the CI machine, so that a signal lands inside one.
+  const std::vector<std::string> slow = {"model.hidden_size=512", "model.intermediate_size=1408",
+                                         "model.num_layers=4",    "data.seq_len=256",
+                                         "model.max_seq_len=256", "train.micro_batch=8",
+                                         "train.max_steps=200",   "train.log_every=1",
+                                         "output.save_every=2"};
+  auto argv = [&](const std::string& out) {
+    return ft_train_argv({"--preset", "tiny-demo", "--output", out}, slow);
+  };
+  auto wait_output = [](const Child& c, const std::string& text, double seconds) {
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(static_cast<int>(seconds * 1000));
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (c.output().find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  };
+  SECTION("one SIGTERM: the step finishes, a checkpoint, exit 75") {
+    const std::string out = make_temp_dir() + "/run";
+    Child c = start(argv(out), {}, make_temp_dir() + "/out.txt");
+    wait_for_steps(out, 1, std::chrono::steady_clock::now() + std::chrono::seconds(120));
+    ::kill(c.pid, SIGTERM);
+    INFO(c.output());
+    CHECK(wait_output(c, "SIGTERM: finishing step", 1.0));  // at once, not after the step
+    CHECK(wait_output(c, "send it again to stop at once", 0.1));
+    REQUIRE(wait_for(c, 120).value_or(-1) == 75);
+    CHECK_THAT(c.output(), Catch::Contains("stopped after step") && Catch::Contains("on SIGTERM"));
+  }
+  SECTION("two SIGINTs: stopped at once, the committed checkpoint resumes") {
+    const std::string out = make_temp_dir() + "/run";
+    Child c = start(argv(out), {}, make_temp_dir() + "/out.txt");
+    wait_for_steps(out, 3, std::chrono::steady_clock::now() + std::chrono::seconds(120));
+    ::kill(c.pid, SIGINT);
+    REQUIRE(wait_output(c, "SIGINT: finishing step", 1.0));
+    const auto t0 = std::chrono::steady_clock::now();
+    ::kill(c.pid, SIGINT);
+    const auto code = wait_for(c, 30);
+    INFO(c.output());
+    CHECK(code.value_or(-1) == 128 + SIGINT);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
+    CHECK_THAT(c.output(), Catch::Contains("stopping now; the checkpoints already committed"));
+    // The same command continues from the last committed checkpoint.
+    // (It would run on; the test stops it once it has resumed.)
+    Child again = start(argv(out), {}, make_temp_dir() + "/again.txt");
+    CHECK(wait_output(again, "resuming from", 60));
+    INFO(again.output());
+    kill_and_reap(again);
+  }
 }
