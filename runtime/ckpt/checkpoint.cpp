@@ -37,6 +37,14 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 }
 
 // The step of a directory name "step-<digits>" (-1 otherwise); `prefix` allows ".tmp-step-".
+// CRC-32C of meta.json's object without its "meta_crc32c" field, as dump(1) writes it (a parsed
+// file dumps back to the same text: keys sorted, numbers round-trip).
+uint32_t meta_checksum(json meta) {
+  meta.erase("meta_crc32c");
+  const std::string text = meta.dump(1);
+  return crc32c(text.data(), text.size());
+}
+
 int64_t parse_step(const std::string& name, const std::string& prefix) {
   if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size()) return -1;
   const std::string digits = name.substr(prefix.size());
@@ -47,6 +55,20 @@ int64_t parse_step(const std::string& name, const std::string& prefix) {
 }  // namespace
 
 std::string step_dir_name(int64_t step) { return fmt::format("step-{:09d}", step); }
+
+std::vector<std::string> list_uncommitted(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const int64_t step = parse_step(e.path().filename().string(), "step-");
+    if (step >= 0 && fs::is_directory(e.path(), ec) && !fs::exists(e.path() / kMetaFile, ec))
+      found.emplace_back(step, e.path().string());
+  }
+  std::sort(found.rbegin(), found.rend());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
 
 std::vector<std::string> list_committed(const std::string& root) {
   std::vector<std::pair<int64_t, std::string>> found;
@@ -231,6 +253,9 @@ void Saver::Impl::commit(const Snapshot& s, const std::string& tmp) {
                {"state", s.state},
                {"rank_states", ranks},
                {"tensors", tensors}};
+  // The commit record checks itself: a CRC-32C of its own text without this field (data chunks
+  // carry theirs), so no byte a resume reads goes unchecked.
+  meta["meta_crc32c"] = meta_checksum(meta);
   io::write_file_durably((fs::path(tmp) / kMetaFile).string(), meta.dump(1));
   const fs::path final_dir = fs::path(o.root) / step_dir_name(s.step);
   std::error_code ec;
@@ -317,6 +342,15 @@ Checkpoint Checkpoint::open(const std::string& dir) {
     const int version = m.meta.at("format_version");
     FT_CHECK_T(FormatError, version == kFormatVersion, path, ": format version ", version,
                " is not the ", kFormatVersion, " this ft reads");
+    // Verified before anything in it is used.
+    FT_CHECK_T(FormatError, m.meta.contains("meta_crc32c"), path,
+               ": has no meta_crc32c (damaged); use an earlier checkpoint");
+    const uint32_t want = m.meta.at("meta_crc32c").get<uint32_t>();
+    const uint32_t got = meta_checksum(m.meta);
+    FT_CHECK_T(FormatError, want == got, path, ": checksum mismatch (CRC-32C ", got, ", recorded ",
+               want,
+               "): the file changed after the checkpoint was committed; use an earlier "
+               "checkpoint");
     for (auto& [t, tj] : m.meta.at("tensors").items()) {
       TensorRef r;
       r.shape = tj.at("shape").get<std::vector<int64_t>>();

@@ -19,7 +19,7 @@
 
 namespace ft::ckpt {
 
-inline constexpr int kFormatVersion = 1;
+inline constexpr int kFormatVersion = 2;  // 2: meta.json carries meta_crc32c of itself
 inline constexpr const char* kMetaFile = "meta.json";
 inline constexpr const char* kLatestFile = "latest";
 
@@ -117,6 +117,9 @@ class Checkpoint {
 
 // Committed checkpoints under `root` (step-<N> directories holding meta.json), newest first.
 std::vector<std::string> list_committed(const std::string& root);
+// The step-N directories under `root` without meta.json (saves that never committed), newest
+// first: resuming skips them, and says so.
+std::vector<std::string> list_uncommitted(const std::string& root);
 
 // "step-000000120" for step 120.
 std::string step_dir_name(int64_t step);

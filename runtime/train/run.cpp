@@ -94,6 +94,11 @@ OutputPlan plan_output(const RunOptions& o, const comm::DistEnv& env) {
   out.ckpt_root = (fs::path(o.output_dir) / "checkpoints").string();
   if (o.resume == "auto") {
     out.candidates = ckpt::list_committed(out.ckpt_root);
+    // Newer step directories that never committed are skipped, by name (rank 0 says it).
+    for (const auto& dir : ckpt::list_uncommitted(out.ckpt_root))
+      if (env.rank == 0 && (out.candidates.empty() || dir > out.candidates.front()))
+        fmt::print(stderr, "ft train: skipping {}: it has no {}, so that save never committed\n",
+                   dir, ckpt::kMetaFile);
   } else if (o.resume != "none") {
     FT_CHECK(fs::is_regular_file(fs::path(o.resume) / ckpt::kMetaFile), "--resume ", o.resume,
              ": not a committed checkpoint (no ", ckpt::kMetaFile,

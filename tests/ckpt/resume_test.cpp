@@ -439,6 +439,55 @@ TEST_CASE("a damaged newest checkpoint is named and the previous one is used", "
   CHECK_FALSE(fs::exists(out2 + "/metrics.jsonl"));
 }
 
+// meta.json, the commit record, carries a CRC-32C of itself (issue 13, item 3): one digit changed
+// inside it (still valid JSON) is caught before anything in it is used; a step directory that
+// never committed (no meta.json) is skipped by name.
+TEST_CASE("a changed meta.json is refused by its checksum, and an uncommitted step is named",
+          "[multiproc]") {
+  const std::string ref = make_temp_dir() + "/ref";
+  Finished r = run(train_argv(1, ref, {}));
+  REQUIRE(r.code == 0);
+  auto prepare = [&](const std::string& out) {
+    fs::copy(ref, out, fs::copy_options::recursive);
+    fs::remove_all(out + "/checkpoints/step-000000012");
+    fs::remove_all(out + "/final");
+    return out + "/checkpoints/step-000000008/meta.json";
+  };
+  // One digit of the recorded step: 8 -> 9, valid JSON all the same.
+  const std::string out = make_temp_dir() + "/run";
+  const std::string meta = prepare(out);
+  std::string text = read_file(meta);
+  const auto at = text.find("\"step\": 8");
+  REQUIRE(at != std::string::npos);
+  text[at + 8] = '9';
+  std::ofstream(meta, std::ios::trunc) << text;
+  const std::string tampered = make_temp_dir() + "/step-000000008";
+  fs::copy(out + "/checkpoints/step-000000008", tampered, fs::copy_options::recursive);
+  Finished again = run(train_argv(1, out, {}));
+  INFO(again.output);
+  REQUIRE(again.code == 0);
+  CHECK_THAT(again.output, Catch::Contains("meta.json: checksum mismatch") &&
+                               Catch::Contains("falling back") &&
+                               Catch::Contains("step-000000004"));
+  CHECK(same_file(ref + "/final/model.safetensors", out + "/final/model.safetensors"));
+  // Named explicitly: refused, nothing trained.
+  const std::string out2 = make_temp_dir() + "/run2";
+  Finished bad = run(with_resume(train_argv(1, out2, {}), tampered));
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.output, Catch::Contains("checksum mismatch"));
+  CHECK_FALSE(fs::exists(out2 + "/metrics.jsonl"));
+
+  // No meta.json in the newest step directory: skipped, and said.
+  const std::string out3 = make_temp_dir() + "/run3";
+  fs::remove(prepare(out3));
+  Finished skip = run(train_argv(1, out3, {}));
+  INFO(skip.output);
+  REQUIRE(skip.code == 0);
+  CHECK_THAT(skip.output, Catch::Contains("skipping") && Catch::Contains("step-000000008") &&
+                              Catch::Contains("never committed"));
+  CHECK(same_file(ref + "/final/model.safetensors", out3 + "/final/model.safetensors"));
+}
+
 // `ft train` run by itself (no launcher): a signal mid-step is answered at once with what happens
 // next, the step finishes, a checkpoint is written, exit 75; a second signal stops at once and
 // leaves the committed checkpoints as they were (issue 13, item 8).
