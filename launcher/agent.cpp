@@ -61,6 +61,8 @@ struct Liveness {
     }
     return Clock::now() - changed > timeout;
   }
+  // Seconds since this launcher saw the counter move.
+  double silent_s() const { return std::chrono::duration<double>(Clock::now() - changed).count(); }
 };
 
 // How often a watcher with a timeout looks: four times per timeout, at least once a second.
@@ -77,7 +79,9 @@ struct Round {
         layout(layout),
         group(group),
         interval(std::max<int64_t>(1, static_cast<int64_t>(cfg.monitor_interval_s * 1000))),
-        hb_every(quarter_of(cfg.heartbeat_timeout_s)),
+        hb_every(std::chrono::duration_cast<Clock::duration>(
+            std::min(std::chrono::duration<double>(cfg.heartbeat_timeout_s) / 8,
+                     std::chrono::duration<double>(0.5)))),
         heartbeats(layout.nnodes, Liveness{-1, Clock::now()}),
         hb_next(Clock::now()),
         hang_every(quarter_of(cfg.hang_timeout_s)),
@@ -87,8 +91,11 @@ struct Round {
   const JobLayout& layout;
   WorkerGroup& group;
   const std::chrono::milliseconds interval;  // --monitor-interval: how long one poll waits
-  // Heartbeats: this launcher bumps its counter a few times per --heartbeat-timeout; a peer whose
-  // counter has not moved for that long is lost. Indexed by node rank.
+  // Heartbeats: this launcher bumps its counter and reads the others' 8 times per
+  // --heartbeat-timeout (at least every 0.5 s). A peer's last beat happened up to one read before
+  // this launcher saw it, and the silence is seen at the next read after it passed: a peer is lost
+  // once it has been silent for the timeout less those two reads (and two monitor intervals), so
+  // it is declared lost within --heartbeat-timeout of its last beat. Indexed by node rank.
   const Clock::duration hb_every;
   std::vector<Liveness> heartbeats;
   Clock::time_point hb_next;
@@ -302,20 +309,24 @@ RoundState Agent::watch_heartbeats(Round& r) {
   const int lost = silent_node(r);
   if (lost < 0) return RoundState::kRunning;
   const std::string& host = r.rr.members[lost].fp.hostname;
+  const double silent = r.heartbeats[lost].silent_s();
   log(
-      fmt::format("node {} ({}) sent no heartbeat for {:.1f} s: stopping this node's "
-                  "workers for a new round",
-                  lost, host, cfg_.heartbeat_timeout_s));
+      fmt::format("node {} ({}) sent no heartbeat for {:.1f} s (--heartbeat-timeout {:.1f}): "
+                  "stopping this node's workers for a new round",
+                  lost, host, silent, cfg_.heartbeat_timeout_s));
   return fail(r, make_failure(FailureKind::kNode, lost, host,
-                              fmt::format("sent no heartbeat for {:.1f} s (--heartbeat-timeout): "
-                                          "its launcher died or the machine is unreachable; "
-                                          "restart it with the same command",
-                                          cfg_.heartbeat_timeout_s)));
+                              fmt::format("sent no heartbeat for {:.1f} s (--heartbeat-timeout "
+                                          "{:.1f}): its launcher died or the machine is "
+                                          "unreachable; restart it with the same command",
+                                          silent, cfg_.heartbeat_timeout_s)));
 }
 
 // Reads the other nodes' heartbeat counters; the first node rank that went silent, or -1.
 int Agent::silent_node(Round& r) {
-  const auto timeout = std::chrono::duration<double>(cfg_.heartbeat_timeout_s);
+  const double slack =
+      2 * std::chrono::duration<double>(r.hb_every).count() + 2 * cfg_.monitor_interval_s;
+  const auto timeout = std::chrono::duration<double>(
+      std::max(cfg_.heartbeat_timeout_s - slack, cfg_.heartbeat_timeout_s / 2));
   for (int n = 0; n < r.layout.nnodes; ++n) {
     if (n == node_rank_) continue;
     const int64_t v = rdzv_->store().add(Rendezvous::key(r.rr.round, fmt::format("hb/{}", n)), 0);
