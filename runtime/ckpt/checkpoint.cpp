@@ -37,14 +37,6 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 }
 
 // The step of a directory name "step-<digits>" (-1 otherwise); `prefix` allows ".tmp-step-".
-// CRC-32C of meta.json's object without its "meta_crc32c" field, as dump(1) writes it (a parsed
-// file dumps back to the same text: keys sorted, numbers round-trip).
-uint32_t meta_checksum(json meta) {
-  meta.erase("meta_crc32c");
-  const std::string text = meta.dump(1);
-  return crc32c(text.data(), text.size());
-}
-
 int64_t parse_step(const std::string& name, const std::string& prefix) {
   if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size()) return -1;
   const std::string digits = name.substr(prefix.size());
@@ -53,6 +45,14 @@ int64_t parse_step(const std::string& name, const std::string& prefix) {
 }
 
 }  // namespace
+
+// As dump(1) writes it: a parsed file dumps back to the same text (keys sorted, numbers
+// round-trip).
+uint32_t meta_checksum(json meta) {
+  meta.erase("meta_crc32c");
+  const std::string text = meta.dump(1);
+  return crc32c(text.data(), text.size());
+}
 
 std::string step_dir_name(int64_t step) { return fmt::format("step-{:09d}", step); }
 

@@ -117,6 +117,8 @@ class Checkpoint {
 
 // Committed checkpoints under `root` (step-<N> directories holding meta.json), newest first.
 std::vector<std::string> list_committed(const std::string& root);
+// The meta_crc32c of a meta.json object: the CRC-32C of its dump(1) without that field.
+uint32_t meta_checksum(nlohmann::json meta);
 // The step-N directories under `root` without meta.json (saves that never committed), newest
 // first: resuming skips them, and says so.
 std::vector<std::string> list_uncommitted(const std::string& root);

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "ckpt/checkpoint.h"
 #include "support/subprocess.h"
 
 using namespace ft::test;
@@ -236,7 +237,12 @@ TEST_CASE("ft export refuses bad input with exit 2 and writes nothing", "[multip
   const std::string meta = b / "partial/checkpoints/step-000000002/meta.json";
   auto m = nlohmann::json::parse(read_file(meta));
   REQUIRE(m["tensors"].erase("param/model.norm.weight") == 1);
-  std::ofstream(meta, std::ios::trunc) << m.dump();
+  // Edited without its checksum: refused for that; with the checksum recomputed (a checkpoint
+  // written that way): refused for the missing tensor.
+  fs::copy(b / "partial", b / "edited", fs::copy_options::recursive);
+  std::ofstream(b / "edited/checkpoints/step-000000002/meta.json", std::ios::trunc) << m.dump(1);
+  m["meta_crc32c"] = ft::ckpt::meta_checksum(m);
+  std::ofstream(meta, std::ios::trunc) << m.dump(1);
   fs::create_directories(b / "full");
   std::ofstream(b / "full/keep.txt") << "mine";
 
@@ -246,6 +252,7 @@ TEST_CASE("ft export refuses bad input with exit 2 and writes nothing", "[multip
       {{"--checkpoint", b / "run/checkpoints/step-000000009"}, "not a committed checkpoint"},
       {{"--checkpoint", step, "--merge-lora"}, "is a full fine-tune checkpoint"},
       {{"--checkpoint", b / "damaged"}, damaged},
+      {{"--checkpoint", b / "edited"}, "meta.json: checksum mismatch"},
       {{"--checkpoint", b / "partial"}, "holds no param/model.norm.weight"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
