@@ -56,12 +56,16 @@ uint32_t meta_checksum(json meta) {
 
 std::string step_dir_name(int64_t step) { return fmt::format("step-{:09d}", step); }
 
-std::vector<std::string> list_uncommitted(const std::string& root) {
+namespace {
+
+// The step-N directories under `root`, newest first, with (true) or without (false) meta.json.
+std::vector<std::string> step_dirs(const std::string& root, bool committed) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const int64_t step = parse_step(e.path().filename().string(), "step-");
-    if (step >= 0 && fs::is_directory(e.path(), ec) && !fs::exists(e.path() / kMetaFile, ec))
+    if (step >= 0 && fs::is_directory(e.path(), ec) &&
+        fs::is_regular_file(e.path() / kMetaFile, ec) == committed)
       found.emplace_back(step, e.path().string());
   }
   std::sort(found.rbegin(), found.rend());
@@ -70,19 +74,13 @@ std::vector<std::string> list_uncommitted(const std::string& root) {
   return out;
 }
 
-std::vector<std::string> list_committed(const std::string& root) {
-  std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    const int64_t step = parse_step(e.path().filename().string(), "step-");
-    if (step >= 0 && fs::is_regular_file(e.path() / kMetaFile, ec))
-      found.emplace_back(step, e.path().string());
-  }
-  std::sort(found.rbegin(), found.rend());
-  std::vector<std::string> out;
-  for (auto& f : found) out.push_back(std::move(f.second));
-  return out;
+}  // namespace
+
+std::vector<std::string> list_uncommitted(const std::string& root) {
+  return step_dirs(root, false);
 }
+
+std::vector<std::string> list_committed(const std::string& root) { return step_dirs(root, true); }
 
 // ---------------------------------------------------------------------------------------------
 // Saver

@@ -213,8 +213,8 @@ void Engine::load(const ParamSource& source) {
       // first line. Only the group's padding (never read) is zeroed here.
       g.shard = at::empty({g.layout.shards == 1 ? g.layout.padded : g.layout.shard_numel},
                           g.shard_host ? host.dtype(options_.compute_dtype) : copt);
-      const ShardPiece pad = intersect(g.layout, my_shard(g), g.layout.numel,
-                                       g.layout.padded - g.layout.numel);
+      const ShardPiece pad =
+          intersect(g.layout, my_shard(g), g.layout.numel, g.layout.padded - g.layout.numel);
       if (!pad.empty()) g.shard.narrow(0, pad.shard_offset, pad.numel()).zero_();
       for (size_t mi = 0; mi < g.members.size(); ++mi)
         where[g.members[mi].name] = {static_cast<int>(ui), static_cast<int>(gi),
@@ -604,6 +604,7 @@ void Engine::after_update() {
     for (auto& g : u->groups) {
       if (!g.trained) continue;
       if (g.master.is_same(g.shard)) {
+        // fp32 training: the masters are the model's tensors.
       } else if (g.master.device() == g.shard.device()) {
         g.shard.copy_(g.master);
       } else {
