@@ -63,7 +63,12 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--bf16-max-world", type=int, default=4,
                     help="bf16 runs only up to this world size (bf16 matmuls are slow on CPU)")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], help="only this precision")
+    ap.add_argument("--worlds", default="1,2,4", help="world sizes to run, e.g. 2,4")
+    ap.add_argument("--sample", type=int, default=1,
+                    help="run one case in N of the selected ones (after the filters)")
     a = ap.parse_args()
+    worlds = [int(w) for w in a.worlds.split(",")]
     cases = []
     for world, strategy, lora, precision, ac in itertools.product(
             [1, 2, 4], STRATEGIES, [False, True], ["fp32", "bf16"], [False, True]):
@@ -71,9 +76,12 @@ def main():
             continue  # every strategy is the single-rank engine at world size 1
         if precision == "bf16" and world > a.bf16_max_world:
             continue
+        if world not in worlds or (a.precision and precision != a.precision):
+            continue
         cases.append((world, strategy, lora, precision, ac))
     if a.quick:
         cases = [c for i, c in enumerate(cases) if i % 7 == 0]
+    cases = cases[::a.sample]
     rows, worst = [], 0.0
     print(f"{'W':>2} {'strategy':<14} {'lora':<5} {'prec':<5} {'ac':<5} {'state':<6} "
           f"{'pred MiB':>9} {'meas MiB':>9} {'err':>7}")

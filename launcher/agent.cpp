@@ -244,12 +244,15 @@ RoundState Agent::run_round(const RoundResult& rr) {
     publish_failure(rr.round,
                     make_failure(FailureKind::kError, node_rank_, hostname(),
                                  fmt::format("could not start its workers: {}", e.what())));
+    print_summary(failure_);
     group.stop(0);
     mark_stopped(rr.round);
     return RoundState::kFailed;
   }
   Round r(rr, layout, group, cfg_);
   RoundState state = supervise(r);
+  // A failure is told at once: stopping the workers may take --term-grace.
+  if (state == RoundState::kFailed) print_summary(failure_);
   if (state != RoundState::kSucceeded) group.stop(cfg_.term_grace_s);
   if (state == RoundState::kStopped && group.all_exited_with(kExitPreempted))
     state = RoundState::kPreempted;
@@ -535,7 +538,7 @@ int Agent::run_rounds(int& restarts, bool reconnect) {
       node_rank_ = rr.my_node_rank;
       const RoundState state = run_round(rr);
       if (state == RoundState::kSucceeded) return finish_job(rr);
-      print_summary(failure_);
+      if (state != RoundState::kFailed) print_summary(failure_);  // (a failure was told already)
       if (!starts_new_round(restarts)) return exit_after_failure(rr, state);
     }
   } catch (const JobFinished& e) {

@@ -178,12 +178,19 @@ TEST_CASE(
   const int lost = node_rank_in_round0(n2);
   REQUIRE(lost >= 0);
   net.link(2, false);
-  const double detected = wait_output(n0, "sent no heartbeat", 30);
+  // Either survivor may notice first; the other reads its record.
+  const auto down = Clock::now();
+  while (n0.output().find("sent no heartbeat") == std::string::npos &&
+         n1.output().find("sent no heartbeat") == std::string::npos &&
+         Clock::now() - down < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const double detected = std::chrono::duration<double>(Clock::now() - down).count();
+  std::printf("node %d declared lost %.2f s after its link went down\n", lost, detected);
   // Within --heartbeat-timeout of the link going down (the last beat came before), with 0.5 s for
   // this test's polling.
-  CHECK(detected >= 0);
   CHECK(detected < 3 + 0.5);
-  CHECK(wait_output(n0, "was lost", 10) >= 0);  // the summary follows the detection line
+  // Node 0 tells the failure before it stops its workers (which takes up to --term-grace).
+  CHECK(wait_output(n0, "was lost", 1) >= 0);
   CHECK_THAT(n0.output(),
              Catch::Contains("node " + std::to_string(lost) + " (") && Catch::Contains("was lost"));
   const auto rc0 = wait_for(n0, 150), rc1 = wait_for(n1, 150);
@@ -219,7 +226,7 @@ void link_down_and_back(int cut) {
   const auto down = Clock::now();
   net.link(cut, false);
   // Node 0, the store host, sees node 1 go silent either way.
-  const double detected = wait_output(n0, "node 1 (", 30);
+  const double detected = wait_output(n0, "sent no heartbeat", 30);
   CHECK(detected >= 0);
   CHECK(detected < 3 + 0.5);
   CHECK(wait_output(n0,
