@@ -1,6 +1,7 @@
 # ft — two commands on a fresh machine:
 #   make demo   install dependencies, build, run a real small multi-worker job on CPU
-#   make test   install dependencies, build, run every test (CTest)
+#   make test   install dependencies, build, run every test (CTest), then a short fuzz smoke
+#   make fuzz   build the libFuzzer harnesses (build-fuzz/) and run each for FUZZ_SECONDS (60)
 # Everything heavy (LibTorch, the Python venv) lives in $(FT_CACHE), outside the checkout.
 # Set FT_PYTHON=/path/to/python (a Python that already imports torch) to use an existing torch and
 # skip every download, e.g. on a GPU machine with no network.
@@ -8,7 +9,11 @@
 export FT_CACHE ?= $(HOME)/.cache/ft
 BUILD ?= build
 
-.PHONY: all deps build test demo bench clean format
+FUZZ_SECONDS ?= 60
+# What `make test` gives each harness: enough to show that it builds and runs.
+FUZZ_SMOKE_SECONDS ?= 3
+
+.PHONY: all deps build test fuzz demo bench clean format
 
 all: build
 
@@ -20,6 +25,10 @@ build: deps
 
 test: build
 	@cd $(BUILD) && ctest --output-on-failure --timeout 300 -j 2
+	@bash scripts/fuzz.sh $(FUZZ_SMOKE_SECONDS)
+
+fuzz: deps
+	@bash scripts/fuzz.sh $(FUZZ_SECONDS)
 
 demo: build
 	@bash scripts/demo.sh $(BUILD)
@@ -33,4 +42,4 @@ format:
 	@clang-format -i $$(git ls-files '*.h' '*.cpp')
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-fuzz

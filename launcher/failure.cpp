@@ -77,23 +77,37 @@ std::string Failure::to_json() const {
 }
 
 Failure Failure::from_json(const std::string& text) {
-  const json j = parse_json<RendezvousError>(text, "a failure record in the store");
-  Failure f;
-  f.kind = kind_named(j.value("kind", ""));
-  f.node_rank = j.value("node_rank", -1);
-  f.hostname = j.value("hostname", "?");
-  f.description = j.value("description", "");
-  if (f.kind == FailureKind::kWorker) {
-    WorkerExit w;
-    w.global_rank = j.value("rank", -1);
-    w.local_rank = j.value("local_rank", -1);
-    w.exit_code = j.value("exit_code", 0);
-    w.signal = j.value("signal", 0);
-    w.elapsed_s = j.value("elapsed_s", 0.0);
-    w.tail = j.value("tail", std::vector<std::string>{});
-    f.worker = std::move(w);
+  const std::string what = "a failure record in the store";
+  const json j = parse_json<RendezvousError>(text, what);
+  FT_CHECK_T(RendezvousError, j.is_object(), what, " is not a JSON object: ", excerpt(text));
+  // Integers are checked as integers: nlohmann converts a float silently, and one out of range
+  // with undefined behaviour.
+  auto integer = [&](const char* key, int fallback) {
+    if (!j.contains(key)) return fallback;
+    FT_CHECK_T(RendezvousError, j[key].is_number_integer(), what, " has a \"", key,
+               "\" that is not an integer: ", excerpt(j[key].dump()));
+    return j[key].get<int>();
+  };
+  try {
+    Failure f;
+    f.kind = kind_named(j.value("kind", ""));
+    f.node_rank = integer("node_rank", -1);
+    f.hostname = j.value("hostname", "?");
+    f.description = j.value("description", "");
+    if (f.kind == FailureKind::kWorker) {
+      WorkerExit w;
+      w.global_rank = integer("rank", -1);
+      w.local_rank = integer("local_rank", -1);
+      w.exit_code = integer("exit_code", 0);
+      w.signal = integer("signal", 0);
+      w.elapsed_s = j.value("elapsed_s", 0.0);
+      w.tail = j.value("tail", std::vector<std::string>{});
+      f.worker = std::move(w);
+    }
+    return f;
+  } catch (const json::exception& e) {  // a field of another type
+    throw RendezvousError(fmt::format("{} is unreadable ({}): {}", what, e.what(), excerpt(text)));
   }
-  return f;
 }
 
 Failure make_failure(FailureKind kind, int node_rank, std::string hostname, std::string description,

@@ -39,7 +39,7 @@ struct Failure {
   std::string to_json() const;
   // Reads what to_json wrote, with the defaults above for missing fields. A kind this build does
   // not name (another ft version's launcher, refused at rendezvous anyway) reads as kError: it ends
-  // the job. Throws nlohmann::json::exception when `text` is not a JSON object.
+  // the job. Throws RendezvousError when `text` is not a JSON object or a field has another type.
   static Failure from_json(const std::string& text);
 };
 

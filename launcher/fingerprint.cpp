@@ -25,7 +25,14 @@ Fingerprint Fingerprint::from_json(const std::string& text) {
   try {
     FT_CHECK_T(RendezvousError, json_too_deep_at(text) == std::string_view::npos,
                "a node published a fingerprint nested deeper than ", kMaxJsonDepth, " levels");
-    return json::parse(text).get<Fingerprint>();
+    const json j = json::parse(text);
+    // nlohmann converts a float to an int silently, and one out of range with undefined
+    // behaviour: the integer fields are checked as integers first.
+    for (const char* key : {"node_rank", "nproc", "max_restarts", "gpu_count"})
+      FT_CHECK_T(RendezvousError, !j.contains(key) || j[key].is_number_integer(),
+                 "a node published a fingerprint whose \"", key,
+                 "\" is not an integer: ", excerpt(j[key].dump()));
+    return j.get<Fingerprint>();
   } catch (const json::exception& e) {
     throw RendezvousError(fmt::format(
         "a node published an unreadable fingerprint ({}); is it running a different ft version?",

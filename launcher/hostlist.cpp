@@ -5,6 +5,8 @@
 namespace ft::launcher {
 namespace {
 
+constexpr size_t kMaxHosts = 100000;  // the most --nnodes allows
+
 // Splits on commas that are not inside brackets.
 std::vector<std::string> split_top_level(const std::string& s, const std::string& whole) {
   std::vector<std::string> out;
@@ -49,8 +51,9 @@ std::vector<std::string> expand_range_set(const std::string& body, const std::st
       out.push_back(item);
     } else {
       std::string lo = item.substr(0, dash), hi = item.substr(dash + 1);
-      FT_CHECK(all_digits(lo) && all_digits(hi), "malformed SLURM host list '", whole, "': range '",
-               item, "'");
+      // 18 digits: std::stol cannot overflow.
+      FT_CHECK(all_digits(lo) && all_digits(hi) && lo.size() <= 18 && hi.size() <= 18,
+               "malformed SLURM host list '", whole, "': range '", item, "'");
       long a = std::stol(lo), b = std::stol(hi);
       FT_CHECK(a <= b && b - a < 100000, "malformed SLURM host list '", whole, "': range '", item,
                "' is empty or too large");
@@ -69,6 +72,9 @@ std::vector<std::string> expand_range_set(const std::string& body, const std::st
 void expand_name(const std::string& name, const std::string& whole, std::vector<std::string>& out) {
   size_t open = name.find('[');
   if (open == std::string::npos) {
+    // Bracket groups multiply: "a[0-99999]b[0-99999]" would be 10^10 names.
+    FT_CHECK(out.size() < kMaxHosts, "SLURM host list '", whole, "' names more than ", kMaxHosts,
+             " hosts");
     out.push_back(name);
     return;
   }

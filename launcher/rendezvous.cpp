@@ -30,6 +30,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
+constexpr int kMaxNodes = 100000;  // the most --nnodes allows (options.cpp)
 // A wait says what it waits for after this long, and again at this interval.
 constexpr auto kNoteEvery = std::chrono::seconds(5);
 
@@ -297,7 +298,15 @@ int Rendezvous::first_round() {
   FT_ASSERT(store_, "open() first");
   auto current = store_->try_get("ft/round");
   if (!current) return 0;
-  const int r = std::stoi(*current);
+  // Any program can set a key of the store: a value that is not a round number is refused.
+  char* end = nullptr;
+  errno = 0;
+  const long r = std::strtol(current->c_str(), &end, 10);
+  FT_CHECK_T(RendezvousError,
+             !current->empty() && end == current->c_str() + current->size() && errno == 0 &&
+                 r >= 0 && r < INT32_MAX,
+             "the store's ft/round is '", excerpt(*current),
+             "', not a round number: is another program using this store?");
   return store_->check(key(r, "result")) ? r + 1 : r;
 }
 
@@ -336,28 +345,44 @@ RoundResult Rendezvous::join(int round) {
   }
   store_->add(key(round, "result_read"), 1);
 
-  json j = parse_json<RendezvousError>(result_text, "the rendezvous result in the store");
-  if (j.contains("finished")) throw JobFinished(j["finished"].get<std::string>());
-  if (j.contains("error")) {
-    if (store_->is_host()) {
-      // Keep the store up until the others have read why they were refused.
-      wait_count(round, "result_read", store_->add(key(round, "joined"), 0), 5.0);
-    }
-    std::string msg = j["error"];
-    if (msg.rfind("rendezvous timed out", 0) == 0) throw RendezvousTimeout(msg);
-    throw RendezvousError(msg);
-  }
+  const std::string what = "the rendezvous result in the store";
+  json j = parse_json<RendezvousError>(result_text, what);
   RoundResult rr;
-  rr.round = round;
-  rr.nnodes = j["nnodes"];
-  rr.my_node_rank = -1;
-  rr.members.resize(rr.nnodes);
-  for (const auto& m : j["members"]) {
-    int64_t idx = m["index"];
-    int r = m["node_rank"];
-    rr.members[r].node_rank = r;
-    rr.members[r].fp = Fingerprint::from_json(store_->get(key(round, fmt::format("fp/{}", idx))));
-    if (idx == index) rr.my_node_rank = r;
+  // The host wrote it, but any program can set a key of the store: a result of another shape is
+  // refused by name rather than thrown as a JSON error or indexed past the members.
+  try {
+    if (j.contains("finished")) throw JobFinished(j["finished"].get<std::string>());
+    if (j.contains("error")) {
+      if (store_->is_host()) {
+        // Keep the store up until the others have read why they were refused.
+        wait_count(round, "result_read", store_->add(key(round, "joined"), 0), 5.0);
+      }
+      std::string msg = j["error"];
+      if (msg.rfind("rendezvous timed out", 0) == 0) throw RendezvousTimeout(msg);
+      throw RendezvousError(msg);
+    }
+    rr.round = round;
+    FT_CHECK_T(RendezvousError,
+               j["nnodes"].is_number_integer() && j["nnodes"] >= 1 && j["nnodes"] <= kMaxNodes,
+               what, " has nnodes ", excerpt(j["nnodes"].dump()), ", not a node count");
+    rr.nnodes = j["nnodes"];
+    rr.my_node_rank = -1;
+    rr.members.resize(rr.nnodes);
+    for (const auto& m : j.at("members")) {
+      FT_CHECK_T(RendezvousError,
+                 m.at("index").is_number_integer() && m.at("node_rank").is_number_integer() &&
+                     m["node_rank"] >= 0 && m["node_rank"] < rr.nnodes,
+                 what, " has a member ", excerpt(m.dump()), " outside the job's ", rr.nnodes,
+                 " nodes");
+      int64_t idx = m["index"];
+      int r = m["node_rank"];
+      rr.members[r].node_rank = r;
+      rr.members[r].fp = Fingerprint::from_json(store_->get(key(round, fmt::format("fp/{}", idx))));
+      if (idx == index) rr.my_node_rank = r;
+    }
+  } catch (const json::exception& e) {
+    throw RendezvousError(
+        fmt::format("{} is unreadable ({}): {}", what, e.what(), excerpt(result_text)));
   }
   if (rr.my_node_rank < 0) {
     throw RendezvousError(fmt::format(

@@ -36,6 +36,29 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// The records ft wrote (a rank's record, meta.json) are read back from storage, where they may be
+// damaged. nlohmann converts a float to an integer silently, and out of range with undefined
+// behaviour: integers are checked as integers, and shapes for a product that fits.
+int64_t integer_of(const json& j, const std::string& where, const char* what) {
+  FT_CHECK_T(FormatError, j.is_number_integer(), where, ": ", what, " must be an integer, got ",
+             excerpt(j.dump()));
+  return j.get<int64_t>();
+}
+
+// The element count of a shape: non-negative dimensions whose product fits in int64.
+int64_t numel_of(const json& shape, const std::string& where) {
+  FT_CHECK_T(FormatError, shape.is_array(), where, ": a shape must be a list, got ",
+             excerpt(shape.dump()));
+  int64_t n = 1;
+  for (const json& d : shape) {
+    const int64_t v = integer_of(d, where, "a shape dimension");
+    FT_CHECK_T(FormatError, v >= 0 && (v == 0 || n <= INT64_MAX / v), where, ": shape ",
+               excerpt(shape.dump()), " has a negative dimension or more than 2^63 elements");
+    n *= v;
+  }
+  return n;
+}
+
 // The step of a directory name "step-<digits>" (-1 otherwise); `prefix` allows ".tmp-step-".
 int64_t parse_step(const std::string& name, const std::string& prefix) {
   if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size()) return -1;
@@ -215,17 +238,27 @@ void Saver::Impl::commit(const Snapshot& s, const std::string& tmp) {
     std::stringstream text;
     text << in.rdbuf();
     json rj = parse_json<FormatError>(text.str(), path);
-    ranks.push_back(rj["state"]);
-    for (auto& [t, shape] : rj["shapes"].items())
-      if (!tensors.contains(t)) tensors[t] = {{"shape", shape}, {"chunks", json::array()}};
-    for (auto& c : rj["chunks"]) {
-      const std::string t = c["tensor"];
-      FT_ASSERT(tensors.contains(t), "checkpoint chunk of ", t, " without a shape");
-      tensors[t]["dtype"] = c["dtype"];
-      json chunk = c;
-      chunk.erase("tensor");
-      chunk.erase("dtype");
-      tensors[t]["chunks"].push_back(chunk);
+    try {
+      ranks.push_back(rj.at("state"));
+      FT_CHECK_T(FormatError, rj.at("shapes").is_object(), path, ": shapes must be an object");
+      for (auto& [t, shape] : rj["shapes"].items()) {
+        (void)numel_of(shape, path);
+        if (!tensors.contains(t)) tensors[t] = {{"shape", shape}, {"chunks", json::array()}};
+      }
+      for (auto& c : rj.at("chunks")) {
+        const std::string t = c.at("tensor");
+        FT_CHECK_T(FormatError, tensors.contains(t), path, ": a chunk of ", t,
+                   " whose shape no rank recorded");
+        (void)integer_of(c.at("begin"), path, "a chunk's begin");
+        (void)integer_of(c.at("end"), path, "a chunk's end");
+        tensors[t]["dtype"] = c.at("dtype");
+        json chunk = c;
+        chunk.erase("tensor");
+        chunk.erase("dtype");
+        tensors[t]["chunks"].push_back(chunk);
+      }
+    } catch (const json::exception& e) {
+      throw FormatError(fmt::format("{}: malformed ({})", path, e.what()));
     }
   }
   // Every element of every tensor exactly once.
@@ -235,13 +268,14 @@ void Saver::Impl::commit(const Snapshot& s, const std::string& tmp) {
               [](const json& a, const json& b) { return a["begin"] < b["begin"]; });
     int64_t at = 0;
     for (const auto& c : chunks) {
-      FT_ASSERT(c["begin"].get<int64_t>() == at, "checkpoint of step ", s.step, ": tensor ", t,
-                " has a gap or overlap at element ", at);
+      FT_CHECK_T(FormatError, c["begin"].get<int64_t>() == at, "checkpoint of step ", s.step,
+                 ": tensor ", t, " has a gap or overlap at element ", at, " in the records of ",
+                 tmp);
       at = c["end"];
     }
-    FT_ASSERT(at == numel_of(tj["shape"].get<std::vector<int64_t>>()), "checkpoint of step ",
-              s.step, ": tensor ", t, " covers ", at, " elements of ",
-              numel_of(tj["shape"].get<std::vector<int64_t>>()));
+    const int64_t numel = numel_of(tj["shape"], tmp);
+    FT_CHECK_T(FormatError, at == numel, "checkpoint of step ", s.step, ": tensor ", t, " covers ",
+               at, " elements of ", numel, " in the records of ", tmp);
   }
   json meta = {{"format", "ft-checkpoint"},
                {"format_version", kFormatVersion},
@@ -337,13 +371,13 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   try {
     FT_CHECK_T(FormatError, m.meta.value("format", "") == "ft-checkpoint", path,
                ": not an ft checkpoint");
-    const int version = m.meta.at("format_version");
+    const int64_t version = integer_of(m.meta.at("format_version"), path, "format_version");
     FT_CHECK_T(FormatError, version == kFormatVersion, path, ": format version ", version,
                " is not the ", kFormatVersion, " this ft reads");
     // Verified before anything in it is used.
     FT_CHECK_T(FormatError, m.meta.contains("meta_crc32c"), path,
                ": has no meta_crc32c (damaged); use an earlier checkpoint");
-    const uint32_t want = m.meta.at("meta_crc32c").get<uint32_t>();
+    const int64_t want = integer_of(m.meta.at("meta_crc32c"), path, "meta_crc32c");
     const uint32_t got = meta_checksum(m.meta);
     FT_CHECK_T(FormatError, want == got, path, ": checksum mismatch (CRC-32C ", got, ", recorded ",
                want,
@@ -351,23 +385,32 @@ Checkpoint Checkpoint::open(const std::string& dir) {
                "checkpoint");
     for (auto& [t, tj] : m.meta.at("tensors").items()) {
       TensorRef r;
+      const int64_t numel = numel_of(tj.at("shape"), path);
       r.shape = tj.at("shape").get<std::vector<int64_t>>();
       for (const auto& cj : tj.at("chunks")) {
         ChunkRef ch;
-        ch.begin = cj.at("begin");
-        ch.end = cj.at("end");
+        ch.begin = integer_of(cj.at("begin"), path, "a chunk's begin");
+        ch.end = integer_of(cj.at("end"), path, "a chunk's end");
+        FT_CHECK_T(FormatError, 0 <= ch.begin && ch.begin <= ch.end && ch.end <= numel, path,
+                   ": chunk [", ch.begin, ", ", ch.end, ") of ", t, " is outside its ", numel,
+                   " elements");
         ch.file = cj.at("file");
         ch.key = cj.at("key");
-        ch.crc = cj.at("crc32c");
+        const int64_t crc = integer_of(cj.at("crc32c"), path, "a chunk's crc32c");
+        FT_CHECK_T(FormatError, crc >= 0 && crc <= UINT32_MAX, path, ": a chunk's crc32c ", crc,
+                   " is not a CRC-32C");
+        ch.crc = static_cast<uint32_t>(crc);
         FT_CHECK_T(FormatError, ch.file.find('/') == std::string::npos && ch.file != "..", path,
                    ": chunk file '", ch.file, "' is outside the checkpoint");
         r.chunks.push_back(std::move(ch));
       }
       m.tensors.emplace(t, std::move(r));
     }
-    (void)m.meta.at("step").get<int64_t>();
-    (void)m.meta.at("world_size").get<int>();
-    FT_CHECK_T(FormatError, m.meta.at("rank_states").size() == m.meta["world_size"].get<size_t>(),
+    (void)integer_of(m.meta.at("step"), path, "step");
+    const int64_t world_size = integer_of(m.meta.at("world_size"), path, "world_size");
+    FT_CHECK_T(FormatError,
+               world_size >= 1 && m.meta.at("rank_states").is_array() &&
+                   m.meta["rank_states"].size() == static_cast<size_t>(world_size),
                path, ": rank_states does not have world_size entries");
   } catch (const json::exception& e) {
     throw FormatError(fmt::format("{}: malformed ({}); use an earlier checkpoint", path, e.what()));

@@ -128,11 +128,17 @@ void apply_sets(json& resolved, const std::vector<std::string>& sets) {
     std::string key = set.substr(0, eq);
     const Setting* s = find_setting(key);
     if (!s) {
-      // Let the validator phrase the error (with its suggestion).
+      // Let the validator phrase the error (with its suggestion). The probe nests objects by
+      // hand: a JSON pointer would read "~" as an escape and a number as an array index (so
+      // "x.99999999999" asked for an array that long).
       json probe = json::object();
-      std::string pointer = "/" + key;
-      std::replace(pointer.begin(), pointer.end(), '.', '/');
-      probe[json::json_pointer(pointer)] = 0;
+      json* at = &probe;
+      for (size_t start = 0, dot;; start = dot + 1) {
+        dot = key.find('.', start);
+        at = &(*at)[key.substr(start, dot == std::string::npos ? dot : dot - start)];
+        if (dot == std::string::npos) break;
+      }
+      *at = 0;
       validate_preset(probe, "--set");
       throw ConfigError(fmt::format("--set: \"{}\" is a section, not a setting", key));
     }

@@ -152,6 +152,8 @@ void walk(const json& node, const std::string& prefix, const std::string& where)
   FT_CHECK(node.is_object(), where, ": \"", prefix, "\" must be an object");
   for (const auto& [k, v] : node.items()) {
     std::string key = prefix.empty() ? k : prefix + "." + k;
+    if (prefix.empty() && (k == "name" || k == "description"))
+      FT_CHECK(v.is_string(), where, ": \"", k, "\" must be a string, got ", excerpt(v.dump()));
     if (prefix.empty() && (k == "base" || k == "name" || k == "description")) continue;
     if (const Setting* s = find_setting(key)) {
       check_value(*s, v, where);
@@ -290,6 +292,12 @@ json schema_defaults() {
 void validate_preset(const json& preset, const std::string& where) { walk(preset, "", where); }
 
 json parse_setting_value(const Setting& s, const std::string& text, const std::string& where) {
+  // A preset is JSON text, so its strings are UTF-8 (nlohmann refuses to write anything else).
+  try {
+    (void)json(text).dump();
+  } catch (const json::type_error&) {
+    throw ConfigError(fmt::format("{}: the value of \"{}\" is not valid UTF-8", where, s.key));
+  }
   json v;
   switch (s.kind) {
     case Kind::kString:

@@ -5,6 +5,7 @@
 #include "config/preset.h"
 #include "config/schema.h"
 #include "core/error.h"
+#include "core/json.h"
 
 namespace ft::config {
 
@@ -25,7 +26,9 @@ Settings settings_from_json(const json& resolved, const std::string& where) {
       throw ConfigError(where + ": \"" + row.key + "\" has the wrong type, got " + v.dump());
     }
   }
-  s.name = resolved.value("name", "");
+  const json name = resolved.value("name", json(""));
+  FT_CHECK(name.is_string(), where, ": \"name\" must be a string, got ", excerpt(name.dump()));
+  s.name = name.get<std::string>();
   s.resolved = resolved;
   return s;
 }

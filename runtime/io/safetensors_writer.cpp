@@ -151,7 +151,7 @@ DeferredTensors defer(const NamedTensors& tensors) {
     FT_CHECK_T(Error, t.defined(), "cannot write tensor '", name, "': it is undefined");
     FT_CHECK_T(Error, t.layout() == at::kStrided, "cannot write tensor '", name,
                "': safetensors holds dense tensors only, not sparse or other layouts");
-    out.push_back({name, t.sizes().vec(), t.scalar_type(), [t] { return t; }});
+    out.push_back({name, t.sizes().vec(), t.scalar_type(), [t = t] { return t; }});
   }
   return out;
 }

@@ -169,6 +169,12 @@ size_t AddedVocabulary::count_in_model(const BpeModel& model) const {
   return n;
 }
 
+size_t AddedVocabulary::id_bound() const {
+  size_t bound = 0;
+  for (const auto& [id, tok] : by_id_) bound = std::max(bound, static_cast<size_t>(id) + 1);
+  return bound;
+}
+
 bool AddedVocabulary::is_special_text(std::string_view text) const {
   return special_.count(std::string(text)) > 0;
 }

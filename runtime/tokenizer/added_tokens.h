@@ -55,6 +55,8 @@ class AddedVocabulary {
   // Number of distinct added token contents, and how many of them the model's vocabulary has.
   size_t size() const { return by_content_.size(); }
   size_t count_in_model(const BpeModel& model) const;
+  // One past the largest added token id (0 when there is none).
+  size_t id_bound() const;
 
  private:
   class Trie;

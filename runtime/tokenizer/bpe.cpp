@@ -62,10 +62,12 @@ BpeModel::BpeModel(const Json& model, const std::string& key, const JsonFields& 
   ids.reserve(vocab.size());
   int64_t max_id = -1;
   for (const auto& [token, id_json] : vocab.items()) {
+    // id_to_index_ has a slot per id up to the largest: a bound keeps a corrupt id from costing
+    // gigabytes. No model's vocabulary comes near it (model.vocab_size allows 2^24 too).
     if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 ||
-        id_json.get<int64_t>() > INT32_MAX) {
+        id_json.get<int64_t>() >= kMaxVocab) {
       f.fail(vocab_key + "[\"" + token + "\"]",
-             "expected a non-negative 32-bit integer id, got " + id_json.dump());
+             "expected an id in [0, " + std::to_string(kMaxVocab) + "), got " + id_json.dump());
     }
     if (find_invalid_utf8(token) != std::string::npos) {
       f.fail(vocab_key, "token \"" + token + "\" is not valid UTF-8");

@@ -19,6 +19,9 @@ namespace ft::tokenizer {
 
 class BpeModel {
  public:
+  // Ids are below this (2^24, the largest model.vocab_size a preset may set).
+  static constexpr int64_t kMaxVocab = int64_t{1} << 24;
+
   // Reads `model` (at JSON key `key`). Refuses other model types, dropout, merges naming
   // tokens outside the vocabulary, an unk_token outside it and duplicate ids, each as
   // FormatError naming file and key.
@@ -34,6 +37,8 @@ class BpeModel {
   const std::string* id_to_token(int32_t id) const;
   // Number of entries of the vocabulary (HF's model.get_vocab_size()).
   size_t size() const { return tokens_.size(); }
+  // One past the largest id of the vocabulary: more than size() where the ids have gaps.
+  size_t id_bound() const { return id_to_index_.size(); }
 
  private:
   struct Merge {

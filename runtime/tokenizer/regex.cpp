@@ -5,6 +5,7 @@
 
 #include <stdexcept>
 
+#include "core/error.h"
 #include "tokenizer/unicode.h"
 
 namespace ft::tokenizer {
@@ -190,8 +191,10 @@ bool Regex::match_at(std::string_view text, size_t start, void* match_data, size
   }
   if (rc == PCRE2_ERROR_NOMATCH) return false;
   if (rc < 0) {
-    throw std::runtime_error("regex \"" + pattern_ + "\" failed on a " +
-                             std::to_string(text.size()) + "-byte text: " + pcre2_message(rc));
+    // A pattern of tokenizer.json that backtracks without end on this text (PCRE2's match limit):
+    // the file's fault, and typed so that the data pipeline names the record.
+    throw ft::FormatError("regex \"" + pattern_ + "\" failed on a " + std::to_string(text.size()) +
+                          "-byte text: " + pcre2_message(rc));
   }
   const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(md);
   *begin = ovector[0];

@@ -36,7 +36,8 @@ class Regex {
  private:
   struct Code;
   Regex(std::string pattern, bool oniguruma);
-  // Runs one match from `start`; returns false when there is none. Throws on PCRE2 errors.
+  // Runs one match from `start`; returns false when there is none. Throws ft::FormatError on
+  // PCRE2 errors (its match limit: a pattern that backtracks without end).
   bool match_at(std::string_view text, size_t start, void* match_data, size_t* begin,
                 size_t* end) const;
 

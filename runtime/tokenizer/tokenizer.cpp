@@ -1,5 +1,6 @@
 #include "tokenizer/tokenizer.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -80,6 +81,8 @@ Tokenizer Tokenizer::from_json(const Json& root, const std::string& origin) try 
   Tokenizer tok(std::move(impl));
   Impl& m = *tok.impl_;
   m.vocab_size = m.model->size() + m.added->size() - m.added->count_in_model(*m.model);
+  // Ids index the embedding: where they have gaps, it needs a row for the largest one.
+  m.vocab_size = std::max({m.vocab_size, m.model->id_bound(), m.added->id_bound()});
 
   auto first_present = [&](std::initializer_list<const char*> names) -> std::optional<int32_t> {
     for (const char* n : names) {
