@@ -12,6 +12,11 @@ namespace ft::contract {
 // it exits with it too. Every other non-zero exit is a failure the launcher may restart.
 inline constexpr int kExitPreempted = 75;
 
+// A worker's exit code when a checkpoint could not be saved (a full disk, say) and
+// output.on_save_error is "stop": every rank stops; the newest committed checkpoint is intact and
+// the same command continues from it once the storage has room (sysexits' EX_IOERR).
+inline constexpr int kExitSaveFailed = 74;
+
 // The store prefix of restart round `restart_count` (TORCHELASTIC_RESTART_COUNT): ft's workers
 // keep every key of theirs under it (c10d PrefixStore), so each round starts with none.
 inline std::string worker_store_prefix(int restart_count) {
