@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
@@ -65,6 +66,13 @@ struct Liveness {
   double silent_s() const { return std::chrono::duration<double>(Clock::now() - changed).count(); }
 };
 
+// Node ranks 0..nnodes-1.
+std::vector<int> node_ranks(int nnodes) {
+  std::vector<int> v(nnodes);
+  for (int n = 0; n < nnodes; ++n) v[n] = n;
+  return v;
+}
+
 // How often a watcher with a timeout looks: four times per timeout, at least once a second.
 Clock::duration quarter_of(double timeout_s) {
   return std::chrono::duration_cast<Clock::duration>(
@@ -105,6 +113,10 @@ struct Round {
   std::vector<Liveness> progress;
   Clock::time_point hang_next;
   bool marked_done = false;  // this node's workers all exited 0, counted in "done"
+  // When a local worker failed only by losing its connection to another rank (follows_peer_loss):
+  // the round waits up to `peer_loss_wait` from then for the cause to show itself elsewhere.
+  std::optional<Clock::time_point> peer_loss_seen;
+  std::optional<WorkerExit> peer_loss_worker;
 };
 
 class Agent {
@@ -132,6 +144,7 @@ class Agent {
   RoundState watch_completion(Round& r);
   int hung_local_rank(Round& r);
   int silent_node(Round& r);
+  double peer_loss_wait_s(const Round& r) const;
   RoundState fail(const Round& r, const Failure& failure);
   void publish_failure(int round, const Failure& failure);
   void print_summary(const Failure& failure) const;
@@ -310,15 +323,22 @@ RoundState Agent::watch_heartbeats(Round& r) {
   if (lost < 0) return RoundState::kRunning;
   const std::string& host = r.rr.members[lost].fp.hostname;
   const double silent = r.heartbeats[lost].silent_s();
+  // A local worker that lost its connection meanwhile failed because of this node, not of its own.
+  const std::string consequence =
+      r.peer_loss_worker
+          ? fmt::format("; rank {} on node {} then lost its connection to it ({})",
+                        r.peer_loss_worker->global_rank, node_rank_, r.peer_loss_worker->describe())
+          : "";
   log(
       fmt::format("node {} ({}) sent no heartbeat for {:.1f} s (--heartbeat-timeout {:.1f}): "
                   "stopping this node's workers for a new round",
                   lost, host, silent, cfg_.heartbeat_timeout_s));
   return fail(r, make_failure(FailureKind::kNode, lost, host,
-                              fmt::format("sent no heartbeat for {:.1f} s (--heartbeat-timeout "
-                                          "{:.1f}): its launcher died or the machine is "
-                                          "unreachable; restart it with the same command",
-                                          silent, cfg_.heartbeat_timeout_s)));
+                              fmt::format("was lost: it sent no heartbeat for {:.1f} s "
+                                          "(--heartbeat-timeout {:.1f}); its launcher died or the "
+                                          "machine is unreachable; restart it with the same "
+                                          "command{}",
+                                          silent, cfg_.heartbeat_timeout_s, consequence)));
 }
 
 // Reads the other nodes' heartbeat counters; the first node rank that went silent, or -1.
@@ -353,12 +373,43 @@ RoundState Agent::watch_signals(Round& r) {
   return stop_signal_ ? RoundState::kStopped : RoundState::kRunning;
 }
 
-// A local worker that exited non-zero or was killed fails the round.
+// A local worker that exited non-zero or was killed fails the round. One that only lost its
+// connection to another rank (follows_peer_loss) is the consequence of a failure elsewhere: a local
+// worker's own failure, another node's record (watch_published_failure) or a node that went
+// silent (watch_heartbeats) is given peer_loss_wait_s() to show itself and is blamed instead.
 RoundState Agent::watch_workers(Round& r) {
-  const std::optional<WorkerExit> failed = r.group.first_failure();
-  if (!failed) return RoundState::kRunning;
-  return fail(
-      r, make_failure(FailureKind::kWorker, node_rank_, hostname(), failed->describe(), failed));
+  const std::vector<WorkerExit>& failed = r.group.failures();
+  if (failed.empty()) return RoundState::kRunning;
+  for (const WorkerExit& w : failed)
+    if (!follows_peer_loss(w))
+      return fail(r, make_failure(FailureKind::kWorker, node_rank_, hostname(), w.describe(), w));
+  const WorkerExit& first = failed.front();
+  const double wait_s = peer_loss_wait_s(r);
+  if (!r.peer_loss_seen) {
+    r.peer_loss_seen = Clock::now();
+    r.peer_loss_worker = first;
+    log(
+        fmt::format("rank {} lost its connection to another rank ({}); waiting up to {:.1f} s to "
+                    "learn which rank or node failed first",
+                    first.global_rank, first.describe(), wait_s));
+  }
+  if (Clock::now() - *r.peer_loss_seen < std::chrono::duration<double>(wait_s))
+    return RoundState::kRunning;
+  return fail(r, make_failure(FailureKind::kWorker, node_rank_, hostname(),
+                              fmt::format("{}: it lost its connection to another rank, and no "
+                                          "other failure showed within {:.1f} s (a network "
+                                          "fault between the nodes?)",
+                                          first.describe(), wait_s),
+                              first));
+}
+
+// How long a peer-loss failure waits for its cause: a local worker's failure is reaped within a
+// couple of monitor intervals; another node's record within one; a dead node's silence within
+// --heartbeat-timeout of its last beat, seen at the next heartbeat read.
+double Agent::peer_loss_wait_s(const Round& r) const {
+  const double local = std::max(2.0, 4 * cfg_.monitor_interval_s);
+  if (r.layout.nnodes <= 1) return local;
+  return cfg_.heartbeat_timeout_s + std::chrono::duration<double>(r.hb_every).count() + local;
 }
 
 // Below --nnodes MAX, a launcher waiting to join makes the host start a new round with it. Not once
@@ -400,7 +451,7 @@ void Agent::mark_stopped(int round) {
   // The host may already be gone after a failure (it waits only so long): that is not an error of
   // ours.
   try {
-    rdzv_->store().add(Rendezvous::key(round, "stopped"), 1);
+    rdzv_->mark_stopped(round, node_rank_);
   } catch (const BackendError&) {
   }
 }
@@ -429,14 +480,17 @@ int Agent::run() {
   fp.program_hash = hash_program(cfg_.program);
 
   bool interrupted = false;
-  rdzv_ = std::make_unique<Rendezvous>(cfg_, fp, [&] {
-    for (int s : signals_.drain())
-      if (SignalPipe::terminates(s)) {
-        stop_signal_ = s;
-        interrupted = true;
-      }
-    return interrupted;
-  });
+  rdzv_ = std::make_unique<Rendezvous>(
+      cfg_, fp,
+      [&] {
+        for (int s : signals_.drain())
+          if (SignalPipe::terminates(s)) {
+            stop_signal_ = s;
+            interrupted = true;
+          }
+        return interrupted;
+      },
+      [this](const std::string& msg) { log(msg); });
 
   if (cfg_.node_rank.value_or(-1) == 0 && cfg_.max_nodes > 1 && !is_local_host(cfg_.rdzv_host)) {
     log(
@@ -505,7 +559,7 @@ int Agent::run_rounds(int& restarts, bool reconnect) {
 // tells launchers already waiting to join that the job is over.
 int Agent::finish_job(const RoundResult& rr) {
   if (rdzv_->is_host()) {
-    rdzv_->wait_count(rr.round, "stopped", rr.nnodes, 30.0);
+    rdzv_->wait_stopped(rr.round, node_ranks(rr.nnodes), 30.0);
     rdzv_->finish(rr.round);
   }
   log("job finished successfully");
@@ -537,7 +591,13 @@ bool Agent::starts_new_round(int& restarts) {
 // The job ends after round `rr`, which ended in `state`: the launcher's exit code.
 int Agent::exit_after_failure(const RoundResult& rr, RoundState state) {
   // Keep the store up while the other nodes read the failure and stop their workers.
-  if (rdzv_->is_host()) rdzv_->wait_count(rr.round, "stopped", rr.nnodes, cfg_.term_grace_s + 5.0);
+  // A node known to be lost never reports: not waited for.
+  if (rdzv_->is_host()) {
+    std::vector<int> nodes = node_ranks(rr.nnodes);
+    if (failure_.kind == FailureKind::kNode)
+      nodes.erase(std::remove(nodes.begin(), nodes.end(), failure_.node_rank), nodes.end());
+    rdzv_->wait_stopped(rr.round, nodes, cfg_.term_grace_s + 5.0);
+  }
   if (state == RoundState::kPreempted) {
     log(
         fmt::format("every worker saved a checkpoint after {}; run the same command again to "

@@ -1,12 +1,15 @@
 #include "failure.h"
 
 #include <fmt/format.h>
+#include <signal.h>
 
 #include <nlohmann/json.hpp>
+#include <string_view>
 #include <utility>
 
 #include "core/error.h"
 #include "core/json.h"
+#include "core/worker_contract.h"
 
 namespace ft::launcher {
 
@@ -104,6 +107,19 @@ Failure make_failure(FailureKind kind, int node_rank, std::string hostname, std:
   f.description = std::move(description);
   f.worker = std::move(worker);
   return f;
+}
+
+bool follows_peer_loss(const WorkerExit& w) {
+  if (w.signal == SIGPIPE || (w.signal == 0 && w.exit_code == contract::kExitPeerLost)) return true;
+  if (!w.failed()) return false;
+  // Another program (torchrun-style): the last lines of its output say what broke.
+  constexpr std::string_view kMarks[] = {"Connection reset by peer", "Connection closed by peer",
+                                         "Broken pipe", "DistNetworkError"};
+  const size_t from = w.tail.size() > 3 ? w.tail.size() - 3 : 0;
+  for (size_t i = from; i < w.tail.size(); ++i)
+    for (std::string_view mark : kMarks)
+      if (w.tail[i].find(mark) != std::string::npos) return true;
+  return false;
 }
 
 std::string summary_text(const Failure& f) {

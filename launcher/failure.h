@@ -47,6 +47,11 @@ struct Failure {
 Failure make_failure(FailureKind kind, int node_rank, std::string hostname, std::string description,
                      std::optional<WorkerExit> worker = std::nullopt);
 
+// Whether worker exit `w` only reports a lost connection to another rank, so that the root cause
+// is elsewhere (a peer that died first): `ft train`'s contract::kExitPeerLost, SIGPIPE, or, for any
+// other program, a last output line naming a reset or closed connection (Gloo, c10d, NCCL).
+bool follows_peer_loss(const WorkerExit& w);
+
 // The root-cause summary every launcher prints when a round ends early: for a worker, its rank,
 // exit, run time and the last lines of its output.
 std::string summary_text(const Failure& f);

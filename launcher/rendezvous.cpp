@@ -30,6 +30,18 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
+// A wait says what it waits for after this long, and again at this interval.
+constexpr auto kNoteEvery = std::chrono::seconds(5);
+
+// When a wait is due to say what it waits for: after kNoteEvery, then every kNoteEvery.
+struct Notes {
+  Clock::time_point next = Clock::now() + kNoteEvery;
+  bool due() {
+    if (Clock::now() < next) return false;
+    next = Clock::now() + kNoteEvery;
+    return true;
+  }
+};
 
 std::string who(const Fingerprint& f) { return fmt::format("{} ({})", f.hostname, f.addr); }
 
@@ -78,8 +90,12 @@ bool port_accepts(const std::string& host, uint16_t port, std::chrono::milliseco
   return ok;
 }
 
-Rendezvous::Rendezvous(const LaunchConfig& cfg, Fingerprint mine, std::function<bool()> interrupted)
-    : cfg_(cfg), mine_(std::move(mine)), interrupted_(std::move(interrupted)) {}
+Rendezvous::Rendezvous(const LaunchConfig& cfg, Fingerprint mine, std::function<bool()> interrupted,
+                       std::function<void(const std::string&)> say)
+    : cfg_(cfg),
+      mine_(std::move(mine)),
+      interrupted_(std::move(interrupted)),
+      say_(std::move(say)) {}
 
 std::string Rendezvous::key(int round, const std::string& name) {
   return fmt::format("ft/r{}/{}", round, name);
@@ -166,9 +182,14 @@ std::string Rendezvous::coordinate(int round) {
   const auto deadline = start + std::chrono::duration<double>(cfg_.rdzv_timeout_s);
   std::optional<Clock::time_point> min_reached;
   int64_t n = 0;
+  Notes notes;
   for (;;) {
     if (interrupted_()) return {};
     int64_t joined = store_->add(key(round, "joined"), 0);
+    if (notes.due())
+      say_(fmt::format("round {}: waiting for nodes to join: {}; {:.0f} s of --rdzv-timeout left",
+                       round, missing_description(round, joined),
+                       std::chrono::duration<double>(deadline - Clock::now()).count()));
     auto have_fps = [&](int64_t count) {
       for (int64_t i = 0; i < count; ++i)
         if (!store_->check(key(round, fmt::format("fp/{}", i)))) return false;
@@ -295,8 +316,13 @@ RoundResult Rendezvous::join(int round) {
   // timeout to answer, since it may have started after us.
   const auto deadline = Clock::now() + std::chrono::duration<double>(cfg_.rdzv_timeout_s +
                                                                      (store_->is_host() ? 0 : 5));
+  Notes notes;
   while (result_text.empty()) {
     if (interrupted_()) throw RendezvousError("rendezvous interrupted by a signal");
+    if (!store_->is_host() && notes.due())
+      say_(fmt::format("round {}: waiting for node 0 ({}:{}) to start the round: {}", round,
+                       cfg_.rdzv_host, cfg_.rdzv_port,
+                       missing_description(round, store_->add(key(round, "joined"), 0))));
     if (auto r = store_->try_get(key(round, "result"))) {
       result_text = *r;
       break;
@@ -340,6 +366,40 @@ RoundResult Rendezvous::join(int round) {
         rr.nnodes, mine_.nnodes, index + 1));
   }
   return rr;
+}
+
+void Rendezvous::mark_stopped(int round, int node_rank) {
+  store_->set(key(round, fmt::format("stopped/{}", node_rank)), "1");
+}
+
+bool Rendezvous::wait_stopped(int round, const std::vector<int>& nodes, double timeout_s) {
+  FT_ASSERT(store_ && store_->is_host(), "wait_stopped() is the host's");
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration<double>(timeout_s);
+  Notes notes;
+  notes.next = start + std::chrono::seconds(1);
+  for (;;) {
+    std::vector<int> missing;
+    try {
+      for (int n : nodes)
+        if (!store_->check(key(round, fmt::format("stopped/{}", n)))) missing.push_back(n);
+    } catch (const BackendError&) {
+      return false;
+    }
+    if (missing.empty()) return true;
+    if (Clock::now() >= deadline) {
+      say_(
+          fmt::format("node(s) {} did not report their workers stopped within {:.0f} s; going on "
+                      "without them",
+                      fmt::join(missing, ", "), timeout_s));
+      return false;
+    }
+    if (notes.due())
+      say_(fmt::format("waiting up to {:.0f} s more for node(s) {} to stop their workers",
+                       std::chrono::duration<double>(deadline - Clock::now()).count(),
+                       fmt::join(missing, ", ")));
+    std::this_thread::sleep_for(kPollInterval);
+  }
 }
 
 bool Rendezvous::wait_count(int round, const std::string& counter, int64_t n, double timeout_s) {

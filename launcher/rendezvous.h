@@ -36,7 +36,11 @@ struct RoundResult {
 class Rendezvous {
  public:
   // `interrupted` is polled while waiting; returning true aborts the wait (a signal arrived).
-  Rendezvous(const LaunchConfig& cfg, Fingerprint mine, std::function<bool()> interrupted);
+  // `say` prints a progress line: a wait longer than a few seconds says what it waits for, every
+  // few seconds.
+  Rendezvous(
+      const LaunchConfig& cfg, Fingerprint mine, std::function<bool()> interrupted,
+      std::function<void(const std::string&)> say = [](const std::string&) {});
 
   // Hosts or connects to the store. The host is node rank 0, or, with ranks assigned in join
   // order, the first launcher on the endpoint's machine to bind the port.
@@ -59,6 +63,13 @@ class Rendezvous {
   // Host only: waits until `counter` reaches `n` or `timeout_s` passes.
   bool wait_count(int round, const std::string& counter, int64_t n, double timeout_s);
 
+  // Records that node `node_rank` has stopped its workers of round `round`.
+  void mark_stopped(int round, int node_rank);
+  // Host only: waits until every node rank in `nodes` has marked round `round` stopped or
+  // `timeout_s` passes, naming the nodes it still waits for every few seconds. Returns whether all
+  // did.
+  bool wait_stopped(int round, const std::vector<int>& nodes, double timeout_s);
+
   // Host only, after round `round` succeeded: launchers already waiting in the next round are
   // told the job is over (their join() throws JobFinished) and given a moment to read it.
   void finish(int round);
@@ -70,6 +81,7 @@ class Rendezvous {
   LaunchConfig cfg_;
   Fingerprint mine_;
   std::function<bool()> interrupted_;
+  std::function<void(const std::string&)> say_;
   std::unique_ptr<RdzvStore> store_;
 };
 

@@ -65,6 +65,8 @@ class WorkerGroup {
   bool all_exited_with(int code) const;
   // The first worker that failed, in the order failures were observed.
   std::optional<WorkerExit> first_failure() const;
+  // Every worker that failed so far, in that order.
+  const std::vector<WorkerExit>& failures() const { return failures_; }
   std::vector<pid_t> pids() const;
 
  private:

@@ -4,9 +4,11 @@
 #include <cstring>
 #include <map>
 
+#include "comm/process_group.h"
 #include "commands.h"
 #include "core/build_info.h"
 #include "core/error.h"
+#include "core/worker_contract.h"
 
 int main(int argc, char** argv) {
   // Everything after the first "--" belongs to the launched program, untouched by CLI11.
@@ -48,10 +50,20 @@ int main(int argc, char** argv) {
     for (auto* sub : app.get_subcommands()) return runs.at(sub->get_name())();
     std::fputs(app.help().c_str(), stdout);
     return 0;
-  } catch (const ft::Error& e) {
-    std::fprintf(stderr, "ft: error: %s\n", e.what());
-    return e.exit_code();
   } catch (const std::exception& e) {
+    // A collective or the store broke under this process: its peer's failure is the news.
+    if (auto lost = ft::comm::peer_failure(e)) {
+      std::fprintf(stderr,
+                   "ft: error: lost the connection to another rank: %s\n"
+                   "ft: a peer rank or node probably failed first; its own output or the "
+                   "launcher's summary says why (exit %d)\n",
+                   lost->c_str(), ft::contract::kExitPeerLost);
+      return ft::contract::kExitPeerLost;
+    }
+    if (const auto* error = dynamic_cast<const ft::Error*>(&e)) {
+      std::fprintf(stderr, "ft: error: %s\n", e.what());
+      return error->exit_code();
+    }
     std::fprintf(stderr, "ft: error: %s\n", e.what());
     return 1;
   }

@@ -2,10 +2,12 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <exception>
+#include <string_view>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -16,6 +18,21 @@
 #include "cuda/loader.h"
 
 namespace ft::comm {
+
+std::optional<std::string> peer_failure(const std::exception& e) {
+  if (dynamic_cast<const PeerLostError*>(&e)) return std::string(e.what());
+  if (dynamic_cast<const Error*>(&e)) return std::nullopt;  // ft's own, which says what it is
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  const std::string what = c10_error ? c10_error->what_without_backtrace() : e.what();
+  if (dynamic_cast<const c10::DistError*>(&e)) return what;
+  // Gloo's own exceptions (gloo::IoException and friends) are not c10 errors and its headers are
+  // not installed: they are known by the transport's source path in the message, or by the socket
+  // error text.
+  for (std::string_view mark :
+       {"/gloo/transport/", "Connection reset by peer", "Connection closed by peer", "Broken pipe"})
+    if (what.find(mark) != std::string::npos) return what;
+  return std::nullopt;
+}
 
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;      // this group's store (subgroups prefix it further)
@@ -42,6 +59,9 @@ struct ProcessGroup::Impl {
 
 ProcessGroup::ProcessGroup(const DistEnv& env, const ProcessGroupOptions& opts)
     : impl_(std::make_unique<Impl>()) {
+  // A peer that closes its sockets must give this rank an error to report (EPIPE), not kill it
+  // silently with SIGPIPE.
+  ::signal(SIGPIPE, SIG_IGN);
   impl_->rank = env.rank;
   impl_->size = env.world_size;
   const std::string endpoint = fmt::format("{}:{}", env.master_addr, env.master_port);

@@ -10,7 +10,9 @@
 #include <c10/core/Device.h>
 
 #include <chrono>
+#include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,13 @@ class Store;
 }  // namespace c10d
 
 namespace ft::comm {
+
+// When `e` is a failure to communicate with another rank, not of this rank's own work, its text
+// (without a backtrace): a c10d distributed error (the store, the network, a backend), a Gloo
+// transport error (connection reset or closed, a read or write failed) or PeerLostError. Such a
+// failure usually follows a peer's death; `ft train` exits with contract::kExitPeerLost for it, so
+// that the launcher looks for the peer's own failure before blaming this rank.
+std::optional<std::string> peer_failure(const std::exception& e);
 
 struct ProcessGroupOptions {
   static constexpr std::chrono::seconds kDefaultTimeout{300};

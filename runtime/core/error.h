@@ -11,6 +11,8 @@
 #include <string>
 #include <utility>
 
+#include "core/worker_contract.h"
+
 namespace ft {
 
 // Base of every error ft raises on purpose. `exit_code()` lets main() map a failure to a process
@@ -44,6 +46,16 @@ class BackendError : public Error {
  public:
   using Error::Error;
   int exit_code() const override { return 4; }
+};
+
+// Communication with another rank broke under a worker (connection reset or closed, a collective
+// or the store timed out): the cause is usually a peer that died first. Exit code
+// contract::kExitPeerLost, which tells the launcher to look for that peer's failure before blaming
+// this rank.
+class PeerLostError : public BackendError {
+ public:
+  using BackendError::BackendError;
+  int exit_code() const override { return contract::kExitPeerLost; }
 };
 
 // A file ft reads is malformed or inconsistent: model weights, config.json, tokenizer.json, a

@@ -17,6 +17,12 @@ inline constexpr int kExitPreempted = 75;
 // the same command continues from it once the storage has room (sysexits' EX_IOERR).
 inline constexpr int kExitSaveFailed = 74;
 
+// A worker's exit code when communication with another rank failed: a collective or the store
+// connection broke (connection reset or closed, a timeout). The cause is elsewhere, usually a peer
+// rank or node that died first, so the launcher waits a moment to learn which (another node's
+// failure record, a node's missing heartbeats, a local worker's own failure) and blames that.
+inline constexpr int kExitPeerLost = 76;
+
 // The store prefix of restart round `restart_count` (TORCHELASTIC_RESTART_COUNT): ft's workers
 // keep every key of theirs under it (c10d PrefixStore), so each round starts with none.
 inline std::string worker_store_prefix(int restart_count) {

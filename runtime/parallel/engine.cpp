@@ -179,9 +179,15 @@ Engine::Engine(model::LlamaModel& model, std::vector<ParamSpec> specs, EngineOpt
 
 Engine::~Engine() {
   model_.set_unit_hooks(nullptr);
-  // Outstanding work holds tensors of ours; let it finish before they go.
-  for (auto& p : pending_)
-    if (p->work) p->work->wait();
+  // Outstanding work holds tensors of ours; let it finish before they go. It fails when a peer is
+  // gone, and this runs while that error unwinds: a second exception here would end the process
+  // with std::terminate instead of the first one's message.
+  for (auto& p : pending_) {
+    try {
+      if (p->work) p->work->wait();
+    } catch (const std::exception&) {
+    }
+  }
 }
 
 at::TensorOptions Engine::master_options(const Group& g) const {
@@ -506,9 +512,14 @@ void Engine::wait(c10d::Work& work) {
   const auto t0 = std::chrono::steady_clock::now();
   try {
     work.wait();
-  } catch (const c10::Error& e) {
+  } catch (const std::exception& e) {
+    if (auto lost = comm::peer_failure(e))
+      throw PeerLostError(
+          fmt::format("rank {}: {} collective failed: {}", rank_, options_.kind, *lost));
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    if (!c10_error) throw;
     throw BackendError(fmt::format("rank {}: {} collective failed: {}", rank_, options_.kind,
-                                   e.what_without_backtrace()));
+                                   c10_error->what_without_backtrace()));
   }
   acc_.comm_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

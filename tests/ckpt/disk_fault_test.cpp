@@ -117,7 +117,7 @@ TEST_CASE(
     "the free space, the last commit intact, and the same command resumes from it",
     "[multiproc]") {
   std::string why;
-  if (!can_mount(&why)) FT_SKIP(why);
+  if (!can_mount(&why)) skip_test(why);
   for (const bool async : {false, true}) {
     INFO("output.async_save=" << async);
     const auto sets = disk_sets({async ? "output.async_save=true" : "output.async_save=false"});
@@ -140,7 +140,7 @@ TEST_CASE(
     "save tries again",
     "[multiproc]") {
   std::string why;
-  if (!can_mount(&why)) FT_SKIP(why);
+  if (!can_mount(&why)) skip_test(why);
   // keep_last 1: every later save needs room for a second checkpoint, which is not there, while
   // final/ (a third of a checkpoint) fits.
   const auto sets = disk_sets({"output.on_save_error=continue", "output.keep_last=1"});
@@ -166,7 +166,7 @@ TEST_CASE(
     "without a rank's piece, and the job resumes from the last commit",
     "[multiproc]") {
   std::string why;
-  if (!can_mount(&why)) FT_SKIP(why);
+  if (!can_mount(&why)) skip_test(why);
   const FullDiskJob job = full_disk_job(2, disk_sets({"train.micro_batch=4"}));
   Finished full = run(job.argv);
   INFO(full.output);
@@ -182,7 +182,7 @@ TEST_CASE("a read-only --output is refused with exit 2 before anything is loaded
           "[multiproc]") {
   std::string why;
   auto tmpfs = Tmpfs::mount(1 << 20, &why);
-  if (!tmpfs) FT_SKIP(why);
+  if (!tmpfs) skip_test(why);
   fs::create_directories(tmpfs->dir() + "/existing");
   tmpfs->make_read_only();  // root writes past permission bits, not onto a read-only mount
   const std::string existing = tmpfs->dir() + "/existing";

@@ -199,6 +199,93 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "two launchers x 2: node 1's launcher killed, node 0 blames node 1, not its own ranks, "
+    "its workers exit tidily with 76, and the next round names the node it waits for",
+    "[multiproc]") {
+  const std::string out = make_temp_dir() + "/run";
+  const int port = free_port();
+  auto launcher = [&](int node) {
+    return ft_launch_argv(
+        {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", std::to_string(port), "--max-restarts", "1",
+         "--heartbeat-timeout", "3", "--term-grace", "3", "--rdzv-timeout", "7"},
+        ft_train_argv(
+            {"--preset", "tiny-demo", "--output", out},
+            with(kBase, {"train.max_steps=400", "output.save_every=0", "train.micro_batch=2"})));
+  };
+  Child n0 = start(launcher(0), {}, make_temp_dir() + "/n0.txt");
+  Child n1 = start(launcher(1), {}, make_temp_dir() + "/n1.txt");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  wait_for_steps(out, 3, deadline);
+  REQUIRE(read_metrics(out).size() >= 3);
+  // The machine of node 1 is gone at once: its launcher dies, its workers with it (their sockets
+  // close, so node 0's workers see the connection reset before any heartbeat is missed).
+  const auto killed = std::chrono::steady_clock::now();
+  ::kill(n1.pid, SIGKILL);
+  REQUIRE(wait_for(n1, 30).has_value());
+  while (n0.output().find("job stopped: node 1") == std::string::npos &&
+         std::chrono::steady_clock::now() - killed < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  const auto rc = wait_for(n0, 60);
+  if (!rc) kill_and_reap(n0);
+  const std::string o = n0.output();
+  INFO(o);
+  // Restarted without node 1, which never comes back: the new round's rendezvous says whom it
+  // waits for while it waits, then times out.
+  REQUIRE(rc.value_or(-1) == 3);
+  CHECK_THAT(o, Catch::Contains("round 1: waiting for nodes to join: 1/2 nodes joined (missing "
+                                "node_rank 1)"));
+  // The survivors' workers said what happened and exited with the documented code.
+  CHECK_THAT(o, Catch::Contains("lost the connection to another rank"));
+  CHECK_THAT(o, Catch::Contains("lost its connection to another rank (exited with code 76)"));
+  CHECK_THAT(o, !Catch::Contains("terminate called") && !Catch::Contains("SIGPIPE") &&
+                    !Catch::Contains("SIGABRT"));
+  // The summary blames node 1 and says what followed on node 0.
+  CHECK_THAT(o, Catch::Contains("job stopped: node 1 (") && Catch::Contains("was lost"));
+  CHECK_THAT(o, Catch::Contains("then lost its connection to it"));
+  CHECK_THAT(o, !Catch::Contains("first failure on node 0"));
+  // Blamed within the heartbeat timeout of the kill (with 0.5 s for this test's polling).
+  CHECK(took < 3 + 0.5);
+}
+
+TEST_CASE(
+    "one node x 2: a worker killed with SIGKILL is blamed, not the rank that lost its "
+    "connection to it",
+    "[multiproc]") {
+  const std::string out = make_temp_dir() + "/run";
+  Child c = start(
+      ft_launch_argv({"--nproc-per-node", "2", "--master-port", std::to_string(free_port()),
+                      "--max-restarts", "0", "--term-grace", "3"},
+                     ft_train_argv({"--preset", "tiny-demo", "--output", out},
+                                   with(kBase, {"train.max_steps=400", "output.save_every=0"}))),
+      {}, make_temp_dir() + "/out.txt");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  wait_for_steps(out, 3, deadline);
+  REQUIRE(read_metrics(out).size() >= 3);
+  std::vector<pid_t> workers = children_of(c.pid);
+  REQUIRE(workers.size() == 2);
+  // Rank 1: the worker whose environment says RANK=1.
+  auto rank_of = [](pid_t pid) {
+    const std::string env = read_file("/proc/" + std::to_string(pid) + "/environ");
+    const auto at = env.find(std::string("\0RANK=", 6));
+    return at == std::string::npos ? -1 : std::atoi(env.c_str() + at + 6);
+  };
+  const pid_t rank1 = rank_of(workers[0]) == 1 ? workers[0] : workers[1];
+  REQUIRE(rank_of(rank1) == 1);
+  ::kill(rank1, SIGKILL);
+  const auto rc = wait_for(c, 60);
+  if (!rc) kill_and_reap(c);
+  INFO(c.output());
+  REQUIRE(rc.value_or(-1) == 1);
+  CHECK_THAT(c.output(), Catch::Contains("first failure on node 0 (") &&
+                             Catch::Contains("rank 1 (local rank 1): worker was killed by signal "
+                                             "9 (SIGKILL)"));
+  CHECK_THAT(c.output(), !Catch::Contains("terminate called"));
+}
+
+TEST_CASE(
     "node 0 (the store host) killed: the other launcher waits, and the job resumes when "
     "node 0 is started again",
     "[multiproc]") {

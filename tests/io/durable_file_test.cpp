@@ -18,6 +18,7 @@ using namespace ft::io;
 namespace fs = std::filesystem;
 using ft::test::make_temp_dir;
 using ft::test::read_file;
+using ft::test::skip_test;
 
 namespace {
 
@@ -140,7 +141,7 @@ TEST_CASE("durable file: a full filesystem is reported with the file, the free s
           "[unit]") {
   std::string why;
   auto tmpfs = ft::test::Tmpfs::mount(64 << 10, &why);
-  if (!tmpfs) FT_SKIP(why);
+  if (!tmpfs) skip_test(why);
   const std::string path = tmpfs->dir() + "/rank-00000.safetensors";
   write_file_durably(path, "old contents");
   const std::string bytes(200 << 10, 'x');

@@ -60,3 +60,29 @@ TEST_CASE("the summary names the node, the worker, its exit and its output's tai
   CHECK(summary_text(make_failure(FailureKind::kSignal, 0, "gpu01", "launcher received SIGTERM")) ==
         "job stopped: node 0 (gpu01) launcher received SIGTERM");
 }
+
+TEST_CASE("a worker that only lost its connection to a peer is told from a root cause", "[unit]") {
+  WorkerExit w;
+  w.exit_code = 76;  // ft train: lost the connection to another rank
+  CHECK(follows_peer_loss(w));
+  w.exit_code = 1;
+  CHECK_FALSE(follows_peer_loss(w));
+  w.tail = {
+      "Traceback (most recent call last):", "RuntimeError: [../gloo/transport/tcp/pair.cc:534]",
+      "Read error [10.0.0.2]:4711: Connection reset by peer"};
+  CHECK(follows_peer_loss(w));  // another program, known by its last lines
+  w.tail = {"Connection reset by peer", "line 2", "line 3", "ValueError: bad batch"};
+  CHECK_FALSE(follows_peer_loss(w));  // only the last three lines count
+  WorkerExit pipe;
+  pipe.signal = 13;  // SIGPIPE
+  CHECK(follows_peer_loss(pipe));
+  WorkerExit killed;
+  killed.signal = 9;
+  killed.tail = {"Connection reset by peer"};
+  CHECK(follows_peer_loss(killed));
+  killed.tail = {"step 3"};
+  CHECK_FALSE(follows_peer_loss(killed));
+  WorkerExit ok;
+  ok.tail = {"Connection reset by peer"};
+  CHECK_FALSE(follows_peer_loss(ok));  // exited 0
+}

@@ -1,23 +1,14 @@
 // Test support: a tmpfs mounted for one test (a small filesystem to fill, one to make read-only),
 // unmounted when its guard goes out of scope, whatever becomes of the test. Mounting needs root
-// or CAP_SYS_ADMIN; where it is refused the test skips visibly (FT_SKIP), never passes. Not
+// or CAP_SYS_ADMIN; where it is refused the test skips visibly (skip_test), never passes. Not
 // thread-safe; one test thread.
 #pragma once
 
 #include <cstdint>
-#include <iostream>
 #include <memory>
 #include <string>
 
 namespace ft::test {
-
-// Catch2 2.x has no SKIP(): a test case that cannot run prints this marker and returns, and CTest
-// reports it as skipped (ft_add_test sets SKIP_REGULAR_EXPRESSION to the marker).
-#define FT_SKIP(why)                                      \
-  do {                                                    \
-    std::cout << "FT_TEST_SKIPPED: " << why << std::endl; \
-    return;                                               \
-  } while (0)
 
 class Tmpfs {
  public:

@@ -1,0 +1,252 @@
+// Faults of the network, with network namespaces as hosts (iproute2): each node of a job is a
+// namespace with one address, all on one bridge (the switch, in a namespace of its own). A node's
+// link is taken down mid-run by downing its switch port: its processes live on, its packets are
+// gone, no connection is reset. Needs root (CAP_NET_ADMIN, `ip netns`); elsewhere each test prints
+// SKIP and exits 77, which CTest shows as skipped, never passed. The namespaces share the file
+// system, as nodes share the output directory of a job.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/runs.h"
+#include "support/subprocess.h"
+
+using namespace ft::test;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// start() runs a program by its path.
+constexpr const char* kIp = "/usr/sbin/ip";
+
+struct Shell {
+  int code = -1;
+  std::string out;
+};
+
+// Runs `cmd` with sh; its exit code and output (stdout and stderr).
+Shell sh(const std::string& cmd) {
+  Shell r;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[512];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+void must(const std::string& cmd) {
+  const Shell r = sh(cmd);
+  INFO(cmd << "\n" << r.out);
+  REQUIRE(r.code == 0);
+}
+
+// Skips the test visibly (CTest's SKIP_RETURN_CODE 77) unless network namespaces can be made.
+void require_netns() {
+  std::string why;
+  if (::access(kIp, X_OK) != 0) {
+    why = std::string(kIp) + " not found (Debian's iproute2)";
+  } else if (::geteuid() != 0) {
+    why = "not root (ip netns needs CAP_NET_ADMIN)";
+  } else {
+    const std::string probe = "ftprobe" + std::to_string(::getpid());
+    const Shell r = sh("ip netns add " + probe + " && ip netns del " + probe);
+    if (r.code != 0) why = "`ip netns add` failed: " + r.out;
+  }
+  if (!why.empty()) skip_test("network namespaces are not available here: " + why);
+}
+
+// `nodes` namespaces on one bridge; node i has address 10.77.0.(i+1). Removed on destruction, with
+// their links.
+class Network {
+ public:
+  explicit Network(int nodes) : tag_("ft" + std::to_string(::getpid())), nodes_(nodes) {
+    must("ip netns add " + sw());
+    must("ip -n " + sw() + " link set lo up");
+    must("ip -n " + sw() + " link add br0 type bridge");
+    must("ip -n " + sw() + " link set br0 up");
+    for (int i = 0; i < nodes; ++i) {
+      must("ip netns add " + ns(i));
+      must("ip link add " + tag_ + "e" + std::to_string(i) + " netns " + ns(i) +
+           " type veth peer name " + port(i) + " netns " + sw());
+      must("ip -n " + sw() + " link set " + port(i) + " master br0 up");
+      must("ip -n " + ns(i) + " addr add " + addr(i) + "/24 dev " + tag_ + "e" + std::to_string(i));
+      must("ip -n " + ns(i) + " link set " + tag_ + "e" + std::to_string(i) + " up");
+      must("ip -n " + ns(i) + " link set lo up");
+    }
+  }
+  ~Network() {
+    for (int i = 0; i < nodes_; ++i) sh("ip netns del " + ns(i));
+    sh("ip netns del " + sw());
+  }
+  Network(const Network&) = delete;
+  Network& operator=(const Network&) = delete;
+
+  std::string addr(int i) const { return "10.77.0." + std::to_string(i + 1); }
+  // `argv` run on node i.
+  std::vector<std::string> on(int i, const std::vector<std::string>& argv) const {
+    std::vector<std::string> v = {kIp, "netns", "exec", ns(i)};
+    v.insert(v.end(), argv.begin(), argv.end());
+    return v;
+  }
+  // Node i's switch port down (its packets are dropped) or up again.
+  void link(int i, bool up) {
+    must("ip -n " + sw() + " link set " + port(i) + (up ? " up" : " down"));
+  }
+
+ private:
+  std::string ns(int i) const { return tag_ + "n" + std::to_string(i); }
+  std::string sw() const { return tag_ + "sw"; }
+  std::string port(int i) const { return tag_ + "p" + std::to_string(i); }
+  std::string tag_;
+  int nodes_;
+};
+
+// The job tests' small model (runs.h), a checkpoint every 3 steps, one step per metrics line.
+std::vector<std::string> train(const std::string& out, int steps) {
+  return ft_train_argv(
+      {"--preset", "tiny-demo", "--output", out},
+      with(small_run_sets(), {"train.max_steps=" + std::to_string(steps), "output.save_every=3",
+                              "output.keep_last=3", "train.micro_batch=2", "train.log_every=1"}));
+}
+
+// Waits until `c`'s output contains `text`; the seconds waited, or -1 at the deadline.
+double wait_output(const Child& c, const std::string& text, double timeout_s) {
+  const auto start = Clock::now();
+  while (c.output().find(text) == std::string::npos) {
+    if (Clock::now() - start > std::chrono::duration<double>(timeout_s)) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The node rank a launcher was given in round 0 ("[ft node N] round 0: ..."), or -1.
+int node_rank_in_round0(const Child& c) {
+  std::smatch m;
+  const std::string out = c.output();
+  static const std::regex re(R"(\[ft node (\d+)\] round 0:)");
+  return std::regex_search(out, m, re) ? std::stoi(m[1]) : -1;
+}
+
+// metrics.jsonl holds every step from 1 to `steps` once, in order.
+void check_every_step_once(const std::string& out, int steps) {
+  auto m = read_metrics(out);
+  REQUIRE(m.size() == static_cast<size_t>(steps));
+  for (size_t i = 0; i < m.size(); ++i) CHECK(m[i]["step"] == static_cast<int>(i + 1));
+}
+
+// Launcher options shared by the tests: a 3 s heartbeat timeout, restarts to spare.
+std::vector<std::string> launch_opts(const Network& net, const std::string& nnodes) {
+  return {"--nnodes",      nnodes,  "--nproc-per-node", "1", "--master-addr",       net.addr(0),
+          "--master-port", "29500", "--max-restarts",   "3", "--heartbeat-timeout", "3",
+          "--term-grace",  "3",     "--rdzv-timeout",   "60"};
+}
+
+}  // namespace
+
+TEST_CASE(
+    "netns, --nnodes 2:3: a node whose link goes down is lost within the heartbeat timeout and "
+    "the job goes on with the other two",
+    "[multiproc]") {
+  require_netns();
+  Network net(3);
+  const std::string out = make_temp_dir() + "/run";
+  std::vector<std::string> opts = launch_opts(net, "2:3");
+  opts.insert(opts.end(), {"--rdzv-last-call", "3"});
+  auto launcher = [&](int i) {
+    return start(net.on(i, ft_launch_argv(opts, train(out, 30))), {},
+                 make_temp_dir() + "/n" + std::to_string(i) + ".txt");
+  };
+  Child n0 = launcher(0);
+  REQUIRE(wait_output(n0, "hosting the rendezvous store", 30) >= 0);
+  Child n1 = launcher(1), n2 = launcher(2);
+  wait_for_steps(out, 5, Clock::now() + std::chrono::seconds(120));
+  INFO(n0.output());
+  REQUIRE(read_metrics(out).size() >= 5);
+  REQUIRE_THAT(n0.output(), Catch::Contains("world size 3"));
+  const int lost = node_rank_in_round0(n2);
+  REQUIRE(lost >= 0);
+  net.link(2, false);
+  const double detected = wait_output(n0, "sent no heartbeat", 30);
+  // Within --heartbeat-timeout of the link going down (the last beat came before), with 0.5 s for
+  // this test's polling.
+  CHECK(detected >= 0);
+  CHECK(detected < 3 + 0.5);
+  CHECK(wait_output(n0, "was lost", 10) >= 0);  // the summary follows the detection line
+  CHECK_THAT(n0.output(),
+             Catch::Contains("node " + std::to_string(lost) + " (") && Catch::Contains("was lost"));
+  const auto rc0 = wait_for(n0, 150), rc1 = wait_for(n1, 150);
+  if (!rc0) kill_and_reap(n0);
+  if (!rc1) kill_and_reap(n1);
+  kill_and_reap(n2);  // cut off for good
+  INFO(n1.output());
+  REQUIRE(rc0.value_or(-1) == 0);
+  REQUIRE(rc1.value_or(-1) == 0);
+  CHECK_THAT(n0.output(), Catch::Contains("round 1: 2 node(s) x 1 worker(s), world size 2"));
+  CHECK_THAT(n0.output() + n1.output(), Catch::Contains("resuming from"));
+  check_every_step_once(out, 30);
+}
+
+namespace {
+
+// Two nodes with fixed ranks; node `cut`'s link goes down mid-run for about 6 s and comes back.
+// The other node declares it lost within the heartbeat timeout and waits for it, naming it; when
+// the link is back, the node's launcher rejoins and the job finishes from the checkpoint.
+void link_down_and_back(int cut) {
+  require_netns();
+  Network net(2);
+  const std::string out = make_temp_dir() + "/run";
+  auto launcher = [&](int i) {
+    std::vector<std::string> opts = launch_opts(net, "2");
+    opts.insert(opts.end(), {"--node-rank", std::to_string(i)});
+    return start(net.on(i, ft_launch_argv(opts, train(out, 24))), {},
+                 make_temp_dir() + "/n" + std::to_string(i) + ".txt");
+  };
+  Child n0 = launcher(0), n1 = launcher(1);
+  wait_for_steps(out, 5, Clock::now() + std::chrono::seconds(120));
+  REQUIRE(read_metrics(out).size() >= 5);
+  const auto down = Clock::now();
+  net.link(cut, false);
+  // Node 0, the store host, sees node 1 go silent either way.
+  const double detected = wait_output(n0, "node 1 (", 30);
+  CHECK(detected >= 0);
+  CHECK(detected < 3 + 0.5);
+  CHECK(wait_output(n0,
+                    "round 1: waiting for nodes to join: 1/2 nodes joined (missing node_rank 1)",
+                    30) >= 0);
+  std::this_thread::sleep_for(std::chrono::seconds(6) - (Clock::now() - down));
+  net.link(cut, true);
+  const auto rc0 = wait_for(n0, 150), rc1 = wait_for(n1, 150);
+  if (!rc0) kill_and_reap(n0);
+  if (!rc1) kill_and_reap(n1);
+  INFO(n0.output());
+  INFO(n1.output());
+  REQUIRE(rc0.value_or(-1) == 0);
+  REQUIRE(rc1.value_or(-1) == 0);
+  CHECK_THAT(n0.output(), Catch::Contains("sent no heartbeat") && Catch::Contains("was lost"));
+  CHECK_THAT(n0.output(), Catch::Contains("round 1: 2 node(s) x 1 worker(s), world size 2"));
+  CHECK_THAT(n0.output(), Catch::Contains("resuming from"));
+  check_every_step_once(out, 24);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "netns, --nnodes 2: node 1's link down and back: lost within the heartbeat timeout, "
+    "waited for by name, rejoins, the job finishes",
+    "[multiproc]") {
+  link_down_and_back(1);
+}
+
+TEST_CASE("netns, --nnodes 2: the store host's link down and back: the job survives and finishes",
+          "[multiproc]") {
+  link_down_and_back(0);
+}
