@@ -16,6 +16,7 @@
 #include "core/build_info.h"
 #include "core/error.h"
 #include "cuda/device.h"
+#include "io/storage.h"
 #include "options.h"
 #include "plan/preflight.h"
 #include "train_options.h"
@@ -124,6 +125,7 @@ Run add_launch(CLI::App& app, const std::vector<std::string>& program) {
           config::resolve_settings(train_args->value("preset"), train_args->values("set"));
       po.model_dir = train_args->value("model");
       po.output_dir = train_args->value("output");
+      io::check_writable_dir(po.output_dir, "--output");
       po.layout = {cfg.min_nodes, cfg.nproc_per_node,
                    cuda::choose_device(po.settings.hardware.device, 0).device.is_cuda()};
       po.node_rank = cfg.node_rank.value_or(-1);

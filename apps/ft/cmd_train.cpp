@@ -7,6 +7,7 @@
 #include "config/settings.h"
 #include "core/error.h"
 #include "cuda/device.h"
+#include "io/storage.h"
 #include "plan/preflight.h"
 #include "train/run.h"
 #include "train_options.h"
@@ -20,6 +21,8 @@ Run add_train(CLI::App& app) {
   return [args]() -> int {
     train::RunOptions opts = args->run_options();
     opts.settings = config::resolve_settings(args->value("preset"), args->values("set"));
+    // An output nothing can be written to is refused before anything is loaded or allocated.
+    io::check_writable_dir(opts.output_dir, "--output");
     // Preflight: the job's plan against this node, before anything is allocated or written.
     const comm::DistEnv env = comm::read_dist_env();
     plan::PreflightOptions po;

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include "core/json.h"
 #include "io/durable_file.h"
 #include "io/safetensors.h"
+#include "io/storage.h"
 
 namespace ft::ckpt {
 
@@ -108,10 +110,17 @@ std::vector<std::string> list_committed(const std::string& root) { return step_d
 // ---------------------------------------------------------------------------------------------
 // Saver
 
+int64_t Snapshot::data_bytes() const {
+  int64_t n = 0;
+  for (const auto& p : pieces) n += static_cast<int64_t>(p.data.nbytes());
+  return n;
+}
+
 struct Saver::Impl {
   SaverOptions o;
   std::thread worker;
   std::exception_ptr error;
+  std::atomic<bool> finished{true};  // the background save (if any) has ended; `error` is set
   double write_s = 0;
   std::mutex mu;
   std::condition_variable cv;
@@ -120,8 +129,17 @@ struct Saver::Impl {
   void join() {
     if (worker.joinable()) worker.join();
   }
-  void write(const Snapshot& s);
-  void commit(const Snapshot& s, const std::string& tmp);
+  void release() {
+    std::lock_guard<std::mutex> lock(mu);
+    captured = true;
+    cv.notify_all();
+  }
+  void write(Snapshot& s, bool capture);
+  void write_rank_files(const Snapshot& s, const std::string& tmp);
+  void commit(const Snapshot& s, const std::string& tmp, const std::string& own_error);
+  void write_meta(const Snapshot& s, const std::string& tmp);
+  void publish(const Snapshot& s, const std::string& tmp);
+  void tidy_up(const Snapshot& s);
 };
 
 Saver::Saver(SaverOptions options) : impl_(std::make_unique<Impl>()) {
@@ -152,34 +170,33 @@ void Saver::wait() {
   }
 }
 
+bool Saver::failed() const {
+  return impl_->worker.joinable() && impl_->finished.load(std::memory_order_acquire) &&
+         impl_->error != nullptr;
+}
+
 void Saver::save(Snapshot s, bool async) {
-  const auto t0 = std::chrono::steady_clock::now();
   wait();
   if (async) {
     {
       std::lock_guard<std::mutex> lock(impl_->mu);
       impl_->captured = false;
     }
+    impl_->finished.store(false);
+    // Nothing escapes the thread: its error is kept for wait(), and the caller is never left
+    // waiting for a copy that will not come.
     impl_->worker = std::thread([impl = impl_.get(), snap = std::move(s)]() mutable {
-      auto release = [impl] {
-        std::lock_guard<std::mutex> lock(impl->mu);
-        impl->captured = true;
-        impl->cv.notify_all();
-      };
       try {
-        // Private copies first (the caller goes on training meanwhile), then the write.
-        for (auto& p : snap.pieces) p.data = p.data.clone();
-        release();
-        impl->write(snap);
+        impl->write(snap, /*capture=*/true);
       } catch (...) {
         impl->error = std::current_exception();
-        release();
       }
+      impl->release();
+      impl->finished.store(true, std::memory_order_release);
     });
   } else {
-    impl_->write(s);
+    impl_->write(s, /*capture=*/false);
   }
-  stall_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 double Saver::wait_captured() {
@@ -189,12 +206,46 @@ double Saver::wait_captured() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void Saver::Impl::write(const Snapshot& s) {
+namespace {
+// Store keys of the save of `step`: each rank's outcome, and rank 0's verdict on the whole.
+std::string done_key(int64_t step, int rank) { return fmt::format("ckpt/{}/{}", step, rank); }
+std::string verdict_key(int64_t step) { return fmt::format("ckpt/{}/verdict", step); }
+}  // namespace
+
+std::string Saver::verdict(int64_t step) {
+  const SaverOptions& o = impl_->o;
+  FT_ASSERT(o.world_size > 1 && o.rank != 0, "only the other ranks ask rank 0 for its verdict");
+  return o.wait_all({verdict_key(step)}).at(0);
+}
+
+void Saver::Impl::write(Snapshot& s, bool capture) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::string tmp = (fs::path(o.root) / (".tmp-" + step_dir_name(s.step))).string();
+  // Whatever becomes of this rank's files, rank 0 hears of it: a rank that stayed silent would
+  // leave rank 0 waiting, and a commit must never lack a rank's pieces.
+  std::string failure;
+  try {
+    if (capture) {
+      // Private copies first (the caller goes on training meanwhile), then the write.
+      for (auto& p : s.pieces) p.data = p.data.clone();
+      release();
+    }
+    write_rank_files(s, tmp);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  if (o.world_size > 1) o.signal(done_key(s.step, o.rank), failure);
+  if (o.rank == 0) commit(s, tmp, failure);
+  FT_CHECK_T(CheckpointSaveError, failure.empty(), "checkpoint of step ", s.step,
+             " not saved: rank ", o.rank, ": ", failure);
+  write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void Saver::Impl::write_rank_files(const Snapshot& s, const std::string& tmp) {
   std::error_code ec;
   fs::create_directories(tmp, ec);
-  FT_CHECK_T(SystemError, !ec, "cannot create checkpoint directory ", tmp, ": ", ec.message());
+  FT_CHECK_T(SystemError, !ec, "cannot create checkpoint directory ", tmp, ": ", ec.message(), " (",
+             io::describe_space(io::space_at(o.root)), ")");
   const std::string file = rank_file(o.rank, ".safetensors");
   io::NamedTensors named;
   json chunks = json::array();
@@ -217,17 +268,52 @@ void Saver::Impl::write(const Snapshot& s) {
   json rank = {{"rank", o.rank},        {"world_size", o.world_size}, {"step", s.step},
                {"state", s.rank_state}, {"shapes", shapes},           {"chunks", chunks}};
   io::write_file_durably((fs::path(tmp) / rank_file(o.rank, ".json")).string(), rank.dump());
-  if (o.world_size > 1) o.signal(fmt::format("ckpt/{}/{}", s.step, o.rank));
-  if (o.rank == 0) commit(s, tmp);
-  write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void Saver::Impl::commit(const Snapshot& s, const std::string& tmp) {
+// Rank 0: once every rank has said how its files went, either commits or, when any rank failed
+// (itself included) or the commit itself fails, removes the temporary directory and throws
+// CheckpointSaveError naming each failure.
+void Saver::Impl::commit(const Snapshot& s, const std::string& tmp, const std::string& own_error) {
+  std::vector<std::string> errors = {own_error};
   if (o.world_size > 1) {
     std::vector<std::string> keys;
-    for (int r = 0; r < o.world_size; ++r) keys.push_back(fmt::format("ckpt/{}/{}", s.step, r));
-    o.wait_all(keys);
+    for (int r = 0; r < o.world_size; ++r) keys.push_back(done_key(s.step, r));
+    errors = o.wait_all(keys);
+    FT_ASSERT(errors.size() == keys.size(), "wait_all returned ", errors.size(), " outcomes for ",
+              keys.size(), " ranks");
   }
+  std::string failed;
+  for (size_t r = 0; r < errors.size(); ++r)
+    if (!errors[r].empty())
+      failed += fmt::format("{}rank {}: {}", failed.empty() ? "" : "; ", r, errors[r]);
+  if (failed.empty()) {
+    try {
+      write_meta(s, tmp);
+      publish(s, tmp);
+    } catch (const std::exception& e) {
+      failed = fmt::format("rank 0, committing: {}", e.what());
+    }
+  }
+  std::string verdict;
+  if (failed.empty()) {
+    tidy_up(s);
+  } else {
+    // Every rank is done with the directory: nothing of this save is left to be mistaken for a
+    // checkpoint (a .tmp- directory never is; removing it gives the space back).
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    verdict = fmt::format(
+        "checkpoint of step {} not saved: {}; its temporary directory {} {}", s.step, failed, tmp,
+        ec ? fmt::format("could not be removed ({}), and is never read", ec.message())
+           : std::string("was removed"));
+  }
+  // The other ranks report the same error as rank 0 when the ranks find the save failed.
+  if (o.world_size > 1) o.signal(verdict_key(s.step), verdict);
+  FT_CHECK_T(CheckpointSaveError, verdict.empty(), verdict);
+}
+
+// meta.json from every rank's record, every element of every tensor covered exactly once.
+void Saver::Impl::write_meta(const Snapshot& s, const std::string& tmp) {
   json tensors = json::object();
   json ranks = json::array();
   for (int r = 0; r < o.world_size; ++r) {
@@ -261,7 +347,6 @@ void Saver::Impl::commit(const Snapshot& s, const std::string& tmp) {
       throw FormatError(fmt::format("{}: malformed ({})", path, e.what()));
     }
   }
-  // Every element of every tensor exactly once.
   for (auto& [t, tj] : tensors.items()) {
     auto& chunks = tj["chunks"];
     std::sort(chunks.begin(), chunks.end(),
@@ -289,11 +374,14 @@ void Saver::Impl::commit(const Snapshot& s, const std::string& tmp) {
   // carry theirs), so no byte a resume reads goes unchecked.
   meta["meta_crc32c"] = meta_checksum(meta);
   io::write_file_durably((fs::path(tmp) / kMetaFile).string(), meta.dump(1));
+}
+
+// The commit itself: the temporary directory, meta.json and all, renamed to step-<N>.
+void Saver::Impl::publish(const Snapshot& s, const std::string& tmp) {
   const fs::path final_dir = fs::path(o.root) / step_dir_name(s.step);
   std::error_code ec;
-  fs::path old;
   if (fs::exists(final_dir, ec)) {  // the same step saved again (a restarted run): swap
-    old = fs::path(o.root) / (".old-" + step_dir_name(s.step));
+    const fs::path old = fs::path(o.root) / (".old-" + step_dir_name(s.step));
     fs::remove_all(old, ec);
     fs::rename(final_dir, old, ec);
     FT_CHECK_T(SystemError, !ec, "cannot move ", final_dir.string(), " aside: ", ec.message());
@@ -301,10 +389,21 @@ void Saver::Impl::commit(const Snapshot& s, const std::string& tmp) {
   fs::rename(tmp, final_dir, ec);
   FT_CHECK_T(SystemError, !ec, "cannot rename ", tmp, " to ", final_dir.string(), ": ",
              ec.message());
-  io::fsync_dir(o.root);
-  if (!old.empty()) fs::remove_all(old, ec);
-  io::write_file_durably((fs::path(o.root) / kLatestFile).string(), step_dir_name(s.step) + "\n");
-  // Older checkpoints beyond keep_last, and temporary directories of saves that never finished.
+}
+
+// After the commit: `latest`, and older checkpoints beyond keep_last and temporary directories of
+// saves that never finished removed. The checkpoint is committed already, so a failure here (a
+// disk that filled just now) is said and fails nothing.
+void Saver::Impl::tidy_up(const Snapshot& s) {
+  std::error_code ec;
+  try {
+    io::fsync_dir(o.root);
+    fs::remove_all(fs::path(o.root) / (".old-" + step_dir_name(s.step)), ec);
+    io::write_file_durably((fs::path(o.root) / kLatestFile).string(), step_dir_name(s.step) + "\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ft: warning: checkpoint of step %lld is committed, but: %s\n",
+                 static_cast<long long>(s.step), e.what());
+  }
   const auto committed = list_committed(o.root);
   for (size_t i = static_cast<size_t>(o.keep_last); i < committed.size(); ++i)
     fs::remove_all(committed[i], ec);

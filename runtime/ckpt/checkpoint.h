@@ -3,7 +3,9 @@
 // of a temporary step directory, and makes them durable (fsync). When every rank has, rank 0
 // writes meta.json — each tensor's global shape and, for every chunk, file, range and CRC-32C —
 // renames the directory into place (step-<N>) and moves the `latest` pointer: a directory without
-// meta.json is never used. A checkpoint is read back under any world size and strategy by
+// meta.json is never used. A rank that cannot write its files (a full disk) says so to rank 0
+// all the same, which then commits nothing, removes the temporary directory and fails the save
+// naming every rank's error. A checkpoint is read back under any world size and strategy by
 // asking for ranges of tensors, which read_range() assembles from whatever chunks hold them.
 #pragma once
 
@@ -16,6 +18,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "core/error.h"
+#include "core/worker_contract.h"
 
 namespace ft::ckpt {
 
@@ -38,16 +43,28 @@ struct Snapshot {
   std::map<std::string, std::vector<int64_t>>
       shapes;                 // global shape of every tensor it has pieces of
   std::vector<Piece> pieces;  // over all ranks, every element of every tensor exactly once
+
+  int64_t data_bytes() const;  // of this rank's pieces: about the size of its file
+};
+
+// A checkpoint was not saved (a rank could not write its files, or rank 0 could not commit): the
+// message names the step, the rank and the file, and the save's temporary directory is gone; the
+// committed checkpoints are as they were. Its exit code tells the launcher and scripts so.
+class CheckpointSaveError : public Error {
+ public:
+  using Error::Error;
+  int exit_code() const override { return contract::kExitSaveFailed; }
 };
 
 struct SaverOptions {
   std::string root;  // where step-<N> directories go (OUTPUT/checkpoints)
   int rank = 0, world_size = 1;
   int keep_last = 2;  // committed checkpoints kept (the newest); >= 1
-  // Multi-rank: `signal(key)` tells rank 0 this rank's files are durable; rank 0's
-  // `wait_all(keys)` returns when every rank has signalled (throws on timeout).
-  std::function<void(const std::string& key)> signal;
-  std::function<void(const std::vector<std::string>& keys)> wait_all;
+  // Multi-rank: `signal(key, error)` tells rank 0 this rank is done with its files: durable
+  // (error "") or not (the error's text). Rank 0's `wait_all(keys)` returns every rank's error
+  // (in the order of `keys`) once all have signalled (throws on timeout).
+  std::function<void(const std::string& key, const std::string& error)> signal;
+  std::function<std::vector<std::string>(const std::vector<std::string>& keys)> wait_all;
 };
 
 // Writes snapshots, one at a time, synchronously or on a background thread.
@@ -66,17 +83,21 @@ class Saver {
   void save(Snapshot s, bool async);
   // Blocks until the save in flight has its own copy of the state; returns the seconds waited.
   double wait_captured();
-  // Waits for the save in flight; rethrows its error (ft::Error naming the file).
+  // Waits for the save in flight; rethrows its error (CheckpointSaveError naming the file; the
+  // same on every rank the save failed on).
   void wait();
-  // Seconds the last save() blocked its caller (waiting for the previous save, or the whole
-  // write when synchronous), and seconds the last completed write took.
-  double last_stall_s() const { return stall_s_; }
+  // Without waiting: a background save has ended in an error, which wait() will rethrow.
+  bool failed() const;
+  // Ranks other than 0: rank 0's verdict on the save of `step` once it has one, "" when it
+  // committed, else the error naming every rank that failed (what its wait() threw).
+  std::string verdict(int64_t step);
+  // Seconds the last completed write took (what a save stalls its caller is the caller's to
+  // measure: the Checkpointer records it).
   double last_write_s() const;
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  double stall_s_ = 0;
 };
 
 // A committed checkpoint, opened for reading.

@@ -1,6 +1,7 @@
 #include "ckpt/checkpointer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -8,6 +9,9 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+
+#include "core/strings.h"
+#include "io/storage.h"
 
 namespace ft::ckpt {
 
@@ -121,48 +125,143 @@ void Checkpointer::before_update() {
   pending_.reset();
 }
 
+double Checkpointer::agree_max(double v) const {
+  return options_.saver.world_size > 1 ? options_.max_over_ranks(v) : v;
+}
+
+double Checkpointer::agree_sum(double v) const {
+  return options_.saver.world_size > 1 ? options_.sum_over_ranks(v) : v;
+}
+
 bool Checkpointer::after_step(int64_t step, int64_t total_steps,
                               const std::function<Snapshot()>& snapshot) {
-  // One scalar collective per step carries both rank 0's clock and SIGTERM on any rank:
-  // 2 = a rank was told to stop, 1 = time to save.
+  // One scalar collective per step carries rank 0's clock, SIGTERM on any rank and a background
+  // save that failed on any rank: 1 = time to save, 2 = a rank was told to stop, 4 = a save
+  // failed. The largest wins, so a failure hides the other two for this step; they are asked
+  // again at the next (the signal and the clock stay set).
   const auto now = std::chrono::steady_clock::now();
   const double since = std::chrono::duration<double>(now - last_save_).count();
   const double flags =
-      (g_terminate ? 2 : 0) +
+      (saver_.failed() ? 4 : 0) + (g_terminate ? 2 : 0) +
       (rank0_ && options_.save_every_minutes > 0 && since >= options_.save_every_minutes * 60 ? 1
                                                                                               : 0);
-  const double agreed = options_.saver.world_size > 1 ? options_.max_over_ranks(flags) : flags;
+  double agreed = agree_max(flags);
+  if (agreed >= 4) {
+    settle(/*stopping=*/false);
+    agreed = 0;
+  }
   const bool stop = agreed >= 2 && step < total_steps;
   const bool due = (options_.save_every > 0 && step % options_.save_every == 0) || agreed >= 1 ||
                    (checkpoints_at_all(options_) && step == total_steps);
   if (due) {
     const bool async = options_.async_save && !stop;
     const auto s0 = std::chrono::steady_clock::now();
-    saver_.save(snapshot(), async);
+    settle(/*stopping=*/false);  // the previous save has ended on every rank
+    Snapshot snap = snapshot();
+    warn_if_no_room(step, snap);
+    std::string error;  // of a synchronous save; a background one keeps its own for wait()
+    try {
+      saver_.save(std::move(snap), async);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    in_flight_ = step;
     last_save_ = std::chrono::steady_clock::now();
     // What each save cost the training loop, and each write took. The stall of an async save
     // is this call plus the wait before the next update.
+    const double stall_s = std::chrono::duration<double>(last_save_ - s0).count();
     pending_ = json{{"step", step},
                     {"async", async},
-                    {"stall_s", std::chrono::duration<double>(last_save_ - s0).count()},
+                    {"stall_s", stall_s},
                     {"previous_write_s", saver_.last_write_s()}};
+    const bool written = async || settle(stop, error);
     if (!async) {
-      log(*pending_);
+      if (written) log(*pending_);
       pending_.reset();
     }
-    if (rank0_ && ::isatty(STDOUT_FILENO) != 1)
+    if (rank0_ && written && ::isatty(STDOUT_FILENO) != 1)
       fmt::print("ft train: checkpoint of step {} {} (training paused {:.3f} s)\n", step,
-                 async ? "being written" : "written", saver_.last_stall_s());
+                 async ? "being written" : "written", stall_s);
     std::fflush(stdout);
   }
-  if (stop) saver_.wait();
   return stop;
 }
 
+// Every rank, in step (one collective): the save in flight, if any, has ended here (`error`: the
+// failure of a synchronous one), and the ranks agree whether it failed anywhere. True when it did
+// not.
+bool Checkpointer::settle(bool stopping, std::string error) {
+  try {
+    saver_.wait();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const bool failed = agree_max(error.empty() ? 0 : 1) >= 1;
+  const int64_t step = in_flight_;
+  in_flight_ = -1;
+  if (!failed) return true;
+  // Every rank reports rank 0's account, which names each rank that failed and why.
+  if (!rank0_) {
+    const std::string verdict = saver_.verdict(step);
+    if (!verdict.empty()) error = verdict;
+  }
+  if (error.empty()) error = fmt::format("checkpoint of step {} not saved by another rank", step);
+  save_failed(step, error, stopping);
+  return false;
+}
+
+// The save of `step` failed on some rank (`what`: rank 0's account of it). The run stops
+// (output.on_save_error=stop, or a SIGTERM's checkpoint: stopping without one would lose the
+// steps) or rank 0 warns and training goes on.
+void Checkpointer::save_failed(int64_t step, const std::string& what, bool stopping) {
+  log(json{{"step", step}, {"error", what}});
+  failed_steps_.push_back(step);
+  const auto committed = list_committed(root());
+  const std::string kept =
+      committed.empty()
+          ? std::string("no checkpoint of this run is committed yet")
+          : fmt::format("the newest committed checkpoint, {}, is intact", committed.front());
+  const bool stop = stopping || options_.on_save_error == OnSaveError::kStop;
+  if (stop)
+    throw CheckpointSaveError(fmt::format(
+        "{}; {}; once the storage is fixed (room made, if it is full), run the same command "
+        "again: {} ({}; exit {})",
+        what, kept, committed.empty() ? "it starts over" : "--resume auto continues from it",
+        stopping ? "the run was stopping on a signal"
+                 : "output.on_save_error=stop; with continue the run would train on without it",
+        contract::kExitSaveFailed));
+  if (rank0_)
+    fmt::print(stderr,
+               "ft train: WARNING: {}; {}; training goes on without it "
+               "(output.on_save_error=continue) and the next save tries again\n",
+               what, kept);
+}
+
+// Best effort, before a save: when the filesystem plainly has less room than the checkpoint,
+// rank 0 says so now. The save is tried all the same (room may be made meanwhile, and statvfs is
+// only an estimate on shared storage); the write's own error is what counts. One collective.
+void Checkpointer::warn_if_no_room(int64_t step, const Snapshot& snapshot) const {
+  const double need = agree_sum(static_cast<double>(snapshot.data_bytes()));
+  if (!rank0_) return;
+  const io::Space space = io::space_at(root());
+  if (space.free_bytes < 0 || need <= static_cast<double>(space.free_bytes)) return;
+  fmt::print(stderr,
+             "ft train: warning: the checkpoint of step {} needs about {}, but there is {}: the "
+             "save will likely fail\n",
+             step, human_bytes(static_cast<int64_t>(need)), io::describe_space(space));
+  std::fflush(stderr);
+}
+
 void Checkpointer::finish(int64_t step) {
-  saver_.wait();
   if (pending_) log(*pending_);
+  pending_.reset();
+  settle(/*stopping=*/false);
   if (rank0_ && log_.is_open()) log(json{{"step", step}, {"last_write_s", saver_.last_write_s()}});
+  if (rank0_ && !failed_steps_.empty())
+    fmt::print(stderr,
+               "ft train: WARNING: {} checkpoint save(s) failed (steps {}); the newest committed "
+               "checkpoint is older than the end of the run\n",
+               failed_steps_.size(), fmt::join(failed_steps_, ", "));
 }
 
 }  // namespace ft::ckpt

@@ -267,6 +267,11 @@ const std::vector<Setting>& preset_schema() {
     F(KEY(output.save_every_minutes), 0.0, 0, kInf, "Minutes between checkpoints (0: none by time); with save_every, whichever comes first."),
     I(KEY(output.keep_last), 2, 1, 1000000, "Committed checkpoints kept; older ones are deleted only after a newer one is committed."),
     B(KEY(output.async_save), true, "Copy the state to host memory and write it on a background thread while training goes on."),
+    C(KEY(output.on_save_error), "stop", {"stop", "continue"},
+      "When a checkpoint cannot be saved (a full disk, on any rank): stop = every rank stops with "
+      "exit 74 and the error naming the file and the free space; the newest committed checkpoint "
+      "is intact and the same command continues from it once there is room; continue = warn, "
+      "train on, and try again at the next save (the steps since the last commit are then at risk)."),
     I(KEY(output.profile_steps), 0, 0, 1000000, "Profile this many optimizer steps after the first 3 with LibTorch's profiler: rank 0 writes profile.json (a Chrome trace) and profile.txt, and prints where the step time went by kernel or op (0: off)."),
   };
   // clang-format on

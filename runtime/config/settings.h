@@ -111,6 +111,7 @@ struct OutputSettings {
   double save_every_minutes = 0;
   int64_t keep_last = 0;
   bool async_save = false;
+  std::string on_save_error;  // "stop" | "continue"
   int64_t profile_steps = 0;
 };
 

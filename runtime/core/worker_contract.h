@@ -12,6 +12,11 @@ namespace ft::contract {
 // it exits with it too. Every other non-zero exit is a failure the launcher may restart.
 inline constexpr int kExitPreempted = 75;
 
+// A worker's exit code when a checkpoint could not be saved (a full disk, say) and
+// output.on_save_error is "stop": every rank stops; the newest committed checkpoint is intact and
+// the same command continues from it once the storage has room (sysexits' EX_IOERR).
+inline constexpr int kExitSaveFailed = 74;
+
 // A worker's exit code when communication with another rank failed: a collective or the store
 // connection broke (connection reset or closed, a timeout). The cause is elsewhere, usually a peer
 // rank or node that died first, so the launcher waits a moment to learn which (another node's

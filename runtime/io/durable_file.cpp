@@ -1,14 +1,18 @@
 #include "io/durable_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <vector>
 
 #include "core/error.h"
+#include "core/strings.h"
+#include "io/storage.h"
 
 namespace ft::io {
 
@@ -25,7 +29,8 @@ struct Fd {
 };
 }  // namespace
 
-DurableFile::DurableFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
+DurableFile::DurableFile(std::string path, uint64_t expected_bytes)
+    : path_(std::move(path)), tmp_(path_ + ".tmp"), expected_(expected_bytes) {
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ == -1) throw_errno("open '" + tmp_ + "' for writing", __FILE__, __LINE__);
 }
@@ -44,19 +49,40 @@ void DurableFile::write(const void* data, uint64_t size) {
     const ssize_t n = ::write(fd_, p, chunk);
     if (n == -1) {
       if (errno == EINTR) continue;
-      throw_errno("write '" + tmp_ + "'", __FILE__, __LINE__);
+      fail("write", __LINE__);
     }
     p += n;
     size -= static_cast<uint64_t>(n);
+    written_ += static_cast<uint64_t>(n);
   }
+}
+
+void DurableFile::fail(const char* op, int line) {
+  const int err = errno;
+  if (err != ENOSPC && err != EDQUOT) throw_errno(fmt::format("{} '{}'", op, tmp_), __FILE__, line);
+  // The partial file goes first: the space it held is free again, and what is reported is what
+  // the filesystem has without it.
+  if (fd_ != -1) ::close(fd_);
+  fd_ = -1;
+  ::unlink(tmp_.c_str());
+  const std::string need =
+      expected_ > 0 ? fmt::format("the file needs {}", human_bytes(static_cast<int64_t>(expected_)))
+                    : std::string("the file's size was not known");
+  throw SystemError(fmt::format(
+      "cannot write '{}': {} (errno {}) during {} of its temporary: {}; {}, {} had been written "
+      "(the partial file was removed) at {}:{}",
+      path_, std::strerror(err), err, op,
+      describe_space(space_at(std::filesystem::path(path_).parent_path().string())), need,
+      human_bytes(static_cast<int64_t>(written_)), __FILE__, line));
 }
 
 void DurableFile::commit() {
   FT_ASSERT(fd_ != -1, "commit() of '", path_, "' called twice");
-  if (::fsync(fd_) == -1) throw_errno("fsync '" + tmp_ + "'", __FILE__, __LINE__);
+  // Storage that allocates late (NFS, delayed allocation) reports a full disk here.
+  if (::fsync(fd_) == -1) fail("fsync", __LINE__);
   const int fd = fd_;
   fd_ = -1;
-  if (::close(fd) == -1) throw_errno("close '" + tmp_ + "'", __FILE__, __LINE__);
+  if (::close(fd) == -1) fail("close", __LINE__);
   if (::rename(tmp_.c_str(), path_.c_str()) == -1)
     throw_errno("rename '" + tmp_ + "' to '" + path_ + "'", __FILE__, __LINE__);
   committed_ = true;
@@ -64,7 +90,7 @@ void DurableFile::commit() {
 }
 
 void write_file_durably(const std::string& path, std::string_view bytes) {
-  DurableFile out(path);
+  DurableFile out(path, bytes.size());
   out.write(bytes);
   out.commit();
 }
@@ -72,7 +98,8 @@ void write_file_durably(const std::string& path, std::string_view bytes) {
 void copy_file_durably(const std::string& src, const std::string& dst) {
   const Fd in(::open(src.c_str(), O_RDONLY | O_CLOEXEC));
   if (in.fd == -1) throw_errno("open '" + src + "'", __FILE__, __LINE__);
-  DurableFile out(dst);
+  struct stat st {};
+  DurableFile out(dst, ::fstat(in.fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0);
   std::vector<char> buf(8 << 20);
   for (;;) {
     const ssize_t n = ::read(in.fd, buf.data(), buf.size());

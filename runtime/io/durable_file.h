@@ -1,6 +1,8 @@
 // The one durable write, for every file a later run reads: bytes go to `path + ".tmp"` beside the
 // target, are fsync'ed and renamed over it, then the directory is fsync'ed; on any failure the
-// temporary is removed and the target left as it was. One thread per DurableFile, one per target.
+// temporary is removed and the target left as it was. A full disk (ENOSPC, EDQUOT) is reported
+// with the file, the free space of its filesystem and the bytes the file needed. One thread per
+// DurableFile, one per target.
 #pragma once
 
 #include <cstdint>
@@ -14,14 +16,16 @@ class DurableFile {
  public:
   // Creates (truncates) the temporary `path + ".tmp"`: a crash's leftover is reused, not piled
   // up. SystemError naming the temporary when it cannot be created (no such directory, no
-  // permission).
-  explicit DurableFile(std::string path);
+  // permission). `expected_bytes` (0: unknown), the size the file will have, only words a
+  // disk-full error.
+  explicit DurableFile(std::string path, uint64_t expected_bytes = 0);
   DurableFile(const DurableFile&) = delete;
   DurableFile& operator=(const DurableFile&) = delete;
   // Without a successful commit(): closes and removes the temporary; `path` is untouched.
   ~DurableFile();
 
-  // Appends to the temporary. SystemError naming it (disk full, file-size limit).
+  // Appends to the temporary. SystemError naming it (disk full, file-size limit); on a full disk
+  // the partial temporary is removed first, and the message gives the space left without it.
   void write(const void* data, uint64_t size);
   void write(std::string_view bytes) { write(bytes.data(), bytes.size()); }
   // fsync, close, rename over `path`, fsync of the directory. SystemError naming the file; a
@@ -32,8 +36,13 @@ class DurableFile {
   const std::string& temp_path() const { return tmp_; }
 
  private:
+  // Throws errno's error of `op` on the temporary; a full disk gets its own message.
+  [[noreturn]] void fail(const char* op, int line);
+
   std::string path_;
   std::string tmp_;
+  uint64_t expected_ = 0;  // bytes the file will have; 0: unknown
+  uint64_t written_ = 0;
   int fd_ = -1;
   bool committed_ = false;
 };

@@ -74,7 +74,7 @@ void write_one_file(const std::string& path, const std::vector<const DeferredTen
   }
   const std::string header = encode_header(path, entries, metadata);
 
-  DurableFile out(path);
+  DurableFile out(path, header.size() + offset);
   out.write(header);
   for (const auto& p : plan) {
     // One tensor at a time, made only now, so neither a model on the GPU nor one being converted

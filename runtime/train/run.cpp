@@ -413,16 +413,29 @@ ckpt::CheckpointerOptions TrainingRun::checkpointer_options() {
   co.saver.keep_last = static_cast<int>(s_.output.keep_last);
   if (world_) {
     c10d::Store* store = &world_->store();
-    co.saver.signal = [store](const std::string& key) { store->set(key, std::vector<uint8_t>{1}); };
+    // A rank's outcome as a store value: '1', then its error ("" when its files are durable).
+    co.saver.signal = [store](const std::string& key, const std::string& error) {
+      const std::string value = "1" + error;
+      store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+    };
     co.saver.wait_all = [store](const std::vector<std::string>& keys) {
       store->wait(keys, std::chrono::minutes(30));
+      std::vector<std::string> errors;
+      for (const auto& key : keys) {
+        const std::vector<uint8_t> value = store->get(key);
+        errors.emplace_back(value.begin() + (value.empty() ? 0 : 1), value.end());
+      }
+      return errors;
     };
   }
   co.save_every = s_.output.save_every;
   co.save_every_minutes = s_.output.save_every_minutes;
   co.async_save = s_.output.async_save;
+  co.on_save_error = s_.output.on_save_error == "continue" ? ckpt::OnSaveError::kContinue
+                                                           : ckpt::OnSaveError::kStop;
   co.log_path = (fs::path(o_.output_dir) / "checkpoints.jsonl").string();
   co.max_over_ranks = [this](double v) { return engine_->max_over_ranks(v); };
+  co.sum_over_ranks = [this](double v) { return engine_->sum_over_ranks(v); };
   co.announce = rank0_;
   co.second_signal_stops = !env_.launched();
   return co;

@@ -2,8 +2,13 @@
 // any range, commit and pruning rules, and damage detected by checksum with the file named.
 #include "support/catch_torch.h"
 // (catch_torch.h first: c10 defines a CHECK macro of its own)
+#include <chrono>
+#include <condition_variable>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/crc32c.h"
@@ -27,8 +32,10 @@ void save_split(const std::string& root, int64_t step, const at::Tensor& t, int 
     o.rank = r;
     o.world_size = world;
     o.keep_last = keep_last;
-    o.signal = [](const std::string&) {};
-    o.wait_all = [](const std::vector<std::string>&) {};
+    o.signal = [](const std::string&, const std::string&) {};
+    o.wait_all = [](const std::vector<std::string>& keys) {
+      return std::vector<std::string>(keys.size());  // every rank wrote its files
+    };
     Saver s(o);
     Snapshot snap;
     snap.step = step;
@@ -41,6 +48,34 @@ void save_split(const std::string& root, int64_t step, const at::Tensor& t, int 
     s.wait();
   }
 }
+
+// The launcher's store as the savers of one process's "ranks" (threads) use it: a key set once,
+// and a wait for keys that gives their values.
+class Board {
+ public:
+  void set(const std::string& key, const std::string& value) {
+    std::lock_guard<std::mutex> lock(mu_);
+    values_[key] = value;
+    cv_.notify_all();
+  }
+  std::vector<std::string> wait(const std::vector<std::string>& keys) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const bool all = cv_.wait_for(lock, std::chrono::seconds(30), [&] {
+      for (const auto& k : keys)
+        if (!values_.count(k)) return false;
+      return true;
+    });
+    if (!all) throw std::runtime_error("timed out waiting for the other ranks");
+    std::vector<std::string> out;
+    for (const auto& k : keys) out.push_back(values_.at(k));
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::string> values_;
+};
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -141,4 +176,59 @@ TEST_CASE("truncated, bit-flipped, deleted and uncommitted checkpoints are named
     CHECK_THAT(verify(dir), Catch::Contains("meta.json") && Catch::Contains("never committed"));
     CHECK(list_committed(fs::path(dir).parent_path().string()).empty());
   }
+}
+
+// A rank whose files cannot be written (here a directory is in the way of its temporary file; on a
+// full disk the write fails the same way) still reports to rank 0, which commits nothing, removes
+// the temporary directory and names the rank; every rank's save fails, none waits forever.
+TEST_CASE("a rank that cannot write its files: nothing is committed and every rank is told",
+          "[unit]") {
+  const std::string root = make_temp_dir() + "/checkpoints";
+  at::Tensor w = at::randn({8, 8});
+  save_split(root, 2, w, 2);
+  fs::create_directories(root + "/.tmp-step-000000004/rank-00001.safetensors.tmp");
+  Board board;
+  std::string errors[2], verdict;
+  bool seen_failed[2] = {false, false};
+  auto rank = [&](int r) {
+    SaverOptions o;
+    o.root = root;
+    o.rank = r;
+    o.world_size = 2;
+    o.signal = [&](const std::string& key, const std::string& error) { board.set(key, error); };
+    o.wait_all = [&](const std::vector<std::string>& keys) { return board.wait(keys); };
+    Saver s(o);
+    Snapshot snap;
+    snap.step = 4;
+    snap.shapes["param/w"] = w.sizes().vec();
+    snap.pieces.push_back(
+        {"param/w", r * 32, r * 32 + 32, w.reshape({-1}).slice(0, r * 32, r * 32 + 32)});
+    s.save(std::move(snap), /*async=*/true);
+    s.wait_captured();
+    // The background failure shows without waiting for it.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!s.failed() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    seen_failed[r] = s.failed();
+    try {
+      s.wait();
+    } catch (const CheckpointSaveError& e) {
+      errors[r] = e.what();
+    }
+    if (r == 1) verdict = s.verdict(4);
+  };
+  std::thread t1(rank, 1), t0(rank, 0);
+  t0.join();
+  t1.join();
+  CHECK(seen_failed[0]);
+  CHECK(seen_failed[1]);
+  CHECK_THAT(errors[1], Catch::Contains("rank 1") && Catch::Contains("rank-00001.safetensors"));
+  CHECK_THAT(errors[0], Catch::Contains("checkpoint of step 4 not saved: rank 1: ") &&
+                            Catch::Contains("rank-00001.safetensors") &&
+                            Catch::Contains("was removed"));
+  CHECK(verdict == errors[0]);
+  CHECK(list_committed(root) == std::vector<std::string>{root + "/step-000000002"});
+  CHECK_FALSE(fs::exists(root + "/.tmp-step-000000004"));
+  CHECK(read_file(root + "/latest") == "step-000000002\n");
+  CHECK(CheckpointSaveError("x").exit_code() == 74);
 }

@@ -35,12 +35,7 @@ const std::vector<std::string> kBase =
 // `ft launch --nproc-per-node N` when N > 1.
 std::vector<std::string> train_argv(int nproc, const std::string& out,
                                     const std::vector<std::string>& sets) {
-  std::vector<std::string> train =
-      ft_train_argv({"--preset", "tiny-demo", "--output", out}, with(kBase, sets));
-  if (nproc == 1) return train;
-  return ft_launch_argv(
-      {"--nproc-per-node", std::to_string(nproc), "--master-port", std::to_string(free_port())},
-      train);
+  return tiny_job_argv(nproc, out, with(kBase, sets));
 }
 
 Finished run(const std::vector<std::string>& argv) {

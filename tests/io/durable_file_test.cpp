@@ -12,11 +12,13 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "support/subprocess.h"
+#include "support/tmpfs.h"
 
 using namespace ft::io;
 namespace fs = std::filesystem;
 using ft::test::make_temp_dir;
 using ft::test::read_file;
+using ft::test::skip_test;
 
 namespace {
 
@@ -130,4 +132,33 @@ TEST_CASE("durable file: copies replace their target whole, a missing source wri
                     Catch::Contains(dir + "/absent"));
   CHECK(entries(dir + "/final") == std::set<std::string>{"tokenizer.json"});
   fs::remove_all(dir);
+}
+
+// A full disk (a 64 KiB tmpfs; needs root or CAP_SYS_ADMIN, else skipped visibly): the error
+// names the file, the free space and the bytes the file needed, the partial temporary is gone
+// (its space free again) and the target is untouched.
+TEST_CASE("durable file: a full filesystem is reported with the file, the free space and the size",
+          "[unit]") {
+  std::string why;
+  auto tmpfs = ft::test::Tmpfs::mount(64 << 10, &why);
+  if (!tmpfs) skip_test(why);
+  const std::string path = tmpfs->dir() + "/rank-00000.safetensors";
+  write_file_durably(path, "old contents");
+  const std::string bytes(200 << 10, 'x');
+  std::string error;
+  try {
+    DurableFile out(path, bytes.size());
+    out.write(bytes);
+    out.commit();
+  } catch (const ft::SystemError& e) {
+    error = e.what();
+  }
+  CHECK_THAT(error, Catch::Contains("cannot write '" + path + "': No space left on device") &&
+                        Catch::Contains(" free of 64.0 KiB on the filesystem of " + tmpfs->dir()) &&
+                        Catch::Contains("the file needs 200.0 KiB") &&
+                        Catch::Contains("the partial file was removed"));
+  CHECK(entries(tmpfs->dir()) == std::set<std::string>{"rank-00000.safetensors"});
+  CHECK(read_file(path) == "old contents");
+  // The space is back: a file that fits is written.
+  CHECK_NOTHROW(write_file_durably(path, std::string(16 << 10, 'y')));
 }

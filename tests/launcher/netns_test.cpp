@@ -61,10 +61,7 @@ void require_netns() {
     const Shell r = sh("ip netns add " + probe + " && ip netns del " + probe);
     if (r.code != 0) why = "`ip netns add` failed: " + r.out;
   }
-  if (why.empty()) return;
-  std::printf("SKIP: network namespaces are not available here: %s\n", why.c_str());
-  std::fflush(stdout);
-  std::_Exit(77);
+  if (!why.empty()) skip_test("network namespaces are not available here: " + why);
 }
 
 // `nodes` namespaces on one bridge; node i has address 10.77.0.(i+1). Removed on destruction, with

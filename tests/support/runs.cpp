@@ -30,6 +30,15 @@ std::vector<std::string> ft_launch_argv(const std::vector<std::string>& launch_a
   return argv;
 }
 
+std::vector<std::string> tiny_job_argv(int nproc, const std::string& out,
+                                       const std::vector<std::string>& sets) {
+  std::vector<std::string> train = ft_train_argv({"--preset", "tiny-demo", "--output", out}, sets);
+  if (nproc == 1) return train;
+  return ft_launch_argv(
+      {"--nproc-per-node", std::to_string(nproc), "--master-port", std::to_string(free_port())},
+      train);
+}
+
 std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;

@@ -24,6 +24,10 @@ std::vector<std::string> ft_train_argv(const std::vector<std::string>& args,
 // `ft launch LAUNCH_ARGS... -- PROGRAM...` (this build's ft).
 std::vector<std::string> ft_launch_argv(const std::vector<std::string>& launch_args,
                                         const std::vector<std::string>& program);
+// `ft train --preset tiny-demo --output OUT` with `--set S` for each of `sets`; under
+// `ft launch --nproc-per-node N` (on a free port) when N > 1.
+std::vector<std::string> tiny_job_argv(int nproc, const std::string& out,
+                                       const std::vector<std::string>& sets);
 // `a` followed by `b`: a list of settings with more settings after it.
 std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b);
 
