@@ -8,8 +8,9 @@
 #   FT_SKIP_APT=1       never call apt-get (packages must be present, or headers in FT_DEPS_DIR)
 #   FT_DEPS_DIR=dir     extra include/ prefix for header-only deps (CLI11, nlohmann, fmt, catch2) where
 #                       apt cannot run; scripts/pack-headers.sh makes one
-#   FT_WITH_REFERENCE=1 also pip-install the reference libraries (transformers, peft, tokenizers,
-#                       safetensors) into that Python: the interop test and the fixture scripts use them
+#   FT_WITH_REFERENCE=0 skip the reference libraries (transformers, peft, tokenizers, safetensors,
+#                       jinja2), which are otherwise pip-installed into the venv: the interop tests and
+#                       the fixture scripts use them. Default 1, except with FT_PYTHON (no downloads)
 set -euo pipefail
 FT_TORCH_VERSION=${FT_TORCH_VERSION:-2.11.0}
 FT_CACHE=${FT_CACHE:-$HOME/.cache/ft}
@@ -73,15 +74,18 @@ ENV
 mv "$FT_CACHE/env.sh.tmp" "$FT_CACHE/env.sh"
 log "torch $tver at $prefix"
 
-# --- Reference libraries (optional) ---------------------------------------------------------------
-if [[ -n "${FT_WITH_REFERENCE:-}" && "${FT_WITH_REFERENCE}" != 0 ]]; then
+# --- Reference libraries ---------------------------------------------------------------
+# Pinned: the committed fixtures were generated with these versions (tests/*/fixtures/make_*.py).
+reference_pkgs=(transformers==5.24.0 peft==0.21.2 tokenizers==0.23.3 safetensors==0.8.0 jinja2==3.1.6)
+if [[ -n "${FT_PYTHON:-}" ]]; then FT_WITH_REFERENCE=${FT_WITH_REFERENCE:-0}; fi
+if [[ "${FT_WITH_REFERENCE:-1}" != 0 ]]; then
   # find_spec, not import: importing transformers costs seconds on every make.
   if "$py" -c 'import importlib.util as u, sys
-sys.exit(not all(u.find_spec(m) for m in ("transformers", "peft", "tokenizers", "safetensors")))'; then
+sys.exit(not all(u.find_spec(m) for m in ("transformers", "peft", "tokenizers", "safetensors", "jinja2")))'; then
     log "reference libraries present in $py"
   else
-    log "installing transformers, peft, tokenizers, safetensors into $py (FT_WITH_REFERENCE)"
+    log "installing the reference libraries (transformers, peft, tokenizers, safetensors, jinja2) into $py"
     "$py" -m pip install -q --disable-pip-version-check --progress-bar off \
-      transformers peft tokenizers safetensors
+      "${reference_pkgs[@]}"
   fi
 fi

@@ -81,8 +81,13 @@ Tokenizer Tokenizer::from_json(const Json& root, const std::string& origin) try 
   Tokenizer tok(std::move(impl));
   Impl& m = *tok.impl_;
   m.vocab_size = m.model->size() + m.added->size() - m.added->count_in_model(*m.model);
-  // Ids index the embedding: where they have gaps, it needs a row for the largest one.
+  // Ids index the embedding: where they have gaps, it needs a row for the largest one, the
+  // post-processor's template ids (which HF does not check against the vocabulary) included.
   m.vocab_size = std::max({m.vocab_size, m.model->id_bound(), m.added->id_bound()});
+  if (m.post_processor) {
+    for (const auto* ids : {&m.post_processor->prefix(), &m.post_processor->suffix()})
+      for (const int32_t id : *ids) m.vocab_size = std::max(m.vocab_size, size_t(id) + 1);
+  }
 
   auto first_present = [&](std::initializer_list<const char*> names) -> std::optional<int32_t> {
     for (const char* n : names) {

@@ -42,7 +42,8 @@ class Tokenizer {
   bool is_special(int32_t id) const;
 
   // HF's get_vocab_size(with_added_tokens=True): model vocabulary plus added tokens not in it;
-  // where the ids have gaps, one past the largest id (every id encode returns is below it).
+  // where the ids have gaps, or the post-processor's template names an id past them, one past
+  // the largest id: every id encode returns is below it.
   size_t vocab_size() const;
 
   // BOS: the token the post-processor puts before the text (<s>, <|begin_of_text|>), else an

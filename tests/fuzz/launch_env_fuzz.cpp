@@ -4,6 +4,9 @@
 // (resolve_options: flag > FT_* / PET_* > plain > SLURM > default, then make_launch_config); the
 // variables are also set in this process's environment for a worker's read_dist_env.
 #include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
 
 #include "comm/dist_env.h"
 #include "fuzz_support.h"
@@ -27,6 +30,17 @@ constexpr const char* kWorkerVariables[] = {"MASTER_ADDR",
                                             "NNODES",
                                             "TORCHELASTIC_RESTART_COUNT",
                                             "TORCHELASTIC_USE_AGENT_STORE"};
+
+// putenv with buffers of our own, not setenv: glibc's setenv keeps every value it ever set (a
+// long run sets millions). A value with a NUL byte ends there, as it would in an environment.
+void set_variable(const char* name, const std::string& value) {
+  static std::map<std::string, std::unique_ptr<char[]>> buffers;
+  const std::string entry = std::string(name) + "=" + value.c_str();
+  auto next = std::make_unique<char[]>(entry.size() + 1);
+  std::memcpy(next.get(), entry.c_str(), entry.size() + 1);
+  ::putenv(next.get());
+  buffers[name] = std::move(next);  // frees the previous one, which environ no longer holds
+}
 
 }  // namespace
 
@@ -62,9 +76,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   for (const char* name : kWorkerVariables) {
     const auto it = env.find(name);
-    // A value with a NUL byte cannot be in an environment: its C string ends there.
     if (it != env.end()) {
-      ::setenv(name, it->second.c_str(), 1);
+      set_variable(name, it->second);
     } else {
       ::unsetenv(name);
     }
