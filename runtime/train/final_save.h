@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+#include "core/worker_contract.h"
 #include "model/config.h"
 #include "model/lora.h"
 #include "parallel/engine.h"
@@ -23,9 +25,22 @@ struct FinalSaveOptions {
   at::ScalarType dtype = at::kFloat;        // a full model's stored dtype (the compute dtype)
   // Copied beside the model (the tokenizer it was trained with), by rank 0.
   std::vector<std::string> tokenizer_files;
+  // For the message of a failed save: the newest committed checkpoint ("" if none) and its step.
+  std::string last_checkpoint;
+  int64_t last_checkpoint_step = 0, steps = 0;
 };
 
-// Writes OUTPUT/final and, on rank 0, final_save.json (time, bytes, rank 0's peak memory).
+// final/ was not written (a full disk, an unwritable file): every rank gets it, with rank 0's
+// account (the file, the free space), and exits 74 like a failed checkpoint save.
+class FinalSaveError : public Error {
+ public:
+  using Error::Error;
+  int exit_code() const override { return contract::kExitSaveFailed; }
+};
+
+// Writes OUTPUT/final and, on rank 0, final_save.json (time, bytes, rank 0's peak memory). When
+// rank 0 cannot write, it still takes part in every gather (so no rank waits for it), removes the
+// incomplete final/, and every rank throws FinalSaveError.
 void save_final(parallel::Engine& engine, const FinalSaveOptions& options);
 
 }  // namespace ft::train

@@ -557,6 +557,16 @@ void TrainingRun::save_final() {
   fo.tokenizer_files = tokenizer_files_of(o_.model_dir);
   if (!s_.data.synthetic() && !o_.tokenizer_path.empty())
     fo.tokenizer_files.push_back(o_.tokenizer_path);
+  fo.steps = trainer_->steps();
+  if (rank0_) {
+    const std::vector<std::string> committed = ckpt::list_committed(out_.ckpt_root);
+    if (!committed.empty()) {
+      fo.last_checkpoint = committed.front();
+      // list_committed gives step-<N> directories only.
+      fo.last_checkpoint_step =
+          std::stoll(fs::path(committed.front()).filename().string().substr(5));
+    }
+  }
   train::save_final(*engine_, fo);
 }
 

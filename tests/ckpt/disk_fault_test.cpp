@@ -54,7 +54,9 @@ struct FullDiskJob {
   std::vector<std::string> argv;
 };
 
-FullDiskJob full_disk_job(int nproc, const std::vector<std::string>& sets) {
+// `room(checkpoint, final)`: the tmpfs's size from the reference run's checkpoint and final/.
+FullDiskJob full_disk_job(int nproc, const std::vector<std::string>& sets,
+                          int64_t (*room)(int64_t checkpoint, int64_t final) = nullptr) {
   FullDiskJob job;
   job.ref = make_temp_dir() + "/ref";
   Finished r = run(tiny_job_argv(nproc, job.ref, sets));
@@ -64,7 +66,9 @@ FullDiskJob full_disk_job(int nproc, const std::vector<std::string>& sets) {
   job.checkpoint = tmpfs_bytes(job.ref + "/checkpoints/step-000000006");
   REQUIRE(job.checkpoint > 4 * kSmallFiles);  // the sizing relies on it
   std::string why;
-  job.tmpfs = Tmpfs::mount(kSmallFiles + job.checkpoint + job.checkpoint / 2, &why);
+  job.tmpfs = Tmpfs::mount(room ? room(job.checkpoint, tmpfs_bytes(job.ref + "/final"))
+                                : kSmallFiles + job.checkpoint + job.checkpoint / 2,
+                           &why);
   INFO(why);
   REQUIRE(job.tmpfs);
   job.out = job.tmpfs->dir() + "/run";
@@ -176,6 +180,46 @@ TEST_CASE(
   // Whichever rank's file did not fit, the account names it (every rank reports rank 0's).
   check_failed_save(job.out, full.output, job.out + "/checkpoints/.tmp-step-000000004/rank-0000");
   CHECK_THAT(check_resumes_with_room(job), Catch::Contains("saved by 2 ranks"));
+}
+
+TEST_CASE(
+    "a disk that fills while final/ is written (1 and 2 ranks): exit 74 naming the file, the "
+    "incomplete final/ removed, the last checkpoint intact, and the same command writes final/",
+    "[multiproc]") {
+  std::string why;
+  if (!can_mount(&why)) skip_test(why);
+  for (const int nproc : {1, 2}) {
+    INFO("ranks: " << nproc);
+    // One checkpoint, at the last step, then final/ (a third of it), for which there is room for
+    // half.
+    const FullDiskJob job = full_disk_job(
+        nproc, disk_sets({"output.save_every=6", "train.micro_batch=4"}),
+        [](int64_t checkpoint, int64_t final) { return kSmallFiles + checkpoint + final / 2; });
+    Finished full = run(job.argv);
+    INFO(full.output);
+    REQUIRE(full.code != -1);  // ended: no rank was left waiting in a gather
+    CHECK(full.code == (nproc == 1 ? 74 : 1));
+    if (nproc > 1) CHECK_THAT(full.output, Catch::Contains("exited with code 74"));
+    CHECK_THAT(full.output,
+               Catch::Contains("final/ not saved") && Catch::Contains("No space left on device") &&
+                   Catch::Contains(job.out + "/final/model.safetensors") &&
+                   Catch::Contains(" free of ") &&
+                   Catch::Contains("the incomplete " + job.out + "/final was removed") &&
+                   Catch::Contains("step-000000006 (step 6 of 6), is intact") &&
+                   !Catch::Contains("terminate called"));
+    CHECK_FALSE(fs::exists(job.out + "/final"));
+    CHECK(fs::is_regular_file(job.out + "/checkpoints/step-000000006/meta.json"));
+    // Room made: the same command resumes at the last step, trains nothing and writes final/.
+    job.tmpfs->resize(8 * job.checkpoint);
+    Finished again = run(job.argv);
+    INFO(again.output);
+    REQUIRE(again.code == 0);
+    CHECK_THAT(again.output,
+               Catch::Contains("resuming from " + job.out + "/checkpoints/step-000000006"));
+    CHECK(read_metrics(job.out).size() == 6);
+    CHECK(read_file(job.out + "/final/model.safetensors") ==
+          read_file(job.ref + "/final/model.safetensors"));
+  }
 }
 
 TEST_CASE("a read-only --output is refused with exit 2 before anything is loaded or written",
