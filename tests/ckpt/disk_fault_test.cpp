@@ -76,15 +76,15 @@ FullDiskJob full_disk_job(int nproc, const std::vector<std::string>& sets,
   return job;
 }
 
-// Room made (the tmpfs remounted larger): the same command continues from step 2 and ends with
+// Room made (the tmpfs remounted larger): the same command continues from `from` and ends with
 // the reference run's model, every step recorded once. Returns its output.
-std::string check_resumes_with_room(const FullDiskJob& job) {
+std::string check_resumes_with_room(const FullDiskJob& job,
+                                    const std::string& from = "step-000000002") {
   job.tmpfs->resize(8 * job.checkpoint);
   Finished again = run(job.argv);
   INFO(again.output);
   REQUIRE(again.code == 0);
-  CHECK_THAT(again.output,
-             Catch::Contains("resuming from " + job.out + "/checkpoints/step-000000002"));
+  CHECK_THAT(again.output, Catch::Contains("resuming from " + job.out + "/checkpoints/" + from));
   CHECK(read_metrics(job.out).size() == 6);
   CHECK(read_file(job.out + "/final/model.safetensors") ==
         read_file(job.ref + "/final/model.safetensors"));
@@ -210,15 +210,7 @@ TEST_CASE(
     CHECK_FALSE(fs::exists(job.out + "/final"));
     CHECK(fs::is_regular_file(job.out + "/checkpoints/step-000000006/meta.json"));
     // Room made: the same command resumes at the last step, trains nothing and writes final/.
-    job.tmpfs->resize(8 * job.checkpoint);
-    Finished again = run(job.argv);
-    INFO(again.output);
-    REQUIRE(again.code == 0);
-    CHECK_THAT(again.output,
-               Catch::Contains("resuming from " + job.out + "/checkpoints/step-000000006"));
-    CHECK(read_metrics(job.out).size() == 6);
-    CHECK(read_file(job.out + "/final/model.safetensors") ==
-          read_file(job.ref + "/final/model.safetensors"));
+    check_resumes_with_room(job, "step-000000006");
   }
 }
 
