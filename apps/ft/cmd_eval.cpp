@@ -31,7 +31,9 @@ Run add_eval(CLI::App& app) {
     } else {
       resolved = config::resolve_preset(*preset, *sets);
     }
-    opts->data = config::settings_from_json(resolved, "resolved preset").data;
+    const config::Settings settings = config::settings_from_json(resolved, "resolved preset");
+    opts->data = settings.data;
+    opts->eval = settings.eval;
     fmt::print("{}\n", train::evaluate(*opts).to_json().dump());
     return 0;
   };

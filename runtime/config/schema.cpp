@@ -273,6 +273,12 @@ const std::vector<Setting>& preset_schema() {
       "is intact and the same command continues from it once there is room; continue = warn, "
       "train on, and try again at the next save (the steps since the last commit are then at risk)."),
     I(KEY(output.profile_steps), 0, 0, 1000000, "Profile this many optimizer steps after the first 3 with LibTorch's profiler: rank 0 writes profile.json (a Chrome trace) and profile.txt, and prints where the step time went by kernel or op (0: off)."),
+    // eval
+    C(KEY(eval.long_records), "window", {"window", "refuse"},
+      "ft eval, a record longer than data.seq_len: window = split into windows of seq_len tokens "
+      "(each overlapping the previous by one token, so every token is scored once, with at most "
+      "seq_len tokens of context); refuse = stop, naming the record. Never cut silently."),
+    I(KEY(eval.batch_tokens), 16384, 8, 1073741824, "ft eval: tokens per forward (rows x the longest in the batch); records are sorted by length and not padded to data.seq_len."),
   };
   // clang-format on
   return schema;

@@ -115,6 +115,11 @@ struct OutputSettings {
   int64_t profile_steps = 0;
 };
 
+struct EvalSettings {
+  std::string long_records;  // "window" | "refuse": a record longer than data.seq_len in ft eval
+  int64_t batch_tokens = 0;  // tokens per evaluation forward, padding included
+};
+
 struct Settings {
   std::string name;  // the preset's name
   ModelSettings model;
@@ -125,6 +130,7 @@ struct Settings {
   HardwareSettings hardware;
   StrategySettings strategy;
   OutputSettings output;
+  EvalSettings eval;
   // The resolved preset these fields were read from, every key present: what preset.json and a
   // checkpoint's state record (byte for byte what resolve_preset returned).
   nlohmann::json resolved;

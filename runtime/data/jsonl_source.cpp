@@ -115,12 +115,16 @@ int64_t JsonlSource::record_at(int64_t epoch, int64_t position) {
   return order_of(epoch)[static_cast<size_t>(position)];
 }
 
-TokenizedRecord JsonlSource::tokenize_at(int64_t record, bool* truncated) const {
+TokenizedRecord JsonlSource::tokenize_whole(int64_t record, std::string* origin_out) const {
   const JsonlLine line = index_.read(record);
   const std::string origin = detail::cat(options_.path, ":", line.line);
-  TokenizedRecord r =
-      tokenize_record(parse_record(line.text, format_, origin), options_.chat_template,
-                      options_.train_on_prompt, *tokenizer_, origin);
+  if (origin_out) *origin_out = origin;
+  return tokenize_record(parse_record(line.text, format_, origin), options_.chat_template,
+                         options_.train_on_prompt, *tokenizer_, origin);
+}
+
+TokenizedRecord JsonlSource::tokenize_at(int64_t record, bool* truncated) const {
+  TokenizedRecord r = tokenize_whole(record);
   *truncated = static_cast<int64_t>(r.ids.size()) > options_.seq_len;
   if (*truncated) {
     r.ids.resize(static_cast<size_t>(options_.seq_len));  // keep the start

@@ -82,6 +82,11 @@ class JsonlSource : public BatchSource {
   // The record index at position `position` of epoch `epoch`'s order (for tests and tools).
   int64_t record_at(int64_t epoch, int64_t position);
 
+  // Record `record` (a file index, in file order) parsed and tokenized whole, not cut to seq_len;
+  // `origin` gets its file:line. FormatError naming file:line for a malformed one. Thread-safe
+  // (ft eval tokenizes every record this way, in parallel).
+  TokenizedRecord tokenize_whole(int64_t record, std::string* origin = nullptr) const;
+
   // Rows of [seq_len] tokens that one epoch gives: every record, tokenized and truncated as next()
   // does, placed in epoch 0's order into rows as next() packs them (what `train.epochs` counts
   // in). Later epochs pack another order and may give a row or so more or fewer. Counts as one

@@ -1,7 +1,10 @@
 #include "train/evaluate.h"
 
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 
@@ -18,7 +21,10 @@ nlohmann::json EvalResult::to_json() const {
           {"tokens", tokens},
           {"perplexity", perplexity},
           {"records", records},
-          {"truncated", truncated}};
+          {"windowed_records", windowed},
+          {"windows", windows},
+          {"forwards", forwards},
+          {"padding_tokens", padding}};
 }
 
 EvalResult evaluate(const EvalOptions& o) {
@@ -43,27 +49,96 @@ EvalResult evaluate(const EvalOptions& o) {
   jo.path = o.data_path;
   jo.tokenizer_path = o.tokenizer_path.empty() ? o.model_dir + "/tokenizer.json" : o.tokenizer_path;
   jo.tokenizer = data::open_tokenizer(jo.tokenizer_path, mc.vocab_size, "");
-  // One record per row and one row per batch: every record is read exactly once, none twice.
-  jo.micro_batch = 1;
-  jo.pack = false;
   jo.on_bad_record = data::BadRecordPolicy::kError;
-  data::JsonlSource source(jo);
+  const data::JsonlSource source(jo);
+  const int64_t T = o.data.seq_len;
+
+  // Every record, whole, in file order; then its windows of at most T tokens. Window k of a
+  // record starts at token k (T - 1): it overlaps the previous one by one token, whose label the
+  // loss's shift ignores there, so every token carries its loss in exactly one window.
+  EvalResult r;
+  r.records = source.num_records();
+  std::vector<data::TokenizedRecord> records(static_cast<size_t>(r.records));
+  std::vector<std::string> origins(records.size());
+  at::parallel_for(0, r.records, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) records[i] = source.tokenize_whole(i, &origins[i]);
+  });
+  struct Piece {
+    const data::TokenizedRecord* record;
+    int64_t begin, length;
+  };
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(records[i].ids.size());
+    if (n <= T) {
+      pieces.push_back({&records[i], 0, n});
+      continue;
+    }
+    FT_CHECK_T(FormatError, o.eval.long_records == "window", origins[i], ": the record has ", n,
+               " tokens, more than data.seq_len=", T,
+               " (eval.long_records=refuse); set a larger data.seq_len or "
+               "eval.long_records=window to score it in windows of seq_len tokens");
+    ++r.windowed;
+    for (int64_t begin = 0;; begin += T - 1) {
+      pieces.push_back({&records[i], begin, std::min(T, n - begin)});
+      ++r.windows;
+      if (begin + T >= n) break;
+    }
+  }
+  // Longest first: each batch pads only to its first piece's length.
+  std::stable_sort(pieces.begin(), pieces.end(),
+                   [](const Piece& a, const Piece& b) { return a.length > b.length; });
 
   at::NoGradGuard no_grad;
   double loss_sum = 0;
-  EvalResult r;
-  r.records = source.num_records();
-  for (int64_t i = 0; i < r.records; ++i) {
-    data::Batch b = source.next();
+  int64_t total = 0, done = 0;  // tokens of the pieces, for the progress line
+  for (const Piece& p : pieces) total += p.length;
+  const auto start = std::chrono::steady_clock::now();
+  auto last_told = start;
+  const auto opts = at::TensorOptions().dtype(at::kLong);
+  for (size_t first = 0; first < pieces.size();) {
+    const int64_t len = std::max<int64_t>(pieces[first].length, 1);
+    const int64_t rows = std::clamp<int64_t>(o.eval.batch_tokens / len, 1,
+                                             static_cast<int64_t>(pieces.size() - first));
+    at::Tensor ids = at::zeros({rows, len}, opts), labels = at::full({rows, len}, -100, opts);
+    at::Tensor pos = at::zeros({rows, len}, opts), seg = at::zeros({rows, len}, opts);
+    auto I = ids.accessor<int64_t, 2>();
+    auto L = labels.accessor<int64_t, 2>();
+    auto P = pos.accessor<int64_t, 2>();
+    auto S = seg.accessor<int64_t, 2>();
+    for (int64_t row = 0; row < rows; ++row) {
+      const Piece& p = pieces[first + static_cast<size_t>(row)];
+      for (int64_t t = 0; t < p.length; ++t) {
+        I[row][t] = p.record->ids[static_cast<size_t>(p.begin + t)];
+        L[row][t] = p.record->labels[static_cast<size_t>(p.begin + t)];
+        P[row][t] = t;
+      }
+      for (int64_t t = p.length; t < len; ++t) S[row][t] = 1;  // padding: after, never attended
+      r.padding += len - p.length;
+    }
+    data::Batch b{ids, labels, pos, seg};
+    b.single_segment_rows = true;  // one piece per row, padding after it: causal is exact
     model::LossSum ls = model::causal_lm_loss_sum(
         model.forward(b.input_ids, b.position_ids, false, b.attention_segments()), b.labels);
     loss_sum += ls.sum.item<double>();
     r.tokens += ls.tokens;
+    ++r.forwards;
+    for (int64_t row = 0; row < rows; ++row)
+      done += pieces[first + static_cast<size_t>(row)].length;
+    first += static_cast<size_t>(rows);
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_told >= std::chrono::seconds(10) && first < pieces.size()) {
+      const double secs = std::chrono::duration<double>(now - start).count();
+      fmt::print(
+          stderr,
+          "ft eval: {} of {} tokens scored ({:.0f}%), {:.0f} tokens/s, about {:.0f} s left\n", done,
+          total, 100.0 * done / total, done / secs, (total - done) * secs / done);
+      last_told = now;
+    }
   }
   FT_CHECK(r.tokens > 0, o.data_path, ": no token carries a loss (every record is prompt only?)");
   r.loss = loss_sum / static_cast<double>(r.tokens);
   r.perplexity = std::exp(r.loss);
-  r.truncated = source.truncated();
   return r;
 }
 

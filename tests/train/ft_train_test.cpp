@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "support/subprocess.h"
@@ -255,6 +256,93 @@ TEST_CASE("ft eval reports loss, tokens and perplexity of a trained model and of
       eval({"--model", dir + "/short/final", "--adapter", dir + "/lora/final"}, "e3.log");
   REQUIRE(rc3 == 0);
   CHECK(num(e3, "loss") < num(e1, "loss"));
+}
+
+TEST_CASE(
+    "ft eval: no padding to seq_len, long records scored in windows (each token once) or "
+    "refused",
+    "[multiproc]") {
+  const std::string dir = make_temp_dir();
+  const std::string tok = test_dir() + "/tokenizer/fixtures/llama3/tokenizer.json";
+  REQUIRE(run({"train", "--preset", "tiny-demo", "--output", dir + "/m", "--set",
+               "train.max_steps=1", "--set", "model.vocab_size=1152"},
+              dir + "/train.log") == 0);
+  // Pre-tokenized records of mixed lengths; and the windows seq_len 32 cuts the long ones into
+  // (32 tokens, each starting one before the previous one's end), as records of their own.
+  std::vector<std::vector<int>> records;
+  for (const int len : {5, 40, 17, 100, 3, 64}) {
+    std::vector<int> ids;
+    for (int i = 0; i < len; ++i) ids.push_back((len * 31 + i * 7) % 1100 + 1);
+    records.push_back(ids);
+  }
+  auto write = [&](const std::string& path, const std::vector<std::vector<int>>& rs) {
+    std::ofstream f(path);
+    for (const auto& ids : rs) f << nlohmann::json{{"input_ids", ids}}.dump() << "\n";
+  };
+  std::vector<std::vector<int>> windows;
+  for (const auto& ids : records) {
+    for (size_t begin = 0;; begin += 31) {
+      const size_t end = std::min(ids.size(), begin + 32);
+      windows.emplace_back(ids.begin() + begin, ids.begin() + end);
+      if (end == ids.size()) break;
+    }
+  }
+  write(dir + "/tokens.jsonl", records);
+  write(dir + "/windows.jsonl", windows);
+  auto eval = [&](const std::string& data, const std::vector<std::string>& sets,
+                  const std::string& log) {
+    std::vector<std::string> a = {"eval",   "--model", dir + "/m/final",
+                                  "--data", data,      "--tokenizer",
+                                  tok,      "--set",   "data.format=tokenized"};
+    for (const auto& s : sets) a.insert(a.end(), {"--set", s});
+    const int rc = run(a, dir + "/" + log);
+    const std::string out = read_file(dir + "/" + log);
+    INFO(out);
+    REQUIRE(rc == 0);
+    return nlohmann::json::parse(out.substr(out.rfind('{')));
+  };
+  // One forward for all six, padded to the longest (100), not to seq_len; the same with one
+  // record per forward and no padding at all.
+  const auto whole = eval(dir + "/tokens.jsonl", {"data.seq_len=512"}, "whole.log");
+  CHECK(whole["records"] == 6);
+  CHECK(whole["tokens"] == 5 + 40 + 17 + 100 + 3 + 64 - 6);  // the first of each has no loss
+  CHECK(whole["forwards"] == 1);
+  CHECK(whole["padding_tokens"] == 6 * 100 - (5 + 40 + 17 + 100 + 3 + 64));
+  CHECK(whole["windowed_records"] == 0);
+  const auto single =
+      eval(dir + "/tokens.jsonl", {"data.seq_len=512", "eval.batch_tokens=8"}, "single.log");
+  CHECK(single["forwards"] == 6);
+  CHECK(single["padding_tokens"] == 0);
+  CHECK(single["tokens"] == whole["tokens"]);
+  CHECK(single["loss"].get<double>() == Approx(whole["loss"].get<double>()).epsilon(1e-6));
+  // seq_len 32: the records of 40, 100 and 64 tokens in 2 + 4 + 3 windows; every token still
+  // scored once, and the loss is that of the windows as records.
+  const auto windowed = eval(dir + "/tokens.jsonl", {"data.seq_len=32"}, "windowed.log");
+  CHECK(windowed["windowed_records"] == 3);
+  CHECK(windowed["windows"] == 9);
+  CHECK(windowed["tokens"] == whole["tokens"]);
+  const auto as_records = eval(dir + "/windows.jsonl", {"data.seq_len=512"}, "as_records.log");
+  CHECK(as_records["records"] == 12);
+  CHECK(as_records["tokens"] == windowed["tokens"]);
+  CHECK(windowed["loss"].get<double>() == Approx(as_records["loss"].get<double>()).epsilon(1e-6));
+  // eval.long_records=refuse: exit 2 naming the first long record's line.
+  std::vector<std::string> refuse = {"eval",
+                                     "--model",
+                                     dir + "/m/final",
+                                     "--data",
+                                     dir + "/tokens.jsonl",
+                                     "--tokenizer",
+                                     tok,
+                                     "--set",
+                                     "data.format=tokenized",
+                                     "--set",
+                                     "data.seq_len=32",
+                                     "--set",
+                                     "eval.long_records=refuse"};
+  CHECK(run(refuse, dir + "/refuse.log") == 2);
+  CHECK_THAT(read_file(dir + "/refuse.log"),
+             Catch::Contains(dir + "/tokens.jsonl:2: the record has 40 tokens, more than "
+                                   "data.seq_len=32 (eval.long_records=refuse)"));
 }
 
 TEST_CASE("ft train with activation checkpointing logs the losses of a run without",
