@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <numeric>
 
 #include "core/error.h"
@@ -22,9 +23,7 @@ uint64_t mix(uint64_t x) {
 }
 
 std::shared_ptr<const tokenizer::Tokenizer> load_tokenizer(const JsonlOptions& o) {
-  if (o.tokenizer) return o.tokenizer;
-  FT_CHECK(!o.tokenizer_path.empty(), "data: a tokenizer is needed to read ", o.path,
-           ": set the model's tokenizer.json path");
+  if (o.tokenizer || o.tokenizer_path.empty()) return o.tokenizer;
   return std::make_shared<const tokenizer::Tokenizer>(
       tokenizer::Tokenizer::from_file(o.tokenizer_path));
 }
@@ -35,6 +34,13 @@ BadRecordPolicy parse_bad_record_policy(std::string_view name) {
   if (name == "error") return BadRecordPolicy::kError;
   if (name == "skip") return BadRecordPolicy::kSkip;
   throw ConfigError(detail::cat("data.on_bad_record '", name, "' is not one of error, skip"));
+}
+
+std::string tokenizer_path_of(const std::string& given, const std::string& model_dir) {
+  if (!given.empty()) return given;
+  if (model_dir.empty()) return "";
+  const std::string path = model_dir + "/tokenizer.json";
+  return std::filesystem::exists(path) ? path : "";
 }
 
 std::shared_ptr<const tokenizer::Tokenizer> open_tokenizer(const std::string& path,
@@ -69,19 +75,26 @@ JsonlSource::JsonlSource(JsonlOptions options, int64_t start_sample)
   FT_CHECK(o.world_size >= 1 && o.rank >= 0 && o.rank < o.world_size, "data: rank ", o.rank,
            " is not in [0, world_size ", o.world_size, ")");
   FT_CHECK(start_sample >= 0, "data: start sample must be >= 0, got ", start_sample);
-  for (const std::string& t : template_special_tokens(o.chat_template)) {
-    FT_CHECK(tokenizer_->token_to_id(t).has_value(), "data.template '", name_of(o.chat_template),
-             "' writes ", t, ", which is not a token of the tokenizer",
-             o.tokenizer_path.empty() ? "" : " " + o.tokenizer_path,
-             ": choose the template of the model's family");
-  }
   FT_CHECK_T(FormatError, index_.size() > 0, o.path,
              ": no records (the file has no non-empty lines)");
   const JsonlLine first = index_.read(0);
   const std::string origin = detail::cat(o.path, ":", first.line);
   if (format_ == RecordFormat::kAuto) format_ = detect_format(first.text, origin);
-  tokenize_record(parse_record(first.text, format_, origin), o.chat_template, o.train_on_prompt,
-                  *tokenizer_, origin);
+  FT_CHECK(tokenizer_ || format_ == RecordFormat::kTokens, "--data ", o.path, " holds ",
+           name_of(format_),
+           " records, which need a tokenizer to become token ids: give --tokenizer "
+           "PATH/tokenizer.json, or a --model directory that holds tokenizer.json (pre-tokenized "
+           "records, {\"input_ids\": [...]}, need none)");
+  // The template's own tokens, where records are rendered with it.
+  if (format_ == RecordFormat::kChat || format_ == RecordFormat::kAlpaca) {
+    for (const std::string& t : template_special_tokens(o.chat_template)) {
+      FT_CHECK(tokenizer_->token_to_id(t).has_value(), "data.template '", name_of(o.chat_template),
+               "' writes ", t, ", which is not a token of the tokenizer",
+               o.tokenizer_path.empty() ? "" : " " + o.tokenizer_path,
+               ": choose the template of the model's family");
+    }
+  }
+  (void)tokenize_whole(0);  // a bad first record stops here, whatever the policy
   const int64_t W = o.world_size;
   next_global_ = start_sample + (((o.rank - start_sample) % W) + W) % W;
 }
@@ -119,8 +132,14 @@ TokenizedRecord JsonlSource::tokenize_whole(int64_t record, std::string* origin_
   const JsonlLine line = index_.read(record);
   const std::string origin = detail::cat(options_.path, ":", line.line);
   if (origin_out) *origin_out = origin;
-  return tokenize_record(parse_record(line.text, format_, origin), options_.chat_template,
-                         options_.train_on_prompt, *tokenizer_, origin);
+  const Record parsed = parse_record(line.text, format_, origin);
+  if (parsed.format == RecordFormat::kTokens) {
+    const int64_t vocab = options_.vocab_size > 0 ? options_.vocab_size
+                                                  : static_cast<int64_t>(tokenizer_->vocab_size());
+    return tokens_record(parsed, vocab, origin);
+  }
+  return tokenize_record(parsed, options_.chat_template, options_.train_on_prompt, *tokenizer_,
+                         origin);
 }
 
 TokenizedRecord JsonlSource::tokenize_at(int64_t record, bool* truncated) const {

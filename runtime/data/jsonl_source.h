@@ -30,8 +30,12 @@ struct JsonlOptions {
   static constexpr uint64_t kDefaultSeed = 42;
 
   std::string path;
-  std::string tokenizer_path;                             // used when `tokenizer` is null
-  std::shared_ptr<const tokenizer::Tokenizer> tokenizer;  // takes precedence over the path
+  // The tokenizer: `tokenizer`, else the file at `tokenizer_path`, else none. Pre-tokenized
+  // records need none (their ids are checked against `vocab_size`); other formats refuse to
+  // start without one.
+  std::string tokenizer_path;
+  std::shared_ptr<const tokenizer::Tokenizer> tokenizer;
+  int64_t vocab_size = 0;  // the model's; 0: the tokenizer's
   RecordFormat format = RecordFormat::kAuto;
   ChatTemplate chat_template = ChatTemplate::kNone;
   int64_t seq_len = kDefaultSeqLen;
@@ -46,6 +50,10 @@ struct JsonlOptions {
 // The options the preset's data section sets (format, template, seq_len, packing, prompt masking,
 // bad-record policy); the caller sets the path, tokenizer, micro_batch, seed and rank.
 JsonlOptions jsonl_options(const config::DataSettings& data);
+
+// The tokenizer a job reads its data with: `given` (--tokenizer) when set, else
+// `model_dir`/tokenizer.json when that exists, else "" (none: only pre-tokenized data is readable).
+std::string tokenizer_path_of(const std::string& given, const std::string& model_dir);
 
 // The tokenizer.json at `path`, checked against a model of `model_vocab_size` token ids (a larger
 // tokenizer would index past the embedding): ConfigError naming both sizes and `hint`, what to do.

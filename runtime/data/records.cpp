@@ -305,24 +305,28 @@ std::vector<std::string> template_special_tokens(ChatTemplate t) {
   return {};
 }
 
+TokenizedRecord tokens_record(const Record& record, int64_t vocab, const std::string& origin) {
+  FT_ASSERT(record.format == RecordFormat::kTokens, "tokens_record of another format");
+  TokenizedRecord out;
+  out.ids = record.input_ids;
+  out.labels = record.labels.empty() ? record.input_ids : record.labels;
+  for (size_t i = 0; i < out.ids.size(); ++i) {
+    FT_CHECK_T(FormatError, out.ids[i] >= 0 && out.ids[i] < vocab, origin,
+               ": tokens record: input_ids[", i, "] = ", out.ids[i],
+               " is outside the vocabulary of ", vocab);
+    FT_CHECK_T(FormatError,
+               out.labels[i] == kIgnore || (out.labels[i] >= 0 && out.labels[i] < vocab), origin,
+               ": tokens record: labels[", i, "] = ", out.labels[i],
+               " is neither -100 nor inside the vocabulary of ", vocab);
+  }
+  return out;
+}
+
 TokenizedRecord tokenize_record(const Record& record, ChatTemplate t, bool train_on_prompt,
                                 const tokenizer::Tokenizer& tok, const std::string& origin) {
+  if (record.format == RecordFormat::kTokens)
+    return tokens_record(record, static_cast<int64_t>(tok.vocab_size()), origin);
   TokenizedRecord out;
-  const int64_t vocab = static_cast<int64_t>(tok.vocab_size());
-  if (record.format == RecordFormat::kTokens) {
-    out.ids = record.input_ids;
-    out.labels = record.labels.empty() ? record.input_ids : record.labels;
-    for (size_t i = 0; i < out.ids.size(); ++i) {
-      FT_CHECK_T(FormatError, out.ids[i] >= 0 && out.ids[i] < vocab, origin,
-                 ": tokens record: input_ids[", i, "] = ", out.ids[i],
-                 " is outside the tokenizer's vocabulary of ", vocab);
-      FT_CHECK_T(FormatError,
-                 out.labels[i] == kIgnore || (out.labels[i] >= 0 && out.labels[i] < vocab), origin,
-                 ": tokens record: labels[", i, "] = ", out.labels[i],
-                 " is neither -100 nor inside the vocabulary of ", vocab);
-    }
-    return out;
-  }
   const std::vector<Segment> segments = render(record, t, train_on_prompt, origin);
   // Plain text (and kNone) gets the tokenizer's own BOS; templates write theirs in the text.
   const bool plain = t == ChatTemplate::kNone || record.format == RecordFormat::kText;

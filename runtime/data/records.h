@@ -87,6 +87,10 @@ struct TokenizedRecord {
 // it ends. kNone and text records get the tokenizer's BOS (add_special_tokens) and a trained EOS.
 // Pre-tokenized records pass through. Throws ft::FormatError naming `origin` for text that is
 // not UTF-8 or ids outside the vocabulary.
+// A pre-tokenized record's ids and labels, each id checked against `vocab_size` (the model's
+// embedding, or the tokenizer's vocabulary); needs no tokenizer.
+TokenizedRecord tokens_record(const Record& record, int64_t vocab_size, const std::string& origin);
+
 TokenizedRecord tokenize_record(const Record& record, ChatTemplate chat_template,
                                 bool train_on_prompt, const tokenizer::Tokenizer& tokenizer,
                                 const std::string& origin);

@@ -47,8 +47,10 @@ EvalResult evaluate(const EvalOptions& o) {
 
   data::JsonlOptions jo = data::jsonl_options(o.data);
   jo.path = o.data_path;
-  jo.tokenizer_path = o.tokenizer_path.empty() ? o.model_dir + "/tokenizer.json" : o.tokenizer_path;
-  jo.tokenizer = data::open_tokenizer(jo.tokenizer_path, mc.vocab_size, "");
+  jo.tokenizer_path = data::tokenizer_path_of(o.tokenizer_path, o.model_dir);
+  if (!jo.tokenizer_path.empty())
+    jo.tokenizer = data::open_tokenizer(jo.tokenizer_path, mc.vocab_size, "");
+  jo.vocab_size = mc.vocab_size;
   jo.on_bad_record = data::BadRecordPolicy::kError;
   const data::JsonlSource source(jo);
   const int64_t T = o.data.seq_len;

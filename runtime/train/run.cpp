@@ -265,15 +265,13 @@ void TrainingRun::open_data() {
   }
   data::JsonlOptions jo = data::jsonl_options(s_.data);
   jo.path = o_.data_path;
-  jo.tokenizer_path = !o_.tokenizer_path.empty() ? o_.tokenizer_path
-                      : !o_.model_dir.empty()    ? o_.model_dir + "/tokenizer.json"
-                                                 : "";
-  FT_CHECK(!jo.tokenizer_path.empty(),
-           "--data needs a tokenizer: give --tokenizer "
-           "PATH/tokenizer.json, or a --model directory that holds tokenizer.json");
-  jo.tokenizer =
-      data::open_tokenizer(jo.tokenizer_path, mc_.vocab_size,
-                           "; use the model's own tokenizer (or --set model.vocab_size)");
+  // The --tokenizer given, else the model's when it has one; pre-tokenized data needs none.
+  jo.tokenizer_path = data::tokenizer_path_of(o_.tokenizer_path, o_.model_dir);
+  if (!jo.tokenizer_path.empty())
+    jo.tokenizer =
+        data::open_tokenizer(jo.tokenizer_path, mc_.vocab_size,
+                             "; use the model's own tokenizer (or --set model.vocab_size)");
+  jo.vocab_size = mc_.vocab_size;
   jo.micro_batch = s_.train.micro_batch;
   jo.seed = s_.train.seed;
   jo.rank = env_.rank;

@@ -546,15 +546,46 @@ TEST_CASE("JsonlSource: malformed lines are errors naming file:line, or skipped 
 
 TEST_CASE("JsonlSource refuses a template whose tokens the tokenizer lacks, and empty files") {
   TempDir dir;
-  JsonlOptions o = options_for(dir.write("t.jsonl", text_records(3)));
+  const std::string chat =
+      R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]})"
+      "\n";
+  JsonlOptions o = options_for(dir.write("c.jsonl", chat));
   o.chat_template = ChatTemplate::kChatml;  // <|im_start|> is not a Llama 3 token
   CHECK_THROWS_WITH(JsonlSource(o), Catch::Contains("<|im_start|>"));
+  // Plain text is not rendered with the template: the template's tokens do not matter there.
+  o.path = dir.write("t.jsonl", text_records(3));
+  CHECK_NOTHROW(JsonlSource(o));
   o.chat_template = ChatTemplate::kLlama3;
   o.path = dir.write("empty.jsonl", "\n\n");
   CHECK_THROWS_WITH(JsonlSource(o), Catch::Contains("empty.jsonl: no records"));
   o.path = dir.write("t.jsonl", text_records(3));
   o.seq_len = 1;
   CHECK_THROWS_AS(JsonlSource(o), ft::ConfigError);
+}
+
+TEST_CASE("JsonlSource reads pre-tokenized records without a tokenizer, and nothing else") {
+  TempDir dir;
+  JsonlOptions o;
+  o.path = dir.write("ids.jsonl", "{\"input_ids\": [5, 6, 7, 8]}\n{\"input_ids\": [9, 10]}\n");
+  o.seq_len = 8;
+  o.pack = false;
+  o.vocab_size = 11;  // the model's
+  JsonlSource src(o);
+  CHECK(src.format() == RecordFormat::kTokens);
+  const Batch b = src.next();
+  CHECK(b.input_ids[0][0].item<int64_t>() == 5);
+  CHECK(b.input_ids[0][3].item<int64_t>() == 8);
+  // Ids are checked against the model's vocabulary.
+  o.vocab_size = 10;
+  CHECK_THROWS_WITH(JsonlSource(o).tokenize_whole(1),
+                    Catch::Contains("ids.jsonl:2: tokens record: input_ids[1] = 10 is outside the "
+                                    "vocabulary of 10"));
+  // Text needs a tokenizer, and the error says how to give one.
+  o.path = dir.write("t.jsonl", text_records(2));
+  CHECK_THROWS_WITH(JsonlSource(o), Catch::Contains("t.jsonl holds text records, which need a "
+                                                    "tokenizer") &&
+                                        Catch::Contains("--tokenizer") &&
+                                        Catch::Contains("pre-tokenized"));
 }
 
 TEST_CASE("JsonlSource resumed at samples_consumed() continues with the same batches") {

@@ -260,10 +260,9 @@ TEST_CASE("ft eval reports loss, tokens and perplexity of a trained model and of
 
 TEST_CASE(
     "ft eval: no padding to seq_len, long records scored in windows (each token once) or "
-    "refused",
+    "refused; pre-tokenized data needs no tokenizer",
     "[multiproc]") {
   const std::string dir = make_temp_dir();
-  const std::string tok = test_dir() + "/tokenizer/fixtures/llama3/tokenizer.json";
   REQUIRE(run({"train", "--preset", "tiny-demo", "--output", dir + "/m", "--set",
                "train.max_steps=1", "--set", "model.vocab_size=1152"},
               dir + "/train.log") == 0);
@@ -291,9 +290,8 @@ TEST_CASE(
   write(dir + "/windows.jsonl", windows);
   auto eval = [&](const std::string& data, const std::vector<std::string>& sets,
                   const std::string& log) {
-    std::vector<std::string> a = {"eval",   "--model", dir + "/m/final",
-                                  "--data", data,      "--tokenizer",
-                                  tok,      "--set",   "data.format=tokenized"};
+    std::vector<std::string> a = {"eval", "--model", dir + "/m/final",       "--data",
+                                  data,   "--set",   "data.format=tokenized"};
     for (const auto& s : sets) a.insert(a.end(), {"--set", s});
     const int rc = run(a, dir + "/" + log);
     const std::string out = read_file(dir + "/" + log);
@@ -325,14 +323,26 @@ TEST_CASE(
   CHECK(as_records["records"] == 12);
   CHECK(as_records["tokens"] == windowed["tokens"]);
   CHECK(windowed["loss"].get<double>() == Approx(as_records["loss"].get<double>()).epsilon(1e-6));
+  // The model directory has no tokenizer files (a run on the synthetic task): pre-tokenized data
+  // needs none, for ft eval above and for ft train; text does.
+  REQUIRE_FALSE(std::ifstream(dir + "/m/final/tokenizer.json").good());
+  CHECK(run({"train", "--preset", "tiny-demo", "--model", dir + "/m/final", "--data",
+             dir + "/tokens.jsonl", "--output", dir + "/ft", "--set", "data.format=auto", "--set",
+             "data.seq_len=64", "--set", "train.max_steps=2"},
+            dir + "/ft.log") == 0);
+  std::ofstream(dir + "/text.jsonl") << R"({"text": "hello"})"
+                                     << "\n";
+  CHECK(run({"train", "--preset", "tiny-demo", "--model", dir + "/m/final", "--data",
+             dir + "/text.jsonl", "--output", dir + "/ft-text", "--set", "data.format=auto"},
+            dir + "/ft-text.log") == 2);
+  CHECK_THAT(read_file(dir + "/ft-text.log"),
+             Catch::Contains("holds text records, which need a tokenizer"));
   // eval.long_records=refuse: exit 2 naming the first long record's line.
   std::vector<std::string> refuse = {"eval",
                                      "--model",
                                      dir + "/m/final",
                                      "--data",
                                      dir + "/tokens.jsonl",
-                                     "--tokenizer",
-                                     tok,
                                      "--set",
                                      "data.format=tokenized",
                                      "--set",
