@@ -19,5 +19,6 @@ Run add_train(CLI::App& app);
 Run add_eval(CLI::App& app);
 Run add_export(CLI::App& app);
 Run add_plan(CLI::App& app);
+Run add_data(CLI::App& app);
 
 }  // namespace ft::app

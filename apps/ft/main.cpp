@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   runs["eval"] = ft::app::add_eval(app);
   runs["export"] = ft::app::add_export(app);
   runs["plan"] = ft::app::add_plan(app);
+  runs["data"] = ft::app::add_data(app);
 
   try {
     std::vector<std::string> rev(args.rbegin(), args.rend());

@@ -177,53 +177,58 @@ TokenizedRecord JsonlSource::next_record() {
   }
 }
 
-int64_t JsonlSource::rows_per_epoch(const std::function<void(int64_t, int64_t)>& progress) {
-  const int64_t n = index_.size();
-  constexpr int32_t kUnusable = -1, kMalformed = -2;
-  // Token count of each record after truncation, in file order (reads stay sequential).
-  std::vector<int32_t> length(static_cast<size_t>(n));
-  constexpr int64_t kChunk = 4096;
+JsonlSource::EpochScan JsonlSource::scan_epoch(
+    const std::function<void(int64_t, int64_t)>& progress) {
+  const int64_t n = index_.size(), T = options_.seq_len;
+  EpochScan scan;
+  scan.tokens.assign(static_cast<size_t>(n), 0);
+  scan.trained.assign(static_cast<size_t>(n), 0);
+  constexpr int64_t kChunk = 4096;  // file order: reads stay sequential
   for (int64_t begin = 0; begin < n; begin += kChunk) {
     const int64_t end = std::min(n, begin + kChunk);
     at::parallel_for(begin, end, 16, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
-        bool truncated = false;
+        const size_t k = static_cast<size_t>(i);
         try {
-          const size_t len = tokenize_at(i, &truncated).ids.size();
-          length[static_cast<size_t>(i)] = len == 0 ? kUnusable : static_cast<int32_t>(len);
+          const TokenizedRecord r = tokenize_whole(i);
+          const int64_t len = static_cast<int64_t>(r.ids.size());
+          scan.tokens[k] = len == 0 ? EpochScan::kEmpty
+                                    : static_cast<int32_t>(std::min<int64_t>(len, INT32_MAX));
+          // The first token carries no loss (nothing before it predicts it).
+          for (int64_t t = 1; t < std::min(len, T); ++t)
+            scan.trained[k] += r.labels[static_cast<size_t>(t)] != kIgnore;
         } catch (const FormatError&) {
-          length[static_cast<size_t>(i)] = kMalformed;
+          scan.tokens[k] = EpochScan::kMalformed;
         }
       }
     });
     if (options_.on_bad_record == BadRecordPolicy::kError) {
       for (int64_t i = begin; i < end; ++i) {
-        bool truncated = false;
         // Again on this thread, so the error is the first bad record's, as next() throws it.
-        if (length[static_cast<size_t>(i)] == kMalformed) tokenize_at(i, &truncated);
+        if (scan.tokens[static_cast<size_t>(i)] == EpochScan::kMalformed) tokenize_whole(i);
       }
     }
     if (progress) progress(end, n);
   }
   // Place them as next() does: a record that does not fit the current row starts the next one.
-  const int64_t T = options_.seq_len;
-  int64_t rows = 0, filled = 0;
+  int64_t filled = 0;
   bool open = false;
-  const std::vector<int64_t>& order = order_of(0);
-  for (const int64_t record : order) {
-    const int64_t len = length[static_cast<size_t>(record)];
+  for (const int64_t record : order_of(0)) {
+    const int64_t len = std::min<int64_t>(scan.tokens[static_cast<size_t>(record)], T);
     if (len <= 0) continue;
     if (open && (!options_.pack || filled + len > T)) {
-      ++rows;
+      ++scan.rows;
       filled = 0;
     }
     filled += len;
+    scan.row_tokens += len;
     open = true;
   }
-  if (open) ++rows;
-  FT_CHECK_T(FormatError, rows > 0, options_.path, ": no usable record in the file (",
-             std::count(length.begin(), length.end(), kMalformed), " malformed records skipped)");
-  return rows;
+  if (open) ++scan.rows;
+  FT_CHECK_T(FormatError, scan.rows > 0, options_.path, ": no usable record in the file (",
+             std::count(scan.tokens.begin(), scan.tokens.end(), EpochScan::kMalformed),
+             " malformed records skipped)");
+  return scan;
 }
 
 Batch JsonlSource::next() {

@@ -86,6 +86,9 @@ class JsonlSource : public BatchSource {
   int64_t skipped() const { return skipped_; }      // malformed records skipped (this rank)
   int64_t truncated() const { return truncated_; }  // records cut to seq_len (this rank)
   RecordFormat format() const { return format_; }
+  int64_t seq_len() const { return options_.seq_len; }
+  // Null when there is none (pre-tokenized data read without one).
+  const tokenizer::Tokenizer* tokenizer() const { return tokenizer_.get(); }
 
   // The record index at position `position` of epoch `epoch`'s order (for tests and tools).
   int64_t record_at(int64_t epoch, int64_t position);
@@ -95,14 +98,25 @@ class JsonlSource : public BatchSource {
   // (ft eval tokenizes every record this way, in parallel).
   TokenizedRecord tokenize_whole(int64_t record, std::string* origin = nullptr) const;
 
-  // Rows of [seq_len] tokens that one epoch gives: every record, tokenized and truncated as next()
-  // does, placed in epoch 0's order into rows as next() packs them (what `train.epochs` counts
-  // in). Later epochs pack another order and may give a row or so more or fewer. Counts as one
-  // rank reading every record, whatever this source's rank. Tokenizes each record once, in
-  // parallel, calling `progress(records_done, num_records())` between chunks. A malformed record
-  // is the FormatError next() would throw (the first in file order), or is not counted under
-  // BadRecordPolicy::kSkip. Leaves the source's position unchanged.
-  int64_t rows_per_epoch(const std::function<void(int64_t, int64_t)>& progress = {});
+  // One epoch as next() lays it out: every record tokenized once (in parallel, calling
+  // `progress(records_done, num_records())` between chunks) and placed in epoch 0's order into
+  // rows of [seq_len] tokens. Counts as one rank reading every record, whatever this source's
+  // rank. A malformed record is the FormatError next() would throw (the first in file order), or
+  // is counted under BadRecordPolicy::kSkip. Leaves the source's position unchanged.
+  struct EpochScan {
+    static constexpr int32_t kEmpty = -1, kMalformed = -2;
+    // Per record, in file order: its tokens whole (or kEmpty / kMalformed), and the tokens that
+    // carry a loss once cut to seq_len.
+    std::vector<int32_t> tokens, trained;
+    int64_t rows = 0;        // rows of epoch 0 (what train.epochs counts in)
+    int64_t row_tokens = 0;  // tokens placed in them (after truncation): the rest is padding
+  };
+  EpochScan scan_epoch(const std::function<void(int64_t, int64_t)>& progress = {});
+  // Rows of [seq_len] tokens that one epoch gives (scan_epoch's rows). Later epochs pack another
+  // order and may give a row or so more or fewer.
+  int64_t rows_per_epoch(const std::function<void(int64_t, int64_t)>& progress = {}) {
+    return scan_epoch(progress).rows;
+  }
 
  private:
   // The next usable record on this rank, tokenized and truncated (skips bad ones if allowed).

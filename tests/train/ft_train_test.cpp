@@ -355,6 +355,65 @@ TEST_CASE(
                                    "data.seq_len=32 (eval.long_records=refuse)"));
 }
 
+TEST_CASE("ft data show prints records as the trainer sees them, and the file's statistics",
+          "[multiproc]") {
+  const std::string dir = make_temp_dir();
+  const std::string tok = test_dir() + "/tokenizer/fixtures/llama3/tokenizer.json";
+  {
+    std::ofstream f(dir + "/chat.jsonl");
+    for (int i = 1; i <= 5; ++i)
+      f << R"({"messages": [{"role": "user", "content": "Say )" << i << R"("},)"
+        << R"({"role": "assistant", "content": "Number )" << i << R"(."}]})"
+        << "\n";
+    f << R"({"bad": 1})"
+      << "\n";
+  }
+  auto show = [&](const std::vector<std::string>& more, const std::string& log) {
+    std::vector<std::string> a = {"data",        "show", "--data", dir + "/chat.jsonl",
+                                  "--tokenizer", tok,    "--set",  "model.vocab_size=1152"};
+    a.insert(a.end(), more.begin(), more.end());
+    const int rc = run(a, dir + "/" + log);
+    return std::make_pair(rc, read_file(dir + "/" + log));
+  };
+  auto [rc, out] = show({"-n", "2", "--set", "data.on_bad_record=skip"}, "show.log");
+  INFO(out);
+  REQUIRE(rc == 0);
+  // The llama3 template's rendering, only the answer and its end of turn carrying the loss.
+  CHECK_THAT(out, Catch::Contains("chat.jsonl:1 (chat): 25 tokens, 5 carry the loss") &&
+                      Catch::Contains("<|begin_of_text|><|start_header_id|>user<|end_header_id|>"
+                                      "\n\nSay 1<|eot_id|>") &&
+                      Catch::Contains("⟦Number 1.<|eot_id|>⟧") &&
+                      Catch::Contains("chat.jsonl:2 (chat)") && !Catch::Contains("chat.jsonl:3 ("));
+  CHECK_THAT(out, Catch::Contains("records     6 (5 usable, 1 malformed and skipped, 0 empty)") &&
+                      Catch::Contains("tokens      125 (25.0 per record") &&
+                      Catch::Contains("trained     25 tokens carry the loss (20.0%)") &&
+                      Catch::Contains("packing     1 rows of 2048 tokens per epoch") &&
+                      Catch::Contains("16 - 31               5  ####"));
+  // seq_len 16 cuts every record: said per record and in the statistics.
+  auto [rc2, cut] = show({"-n", "1", "--set", "data.on_bad_record=skip", "--set", "data.seq_len=16",
+                          "--set", "data.pack=false"},
+                         "cut.log");
+  INFO(cut);
+  REQUIRE(rc2 == 0);
+  CHECK_THAT(cut, Catch::Contains("cut to data.seq_len=16 for training, the last 9 tokens are "
+                                  "not trained") &&
+                      Catch::Contains("[cut: ") &&
+                      Catch::Contains("truncated   5 records longer than data.seq_len=16 (45 "
+                                      "tokens cut off") &&
+                      Catch::Contains("packing     5 rows of 16 tokens per epoch, 100.0% tokens"));
+  // The default policy stops at the bad line, naming it.
+  auto [rc3, bad] = show({"-n", "0"}, "bad.log");
+  CHECK(rc3 == 2);
+  CHECK_THAT(bad, Catch::Contains("chat.jsonl:6"));
+  // Pre-tokenized data without a tokenizer: the ids only.
+  std::ofstream(dir + "/ids.jsonl") << R"({"input_ids": [5, 6, 7]})"
+                                    << "\n";
+  REQUIRE(run({"data", "show", "--data", dir + "/ids.jsonl"}, dir + "/ids.log") == 0);
+  CHECK_THAT(read_file(dir + "/ids.log"),
+             Catch::Contains("(no tokenizer: pre-tokenized ids only)") &&
+                 Catch::Contains("ids:  5 ⟦6 7⟧"));
+}
+
 TEST_CASE("ft train with activation checkpointing logs the losses of a run without",
           "[multiproc]") {
   std::string dir = make_temp_dir();
