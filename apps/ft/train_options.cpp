@@ -11,6 +11,9 @@ const std::vector<TrainOptionSpec>& train_option_specs() {
       {"model", "DIR", "Hugging Face model directory (default: random init)", false, false},
       {"data", "PATH", "Training data (JSONL)", false, false},
       {"tokenizer", "PATH", "tokenizer.json for --data (default: the one in --model)", false, false},
+      {"data-cache", "DIR",
+       "Where ft data prepare put the tokenized --data (default: PATH.ftcache beside it)", false,
+       false},
       {"output", "DIR", "Output directory (must not hold an earlier run unless resuming it)", true,
        false},
       {"resume", "auto|none|DIR",
@@ -84,6 +87,7 @@ train::RunOptions TrainCommandLine::run_options() const {
   o.model_dir = value("model");
   o.data_path = value("data");
   o.tokenizer_path = value("tokenizer");
+  o.data_cache_dir = value("data-cache");
   o.output_dir = value("output");
   o.resume = value("resume").empty() ? "auto" : value("resume");
   return o;

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "data/token_cache.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ft::data {
@@ -95,6 +96,17 @@ JsonlSource::JsonlSource(JsonlOptions options, int64_t start_sample)
     }
   }
   (void)tokenize_whole(0);  // a bad first record stops here, whatever the policy
+  if (o.use_cache) {
+    const nlohmann::json key = token_cache_key(o);
+    const std::string path = token_cache_path(o, key);
+    cache_ = TokenCache::open(path, key, &cache_note_);
+    if (cache_ && cache_->records() != index_.size()) {
+      cache_note_ = detail::cat("the tokenized cache ", path, " holds ", cache_->records(),
+                                " records, the file ", index_.size(), ": not used");
+      cache_.reset();
+    }
+    if (cache_) cache_path_ = path;
+  }
   const int64_t W = o.world_size;
   next_global_ = start_sample + (((o.rank - start_sample) % W) + W) % W;
 }
@@ -129,6 +141,11 @@ int64_t JsonlSource::record_at(int64_t epoch, int64_t position) {
 }
 
 TokenizedRecord JsonlSource::tokenize_whole(int64_t record, std::string* origin_out) const {
+  // From the cache, unless the record is malformed there (its error comes from the file).
+  if (cache_ && !cache_->malformed(record)) {
+    if (origin_out) *origin_out = detail::cat(options_.path, ":", index_.read(record).line);
+    return cache_->record(record);
+  }
   const JsonlLine line = index_.read(record);
   const std::string origin = detail::cat(options_.path, ":", line.line);
   if (origin_out) *origin_out = origin;

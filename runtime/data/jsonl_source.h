@@ -21,6 +21,8 @@ class Tokenizer;
 
 namespace ft::data {
 
+class TokenCache;
+
 enum class BadRecordPolicy { kError, kSkip };
 // "error" / "skip"; anything else throws ft::ConfigError.
 BadRecordPolicy parse_bad_record_policy(std::string_view name);
@@ -43,6 +45,10 @@ struct JsonlOptions {
   bool pack = true;  // several records per row; false: one record per row, padded
   bool train_on_prompt = false;
   BadRecordPolicy on_bad_record = BadRecordPolicy::kError;
+  // Read records from the tokenized cache `ft data prepare` made (token_cache.h) when there is
+  // one for these inputs; data.cache_dir, "" = PATH.ftcache.
+  bool use_cache = false;
+  std::string cache_dir;
   uint64_t seed = kDefaultSeed;  // shuffle seed; the order of epoch e is a function of (seed, e)
   int rank = 0, world_size = 1;
 };
@@ -87,6 +93,10 @@ class JsonlSource : public BatchSource {
   int64_t truncated() const { return truncated_; }  // records cut to seq_len (this rank)
   RecordFormat format() const { return format_; }
   int64_t seq_len() const { return options_.seq_len; }
+  bool skips_bad_records() const { return options_.on_bad_record == BadRecordPolicy::kSkip; }
+  // With use_cache: the cache read ("" when none), and why none is used otherwise.
+  const std::string& cache_path() const { return cache_path_; }
+  const std::string& cache_note() const { return cache_note_; }
   // Null when there is none (pre-tokenized data read without one).
   const tokenizer::Tokenizer* tokenizer() const { return tokenizer_.get(); }
 
@@ -139,6 +149,8 @@ class JsonlSource : public BatchSource {
   TokenizedRecord pending_;
   int64_t pending_global_ = 0;
   int64_t skipped_ = 0, truncated_ = 0;
+  std::unique_ptr<TokenCache> cache_;
+  std::string cache_path_, cache_note_;
 };
 
 }  // namespace ft::data

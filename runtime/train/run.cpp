@@ -272,11 +272,19 @@ void TrainingRun::open_data() {
         data::open_tokenizer(jo.tokenizer_path, mc_.vocab_size,
                              "; use the model's own tokenizer (or --set model.vocab_size)");
   jo.vocab_size = mc_.vocab_size;
+  jo.use_cache = true;
+  jo.cache_dir = o_.data_cache_dir;
   jo.micro_batch = s_.train.micro_batch;
   jo.seed = s_.train.seed;
   jo.rank = env_.rank;
   jo.world_size = env_.world_size;
   auto jsonl = std::make_unique<data::JsonlSource>(jo);
+  if (rank0_)
+    fmt::print(stderr, "ft train: data: {}\n",
+               jsonl->cache_path().empty()
+                   ? jsonl->cache_note() + "; every record is tokenized as it is read"
+                   : "records read from the tokenized cache " + jsonl->cache_path() +
+                         " (ft data prepare)");
   if (total_steps_ == 0) {
     rows_per_epoch_ = count_epoch_rows(*jsonl, o_.data_path);
     total_steps_ = steps_for_epochs(s_.train.epochs, rows_per_epoch_, jo.micro_batch,

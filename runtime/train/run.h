@@ -19,6 +19,7 @@ struct RunOptions {
   std::string model_dir;       // "" = random init from preset.model
   std::string data_path;       // "" = the preset's data (synthetic)
   std::string tokenizer_path;  // tokenizer.json for --data; default: <model_dir>/tokenizer.json
+  std::string data_cache_dir;  // ft data prepare's cache of --data; default: <data_path>.ftcache
   std::string output_dir;      // created; must not hold an earlier run unless resuming it
   // "auto": the newest committed checkpoint in output_dir/checkpoints that reads back whole (older
   // ones if not), else a fresh start; "none": a fresh start; else a checkpoint directory.

@@ -17,6 +17,7 @@
 #include "data/jsonl.h"
 #include "data/jsonl_source.h"
 #include "data/records.h"
+#include "data/token_cache.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fs = std::filesystem;
@@ -668,4 +669,53 @@ TEST_CASE("rows_per_epoch: a malformed record is next()'s error, or not counted 
   o.on_bad_record = BadRecordPolicy::kSkip;
   JsonlSource lenient(o);
   CHECK(lenient.rows_per_epoch() == 3);
+}
+
+TEST_CASE("the tokenized cache holds every record as tokenizing gives it, for these inputs only") {
+  TempDir dir;
+  std::string text = varied_text_records(40, 7, 90);
+  text += "{\"text\": 5}\n";  // malformed: skipped and marked
+  JsonlOptions o = options_for(dir.write("c.jsonl", text));
+  o.on_bad_record = BadRecordPolicy::kSkip;
+  o.tokenizer_path = kTokenizers + "/llama3/tokenizer.json";  // part of the key
+  const JsonlSource plain(o);
+  const nlohmann::json key = token_cache_key(o);
+  const std::string path = token_cache_path(o, key);
+  CHECK(path.rfind(dir.path.string() + "/c.jsonl.ftcache/", 0) == 0);
+  const PrepareResult r = write_token_cache(plain, path, key, {});
+  CHECK(r.records == 41);
+  CHECK(r.malformed == 1);
+  std::string why;
+  auto cache = TokenCache::open(path, key, &why);
+  REQUIRE(cache);
+  CHECK(cache->records() == 41);
+  CHECK(cache->malformed(40));
+  for (int64_t i = 0; i < 40; ++i) {
+    const TokenizedRecord a = plain.tokenize_whole(i), b = cache->record(i);
+    CHECK(a.ids == b.ids);
+    CHECK(a.labels == b.labels);
+  }
+  // A source with use_cache reads it, and gives the same batches.
+  o.use_cache = true;
+  JsonlSource cached(o);
+  CHECK(cached.cache_path() == path);
+  JsonlOptions again = o;
+  again.use_cache = false;
+  JsonlSource fresh(again);
+  for (int step = 0; step < 5; ++step)
+    CHECK(at::equal(cached.next().input_ids, fresh.next().input_ids));
+  // Other settings: another key, so not this cache, and the note names what differs.
+  JsonlOptions other = o;
+  other.train_on_prompt = true;
+  const nlohmann::json other_key = token_cache_key(other);
+  CHECK(token_cache_path(other, other_key) != path);
+  CHECK_FALSE(TokenCache::open(token_cache_path(other, other_key), other_key, &why));
+  CHECK_THAT(why, Catch::Contains("train_on_prompt false, not true"));
+  // A damaged file is ignored, with the reason.
+  fs::resize_file(path, fs::file_size(path) - 8);
+  CHECK_FALSE(TokenCache::open(path, key, &why));
+  CHECK_THAT(why, Catch::Contains("is damaged"));
+  JsonlSource damaged(o);
+  CHECK(damaged.cache_path().empty());
+  CHECK_THAT(damaged.cache_note(), Catch::Contains("is damaged"));
 }

@@ -414,6 +414,62 @@ TEST_CASE("ft data show prints records as the trainer sees them, and the file's 
                  Catch::Contains("ids:  5 ⟦6 7⟧"));
 }
 
+TEST_CASE(
+    "ft data prepare: ft train reads the tokenized cache and trains exactly as without it; other "
+    "settings do not use it and say why",
+    "[multiproc]") {
+  const std::string dir = make_temp_dir();
+  const std::string tok = test_dir() + "/tokenizer/fixtures/llama3/tokenizer.json";
+  {
+    std::ofstream f(dir + "/chat.jsonl");
+    for (int i = 0; i < 40; ++i)
+      f << R"({"messages": [{"role": "user", "content": "Say )" << i << R"("},)"
+        << R"({"role": "assistant", "content": "Number )" << i << R"(."}]})"
+        << "\n";
+  }
+  const std::vector<std::string> data = {"--preset",    "tiny-demo",
+                                         "--data",      dir + "/chat.jsonl",
+                                         "--tokenizer", tok,
+                                         "--set",       "model.vocab_size=1152",
+                                         "--set",       "data.format=chat",
+                                         "--set",       "data.template=llama3",
+                                         "--set",       "data.seq_len=64"};
+  auto ft = [&](std::vector<std::string> a, const std::vector<std::string>& more,
+                const std::string& log) {
+    a.insert(a.end(), data.begin(), data.end());
+    a.insert(a.end(), more.begin(), more.end());
+    const int rc = run(a, dir + "/" + log);
+    return std::make_pair(rc, read_file(dir + "/" + log));
+  };
+  auto [rc, prepared] = ft({"data", "prepare"}, {}, "prepare.log");
+  INFO(prepared);
+  REQUIRE(rc == 0);
+  CHECK_THAT(prepared, Catch::Contains(dir + "/chat.jsonl.ftcache/") &&
+                           Catch::Contains("40 records (0 malformed"));
+  auto [rc1, cached] =
+      ft({"train", "--output", dir + "/cached"}, {"--set", "train.max_steps=3"}, "cached.log");
+  INFO(cached);
+  REQUIRE(rc1 == 0);
+  CHECK_THAT(cached, Catch::Contains("records read from the tokenized cache " + dir +
+                                     "/chat.jsonl.ftcache/"));
+  // The same run with no cache (another, empty cache directory) ends with the same model.
+  auto [rc2, plain] = ft({"train", "--output", dir + "/plain", "--data-cache", dir + "/none"},
+                         {"--set", "train.max_steps=3"}, "plain.log");
+  INFO(plain);
+  REQUIRE(rc2 == 0);
+  CHECK_THAT(plain, Catch::Contains("no tokenized cache") &&
+                        Catch::Contains("every record is tokenized as it is read"));
+  CHECK(read_file(dir + "/cached/final/model.safetensors") ==
+        read_file(dir + "/plain/final/model.safetensors"));
+  // Other data settings: not this cache, and the note says what differs.
+  auto [rc3, other] =
+      ft({"train", "--output", dir + "/other"},
+         {"--set", "train.max_steps=1", "--set", "data.train_on_prompt=true"}, "other.log");
+  INFO(other);
+  REQUIRE(rc3 == 0);
+  CHECK_THAT(other, Catch::Contains("is one for other inputs (train_on_prompt false, not true)"));
+}
+
 TEST_CASE("ft train with activation checkpointing logs the losses of a run without",
           "[multiproc]") {
   std::string dir = make_temp_dir();
