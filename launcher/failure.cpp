@@ -85,7 +85,7 @@ Failure Failure::from_json(const std::string& text) {
   auto integer = [&](const char* key, int fallback) {
     if (!j.contains(key)) return fallback;
     FT_CHECK_T(RendezvousError, j[key].is_number_integer(), what, " has a \"", key,
-               "\" that is not an integer: ", excerpt(j[key].dump()));
+               "\" that is not an integer: ", excerpt_json(j[key]));
     return j[key].get<int>();
   };
   try {

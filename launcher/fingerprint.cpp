@@ -31,7 +31,7 @@ Fingerprint Fingerprint::from_json(const std::string& text) {
     for (const char* key : {"node_rank", "nproc", "max_restarts", "gpu_count"})
       FT_CHECK_T(RendezvousError, !j.contains(key) || j[key].is_number_integer(),
                  "a node published a fingerprint whose \"", key,
-                 "\" is not an integer: ", excerpt(j[key].dump()));
+                 "\" is not an integer: ", excerpt_json(j[key]));
     return j.get<Fingerprint>();
   } catch (const json::exception& e) {
     throw RendezvousError(fmt::format(

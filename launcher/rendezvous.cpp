@@ -364,7 +364,7 @@ RoundResult Rendezvous::join(int round) {
     rr.round = round;
     FT_CHECK_T(RendezvousError,
                j["nnodes"].is_number_integer() && j["nnodes"] >= 1 && j["nnodes"] <= kMaxNodes,
-               what, " has nnodes ", excerpt(j["nnodes"].dump()), ", not a node count");
+               what, " has nnodes ", excerpt_json(j["nnodes"]), ", not a node count");
     rr.nnodes = j["nnodes"];
     rr.my_node_rank = -1;
     rr.members.resize(rr.nnodes);
@@ -372,7 +372,7 @@ RoundResult Rendezvous::join(int round) {
       FT_CHECK_T(RendezvousError,
                  m.at("index").is_number_integer() && m.at("node_rank").is_number_integer() &&
                      m["node_rank"] >= 0 && m["node_rank"] < rr.nnodes,
-                 what, " has a member ", excerpt(m.dump()), " outside the job's ", rr.nnodes,
+                 what, " has a member ", excerpt_json(m), " outside the job's ", rr.nnodes,
                  " nodes");
       int64_t idx = m["index"];
       int r = m["node_rank"];

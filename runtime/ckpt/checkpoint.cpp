@@ -43,19 +43,19 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 // behaviour: integers are checked as integers, and shapes for a product that fits.
 int64_t integer_of(const json& j, const std::string& where, const char* what) {
   FT_CHECK_T(FormatError, j.is_number_integer(), where, ": ", what, " must be an integer, got ",
-             excerpt(j.dump()));
+             excerpt_json(j));
   return j.get<int64_t>();
 }
 
 // The element count of a shape: non-negative dimensions whose product fits in int64.
 int64_t numel_of(const json& shape, const std::string& where) {
   FT_CHECK_T(FormatError, shape.is_array(), where, ": a shape must be a list, got ",
-             excerpt(shape.dump()));
+             excerpt_json(shape));
   int64_t n = 1;
   for (const json& d : shape) {
     const int64_t v = integer_of(d, where, "a shape dimension");
     FT_CHECK_T(FormatError, v >= 0 && (v == 0 || n <= INT64_MAX / v), where, ": shape ",
-               excerpt(shape.dump()), " has a negative dimension or more than 2^63 elements");
+               excerpt_json(shape), " has a negative dimension or more than 2^63 elements");
     n *= v;
   }
   return n;

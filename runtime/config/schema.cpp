@@ -95,7 +95,7 @@ std::string did_you_mean(const std::string& key) {
 }
 
 void check_value(const Setting& s, const json& v, const std::string& where) {
-  const std::string got = excerpt(v.dump());
+  const std::string got = excerpt_json(v);
   auto fail = [&](const std::string& what) {
     throw ConfigError(fmt::format("{}: \"{}\" must be {}, got {}", where, s.key, what, got));
   };
@@ -153,7 +153,7 @@ void walk(const json& node, const std::string& prefix, const std::string& where)
   for (const auto& [k, v] : node.items()) {
     std::string key = prefix.empty() ? k : prefix + "." + k;
     if (prefix.empty() && (k == "name" || k == "description"))
-      FT_CHECK(v.is_string(), where, ": \"", k, "\" must be a string, got ", excerpt(v.dump()));
+      FT_CHECK(v.is_string(), where, ": \"", k, "\" must be a string, got ", excerpt_json(v));
     if (prefix.empty() && (k == "base" || k == "name" || k == "description")) continue;
     if (const Setting* s = find_setting(key)) {
       check_value(*s, v, where);

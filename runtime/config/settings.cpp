@@ -23,11 +23,11 @@ Settings settings_from_json(const json& resolved, const std::string& where) {
     try {
       row.bind(s, v);
     } catch (const json::exception&) {
-      throw ConfigError(where + ": \"" + row.key + "\" has the wrong type, got " + v.dump());
+      throw ConfigError(where + ": \"" + row.key + "\" has the wrong type, got " + excerpt_json(v));
     }
   }
   const json name = resolved.value("name", json(""));
-  FT_CHECK(name.is_string(), where, ": \"name\" must be a string, got ", excerpt(name.dump()));
+  FT_CHECK(name.is_string(), where, ": \"name\" must be a string, got ", excerpt_json(name));
   s.name = name.get<std::string>();
   s.resolved = resolved;
   return s;

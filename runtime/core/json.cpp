@@ -32,4 +32,8 @@ std::string excerpt(std::string_view s, size_t max) {
   return fmt::format("{}... ({} characters)", s.substr(0, max), s.size());
 }
 
+std::string excerpt_json(const nlohmann::json& value, size_t max) {
+  return excerpt(value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), max);
+}
+
 }  // namespace ft

@@ -25,6 +25,9 @@ size_t json_too_deep_at(std::string_view text, int max_depth = kMaxJsonDepth);
 // `s` as an error message may quote it: whole when short, else its first `max` characters, "...",
 // and its length.
 std::string excerpt(std::string_view s, size_t max = 80);
+// A JSON value as an error message may quote it: its text (bytes that are not UTF-8 written as
+// U+FFFD, where nlohmann's dump() would throw), excerpted as above.
+std::string excerpt_json(const nlohmann::json& value, size_t max = 80);
 
 // nlohmann::json::parse of `text`, refused with an E naming `what` (a file, "file:line", a store
 // key) when it nests deeper than kMaxJsonDepth or is not valid JSON.

@@ -126,6 +126,12 @@ TEST_CASE("hostile presets and --set values are refused with short messages", "[
   CHECK(ft::json_too_deep_at("[]", 0) == 0);
   CHECK(ft::excerpt("short") == "short");
   CHECK(ft::excerpt(std::string(100, 'y'), 4) == "yyyy... (100 characters)");
+  // A --set key that is not UTF-8 under a setting (found by the preset fuzzer: the error message
+  // quoted the value through nlohmann's dump(), which threw type_error 316).
+  CHECK_THROWS_AS(resolve_preset("tiny-demo", {"train.warmup_steps.x\x98y=5"}), ft::ConfigError);
+  CHECK_THROWS_WITH(resolve_preset("tiny-demo", {"train.warmup_steps.x\x98y=5"}),
+                    Catch::Contains("\"train.warmup_steps\" must be an integer"));
+  CHECK(ft::excerpt_json(nlohmann::json("a\x98")) == "\"a\xEF\xBF\xBD\"");
   // Strings full of brackets are not nesting.
   const std::string brackets = file("brackets.json", R"({"base": "tiny-demo", "description": ")" +
                                                          std::string(1000, '[') + R"("})");
