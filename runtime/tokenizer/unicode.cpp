@@ -1,5 +1,13 @@
 #include "tokenizer/unicode.h"
 
+#include <unicode/bytestream.h>
+#include <unicode/casemap.h>
+#include <unicode/normalizer2.h>
+#include <unicode/uchar.h>
+#include <unicode/uscript.h>
+
+#include <stdexcept>
+
 namespace ft::tokenizer {
 
 namespace {
@@ -147,5 +155,106 @@ const ByteLevelTables& tables() {
 const std::array<std::string, 256>& byte_level_chars() { return tables().chars; }
 
 int byte_level_byte(char32_t cp) { return cp < tables().bytes.size() ? tables().bytes[cp] : -1; }
+
+namespace {
+
+bool is_ascii(std::string_view s) {
+  for (const char c : s) {
+    if (static_cast<unsigned char>(c) >= 0x80) return false;
+  }
+  return true;
+}
+
+void check_icu(UErrorCode status, const char* what) {
+  if (U_FAILURE(status)) {
+    throw std::runtime_error(std::string("ICU ") + what + " failed: " + u_errorName(status));
+  }
+}
+
+bool in_categories(char32_t cp, uint32_t mask) {
+  return (U_GET_GC_MASK(static_cast<UChar32>(cp)) & mask) != 0;
+}
+
+}  // namespace
+
+std::string normalize_form(std::string_view s, NormalForm form) {
+  if (is_ascii(s)) return std::string(s);  // ASCII is in every normalization form
+  UErrorCode status = U_ZERO_ERROR;
+  const icu::Normalizer2* n = nullptr;
+  switch (form) {
+    case NormalForm::kNfc:
+      n = icu::Normalizer2::getNFCInstance(status);
+      break;
+    case NormalForm::kNfd:
+      n = icu::Normalizer2::getNFDInstance(status);
+      break;
+    case NormalForm::kNfkc:
+      n = icu::Normalizer2::getNFKCInstance(status);
+      break;
+    case NormalForm::kNfkd:
+      n = icu::Normalizer2::getNFKDInstance(status);
+      break;
+  }
+  check_icu(status, "normalizer instance");
+  std::string out;
+  out.reserve(s.size() + s.size() / 4);
+  icu::StringByteSink<std::string> sink(&out);
+  n->normalizeUTF8(0, icu::StringPiece(s.data(), static_cast<int32_t>(s.size())), sink, nullptr,
+                   status);
+  check_icu(status, "normalization");
+  return out;
+}
+
+std::string lowercase_chars(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t pos = 0; pos < s.size();) {
+    const auto c = static_cast<unsigned char>(s[pos]);
+    if (c < 0x80) {
+      out += static_cast<char>(c >= 'A' && c <= 'Z' ? c + ('a' - 'A') : c);
+      ++pos;
+      continue;
+    }
+    // One character at a time, so that ICU sees no context (its final-sigma rule needs one).
+    const size_t len = utf8_len(c);
+    UErrorCode status = U_ZERO_ERROR;
+    icu::StringByteSink<std::string> sink(&out);
+    icu::CaseMap::utf8ToLower("", 0, icu::StringPiece(s.data() + pos, static_cast<int32_t>(len)),
+                              sink, nullptr, status);
+    check_icu(status, "lowercasing");
+    pos += len;
+  }
+  return out;
+}
+
+bool is_numeric(char32_t cp) {
+  return in_categories(cp, U_GC_ND_MASK | U_GC_NL_MASK | U_GC_NO_MASK);
+}
+
+bool is_punctuation(char32_t cp) {
+  if (cp < 0x80)
+    return (cp >= 0x21 && cp <= 0x2F) || (cp >= 0x3A && cp <= 0x40) || (cp >= 0x5B && cp <= 0x60) ||
+           (cp >= 0x7B && cp <= 0x7E);
+  return in_categories(cp, U_GC_P_MASK);
+}
+
+bool is_other(char32_t cp) { return in_categories(cp, U_GC_C_MASK); }
+bool is_mark(char32_t cp) { return in_categories(cp, U_GC_M_MASK); }
+bool is_nonspacing_mark(char32_t cp) { return in_categories(cp, U_GC_MN_MASK); }
+
+int hf_script(char32_t cp) {
+  if (cp == 0x30FC) return USCRIPT_HAN;
+  if (cp == ' ') return kAnyScript;
+  // HF's table was generated from Unicode 9.0's Scripts.txt: anything newer (or unassigned) is
+  // "Any" there.
+  UVersionInfo age;
+  u_charAge(static_cast<UChar32>(cp), age);
+  if (age[0] > 9 || (age[0] == 9 && age[1] > 0)) return kAnyScript;
+  UErrorCode status = U_ZERO_ERROR;
+  const UScriptCode script = uscript_getScript(static_cast<UChar32>(cp), &status);
+  if (U_FAILURE(status) || script == USCRIPT_UNKNOWN) return kAnyScript;
+  if (script == USCRIPT_HIRAGANA || script == USCRIPT_KATAKANA) return USCRIPT_HAN;
+  return script;
+}
 
 }  // namespace ft::tokenizer

@@ -1,6 +1,8 @@
 // UTF-8 helpers the tokenizer needs to match Hugging Face `tokenizers` (Rust) byte for byte:
-// validation, code-point iteration, Rust's lossy decoding, Unicode White_Space and GPT-2's
-// byte-to-character table. Pure functions over caller-owned strings; thread-safe.
+// validation, code-point iteration, Rust's lossy decoding, Unicode White_Space, GPT-2's
+// byte-to-character table, and (through ICU, not hand-written tables) normalization forms,
+// lowercasing, general categories and scripts as Rust's char methods and HF's tables see them.
+// Pure functions over caller-owned strings; thread-safe.
 #pragma once
 
 #include <array>
@@ -35,6 +37,27 @@ bool is_white_space(char32_t cp);
 
 // Rust's String::from_utf8_lossy: each maximal invalid subsequence becomes one U+FFFD.
 std::string utf8_lossy(std::string_view bytes);
+
+// Unicode normalization forms (HF's NFC / NFD / NFKC / NFKD normalizers) of valid UTF-8 `s`.
+enum class NormalForm { kNfc, kNfd, kNfkc, kNfkd };
+std::string normalize_form(std::string_view s, NormalForm form);
+
+// Rust's char::to_lowercase applied to each character of valid UTF-8 `s` on its own, as HF's
+// Lowercase does: the full mapping (U+0130 becomes "i\u0307"), no context (Σ is always σ).
+std::string lowercase_chars(std::string_view s);
+
+// General-category tests, as the Rust functions HF calls define them.
+bool is_numeric(char32_t cp);          // char::is_numeric: Nd, Nl, No
+bool is_punctuation(char32_t cp);      // HF's is_punc: ASCII punctuation (incl. $+<=>^`|~) or P*
+bool is_other(char32_t cp);            // unicode_categories' is_other: Cc, Cf, Cs, Co, Cn
+bool is_mark(char32_t cp);             // is_combining_mark (StripAccents): Mn, Mc, Me
+bool is_nonspacing_mark(char32_t cp);  // Mn (BertNormalizer's strip_accents)
+
+// The script HF's UnicodeScripts pre-tokenizer gives `cp` (its fixed_script): ICU's Script
+// property, with Hiragana, Katakana and U+30FC counted as Han, and kAnyScript for " " and for
+// characters HF's table (Unicode 9.0) does not have.
+constexpr int kAnyScript = -1;
+int hf_script(char32_t cp);
 
 // GPT-2's reversible byte -> printable character table used by the ByteLevel pre-tokenizer and
 // decoder: entry b is the UTF-8 text of the character standing for byte b.
