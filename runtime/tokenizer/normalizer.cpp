@@ -108,15 +108,18 @@ void Normalizer::parse(const Json& n, const std::string& key, const JsonFields& 
 
 namespace {
 
-// Keeps the characters for which `keep(cp)` holds, each replaced by `map(cp)`.
+// Keeps the characters for which `keep(cp)` holds, each replaced by `map(cp)`. Sets `*moved` when
+// the first character goes (see Normalizer::normalize).
 template <typename Keep, typename Map>
-std::string filter_map(const std::string& text, Keep keep, Map map) {
+std::string filter_map(const std::string& text, Keep keep, Map map, bool* moved) {
   std::string out;
   out.reserve(text.size());
   for (size_t pos = 0; pos < text.size();) {
     size_t len = 0;
     const char32_t cp = decode_utf8(text, pos, &len);
-    if (keep(cp)) {
+    if (!keep(cp)) {
+      if (pos == 0) *moved = true;
+    } else {
       const char32_t m = map(cp);
       if (m == cp) {
         out.append(text, pos, len);
@@ -140,7 +143,7 @@ bool is_chinese_char(char32_t c) {
 }
 
 void bert_normalize(std::string& text, bool clean_text, bool chinese, bool strip_accents,
-                    bool lowercase) {
+                    bool lowercase, bool* moved) {
   if (clean_text) {
     // Control characters (other than \t \n \r, which count as white space), NUL and U+FFFD go;
     // every white space becomes " ".
@@ -150,7 +153,7 @@ void bert_normalize(std::string& text, bool clean_text, bool chinese, bool strip
           const bool ws = c == '\t' || c == '\n' || c == '\r';
           return !(c == 0 || c == 0xFFFD || (!ws && is_other(c)));
         },
-        [](char32_t c) { return is_white_space(c) ? U' ' : c; });
+        [](char32_t c) { return is_white_space(c) ? U' ' : c; }, moved);
   }
   if (chinese) {
     std::string out;
@@ -168,7 +171,7 @@ void bert_normalize(std::string& text, bool clean_text, bool chinese, bool strip
   if (strip_accents) {
     text = filter_map(
         normalize_form(text, NormalForm::kNfd), [](char32_t c) { return !is_nonspacing_mark(c); },
-        same);
+        same, moved);
   }
   if (lowercase) text = lowercase_chars(text);
 }
@@ -189,7 +192,7 @@ bool nmt_keep(char32_t c) {
 }
 
 // Strip: leading / trailing White_Space characters.
-void strip_spaces(std::string& text, bool left, bool right) {
+void strip_spaces(std::string& text, bool left, bool right, bool* moved) {
   size_t begin = 0;
   size_t end = text.size();
   if (left) {
@@ -208,12 +211,13 @@ void strip_spaces(std::string& text, bool left, bool right) {
       end = start;
     }
   }
+  if (begin > 0) *moved = true;
   text = text.substr(begin, end - begin);
 }
 
 }  // namespace
 
-void Normalizer::apply(const Step& s, std::string& text) {
+void Normalizer::apply(const Step& s, std::string& text, bool* moved) {
   switch (s.kind) {
     case Step::Kind::kPrepend:
       // HF prepends only to non-empty text.
@@ -223,6 +227,9 @@ void Normalizer::apply(const Step& s, std::string& text) {
       std::vector<std::pair<size_t, size_t>> matches;
       s.pattern.find_all(text, matches);
       if (matches.empty()) break;
+      // A match removed from the start without replacement (an empty one inserts, and
+      // replacement text takes the original offsets of what it replaces).
+      if (matches[0].first == 0 && matches[0].second > 0 && s.content.empty()) *moved = true;
       std::string out;
       out.reserve(text.size());
       size_t prev = 0;
@@ -242,17 +249,17 @@ void Normalizer::apply(const Step& s, std::string& text) {
       text = lowercase_chars(text);
       break;
     case Step::Kind::kStrip:
-      strip_spaces(text, s.left, s.right);
+      strip_spaces(text, s.left, s.right, moved);
       break;
     case Step::Kind::kStripAccents:
       text = filter_map(
-          text, [](char32_t c) { return !is_mark(c); }, same);
+          text, [](char32_t c) { return !is_mark(c); }, same, moved);
       break;
     case Step::Kind::kBert:
-      bert_normalize(text, s.left, s.right, s.strip_accents, s.lowercase);
+      bert_normalize(text, s.left, s.right, s.strip_accents, s.lowercase, moved);
       break;
     case Step::Kind::kNmt:
-      text = filter_map(text, nmt_keep, nmt_space);
+      text = filter_map(text, nmt_keep, nmt_space, moved);
       break;
     case Step::Kind::kByteLevel: {
       const auto& chars = byte_level_chars();
@@ -265,8 +272,10 @@ void Normalizer::apply(const Step& s, std::string& text) {
   }
 }
 
-void Normalizer::normalize(std::string& text) const {
-  for (const Step& s : steps_) apply(s, text);
+void Normalizer::normalize(std::string& text, bool* start_moved) const {
+  bool moved = false;
+  for (const Step& s : steps_) apply(s, text, &moved);
+  if (start_moved != nullptr) *start_moved = moved;
 }
 
 }  // namespace ft::tokenizer

@@ -31,8 +31,11 @@ class Normalizer {
   // `normalizer` is the JSON value at `key` (not null). Sequences are flattened.
   Normalizer(const Json& normalizer, const std::string& key, const JsonFields& fields);
 
-  // Rewrites `text` (valid UTF-8) in place.
-  void normalize(std::string& text) const;
+  // Rewrites `text` (valid UTF-8) in place. `start_moved` (optional) is set when the result no
+  // longer begins with what was the text's first character (Strip, or a Replace, filter or
+  // StripAccents removing it): HF's offsets then say the text does not start at offset 0, which
+  // Metaspace's prepend_scheme "first" checks.
+  void normalize(std::string& text, bool* start_moved = nullptr) const;
 
  private:
   struct Step {
@@ -56,7 +59,7 @@ class Normalizer {
     bool lowercase = false;              // kBert
   };
   void parse(const Json& n, const std::string& key, const JsonFields& f);
-  static void apply(const Step& s, std::string& text);
+  static void apply(const Step& s, std::string& text, bool* moved);
 
   std::vector<Step> steps_;
 };
