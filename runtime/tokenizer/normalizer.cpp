@@ -89,8 +89,8 @@ void Normalizer::parse(const Json& n, const std::string& key, const JsonFields& 
     step.kind = Step::Kind::kStripAccents;
   } else if (type == "BertNormalizer") {
     step.kind = Step::Kind::kBert;
-    step.left = f.boolean(n, key, "clean_text", true);
-    step.right = f.boolean(n, key, "handle_chinese_chars", true);
+    step.clean_text = f.boolean(n, key, "clean_text", true);
+    step.chinese_chars = f.boolean(n, key, "handle_chinese_chars", true);
     step.lowercase = f.boolean(n, key, "lowercase", true);
     // strip_accents null follows lowercase, as in HF.
     step.strip_accents = f.boolean(n, key, "strip_accents", step.lowercase);
@@ -256,7 +256,7 @@ void Normalizer::apply(const Step& s, std::string& text, bool* moved) {
           text, [](char32_t c) { return !is_mark(c); }, same, moved);
       break;
     case Step::Kind::kBert:
-      bert_normalize(text, s.left, s.right, s.strip_accents, s.lowercase, moved);
+      bert_normalize(text, s.clean_text, s.chinese_chars, s.strip_accents, s.lowercase, moved);
       break;
     case Step::Kind::kNmt:
       text = filter_map(text, nmt_keep, nmt_space, moved);

@@ -53,8 +53,10 @@ class Normalizer {
     TextPattern pattern;                 // kReplace: what to replace
     std::string content;                 // kPrepend: what to prepend; kReplace: the replacement
     NormalForm form = NormalForm::kNfc;  // kUnicode
-    bool left = false;                   // kStrip; kBert: clean_text
-    bool right = false;                  // kStrip; kBert: handle_chinese_chars
+    bool left = false;                   // kStrip: strip_left
+    bool right = false;                  // kStrip: strip_right
+    bool clean_text = false;             // kBert
+    bool chinese_chars = false;          // kBert: handle_chinese_chars
     bool strip_accents = false;          // kBert
     bool lowercase = false;              // kBert
   };
