@@ -19,8 +19,9 @@ mkdir -p "$FT_CACHE"
 log() { printf '[setup] %s\n' "$*"; }
 
 # --- Debian packages -------------------------------------------------------------------------------
+# libpcre2-dev and libicu-dev: the tokenizer's regexes and Unicode normalization / properties.
 # clang and libclang-rt-14-dev (libFuzzer, ASan, UBSan): the fuzz harnesses (scripts/fuzz.sh).
-pkgs=(cmake g++ ninja-build ccache make git python3 python3-venv libcli11-dev nlohmann-json3-dev catch2 libgloo-dev libpcre2-dev pkg-config iproute2 clang libclang-rt-14-dev)
+pkgs=(cmake g++ ninja-build ccache make git python3 python3-venv libcli11-dev nlohmann-json3-dev catch2 libgloo-dev libpcre2-dev libicu-dev pkg-config iproute2 clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -1,5 +1,7 @@
 #include "tokenizer/normalizer.h"
 
+#include <stdexcept>
+
 namespace ft::tokenizer {
 
 std::string replace_all(const std::string& text, const std::string& pattern,
@@ -16,6 +18,40 @@ std::string replace_all(const std::string& text, const std::string& pattern,
   return out;
 }
 
+TextPattern TextPattern::parse(const Json& obj, const std::string& key, const char* name,
+                               const JsonFields& f) {
+  TextPattern t;
+  const Json& pattern = f.object(obj, key, name);
+  const std::string pkey = JsonFields::join(key, name);
+  if (f.optional(pattern, "Regex") != nullptr) {
+    try {
+      t.regex = Regex::oniguruma(f.string(pattern, pkey, "Regex"));
+    } catch (const std::invalid_argument& e) {
+      f.fail(JsonFields::join(pkey, "Regex"), e.what());
+    }
+  } else if (f.optional(pattern, "String") != nullptr) {
+    t.literal = f.string(pattern, pkey, "String");
+    if (t.literal.empty()) f.fail(JsonFields::join(pkey, "String"), "empty pattern");
+  } else {
+    f.fail(pkey, "expected {\"Regex\": ...} or {\"String\": ...}, got " + pattern.dump());
+  }
+  return t;
+}
+
+void TextPattern::find_all(const std::string& text,
+                           std::vector<std::pair<size_t, size_t>>& matches) const {
+  matches.clear();
+  if (text.empty()) return;  // HF finds nothing in empty text, even for "x*"
+  if (regex) {
+    regex->find_all(text, matches);
+    return;
+  }
+  for (size_t hit = text.find(literal); hit != std::string::npos;
+       hit = text.find(literal, hit + literal.size())) {
+    matches.emplace_back(hit, hit + literal.size());
+  }
+}
+
 Normalizer::Normalizer(const Json& normalizer, const std::string& key, const JsonFields& f) {
   parse(normalizer, key, f);
 }
@@ -27,35 +63,219 @@ void Normalizer::parse(const Json& n, const std::string& key, const JsonFields& 
     for (size_t i = 0; i < list.size(); ++i) {
       parse(list[i], JsonFields::index(JsonFields::join(key, "normalizers"), i), f);
     }
-  } else if (type == "Prepend") {
-    steps_.push_back(Step{Step::Kind::kPrepend, {}, f.string(n, key, "prepend")});
+    return;
+  }
+  Step step{};
+  if (type == "Prepend") {
+    step.kind = Step::Kind::kPrepend;
+    step.content = f.string(n, key, "prepend");
   } else if (type == "Replace") {
-    const Json& pattern = f.object(n, key, "pattern");
-    const std::string pkey = JsonFields::join(key, "pattern");
-    if (f.optional(pattern, "String") == nullptr) {
-      f.fail(pkey,
-             "only {\"String\": ...} patterns are supported for Replace, got " + pattern.dump());
-    }
-    std::string literal = f.string(pattern, pkey, "String");
-    if (literal.empty()) f.fail(JsonFields::join(pkey, "String"), "empty pattern");
-    steps_.push_back(Step{Step::Kind::kReplace, std::move(literal), f.string(n, key, "content")});
+    step.kind = Step::Kind::kReplace;
+    step.pattern = TextPattern::parse(n, key, "pattern", f);
+    step.content = f.string(n, key, "content");
+  } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
+    step.kind = Step::Kind::kUnicode;
+    step.form = type == "NFC"    ? NormalForm::kNfc
+                : type == "NFD"  ? NormalForm::kNfd
+                : type == "NFKC" ? NormalForm::kNfkc
+                                 : NormalForm::kNfkd;
+  } else if (type == "Lowercase") {
+    step.kind = Step::Kind::kLowercase;
+  } else if (type == "Strip") {
+    step.kind = Step::Kind::kStrip;
+    step.left = f.boolean(n, key, "strip_left", false);
+    step.right = f.boolean(n, key, "strip_right", false);
+  } else if (type == "StripAccents") {
+    step.kind = Step::Kind::kStripAccents;
+  } else if (type == "BertNormalizer") {
+    step.kind = Step::Kind::kBert;
+    step.clean_text = f.boolean(n, key, "clean_text", true);
+    step.chinese_chars = f.boolean(n, key, "handle_chinese_chars", true);
+    step.lowercase = f.boolean(n, key, "lowercase", true);
+    // strip_accents null follows lowercase, as in HF.
+    step.strip_accents = f.boolean(n, key, "strip_accents", step.lowercase);
+  } else if (type == "Nmt") {
+    step.kind = Step::Kind::kNmt;
+  } else if (type == "ByteLevel") {
+    step.kind = Step::Kind::kByteLevel;
   } else {
-    f.unsupported(key, "normalizer", type, "Sequence, Prepend, Replace");
+    f.unsupported(key, "normalizer", type,
+                  "Sequence, NFC, NFD, NFKC, NFKD, Lowercase, Replace, Prepend, Strip, "
+                  "StripAccents, BertNormalizer, Nmt, ByteLevel");
+  }
+  steps_.push_back(std::move(step));
+}
+
+namespace {
+
+// Keeps the characters for which `keep(cp)` holds, each replaced by `map(cp)`. Sets `*moved` when
+// the first character goes (see Normalizer::normalize).
+template <typename Keep, typename Map>
+std::string filter_map(const std::string& text, Keep keep, Map map, bool* moved) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t pos = 0; pos < text.size();) {
+    size_t len = 0;
+    const char32_t cp = decode_utf8(text, pos, &len);
+    if (!keep(cp)) {
+      if (pos == 0) *moved = true;
+    } else {
+      const char32_t m = map(cp);
+      if (m == cp) {
+        out.append(text, pos, len);
+      } else {
+        append_utf8(m, out);
+      }
+    }
+    pos += len;
+  }
+  return out;
+}
+
+char32_t same(char32_t cp) { return cp; }
+
+// The CJK ideograph blocks BertNormalizer puts spaces around.
+bool is_chinese_char(char32_t c) {
+  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) ||
+         (c >= 0x20000 && c <= 0x2A6DF) || (c >= 0x2A700 && c <= 0x2B73F) ||
+         (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
+         (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+}
+
+void bert_normalize(std::string& text, bool clean_text, bool chinese, bool strip_accents,
+                    bool lowercase, bool* moved) {
+  if (clean_text) {
+    // Control characters (other than \t \n \r, which count as white space), NUL and U+FFFD go;
+    // every white space becomes " ".
+    text = filter_map(
+        text,
+        [](char32_t c) {
+          const bool ws = c == '\t' || c == '\n' || c == '\r';
+          return !(c == 0 || c == 0xFFFD || (!ws && is_other(c)));
+        },
+        [](char32_t c) { return is_white_space(c) ? U' ' : c; }, moved);
+  }
+  if (chinese) {
+    std::string out;
+    out.reserve(text.size() + 8);
+    for (size_t pos = 0; pos < text.size();) {
+      size_t len = 0;
+      const bool cjk = is_chinese_char(decode_utf8(text, pos, &len));
+      if (cjk) out += ' ';
+      out.append(text, pos, len);
+      if (cjk) out += ' ';
+      pos += len;
+    }
+    text = std::move(out);
+  }
+  if (strip_accents) {
+    text = filter_map(
+        normalize_form(text, NormalForm::kNfd), [](char32_t c) { return !is_nonspacing_mark(c); },
+        same, moved);
+  }
+  if (lowercase) text = lowercase_chars(text);
+}
+
+// Nmt: ASCII control characters removed, other spacing characters made " ".
+char32_t nmt_space(char32_t c) {
+  if (c == 0x09 || c == 0x0A || c == 0x0C || c == 0x0D || c == 0x1680 ||
+      (c >= 0x200B && c <= 0x200F) || c == 0x2028 || c == 0x2029 || c == 0x2581 || c == 0xFEFF ||
+      c == 0xFFFD) {
+    return U' ';
+  }
+  return c;
+}
+
+bool nmt_keep(char32_t c) {
+  return !((c >= 0x01 && c <= 0x08) || c == 0x0B || (c >= 0x0E && c <= 0x1F) || c == 0x7F ||
+           c == 0x8F || c == 0x9F);
+}
+
+// Strip: leading / trailing White_Space characters.
+void strip_spaces(std::string& text, bool left, bool right, bool* moved) {
+  size_t begin = 0;
+  size_t end = text.size();
+  if (left) {
+    while (begin < end) {
+      size_t len = 0;
+      if (!is_white_space(decode_utf8(text, begin, &len))) break;
+      begin += len;
+    }
+  }
+  if (right) {
+    while (end > begin) {
+      size_t start = end - 1;
+      while (start > begin && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) --start;
+      size_t len = 0;
+      if (!is_white_space(decode_utf8(text, start, &len))) break;
+      end = start;
+    }
+  }
+  if (begin > 0) *moved = true;
+  text = text.substr(begin, end - begin);
+}
+
+}  // namespace
+
+void Normalizer::apply(const Step& s, std::string& text, bool* moved) {
+  switch (s.kind) {
+    case Step::Kind::kPrepend:
+      // HF prepends only to non-empty text.
+      if (!text.empty()) text.insert(0, s.content);
+      break;
+    case Step::Kind::kReplace: {
+      std::vector<std::pair<size_t, size_t>> matches;
+      s.pattern.find_all(text, matches);
+      if (matches.empty()) break;
+      // A match removed from the start without replacement (an empty one inserts, and
+      // replacement text takes the original offsets of what it replaces).
+      if (matches[0].first == 0 && matches[0].second > 0 && s.content.empty()) *moved = true;
+      std::string out;
+      out.reserve(text.size());
+      size_t prev = 0;
+      for (const auto& [b, e] : matches) {
+        out.append(text, prev, b - prev);
+        out += s.content;
+        prev = e;
+      }
+      out.append(text, prev, std::string::npos);
+      text = std::move(out);
+      break;
+    }
+    case Step::Kind::kUnicode:
+      text = normalize_form(text, s.form);
+      break;
+    case Step::Kind::kLowercase:
+      text = lowercase_chars(text);
+      break;
+    case Step::Kind::kStrip:
+      strip_spaces(text, s.left, s.right, moved);
+      break;
+    case Step::Kind::kStripAccents:
+      text = filter_map(
+          text, [](char32_t c) { return !is_mark(c); }, same, moved);
+      break;
+    case Step::Kind::kBert:
+      bert_normalize(text, s.clean_text, s.chinese_chars, s.strip_accents, s.lowercase, moved);
+      break;
+    case Step::Kind::kNmt:
+      text = filter_map(text, nmt_keep, nmt_space, moved);
+      break;
+    case Step::Kind::kByteLevel: {
+      const auto& chars = byte_level_chars();
+      std::string mapped;
+      mapped.reserve(text.size() * 2);
+      for (const char c : text) mapped += chars[static_cast<unsigned char>(c)];
+      text = std::move(mapped);
+      break;
+    }
   }
 }
 
-void Normalizer::normalize(std::string& text) const {
-  for (const Step& s : steps_) {
-    switch (s.kind) {
-      case Step::Kind::kPrepend:
-        // HF prepends only to non-empty text.
-        if (!text.empty()) text.insert(0, s.content);
-        break;
-      case Step::Kind::kReplace:
-        text = replace_all(text, s.pattern, s.content);
-        break;
-    }
-  }
+void Normalizer::normalize(std::string& text, bool* start_moved) const {
+  bool moved = false;
+  for (const Step& s : steps_) apply(s, text, &moved);
+  if (start_moved != nullptr) *start_moved = moved;
 }
 
 }  // namespace ft::tokenizer

@@ -1,30 +1,67 @@
-// tokenizer.json "normalizer": the text rewrites applied before pre-tokenization. The Llama 2 /
-// Mistral v0.1 files use Sequence[Prepend("▁"), Replace(" ", "▁")]; other normalizer types
-// (NFC, Lowercase, Precompiled, ...) are refused. Immutable after loading; thread-safe.
+// tokenizer.json "normalizer": the text rewrites applied before pre-tokenization. Implements HF's
+// NFC, NFD, NFKC, NFKD (through ICU), Lowercase, Replace (string or regex), Prepend, Strip,
+// StripAccents, BertNormalizer, Nmt, ByteLevel and Sequence of them; Precompiled (SentencePiece's
+// compiled rules, Unigram models) is refused. Immutable after loading; thread-safe.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tokenizer/json_fields.h"
+#include "tokenizer/regex.h"
+#include "tokenizer/unicode.h"
 
 namespace ft::tokenizer {
+
+// The {"Regex": ...} or {"String": ...} pattern of Replace and Split.
+struct TextPattern {
+  std::optional<Regex> regex;  // unset: `literal`, non-empty
+  std::string literal;
+
+  // Reads `obj[name]` (at `key`); a bad regex or an empty string is refused naming the key.
+  static TextPattern parse(const Json& obj, const std::string& key, const char* name,
+                           const JsonFields& f);
+  // Every non-overlapping match, left to right; none in empty text (HF's find_matches).
+  void find_all(const std::string& text, std::vector<std::pair<size_t, size_t>>& matches) const;
+};
 
 class Normalizer {
  public:
   // `normalizer` is the JSON value at `key` (not null). Sequences are flattened.
   Normalizer(const Json& normalizer, const std::string& key, const JsonFields& fields);
 
-  // Rewrites `text` in place.
-  void normalize(std::string& text) const;
+  // Rewrites `text` (valid UTF-8) in place. `start_moved` (optional) is set when the result no
+  // longer begins with what was the text's first character (Strip, or a Replace, filter or
+  // StripAccents removing it): HF's offsets then say the text does not start at offset 0, which
+  // Metaspace's prepend_scheme "first" checks.
+  void normalize(std::string& text, bool* start_moved = nullptr) const;
 
  private:
   struct Step {
-    enum class Kind { kPrepend, kReplace } kind;
-    std::string pattern;  // kReplace: the literal to replace
-    std::string content;  // kPrepend: what to prepend; kReplace: the replacement
+    enum class Kind {
+      kPrepend,
+      kReplace,
+      kUnicode,
+      kLowercase,
+      kStrip,
+      kStripAccents,
+      kBert,
+      kNmt,
+      kByteLevel
+    } kind;
+    TextPattern pattern;                 // kReplace: what to replace
+    std::string content;                 // kPrepend: what to prepend; kReplace: the replacement
+    NormalForm form = NormalForm::kNfc;  // kUnicode
+    bool left = false;                   // kStrip: strip_left
+    bool right = false;                  // kStrip: strip_right
+    bool clean_text = false;             // kBert
+    bool chinese_chars = false;          // kBert: handle_chinese_chars
+    bool strip_accents = false;          // kBert
+    bool lowercase = false;              // kBert
   };
   void parse(const Json& n, const std::string& key, const JsonFields& f);
+  static void apply(const Step& s, std::string& text, bool* moved);
 
   std::vector<Step> steps_;
 };

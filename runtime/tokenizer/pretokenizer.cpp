@@ -13,6 +13,13 @@ namespace {
 constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
+// The Whitespace pre-tokenizer's Rust-regex pattern `\w+|[^\w\s]+` in PCRE2 terms: Rust's Unicode
+// \w is Alphabetic, marks, decimal numbers, connector punctuation and the joiners; \s is
+// White_Space.
+constexpr const char* kRustWordsPattern =
+    R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}]+|)"
+    R"([^\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}\p{White_Space}]+)";
+
 }  // namespace
 
 MetaspaceOptions MetaspaceOptions::parse(const Json& obj, const std::string& key,
@@ -48,6 +55,21 @@ PreTokenizer::PreTokenizer(const Json& pre_tokenizer, const std::string& key, co
   parse(pre_tokenizer, key, f);
 }
 
+PreTokenizer::Behavior PreTokenizer::parse_behavior(const Json& p, const std::string& key,
+                                                    const JsonFields& f, bool required) {
+  // Punctuation's behavior defaults to Isolated (serde default); Split's is required.
+  if (!required && f.optional(p, "behavior") == nullptr) return Behavior::kIsolated;
+  const std::string behavior = f.string(p, key, "behavior");
+  if (behavior == "Removed") return Behavior::kRemoved;
+  if (behavior == "Isolated") return Behavior::kIsolated;
+  if (behavior == "MergedWithPrevious") return Behavior::kMergedWithPrevious;
+  if (behavior == "MergedWithNext") return Behavior::kMergedWithNext;
+  if (behavior == "Contiguous") return Behavior::kContiguous;
+  f.fail(JsonFields::join(key, "behavior"),
+         "unknown split behavior \"" + behavior +
+             "\" (expected Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous)");
+}
+
 void PreTokenizer::parse(const Json& p, const std::string& key, const JsonFields& f) {
   const std::string type = f.type_of(p, key);
   if (type == "Sequence") {
@@ -58,37 +80,15 @@ void PreTokenizer::parse(const Json& p, const std::string& key, const JsonFields
     return;
   }
   Step step;
+  auto char_split = [&](CharClass cls, Behavior behavior) {
+    step.kind = Step::Kind::kCharSplit;
+    step.char_class = cls;
+    step.behavior = behavior;
+  };
   if (type == "Split") {
     step.kind = Step::Kind::kSplit;
-    const Json& pattern = f.object(p, key, "pattern");
-    const std::string pkey = JsonFields::join(key, "pattern");
-    if (f.optional(pattern, "Regex") != nullptr) {
-      const std::string re = f.string(pattern, pkey, "Regex");
-      try {
-        step.regex = Regex::oniguruma(re);
-      } catch (const std::invalid_argument& e) {
-        f.fail(JsonFields::join(pkey, "Regex"), e.what());
-      }
-    } else if (f.optional(pattern, "String") != nullptr) {
-      step.literal = f.string(pattern, pkey, "String");
-      if (step.literal.empty()) f.fail(JsonFields::join(pkey, "String"), "empty pattern");
-    } else {
-      f.fail(pkey, "expected {\"Regex\": ...} or {\"String\": ...}, got " + pattern.dump());
-    }
-    const std::string behavior = f.string(p, key, "behavior");
-    if (behavior == "Removed") {
-      step.behavior = Behavior::kRemoved;
-    } else if (behavior == "Isolated") {
-      step.behavior = Behavior::kIsolated;
-    } else if (behavior == "MergedWithPrevious") {
-      step.behavior = Behavior::kMergedWithPrevious;
-    } else if (behavior == "MergedWithNext") {
-      step.behavior = Behavior::kMergedWithNext;
-    } else if (behavior == "Contiguous") {
-      step.behavior = Behavior::kContiguous;
-    } else {
-      f.fail(JsonFields::join(key, "behavior"), "unknown split behavior \"" + behavior + "\"");
-    }
+    step.pattern = TextPattern::parse(p, key, "pattern", f);
+    step.behavior = parse_behavior(p, key, f, true);
     step.invert = f.boolean(p, key, "invert", false);
   } else if (type == "ByteLevel") {
     step.kind = Step::Kind::kByteLevel;
@@ -98,10 +98,91 @@ void PreTokenizer::parse(const Json& p, const std::string& key, const JsonFields
   } else if (type == "Metaspace") {
     step.kind = Step::Kind::kMetaspace;
     step.metaspace = MetaspaceOptions::parse(p, key, f);
+  } else if (type == "Digits") {
+    // Contiguous keeps a run of digits together; individual_digits isolates each one.
+    char_split(CharClass::kNumeric, f.boolean(p, key, "individual_digits", false)
+                                        ? Behavior::kIsolated
+                                        : Behavior::kContiguous);
+  } else if (type == "Punctuation") {
+    char_split(CharClass::kPunctuation, parse_behavior(p, key, f, false));
+  } else if (type == "WhitespaceSplit") {
+    char_split(CharClass::kWhiteSpace, Behavior::kRemoved);
+  } else if (type == "CharDelimiterSplit") {
+    char_split(CharClass::kDelimiter, Behavior::kRemoved);
+    const std::string d = f.character(p, key, "delimiter");
+    size_t len = 0;
+    step.delimiter = decode_utf8(d, 0, &len);
+  } else if (type == "Whitespace") {
+    // HF: Rust regex `\w+|[^\w\s]+`, the gaps removed (a Split with invert).
+    step.kind = Step::Kind::kSplit;
+    step.pattern.regex = Regex::pcre2(kRustWordsPattern);
+    step.behavior = Behavior::kRemoved;
+    step.invert = true;
+  } else if (type == "BertPreTokenizer") {
+    // Two passes: white space removed, then every punctuation character isolated.
+    char_split(CharClass::kWhiteSpace, Behavior::kRemoved);
+    steps_.push_back(step);
+    char_split(CharClass::kPunctuation, Behavior::kIsolated);
+  } else if (type == "UnicodeScripts") {
+    step.kind = Step::Kind::kScripts;
   } else {
-    f.unsupported(key, "pre_tokenizer", type, "Sequence, Split, ByteLevel, Metaspace");
+    f.unsupported(key, "pre_tokenizer", type,
+                  "Sequence, Split, ByteLevel, Metaspace, Digits, Punctuation, Whitespace, "
+                  "WhitespaceSplit, CharDelimiterSplit, UnicodeScripts, BertPreTokenizer");
   }
   steps_.push_back(std::move(step));
+}
+
+void PreTokenizer::char_matches(const Step& step, const std::string& text,
+                                std::vector<std::pair<size_t, size_t>>& matches) {
+  // HF's Pattern for Fn(char) -> bool: every matching character is a match of its own.
+  for (size_t pos = 0; pos < text.size();) {
+    size_t len = 0;
+    const char32_t cp = decode_utf8(text, pos, &len);
+    bool hit = false;
+    switch (step.char_class) {
+      case CharClass::kWhiteSpace:
+        hit = is_white_space(cp);
+        break;
+      case CharClass::kNumeric:
+        hit = is_numeric(cp);
+        break;
+      case CharClass::kPunctuation:
+        hit = is_punctuation(cp);
+        break;
+      case CharClass::kDelimiter:
+        hit = cp == step.delimiter;
+        break;
+    }
+    if (hit) matches.emplace_back(pos, pos + len);
+    pos += len;
+  }
+}
+
+void PreTokenizer::script_split(const Piece& piece, std::vector<Piece>& out) {
+  // HF's UnicodeScripts: a cut before each character whose script differs from the last
+  // non-"Any" one. The first cut is only made at a character that is not "Any", so leading
+  // spaces are dropped (as HF does: its slices start at the first cut).
+  const std::string& text = piece.text;
+  std::vector<size_t> cuts;
+  int last = kAnyScript;
+  bool have_last = false;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t len = 0;
+    const int script = hf_script(decode_utf8(text, pos, &len));
+    if (script != kAnyScript) {
+      if (!have_last || last != script) cuts.push_back(pos);
+      last = script;
+      have_last = true;
+    }
+    pos += len;
+  }
+  cuts.push_back(text.size());
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    if (cuts[i] == cuts[i + 1]) continue;
+    out.push_back(
+        Piece{text.substr(cuts[i], cuts[i + 1] - cuts[i]), -1, piece.at_start && cuts[i] == 0});
+  }
 }
 
 void PreTokenizer::split(const Piece& piece, const std::vector<std::pair<size_t, size_t>>& matches,
@@ -186,15 +267,17 @@ void PreTokenizer::apply(const Step& step, const Piece& piece, std::vector<Piece
   std::vector<std::pair<size_t, size_t>> matches;
   switch (step.kind) {
     case Step::Kind::kSplit:
-      if (step.regex) {
-        step.regex->find_all(piece.text, matches);
-      } else {
-        for (size_t hit = piece.text.find(step.literal); hit != std::string::npos;
-             hit = piece.text.find(step.literal, hit + step.literal.size())) {
-          matches.emplace_back(hit, hit + step.literal.size());
-        }
-      }
+      step.pattern.find_all(piece.text, matches);
       split(piece, matches, step.behavior, step.invert, out);
+      return;
+
+    case Step::Kind::kCharSplit:
+      char_matches(step, piece.text, matches);
+      split(piece, matches, step.behavior, false, out);
+      return;
+
+    case Step::Kind::kScripts:
+      script_split(piece, out);
       return;
 
     case Step::Kind::kByteLevel: {

@@ -1,7 +1,8 @@
 // tokenizer.json "pre_tokenizer": splits text pieces into the words the model encodes one by one.
-// Implements what the Llama family uses, Split (regex, all five behaviors, invert), ByteLevel
-// (Llama 3, GPT-2) and Metaspace (Mistral / Llama 2 non-legacy, old and new JSON forms), and
-// Sequence of them; other types are refused. Immutable after loading; thread-safe.
+// Implements HF's Split (regex or string, all five behaviors, invert), ByteLevel, Metaspace (old
+// and new JSON forms), Digits, Punctuation, Whitespace, WhitespaceSplit, CharDelimiterSplit,
+// UnicodeScripts, BertPreTokenizer and Sequence of them; other types (FixedLength) are refused.
+// Immutable after loading; thread-safe.
 #pragma once
 
 #include <optional>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "tokenizer/json_fields.h"
+#include "tokenizer/normalizer.h"
 #include "tokenizer/piece.h"
 #include "tokenizer/regex.h"
 
@@ -36,13 +38,16 @@ class PreTokenizer {
 
  private:
   enum class Behavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
+  // The character tests of HF's char-predicate splits (one match per character).
+  enum class CharClass { kWhiteSpace, kNumeric, kPunctuation, kDelimiter };
   struct Step {
-    enum class Kind { kSplit, kByteLevel, kMetaspace } kind;
-    // kSplit: the pattern, a regex or a literal (regex unset).
-    std::optional<Regex> regex;
-    std::string literal;
+    enum class Kind { kSplit, kCharSplit, kScripts, kByteLevel, kMetaspace } kind;
+    TextPattern pattern;  // kSplit
     Behavior behavior = Behavior::kIsolated;
     bool invert = false;
+    // kCharSplit (with `behavior`)
+    CharClass char_class = CharClass::kWhiteSpace;
+    char32_t delimiter = 0;
     // kByteLevel
     bool add_prefix_space = false;
     bool use_regex = false;
@@ -50,6 +55,11 @@ class PreTokenizer {
     MetaspaceOptions metaspace;
   };
   void parse(const Json& p, const std::string& key, const JsonFields& f);
+  static Behavior parse_behavior(const Json& p, const std::string& key, const JsonFields& f,
+                                 bool required);
+  static void char_matches(const Step& step, const std::string& text,
+                           std::vector<std::pair<size_t, size_t>>& matches);
+  static void script_split(const Piece& piece, std::vector<Piece>& out);
   void apply(const Step& step, const Piece& piece, std::vector<Piece>& out) const;
   static void split(const Piece& piece, const std::vector<std::pair<size_t, size_t>>& matches,
                     Behavior behavior, bool invert, std::vector<Piece>& out);

@@ -19,15 +19,19 @@ std::string pcre2_message(int code) {
 }
 
 // Rewrites the Oniguruma (Ruby syntax) escapes that PCRE2 reads differently. Oniguruma's \s is
-// exactly Unicode White_Space, while PCRE2's lacks U+0085 and adds U+180E; its \w is L|M|N|Pc
-// where PCRE2's is L|N|_ ; its \h is a hexadecimal digit, PCRE2's a horizontal space; its \v is
-// the vertical tab and \uHHHH a code point. What cannot be rewritten inside a character class,
-// and Oniguruma's nested classes, are refused rather than guessed.
+// exactly Unicode White_Space, while PCRE2's lacks U+0085 and adds U+180E; its \w is
+// Alphabetic|M|Nd|Pc where PCRE2's is L|N|_ ; its \h is a hexadecimal digit, PCRE2's a horizontal
+// space; its \v is the vertical tab and \uHHHH a code point. What cannot be rewritten inside a
+// character class, and Oniguruma's nested classes, are refused rather than guessed.
 std::string translate_oniguruma(std::string_view p) {
   static constexpr const char* kSpace =
       "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}"
       "\\x{202F}\\x{205F}\\x{3000}";
-  static constexpr const char* kWord = "\\p{L}\\p{M}\\p{N}\\p{Pc}";
+  // Oniguruma's \w: Alphabetic, marks, decimal digits, connector punctuation; outside a class
+  // also the Latin-1 No characters ² ³ ¹ ¼ ½ ¾ (compared with HF's over every code point).
+  static constexpr const char* kWordInClass = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}";
+  static constexpr const char* kWord =
+      "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{B2}\\x{B3}\\x{B9}\\x{BC}-\\x{BE}";
   static constexpr const char* kHex = "0-9a-fA-F";
   auto refuse = [&](size_t at, const std::string& what) {
     throw std::invalid_argument(what + " at offset " + std::to_string(at) +
@@ -59,7 +63,7 @@ std::string translate_oniguruma(std::string_view p) {
           cls(kSpace, true);
           break;
         case 'w':
-          cls(kWord, false);
+          cls(in_class ? kWordInClass : kWord, false);
           break;
         case 'W':
           cls(kWord, true);

@@ -133,7 +133,11 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
       next.push_back(std::move(p));
       continue;
     }
-    if (m.normalizer) m.normalizer->normalize(p.text);
+    if (m.normalizer) {
+      bool moved = false;
+      m.normalizer->normalize(p.text, &moved);
+      if (moved) p.at_start = false;
+    }
     if (m.added->has_tokens(true)) {
       m.added->split(p, true, next);
     } else if (!p.text.empty()) {

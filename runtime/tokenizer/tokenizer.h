@@ -1,5 +1,5 @@
-// Hugging Face tokenizer.json BPE tokenizers (Llama 2, Llama 3, Mistral) in C++, giving the
-// same ids as HF `tokenizers`. A Tokenizer owns all its tables; encode/decode are const and
+// Hugging Face tokenizer.json BPE tokenizers (Llama, Mistral, Qwen, Gemma, Phi, SmolLM, DeepSeek)
+// in C++, giving the same ids as HF `tokenizers`. A Tokenizer owns all its tables; encode/decode are const and
 // thread-safe (the word cache inside is guarded), so one instance can serve many data workers.
 #pragma once
 
@@ -17,7 +17,7 @@ class Tokenizer {
  public:
   // Loads a tokenizer.json. Throws ft::FormatError naming the file and the JSON key for
   // anything malformed, and for every component ft does not implement (model "Unigram",
-  // normalizer "NFKC", ...): it refuses rather than tokenize differently from HF. The
+  // normalizer "Precompiled", ...): it refuses rather than tokenize differently from HF. The
   // "truncation" and "padding" sections are ignored, as transformers overrides them per call.
   static Tokenizer from_file(const std::string& path);
   // The same from JSON text, or from parsed JSON; `origin` names it in errors.

@@ -1,6 +1,8 @@
 // UTF-8 helpers the tokenizer needs to match Hugging Face `tokenizers` (Rust) byte for byte:
-// validation, code-point iteration, Rust's lossy decoding, Unicode White_Space and GPT-2's
-// byte-to-character table. Pure functions over caller-owned strings; thread-safe.
+// validation, code-point iteration, Rust's lossy decoding, Unicode White_Space, GPT-2's
+// byte-to-character table, and (through ICU, not hand-written tables) normalization forms,
+// lowercasing, general categories and scripts as Rust's char methods and HF's tables see them.
+// Pure functions over caller-owned strings; thread-safe.
 #pragma once
 
 #include <array>
@@ -35,6 +37,34 @@ bool is_white_space(char32_t cp);
 
 // Rust's String::from_utf8_lossy: each maximal invalid subsequence becomes one U+FFFD.
 std::string utf8_lossy(std::string_view bytes);
+
+// Unicode normalization forms (HF's NFC / NFD / NFKC / NFKD normalizers) of valid UTF-8 `s`, by
+// Unicode 9.0's data as HF's: characters assigned later are left unchanged.
+enum class NormalForm { kNfc, kNfd, kNfkc, kNfkd };
+std::string normalize_form(std::string_view s, NormalForm form);
+
+// Rust's char::to_lowercase applied to each character of valid UTF-8 `s` on its own, as HF's
+// Lowercase does: the full mapping (U+0130 becomes "i\u0307"), no context (Σ is always σ). Rust
+// knows Unicode 16.0 and ICU 72 15.0: the 55 letters with a lowercase new in 16.0 stay as they are.
+std::string lowercase_chars(std::string_view s);
+
+// General-category tests as the Rust functions HF calls answer them. Those tables are older than
+// ICU's: characters assigned after their Unicode version (8.0 for unicode_categories, 9.0 for
+// unicode-normalization-alignments) lack the property, and the few whose category changed since
+// keep their old one. Rust's std (char::is_numeric) is newer than ICU 72: Unicode 15.1 / 16.0
+// digits are not numeric here.
+bool is_numeric(char32_t cp);          // char::is_numeric: Nd, Nl, No
+bool is_punctuation(char32_t cp);      // HF's is_punc: ASCII punctuation (incl. $+<=>^`|~) or P*
+bool is_other(char32_t cp);            // unicode_categories' is_other: Cc, Cf, Cs, Co (not Cn)
+bool is_mark(char32_t cp);             // is_combining_mark (StripAccents): Mn, Mc, Me
+bool is_nonspacing_mark(char32_t cp);  // Mn (BertNormalizer's strip_accents)
+
+// The script HF's UnicodeScripts pre-tokenizer gives `cp` (its fixed_script): ICU's Script
+// property, with Hiragana, Katakana and U+30FC counted as Han, and kAnyScript for " " and for
+// characters HF's table (Unicode 9.0) does not have; the four characters whose Script value
+// changed since Unicode 9.0 keep their old value, as in HF.
+constexpr int kAnyScript = -1;
+int hf_script(char32_t cp);
 
 // GPT-2's reversible byte -> printable character table used by the ByteLevel pre-tokenizer and
 // decoder: entry b is the UTF-8 text of the character standing for byte b.

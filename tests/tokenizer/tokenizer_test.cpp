@@ -257,13 +257,13 @@ TEST_CASE("malformed or unsupported tokenizer.json is refused naming file and ke
   expect_refused("no_type.json", j.dump(), {"model.type", "missing"});
 
   j = minimal_tokenizer();
-  j["normalizer"] = {{"type", "NFKC"}};
-  expect_refused("nfkc.json", j.dump(), {"normalizer.type", "NFKC"});
+  j["normalizer"] = {{"type", "Precompiled"}, {"precompiled_charsmap", "AAAA"}};
+  expect_refused("precompiled.json", j.dump(), {"normalizer.type", "Precompiled"});
 
   j = minimal_tokenizer();
   j["pre_tokenizer"] = Json::parse(
-      R"({"type": "Sequence", "pretokenizers": [{"type": "ByteLevel"}, {"type": "Whitespace"}]})");
-  expect_refused("whitespace.json", j.dump(), {"pre_tokenizer.pretokenizers[1].type"});
+      R"({"type": "Sequence", "pretokenizers": [{"type": "ByteLevel"}, {"type": "FixedLength"}]})");
+  expect_refused("fixed_length.json", j.dump(), {"pre_tokenizer.pretokenizers[1].type"});
 
   j = minimal_tokenizer();
   j["pre_tokenizer"] = Json::parse(

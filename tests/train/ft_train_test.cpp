@@ -260,7 +260,7 @@ TEST_CASE("ft eval reports loss, tokens and perplexity of a trained model and of
 
 TEST_CASE(
     "ft eval: no padding to seq_len, long records scored in windows (each token once) or "
-    "refused; pre-tokenized data needs no tokenizer",
+    "refused, and pre-tokenized data needs no tokenizer",
     "[multiproc]") {
   const std::string dir = make_temp_dir();
   REQUIRE(run({"train", "--preset", "tiny-demo", "--output", dir + "/m", "--set",
@@ -415,7 +415,8 @@ TEST_CASE("ft data show prints records as the trainer sees them, and the file's 
 }
 
 TEST_CASE(
-    "ft data prepare: ft train reads the tokenized cache and trains exactly as without it; other "
+    "ft data prepare: ft train reads the tokenized cache and trains exactly as without it, and "
+    "other "
     "settings do not use it and say why",
     "[multiproc]") {
   const std::string dir = make_temp_dir();
