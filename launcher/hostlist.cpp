@@ -48,6 +48,8 @@ std::vector<std::string> expand_range_set(const std::string& body, const std::st
     if (dash == std::string::npos) {
       FT_CHECK(all_digits(item), "malformed SLURM host list '", whole, "': '", item,
                "' is not a number");
+      FT_CHECK(out.size() < kMaxHosts, "SLURM host list '", whole, "' names more than ", kMaxHosts,
+               " hosts");
       out.push_back(item);
     } else {
       std::string lo = item.substr(0, dash), hi = item.substr(dash + 1);
@@ -57,6 +59,10 @@ std::vector<std::string> expand_range_set(const std::string& body, const std::st
       long a = std::stol(lo), b = std::stol(hi);
       FT_CHECK(a <= b && b - a < 100000, "malformed SLURM host list '", whole, "': range '", item,
                "' is empty or too large");
+      // Each value names at least one host: a set of many large ranges ("[0-99999,0-99999,...]")
+      // is refused before it is built (it took seconds and gigabytes).
+      FT_CHECK(out.size() + static_cast<size_t>(b - a) < kMaxHosts, "SLURM host list '", whole,
+               "' names more than ", kMaxHosts, " hosts");
       for (long v = a; v <= b; ++v) {
         std::string num = std::to_string(v);
         if (num.size() < lo.size()) num.insert(0, lo.size() - num.size(), '0');
