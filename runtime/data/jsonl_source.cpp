@@ -69,24 +69,67 @@ JsonlSource::JsonlSource(JsonlOptions options, int64_t start_sample)
   FT_CHECK(o.world_size >= 1 && o.rank >= 0 && o.rank < o.world_size, "data: rank ", o.rank,
            " is not in [0, world_size ", o.world_size, ")");
   FT_CHECK(start_sample >= 0, "data: start sample must be >= 0, got ", start_sample);
+  FT_CHECK_T(FormatError, index_.size() > 0, o.path,
+             ": no records (the file has no non-empty lines)");
+  const JsonlLine first = index_.read(0);
+  const std::string origin = detail::cat(o.path, ":", first.line);
+  if (format_ == RecordFormat::kAuto) format_ = detect_format(first.text, origin);
+  resolve_template();
   for (const std::string& t : template_special_tokens(o.chat_template)) {
     FT_CHECK(tokenizer_->token_to_id(t).has_value(), "data.template '", name_of(o.chat_template),
              "' writes ", t, ", which is not a token of the tokenizer",
              o.tokenizer_path.empty() ? "" : " " + o.tokenizer_path,
              ": choose the template of the model's family");
   }
-  FT_CHECK_T(FormatError, index_.size() > 0, o.path,
-             ": no records (the file has no non-empty lines)");
-  const JsonlLine first = index_.read(0);
-  const std::string origin = detail::cat(o.path, ":", first.line);
-  if (format_ == RecordFormat::kAuto) format_ = detect_format(first.text, origin);
+  FT_CHECK(!(template_from_auto_ && o.chat_template == ChatTemplate::kNone &&
+             format_ == RecordFormat::kChat),
+           "data.template auto found no chat template for the chat records of ", o.path, ": ",
+           o.model_dir.empty() ? std::string("no --model directory was given")
+                               : "the model directory " + o.model_dir +
+                                     " has no chat_template in tokenizer_config.json and no "
+                                     "chat_template.jinja",
+           ", and the tokenizer has the special tokens of none of the built-in templates; set "
+           "--set data.template=llama3|llama2|chatml|mistral");
   tokenize_record(parse_record(first.text, format_, origin), o.chat_template, o.train_on_prompt,
-                  *tokenizer_, origin);
+                  *tokenizer_, origin, model_template_.get());
   const int64_t W = o.world_size;
   next_global_ = start_sample + (((o.rank - start_sample) % W) + W) % W;
 }
 
 JsonlSource::~JsonlSource() = default;
+
+void JsonlSource::resolve_template() {
+  if (options_.chat_template != ChatTemplate::kAuto) return;
+  template_from_auto_ = true;
+  // Only records rendered as a conversation read the model's template: text and pre-tokenized
+  // data train from a model directory whatever its template holds.
+  const bool conversation = format_ == RecordFormat::kChat || format_ == RecordFormat::kAlpaca;
+  std::optional<ModelChatTemplate> model;
+  if (conversation && !options_.model_dir.empty()) {
+    model = read_model_chat_template(options_.model_dir);
+  }
+  if (model) {
+    model_template_ = std::make_shared<const JinjaChatTemplate>(std::move(*model));
+    options_.chat_template = ChatTemplate::kModel;
+  } else {
+    options_.chat_template = builtin_template_for(*tokenizer_);
+  }
+}
+
+std::string JsonlSource::template_used() const {
+  if (model_template_) {
+    return "the model's own chat template (" + model_template_->model().origin + ")";
+  }
+  std::string name = name_of(options_.chat_template);
+  if (options_.chat_template != ChatTemplate::kNone) name += " (built-in)";
+  if (template_from_auto_) {
+    name += options_.model_dir.empty() ? ", chosen by data.template auto from the tokenizer's "
+                                         "special tokens (no model directory)"
+                                       : ", chosen by data.template auto from the tokenizer's "
+                                         "special tokens (the model has no chat template)";
+  }
+  return name;
+}
 
 void JsonlSource::seek(const std::vector<int64_t>& position) {
   FT_CHECK(position.size() == 1 && position[0] >= 0,
@@ -120,7 +163,7 @@ TokenizedRecord JsonlSource::tokenize_at(int64_t record, bool* truncated) const 
   const std::string origin = detail::cat(options_.path, ":", line.line);
   TokenizedRecord r =
       tokenize_record(parse_record(line.text, format_, origin), options_.chat_template,
-                      options_.train_on_prompt, *tokenizer_, origin);
+                      options_.train_on_prompt, *tokenizer_, origin, model_template_.get());
   *truncated = static_cast<int64_t>(r.ids.size()) > options_.seq_len;
   if (*truncated) {
     r.ids.resize(static_cast<size_t>(options_.seq_len));  // keep the start

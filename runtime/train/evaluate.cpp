@@ -47,6 +47,7 @@ EvalResult evaluate(const EvalOptions& o) {
   jo.micro_batch = 1;
   jo.pack = false;
   jo.on_bad_record = data::BadRecordPolicy::kError;
+  jo.model_dir = o.model_dir;
   data::JsonlSource source(jo);
 
   at::NoGradGuard no_grad;
