@@ -29,11 +29,12 @@ class Params {
                        args.positional.size()));
     }
     for (size_t i = 0; i < args.positional.size(); ++i) slots_[i] = &args.positional[i];
-    for (auto& [k, v] : args.keyword) {
+    for (auto& kv : args.keyword) {
+      const std::string& k = kv.first;
       auto it = std::find_if(names_.begin(), names_.end(), [&](const char* n) { return k == n; });
       if (it == names_.end())
         fail(detail::cat(fname, "() got an unexpected keyword argument '", k, "'"));
-      slots_[static_cast<size_t>(it - names_.begin())] = &v;
+      slots_[static_cast<size_t>(it - names_.begin())] = &kv.second;
     }
   }
   const Value* get(size_t i) const {

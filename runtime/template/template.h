@@ -20,7 +20,7 @@ struct RenderOptions {
   // Fixes strftime_now's clock (seconds since the epoch, formatted as UTC); unset, the local time.
   std::optional<std::time_t> now;
   // Work limits: statements executed and loop iterations together, and bytes of output.
-  size_t max_steps = 50'000'000;
+  size_t max_steps = 5'000'000;  // a real template renders a conversation in thousands
   size_t max_output_bytes = size_t{256} << 20;
 };
 
