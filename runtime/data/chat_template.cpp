@@ -118,7 +118,9 @@ std::string JinjaChatTemplate::render_prefix(const std::vector<Message>& message
   if (!model_.bos_token.empty()) vars["bos_token"] = model_.bos_token;
   if (!model_.eos_token.empty()) vars["eos_token"] = model_.eos_token;
   try {
-    return template_.render(vars);
+    jinja::RenderOptions options;
+    options.now = model_.now;
+    return template_.render(vars, options);
   } catch (const jinja::TemplateError& e) {
     throw FormatError(
         detail::cat(origin, ": chat record: the model's chat template failed: ", e.what()));
@@ -129,11 +131,27 @@ std::vector<Segment> JinjaChatTemplate::render(const std::vector<Message>& messa
                                                bool train_on_prompt,
                                                const std::string& origin) const {
   const std::string full = render_prefix(messages, messages.size(), false, origin);
+  if (train_on_prompt) {  // everything trained: no turn needs finding
+    if (full.empty()) return {};
+    return {{full, true}};
+  }
   // [begin, end) of each assistant turn in `full`.
   std::vector<std::pair<size_t, size_t>> spans;
   for (size_t i = 0; i < messages.size(); ++i) {
     if (messages[i].role != "assistant") continue;
-    const std::string before = render_prefix(messages, i, true, origin);
+    std::string before;
+    try {
+      before = render_prefix(messages, i, true, origin);
+    } catch (const FormatError& e) {
+      if (i > 0) throw;
+      // Many templates cannot render an empty conversation (they read messages[0]).
+      throw FormatError(detail::cat(
+          origin,
+          ": chat record: messages[0] is an assistant turn and the model's chat template "
+          "cannot render the empty conversation before it, so its tokens cannot be found; start "
+          "with a user or system message, or set data.train_on_prompt=true (",
+          e.what(), ")"));
+    }
     const std::string with = render_prefix(messages, i + 1, false, origin);
     const bool prefix_ok =
         with.compare(0, before.size(), before) == 0 && full.compare(0, before.size(), before) == 0;
@@ -166,11 +184,11 @@ std::vector<Segment> JinjaChatTemplate::render(const std::vector<Message>& messa
   };
   size_t pos = 0;
   for (const auto& [b, e] : spans) {
-    add(pos, b, train_on_prompt);
+    add(pos, b, false);
     add(b, e, true);
     pos = e;
   }
-  add(pos, full.size(), train_on_prompt);
+  add(pos, full.size(), false);
   return out;
 }
 

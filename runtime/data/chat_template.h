@@ -6,6 +6,7 @@
 // construction; render() is const and thread-safe.
 #pragma once
 
+#include <ctime>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@ struct ModelChatTemplate {
   std::string text;    // the Jinja source
   std::string origin;  // "DIR/tokenizer_config.json chat_template" or "DIR/chat_template.jinja"
   std::string bos_token, eos_token;  // empty where the model names none
+  std::optional<std::time_t> now;    // strftime_now's clock (for tests); unset: the local time
 };
 
 // The chat template in model directory `dir`, or nullopt when it has none. tokenizer_config.json
@@ -44,7 +46,8 @@ class JinjaChatTemplate {
   // Renders `messages` as transformers does (add_generation_prompt false, bos_token, eos_token).
   // Assistant turn i starts where messages[:i] rendered with add_generation_prompt ends, and ends
   // where messages[:i+1] rendered without it parts from the whole rendering (less trailing
-  // whitespace); it is trained, the rest only when `train_on_prompt`. Throws ft::FormatError
+  // whitespace); it is trained, the rest only when `train_on_prompt` (then the whole text is one
+  // trained segment, and no turn is looked for). Throws ft::FormatError
   // naming `origin` when the template raises (roles it refuses) or when the rendering before a turn
   // is not a prefix of the whole rendering (the template rewrites earlier turns, e.g. Mistral's
   // system message placed in the last user turn), where no mask can follow the text.

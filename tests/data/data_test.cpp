@@ -657,7 +657,7 @@ std::string read_all(const std::string& path) {
 
 ModelChatTemplate fixture_template(const std::string& name, const std::string& bos,
                                    const std::string& eos) {
-  return {read_all(kTemplates + "/templates/" + name + ".jinja"), name + ".jinja", bos, eos};
+  return {read_all(kTemplates + "/templates/" + name + ".jinja"), name + ".jinja", bos, eos, {}};
 }
 
 // transformers' rendering of (template, conversation) from the template fixtures.
@@ -774,7 +774,10 @@ TEST_CASE("the model's template: errors name the record, and rewriting templates
   // A template that writes the last turn differently.
   const JinjaChatTemplate rewriting(
       {"{% for m in messages %}{% if loop.last %}LAST:{% endif %}{{ m.content }}|{% endfor %}",
-       "rewrite.jinja", "", ""});
+       "rewrite.jinja",
+       "",
+       "",
+       {}});
   CHECK_THROWS_WITH(
       rewriting.render({{"user", "u"}, {"assistant", "a"}, {"user", "v"}}, false, "train.jsonl:4"),
       Catch::StartsWith("train.jsonl:4: chat record: the model's chat template "
@@ -839,4 +842,47 @@ TEST_CASE("JsonlSource: data.template auto uses the model's template, else the f
     row.push_back(static_cast<int32_t>(b.input_ids[0][i].item<int64_t>()));
   const std::string text = llama3()->decode(row, false);
   CHECK(text.find("Cutting Knowledge Date: December 2023") != std::string::npos);
+}
+
+TEST_CASE("the model's template gives transformers' apply_chat_template token ids") {
+  // Each model's bos / eos, as the rendering fixtures passed them.
+  std::map<std::string, std::pair<std::string, std::string>> special;
+  const nlohmann::json renders =
+      nlohmann::json::parse(read_all(kTemplates + "/conversations.json"));
+  for (const auto& c : renders["cases"]) {
+    const auto& v = c["variables"];
+    special[c["template"]] = {v.value("bos_token", ""), v.value("eos_token", "")};
+  }
+  std::map<std::string, std::shared_ptr<const Tokenizer>> tokenizers;
+  const nlohmann::json doc = nlohmann::json::parse(read_all(kTemplates + "/tokens.json"));
+  size_t masked = 0;
+  for (const auto& c : doc["cases"]) {
+    const std::string name = c["template"], kind = c["tokenizer"];
+    INFO(name << " / " << kind << " / " << c["conversation"].get<std::string>());
+    if (!tokenizers.count(kind)) {
+      tokenizers[kind] = std::make_shared<const Tokenizer>(
+          Tokenizer::from_file(kTokenizers + "/" + kind + "/tokenizer.json"));
+    }
+    const Tokenizer& tok = *tokenizers[kind];
+    ModelChatTemplate model = fixture_template(name, special[name].first, special[name].second);
+    model.now = doc["meta"]["strftime_now_epoch"].get<std::time_t>();  // Llama 3.2 writes the date
+    const JinjaChatTemplate t(model);
+    std::vector<Message> msgs;
+    for (const auto& m : c["messages"]) msgs.push_back({m["role"], m["content"]});
+    const Record r = chat(msgs);
+    const std::vector<int64_t> want = c["ids"].get<std::vector<int64_t>>();
+    CHECK(tokenize_record(r, ChatTemplate::kModel, true, tok, "t:1", &t).ids == want);
+    // Masked (where the template keeps earlier turns as they were): the same ids, and the
+    // trained ones are the assistant turns' tokens.
+    try {
+      const TokenizedRecord tr = tokenize_record(r, ChatTemplate::kModel, false, tok, "t:1", &t);
+      CHECK(tr.ids == want);
+      ++masked;
+    } catch (const ft::FormatError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("is not a prefix of the whole rendering") ||
+                               Catch::Contains("messages[0] is an assistant turn"));
+    }
+  }
+  CHECK(doc["cases"].size() >= 60);
+  CHECK(masked >= 50);
 }

@@ -43,7 +43,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)t.render(vars, limits);
   });
   fuzz::expect_ft_errors([&] {
-    const data::JinjaChatTemplate t({source, "fuzz.jinja", "<s>", "</s>"});
+    const data::JinjaChatTemplate t({source, "fuzz.jinja", "<s>", "</s>", 0});
     for (const bool on_prompt : {false, true}) {
       const std::vector<data::Segment> segs = t.render(conversation(), on_prompt, "fuzz.jsonl:1");
       for (size_t i = 0; i < segs.size(); ++i) {
