@@ -24,7 +24,9 @@ struct ModelChatTemplate {
   std::string text;    // the Jinja source
   std::string origin;  // "DIR/tokenizer_config.json chat_template" or "DIR/chat_template.jinja"
   std::string bos_token, eos_token;  // empty where the model names none
-  std::optional<std::time_t> now;    // strftime_now's clock (for tests); unset: the local time
+  // strftime_now's clock: JsonlSource fixes it when it opens the data, so every record of a run
+  // writes the same date (Llama 3.2 writes today's); unset: the time of each rendering.
+  std::optional<std::time_t> now;
 };
 
 // The chat template in model directory `dir`, or nullopt when it has none. tokenizer_config.json

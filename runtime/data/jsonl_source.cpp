@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <ctime>
 #include <numeric>
 
 #include "core/error.h"
@@ -109,6 +110,7 @@ void JsonlSource::resolve_template() {
     model = read_model_chat_template(options_.model_dir);
   }
   if (model) {
+    model->now = std::time(nullptr);
     model_template_ = std::make_shared<const JinjaChatTemplate>(std::move(*model));
     options_.chat_template = ChatTemplate::kModel;
   } else {

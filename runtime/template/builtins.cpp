@@ -1034,13 +1034,10 @@ const std::map<std::string, TestFn>& tests() {
 
 // strftime with Python's behaviour for the formats chat templates use.
 std::string format_time(const std::string& fmt, std::optional<std::time_t> now) {
+  // Local time, as transformers' datetime.now().strftime(format).
   const std::time_t t = now ? *now : std::time(nullptr);
   std::tm tm{};
-  if (now) {
-    gmtime_r(&t, &tm);
-  } else {
-    localtime_r(&t, &tm);
-  }
+  localtime_r(&t, &tm);
   if (fmt.size() > 1024) fail("strftime_now(): format too long");
   std::string buf(fmt.size() * 16 + 64, '\0');
   const size_t n = std::strftime(buf.data(), buf.size(), fmt.c_str(), &tm);

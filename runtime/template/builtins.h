@@ -59,7 +59,7 @@ Value binary_op(const std::string& op, const Value& a, const Value& b);
 bool contains(const Value& container, const Value& item);
 
 // The globals of transformers' chat-template environment. `now` (seconds since the epoch) fixes
-// strftime_now's clock for reproducible renders; unset, the local time at the call.
+// strftime_now's clock for reproducible renders; unset, the time of the call (local time).
 Dict make_globals(std::optional<std::time_t> now);
 
 }  // namespace ft::jinja

@@ -17,7 +17,8 @@
 namespace ft::jinja {
 
 struct RenderOptions {
-  // Fixes strftime_now's clock (seconds since the epoch, formatted as UTC); unset, the local time.
+  // Fixes strftime_now's clock (seconds since the epoch); unset, the time of each call. Formatted
+  // in local time either way, as transformers does.
   std::optional<std::time_t> now;
   // Work limits: statements executed and loop iterations together, and bytes of output.
   size_t max_steps = 5'000'000;  // a real template renders a conversation in thousands

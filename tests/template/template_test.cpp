@@ -207,7 +207,7 @@ TEST_CASE("the variables, strftime_now's clock and undefined names") {
   CHECK(render("{{ bos_token }}{{ messages[0].content }}",
                {{"bos_token", "<s>"}, {"messages", {{{"content", "x"}}}}}) == "<s>x");
   RenderOptions o;
-  o.now = 0;  // 1970-01-01 UTC
+  o.now = 43200;  // 1970-01-01 12:00 UTC: the 1st in every time zone within 11 hours of UTC
   CHECK(Template("{{ strftime_now('%d %b %Y') }}", "t").render(Json::object(), o) == "01 Jan 1970");
   // An undefined name renders empty and is falsy; its attribute is an error naming it.
   CHECK(render("[{{ nope }}]{% if nope %}x{% endif %}") == "[]");
