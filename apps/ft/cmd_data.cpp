@@ -72,6 +72,7 @@ Run add_data(CLI::App& app) {
       jo.tokenizer = data::open_tokenizer(jo.tokenizer_path, vocab, "");
     jo.vocab_size = vocab;
     jo.cache_dir = o->cache_dir;
+    jo.model_dir = o->model;  // data.template auto: the model's own template
     if (prepare->parsed()) {
       const data::JsonlSource source(jo);
       const nlohmann::json key = data::token_cache_key(jo);
@@ -94,7 +95,7 @@ Run add_data(CLI::App& app) {
     for (int64_t i = 0; i < std::min<int64_t>(o->count, source.num_records()); ++i)
       fmt::print("{}", data::show_record(source, i, color));
     const data::DataStats stats = data::data_stats(source, progress("tokenized"));
-    fmt::print("--- {}: {} template, format {}\n{}", o->data, s.data.chat_template,
+    fmt::print("--- {}: template {}, format {}\n{}", o->data, source.template_used(),
                data::name_of(source.format()), data::format_stats(stats));
     return 0;
   };

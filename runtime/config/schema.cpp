@@ -192,8 +192,8 @@ const std::vector<Setting>& preset_schema() {
     // data
     C(KEY(data.format), "auto", {"auto", "text", "alpaca", "chat", "tokenized", "synthetic"},
       "Record format of the JSONL data; auto detects it from the first record."),
-    C("data.template", FIELD(data.chat_template), "llama3", {"llama3", "llama2", "chatml", "mistral", "none"},
-      "Chat/instruction template used to render alpaca and chat records."),
+    C("data.template", FIELD(data.chat_template), "auto", {"auto", "llama3", "llama2", "chatml", "mistral", "none"},
+      "Chat/instruction template used to render alpaca and chat records; auto: the model's own (tokenizer_config.json chat_template or chat_template.jinja), else the built-in of the tokenizer's family."),
     I(KEY(data.seq_len), 2048, 8, 16777216, "Tokens per training sequence."),
     B(KEY(data.pack), true, "Pack several records into one sequence (attention stays within each record)."),
     B(KEY(data.train_on_prompt), false, "Also train on prompt tokens (by default only responses count)."),

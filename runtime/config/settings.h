@@ -27,7 +27,7 @@ struct ModelSettings {
 
 struct DataSettings {
   std::string format;         // auto | text | alpaca | chat | tokenized | synthetic
-  std::string chat_template;  // data.template: llama3 | llama2 | chatml | mistral | none
+  std::string chat_template;  // data.template: auto | llama3 | llama2 | chatml | mistral | none
   int64_t seq_len = 0;
   bool pack = false;
   bool train_on_prompt = false;

@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <ctime>
 #include <filesystem>
 #include <numeric>
 
@@ -86,6 +87,7 @@ JsonlSource::JsonlSource(JsonlOptions options, int64_t start_sample)
            " records, which need a tokenizer to become token ids: give --tokenizer "
            "PATH/tokenizer.json, or a --model directory that holds tokenizer.json (pre-tokenized "
            "records, {\"input_ids\": [...]}, need none)");
+  resolve_template();
   // The template's own tokens, where records are rendered with it.
   if (format_ == RecordFormat::kChat || format_ == RecordFormat::kAlpaca) {
     for (const std::string& t : template_special_tokens(o.chat_template)) {
@@ -95,9 +97,32 @@ JsonlSource::JsonlSource(JsonlOptions options, int64_t start_sample)
                ": choose the template of the model's family");
     }
   }
+  FT_CHECK(!(template_from_auto_ && o.chat_template == ChatTemplate::kNone &&
+             format_ == RecordFormat::kChat),
+           "data.template auto found no chat template for the chat records of ", o.path, ": ",
+           o.model_dir.empty() ? std::string("no --model directory was given")
+                               : "the model directory " + o.model_dir +
+                                     " has no chat_template in tokenizer_config.json and no "
+                                     "chat_template.jinja",
+           ", and the tokenizer has the special tokens of none of the built-in templates; set "
+           "--set data.template=llama3|llama2|chatml|mistral");
   (void)tokenize_whole(0);  // a bad first record stops here, whatever the policy
   if (o.use_cache) {
-    const nlohmann::json key = token_cache_key(o);
+    nlohmann::json key = token_cache_key(o);
+    if (model_template_) {
+      // The model's template is part of what the tokens are; a template that writes today's date
+      // makes a cache that is good for that day only.
+      const ModelChatTemplate& m = model_template_->model();
+      key["template_text"] = m.text;
+      key["template_tokens"] = {m.bos_token, m.eos_token};
+      if (m.text.find("strftime_now") != std::string::npos && m.now) {
+        char day[16];
+        std::tm tm{};
+        localtime_r(&*m.now, &tm);
+        std::strftime(day, sizeof day, "%Y-%m-%d", &tm);
+        key["template_date"] = day;
+      }
+    }
     const std::string path = token_cache_path(o, key);
     cache_ = TokenCache::open(path, key, &cache_note_);
     if (cache_ && cache_->records() != index_.size()) {
@@ -112,6 +137,41 @@ JsonlSource::JsonlSource(JsonlOptions options, int64_t start_sample)
 }
 
 JsonlSource::~JsonlSource() = default;
+
+void JsonlSource::resolve_template() {
+  if (options_.chat_template != ChatTemplate::kAuto) return;
+  template_from_auto_ = true;
+  // Only records rendered as a conversation read the model's template: text and pre-tokenized
+  // data train from a model directory whatever its template holds.
+  const bool conversation = format_ == RecordFormat::kChat || format_ == RecordFormat::kAlpaca;
+  std::optional<ModelChatTemplate> model;
+  if (conversation && !options_.model_dir.empty()) {
+    model = read_model_chat_template(options_.model_dir);
+  }
+  if (model) {
+    model->now = std::time(nullptr);
+    model_template_ = std::make_shared<const JinjaChatTemplate>(std::move(*model));
+    options_.chat_template = ChatTemplate::kModel;
+  } else {
+    // Pre-tokenized data may come without a tokenizer: it is not rendered.
+    options_.chat_template = tokenizer_ ? builtin_template_for(*tokenizer_) : ChatTemplate::kNone;
+  }
+}
+
+std::string JsonlSource::template_used() const {
+  if (model_template_) {
+    return "the model's own chat template (" + model_template_->model().origin + ")";
+  }
+  std::string name = name_of(options_.chat_template);
+  if (options_.chat_template != ChatTemplate::kNone) name += " (built-in)";
+  if (template_from_auto_) {
+    name += options_.model_dir.empty() ? ", chosen by data.template auto from the tokenizer's "
+                                         "special tokens (no model directory)"
+                                       : ", chosen by data.template auto from the tokenizer's "
+                                         "special tokens (the model has no chat template)";
+  }
+  return name;
+}
 
 void JsonlSource::seek(const std::vector<int64_t>& position) {
   FT_CHECK(position.size() == 1 && position[0] >= 0,
@@ -156,7 +216,7 @@ TokenizedRecord JsonlSource::tokenize_whole(int64_t record, std::string* origin_
     return tokens_record(parsed, vocab, origin);
   }
   return tokenize_record(parsed, options_.chat_template, options_.train_on_prompt, *tokenizer_,
-                         origin);
+                         origin, model_template_.get());
 }
 
 TokenizedRecord JsonlSource::tokenize_at(int64_t record, bool* truncated) const {

@@ -12,6 +12,7 @@
 
 #include "config/settings.h"
 #include "data/batch.h"
+#include "data/chat_template.h"
 #include "data/jsonl.h"
 #include "data/records.h"
 
@@ -40,6 +41,9 @@ struct JsonlOptions {
   int64_t vocab_size = 0;  // the model's; 0: the tokenizer's
   RecordFormat format = RecordFormat::kAuto;
   ChatTemplate chat_template = ChatTemplate::kNone;
+  // Where data.template auto looks for the model's own chat template (tokenizer_config.json,
+  // chat_template.jinja); empty: the tokenizer family's built-in.
+  std::string model_dir;
   int64_t seq_len = kDefaultSeqLen;
   int64_t micro_batch = 1;
   bool pack = true;  // several records per row; false: one record per row, padded
@@ -99,6 +103,9 @@ class JsonlSource : public BatchSource {
   const std::string& cache_note() const { return cache_note_; }
   // Null when there is none (pre-tokenized data read without one).
   const tokenizer::Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  // The template records are rendered with, for the start-up log: "the model's own chat template
+  // (DIR/tokenizer_config.json chat_template)", "llama3 (built-in)", "none".
+  std::string template_used() const;
 
   // The record index at position `position` of epoch `epoch`'s order (for tests and tools).
   int64_t record_at(int64_t epoch, int64_t position);
@@ -129,6 +136,9 @@ class JsonlSource : public BatchSource {
   }
 
  private:
+  // data.template auto: the model's own template (options_.model_dir) or the tokenizer family's
+  // built-in.
+  void resolve_template();
   // The next usable record on this rank, tokenized and truncated (skips bad ones if allowed).
   TokenizedRecord next_record();
   // Record `record` (a file index) parsed, tokenized and truncated to seq_len; throws FormatError
@@ -140,6 +150,8 @@ class JsonlSource : public BatchSource {
 
   JsonlOptions options_;
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
+  std::shared_ptr<const JinjaChatTemplate> model_template_;  // data.template auto, when it has one
+  bool template_from_auto_ = false;
   JsonlIndex index_;
   RecordFormat format_;
   int64_t next_global_;

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "data/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ft::data {
@@ -117,13 +118,14 @@ RecordFormat parse_record_format(std::string_view name) {
 }
 
 ChatTemplate parse_chat_template(std::string_view name) {
+  if (name == "auto") return ChatTemplate::kAuto;
   if (name == "none") return ChatTemplate::kNone;
   if (name == "llama3") return ChatTemplate::kLlama3;
   if (name == "llama2") return ChatTemplate::kLlama2;
   if (name == "chatml") return ChatTemplate::kChatml;
   if (name == "mistral") return ChatTemplate::kMistral;
   throw ConfigError(detail::cat("data.template '", name,
-                                "' is not one of none, llama3, llama2, chatml, mistral"));
+                                "' is not one of auto, none, llama3, llama2, chatml, mistral"));
 }
 
 const char* name_of(RecordFormat format) {
@@ -154,6 +156,10 @@ const char* name_of(ChatTemplate chat_template) {
       return "chatml";
     case ChatTemplate::kMistral:
       return "mistral";
+    case ChatTemplate::kAuto:
+      return "auto";
+    case ChatTemplate::kModel:
+      return "model";
   }
   return "?";
 }
@@ -224,7 +230,7 @@ Record parse_record(std::string_view line, RecordFormat format, const std::strin
 }
 
 std::vector<Segment> render(const Record& record, ChatTemplate t, bool train_on_prompt,
-                            const std::string& origin) {
+                            const std::string& origin, const JinjaChatTemplate* model) {
   FT_CHECK_T(FormatError, record.format != RecordFormat::kTokens, origin,
              ": a pre-tokenized record has no text to render");
   std::vector<Segment> out;
@@ -232,7 +238,17 @@ std::vector<Segment> render(const Record& record, ChatTemplate t, bool train_on_
     add(out, record.text, true);
     return out;
   }
+  FT_CHECK_T(FormatError, !(t == ChatTemplate::kNone && record.format == RecordFormat::kChat),
+             origin,
+             ": a chat record under data.template 'none' would be trained without any chat "
+             "markup; use the model's own template: --set data.template=auto (or a built-in: "
+             "llama3, llama2, chatml, mistral)");
+  FT_ASSERT(t != ChatTemplate::kAuto, "data.template auto must be resolved before rendering");
   const std::vector<Message> m = conversation_of(record);
+  if (t == ChatTemplate::kModel) {
+    FT_ASSERT(model != nullptr, "data.template model needs the model's template");
+    return model->render(m, train_on_prompt, origin);
+  }
   const bool p = train_on_prompt;
   auto is_assistant = [](const Message& msg) { return msg.role == "assistant"; };
   switch (t) {
@@ -286,6 +302,9 @@ std::vector<Segment> render(const Record& record, ChatTemplate t, bool train_on_
       }
       break;
     }
+    case ChatTemplate::kAuto:
+    case ChatTemplate::kModel:
+      break;
   }
   return out;
 }
@@ -293,6 +312,8 @@ std::vector<Segment> render(const Record& record, ChatTemplate t, bool train_on_
 std::vector<std::string> template_special_tokens(ChatTemplate t) {
   switch (t) {
     case ChatTemplate::kNone:
+    case ChatTemplate::kAuto:
+    case ChatTemplate::kModel:
       return {};
     case ChatTemplate::kLlama3:
       return {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
@@ -323,11 +344,12 @@ TokenizedRecord tokens_record(const Record& record, int64_t vocab, const std::st
 }
 
 TokenizedRecord tokenize_record(const Record& record, ChatTemplate t, bool train_on_prompt,
-                                const tokenizer::Tokenizer& tok, const std::string& origin) {
+                                const tokenizer::Tokenizer& tok, const std::string& origin,
+                                const JinjaChatTemplate* model) {
   if (record.format == RecordFormat::kTokens)
     return tokens_record(record, static_cast<int64_t>(tok.vocab_size()), origin);
   TokenizedRecord out;
-  const std::vector<Segment> segments = render(record, t, train_on_prompt, origin);
+  const std::vector<Segment> segments = render(record, t, train_on_prompt, origin, model);
   // Plain text (and kNone) gets the tokenizer's own BOS; templates write theirs in the text.
   const bool plain = t == ChatTemplate::kNone || record.format == RecordFormat::kText;
   auto encode = [&](const std::string& text) {

@@ -22,11 +22,15 @@ enum class RecordFormat {
   kTokens,  // {"input_ids": [...], "labels": [...] (optional, -100 = no loss)}
 };
 
-enum class ChatTemplate { kNone, kLlama3, kLlama2, kChatml, kMistral };
+// kAuto: the model's own template when it has one, else its tokenizer family's built-in (resolved
+// by JsonlSource to kModel or a built-in). kModel: the model's Jinja template (JinjaChatTemplate).
+enum class ChatTemplate { kNone, kLlama3, kLlama2, kChatml, kMistral, kAuto, kModel };
 
-// Names as presets write them ("auto", "text", "alpaca", "chat", "tokenized" or "tokens"; "none",
-// "llama3", "llama2", "chatml", "mistral"). Parsing throws ft::ConfigError listing the accepted
-// names.
+class JinjaChatTemplate;
+
+// Names as presets write them ("auto", "text", "alpaca", "chat", "tokenized" or "tokens"; "auto",
+// "none", "llama3", "llama2", "chatml", "mistral"). Parsing throws ft::ConfigError listing the
+// accepted names.
 RecordFormat parse_record_format(std::string_view name);
 ChatTemplate parse_chat_template(std::string_view name);
 const char* name_of(RecordFormat format);
@@ -70,9 +74,11 @@ struct Segment {
 // `train_on_prompt`. A text record is one trained segment under every template; kNone joins the
 // contents with "\n" (the tokenizer adds BOS, tokenize_record adds EOS). Throws ft::FormatError
 // (naming `origin`) for a conversation a template cannot express (llama2/mistral need user and
-// assistant turns alternating, starting with user, after an optional system message).
+// assistant turns alternating, starting with user, after an optional system message), and for a
+// chat record under kNone (no chat markup at all: the fix is data.template=auto). kModel renders
+// with `model` (required then): the model's own template, masked as JinjaChatTemplate::render says.
 std::vector<Segment> render(const Record& record, ChatTemplate chat_template, bool train_on_prompt,
-                            const std::string& origin);
+                            const std::string& origin, const JinjaChatTemplate* model = nullptr);
 
 // The special-token strings a template writes; each must be one token of the tokenizer used.
 std::vector<std::string> template_special_tokens(ChatTemplate chat_template);
@@ -93,6 +99,7 @@ TokenizedRecord tokens_record(const Record& record, int64_t vocab_size, const st
 
 TokenizedRecord tokenize_record(const Record& record, ChatTemplate chat_template,
                                 bool train_on_prompt, const tokenizer::Tokenizer& tokenizer,
-                                const std::string& origin);
+                                const std::string& origin,
+                                const JinjaChatTemplate* model = nullptr);
 
 }  // namespace ft::data

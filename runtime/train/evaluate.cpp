@@ -52,6 +52,7 @@ EvalResult evaluate(const EvalOptions& o) {
     jo.tokenizer = data::open_tokenizer(jo.tokenizer_path, mc.vocab_size, "");
   jo.vocab_size = mc.vocab_size;
   jo.on_bad_record = data::BadRecordPolicy::kError;
+  jo.model_dir = o.model_dir;
   const data::JsonlSource source(jo);
   const int64_t T = o.data.seq_len;
 

@@ -138,7 +138,9 @@ void check_data_and_length(const RunOptions& o) {
   const config::Settings& s = o.settings;
   const bool synthetic = s.data.synthetic();
   FT_CHECK(synthetic == o.data_path.empty(),
-           synthetic ? "data.format is synthetic, which generates its data: drop --data "
+           synthetic ? "data.format is synthetic (the built-in task), which generates its data: "
+                       "to train on --data FILE, add --set data.format=auto (it detects text, "
+                       "alpaca, chat and pre-tokenized records); or drop --data"
                      : "data.format '",
            synthetic ? "" : s.data.format,
            synthetic ? ""
@@ -278,7 +280,9 @@ void TrainingRun::open_data() {
   jo.seed = s_.train.seed;
   jo.rank = env_.rank;
   jo.world_size = env_.world_size;
+  jo.model_dir = o_.model_dir;
   auto jsonl = std::make_unique<data::JsonlSource>(jo);
+  if (rank0_) fmt::print("ft train: data {}: template {}\n", o_.data_path, jsonl->template_used());
   if (rank0_)
     fmt::print(stderr, "ft train: data: {}\n",
                jsonl->cache_path().empty()

@@ -9,11 +9,14 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "data/chat_template.h"
 #include "data/jsonl.h"
 #include "data/jsonl_source.h"
 #include "data/records.h"
@@ -718,4 +721,249 @@ TEST_CASE("the tokenized cache holds every record as tokenizing gives it, for th
   JsonlSource damaged(o);
   CHECK(damaged.cache_path().empty());
   CHECK_THAT(damaged.cache_note(), Catch::Contains("is damaged"));
+}
+
+// --- the model's own chat template (data/chat_template.h)
+
+namespace {
+
+const std::string kTemplates = std::string(FT_TEST_DIR) + "/template/fixtures";
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+ModelChatTemplate fixture_template(const std::string& name, const std::string& bos,
+                                   const std::string& eos) {
+  return {read_all(kTemplates + "/templates/" + name + ".jinja"), name + ".jinja", bos, eos, {}};
+}
+
+// transformers' rendering of (template, conversation) from the template fixtures.
+std::string transformers_output(const std::string& tmpl, const std::string& conversation) {
+  const nlohmann::json doc = nlohmann::json::parse(read_all(kTemplates + "/conversations.json"));
+  for (const auto& c : doc["cases"]) {
+    if (c["template"] == tmpl && c["conversation"] == conversation) return c["output"];
+  }
+  FAIL("no fixture case " << tmpl << " / " << conversation);
+  return "";
+}
+
+std::vector<Message> messages_of(const std::string& tmpl, const std::string& conversation) {
+  const nlohmann::json doc = nlohmann::json::parse(read_all(kTemplates + "/conversations.json"));
+  for (const auto& c : doc["cases"]) {
+    if (c["template"] != tmpl || c["conversation"] != conversation) continue;
+    std::vector<Message> out;
+    for (const auto& m : c["variables"]["messages"]) out.push_back({m["role"], m["content"]});
+    return out;
+  }
+  FAIL("no fixture case " << tmpl << " / " << conversation);
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("the model's chat template is read from tokenizer_config.json or chat_template.jinja") {
+  TempDir dir;
+  const std::string d = dir.path.string();
+  CHECK_FALSE(read_model_chat_template(d).has_value());
+  dir.write("chat_template.jinja", "{{ messages[0].content }}\n");
+  auto m = read_model_chat_template(d);
+  REQUIRE(m.has_value());
+  CHECK(m->text == "{{ messages[0].content }}\n");
+  CHECK(m->origin == d + "/chat_template.jinja");
+  // tokenizer_config.json wins; bos / eos as strings or AddedToken objects.
+  dir.write("tokenizer_config.json",
+            R"({"chat_template": "T", "bos_token": {"content": "<s>", "lstrip": false},
+                "eos_token": "</s>"})");
+  m = read_model_chat_template(d);
+  REQUIRE(m.has_value());
+  CHECK(m->text == "T");
+  CHECK(m->origin == d + "/tokenizer_config.json chat_template");
+  CHECK(m->bos_token == "<s>");
+  CHECK(m->eos_token == "</s>");
+  dir.write("tokenizer_config.json",
+            R"({"chat_template": [{"name": "tool_use", "template": "A"},
+                                  {"name": "default", "template": "B"}]})");
+  m = read_model_chat_template(d);
+  REQUIRE(m.has_value());
+  CHECK(m->text == "B");
+  dir.write("tokenizer_config.json",
+            R"({"chat_template": [{"name": "tool_use", "template": "A"}]})");
+  CHECK_THROWS_WITH(read_model_chat_template(d),
+                    Catch::Contains("no template named \"default\" (it has: tool_use)"));
+  dir.write("tokenizer_config.json", R"({"chat_template": 3})");
+  CHECK_THROWS_WITH(read_model_chat_template(d),
+                    Catch::Contains("chat_template must be a string or a list, got number"));
+  dir.write("tokenizer_config.json", "{not json");
+  CHECK_THROWS_WITH(read_model_chat_template(d), Catch::Contains("tokenizer_config.json"));
+}
+
+TEST_CASE("the model's template renders as transformers and trains only the assistant turns") {
+  struct Case {
+    const char* tmpl;
+    const char* bos;
+    const char* eos;
+    const char* conversation;
+    const char* trained;
+  };
+  const Case cases[] = {
+      {"llama-3.1-instruct", "<|begin_of_text|>", "<|eot_id|>", "system_multi_turn",
+       "4.<|eot_id|>6.<|eot_id|>"},
+      {"qwen2.5-instruct", "", "<|im_end|>", "system_multi_turn", "4.<|im_end|>6.<|im_end|>"},
+      {"gemma-2-it", "<bos>", "<eos>", "single_turn_no_system", "7<end_of_turn>"},
+      {"mistral-v3-instruct", "<s>", "</s>", "single_turn_no_system", " 7</s>"},
+      // Phi-3.5 closes a conversation without a generation prompt with eos_token: the last turn
+      // keeps it.
+      {"phi-3.5-mini-instruct", "<s>", "<|endoftext|>", "system_multi_turn",
+       "4.<|end|>6.<|end|>\n<|endoftext|>"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.tmpl);
+    const JinjaChatTemplate t(fixture_template(c.tmpl, c.bos, c.eos));
+    const auto msgs = messages_of(c.tmpl, c.conversation);
+    const std::vector<Segment> segs = t.render(msgs, false, "train.jsonl:3");
+    std::string full, trained;
+    for (const Segment& s : segs) {
+      full += s.text;
+      if (s.trained) trained += s.text;
+    }
+    CHECK(full == transformers_output(c.tmpl, c.conversation));
+    CHECK(trained == c.trained);
+    // train_on_prompt: the same text, all of it trained.
+    const std::vector<Segment> all = t.render(msgs, true, "t");
+    REQUIRE(all.size() == 1);
+    CHECK(all[0].trained);
+    CHECK(all[0].text == full);
+  }
+}
+
+TEST_CASE("the model's template: errors name the record, and rewriting templates are refused") {
+  const JinjaChatTemplate gemma(fixture_template("gemma-2-it", "<bos>", "<eos>"));
+  CHECK_THROWS_WITH(gemma.render({{"system", "s"}, {"user", "u"}}, false, "train.jsonl:9"),
+                    Catch::StartsWith("train.jsonl:9: chat record: the model's chat template "
+                                      "failed: gemma-2-it.jinja:1:") &&
+                        Catch::Contains("System role not supported"));
+  // Mistral's templates put the system message into the last user turn: the rendering before the
+  // first answer is not a prefix of the whole one, so no mask follows it.
+  const JinjaChatTemplate mistral(fixture_template("mistral-v3-instruct", "<s>", "</s>"));
+  CHECK_THROWS_WITH(
+      mistral.render(messages_of("mistral-v3-instruct", "system_multi_turn"), false, "t.jsonl:1"),
+      Catch::Contains("renders the conversation before messages[2] so that it is not a prefix"));
+  // A template that writes the last turn differently.
+  const JinjaChatTemplate rewriting(
+      {"{% for m in messages %}{% if loop.last %}LAST:{% endif %}{{ m.content }}|{% endfor %}",
+       "rewrite.jinja",
+       "",
+       "",
+       {}});
+  CHECK_THROWS_WITH(
+      rewriting.render({{"user", "u"}, {"assistant", "a"}, {"user", "v"}}, false, "train.jsonl:4"),
+      Catch::StartsWith("train.jsonl:4: chat record: the model's chat template "
+                        "(rewrite.jinja) renders the conversation before messages[1]"));
+  // A chat record under template none is refused with the fix.
+  CHECK_THROWS_WITH(render(chat({{"user", "q"}, {"assistant", "a"}}), ChatTemplate::kNone, false,
+                           "train.jsonl:2"),
+                    Catch::StartsWith("train.jsonl:2: a chat record under data.template 'none'") &&
+                        Catch::Contains("--set data.template=auto"));
+}
+
+TEST_CASE("tokenize_record with the model's template labels exactly the assistant tokens") {
+  const JinjaChatTemplate t(
+      fixture_template("llama-3.1-instruct", "<|begin_of_text|>", "<|eot_id|>"));
+  const Record r = chat({{"user", "Hello there"}, {"assistant", "General Kenobi"}});
+  const TokenizedRecord tr = tokenize_record(r, ChatTemplate::kModel, false, *llama3(), "t:1", &t);
+  // The whole rendering encoded at once, without the tokenizer adding a BOS (the template has it).
+  std::string full;
+  for (const Segment& s : t.render(r.messages, false, "t:1")) full += s.text;
+  const std::vector<int32_t> ids = llama3()->encode(full, false);
+  REQUIRE(tr.ids == std::vector<int64_t>(ids.begin(), ids.end()));
+  CHECK(tr.ids.front() == *llama3()->token_to_id("<|begin_of_text|>"));
+  std::vector<int64_t> trained;
+  for (size_t i = 0; i < tr.ids.size(); ++i)
+    if (tr.labels[i] != -100) trained.push_back(tr.ids[i]);
+  const std::vector<int32_t> want = llama3()->encode("General Kenobi<|eot_id|>", false);
+  CHECK(trained == std::vector<int64_t>(want.begin(), want.end()));
+}
+
+TEST_CASE("JsonlSource: data.template auto uses the model's template, else the family's built-in") {
+  TempDir dir;
+  const std::string data = dir.write(
+      "chat.jsonl",
+      R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})"
+      "\n");
+  JsonlOptions o;
+  o.path = data;
+  o.tokenizer = llama3();
+  o.chat_template = parse_chat_template("auto");
+  o.seq_len = 64;
+  {
+    JsonlSource s(o);  // no model directory: the tokenizer's family (Llama 3's tokens)
+    CHECK(s.template_used() ==
+          "llama3 (built-in), chosen by data.template auto from the "
+          "tokenizer's special tokens (no model directory)");
+  }
+  const fs::path model = dir.path / "model";
+  fs::create_directories(model);
+  std::ofstream(model / "chat_template.jinja")
+      << read_all(kTemplates + "/templates/llama-3.1-instruct.jinja");
+  std::ofstream(model / "tokenizer_config.json")
+      << R"({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})";
+  o.model_dir = model.string();
+  JsonlSource s(o);
+  CHECK(s.template_used() ==
+        "the model's own chat template (" + (model / "chat_template.jinja").string() + ")");
+  const Batch b = s.next();
+  // The model's template writes its default system header (Llama 3.1's knowledge cutoff), which
+  // the built-in llama3 template does not.
+  std::vector<int32_t> row;
+  for (int64_t i = 0; i < b.input_ids.size(1); ++i)
+    row.push_back(static_cast<int32_t>(b.input_ids[0][i].item<int64_t>()));
+  const std::string text = llama3()->decode(row, false);
+  CHECK(text.find("Cutting Knowledge Date: December 2023") != std::string::npos);
+}
+
+TEST_CASE("the model's template gives transformers' apply_chat_template token ids") {
+  // Each model's bos / eos, as the rendering fixtures passed them.
+  std::map<std::string, std::pair<std::string, std::string>> special;
+  const nlohmann::json renders =
+      nlohmann::json::parse(read_all(kTemplates + "/conversations.json"));
+  for (const auto& c : renders["cases"]) {
+    const auto& v = c["variables"];
+    special[c["template"]] = {v.value("bos_token", ""), v.value("eos_token", "")};
+  }
+  std::map<std::string, std::shared_ptr<const Tokenizer>> tokenizers;
+  const nlohmann::json doc = nlohmann::json::parse(read_all(kTemplates + "/tokens.json"));
+  size_t masked = 0;
+  for (const auto& c : doc["cases"]) {
+    const std::string name = c["template"], kind = c["tokenizer"];
+    INFO(name << " / " << kind << " / " << c["conversation"].get<std::string>());
+    if (!tokenizers.count(kind)) {
+      tokenizers[kind] = std::make_shared<const Tokenizer>(
+          Tokenizer::from_file(kTokenizers + "/" + kind + "/tokenizer.json"));
+    }
+    const Tokenizer& tok = *tokenizers[kind];
+    ModelChatTemplate model = fixture_template(name, special[name].first, special[name].second);
+    model.now = doc["meta"]["strftime_now_epoch"].get<std::time_t>();  // Llama 3.2 writes the date
+    const JinjaChatTemplate t(model);
+    std::vector<Message> msgs;
+    for (const auto& m : c["messages"]) msgs.push_back({m["role"], m["content"]});
+    const Record r = chat(msgs);
+    const std::vector<int64_t> want = c["ids"].get<std::vector<int64_t>>();
+    CHECK(tokenize_record(r, ChatTemplate::kModel, true, tok, "t:1", &t).ids == want);
+    // Masked (where the template keeps earlier turns as they were): the same ids, and the
+    // trained ones are the assistant turns' tokens.
+    try {
+      const TokenizedRecord tr = tokenize_record(r, ChatTemplate::kModel, false, tok, "t:1", &t);
+      CHECK(tr.ids == want);
+      ++masked;
+    } catch (const ft::FormatError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("is not a prefix of the whole rendering") ||
+                               Catch::Contains("messages[0] is an assistant turn"));
+    }
+  }
+  CHECK(doc["cases"].size() >= 60);
+  CHECK(masked >= 50);
 }

@@ -176,24 +176,37 @@ TEST_CASE("ft train on JSONL chat data with a tokenizer and a bad line names fil
   args.insert(args.end(), common.begin(), common.end());
   CHECK(run(args, dir + "/bad.log") != 0);
   CHECK_THAT(read_file(dir + "/bad.log"), Catch::Contains("bad.jsonl:2:"));
+  // `ft train --preset tiny-demo --data chat.jsonl --tokenizer TOK --set k=v ...` into dir/out.
+  auto tiny = [&](const std::string& out, const std::vector<std::string>& sets) {
+    std::vector<std::string> a = {"train",         "--preset",          "tiny-demo",
+                                  "--data",        dir + "/chat.jsonl", "--output",
+                                  dir + "/" + out, "--tokenizer",       tok};
+    for (const std::string& kv : sets) a.insert(a.end(), {"--set", kv});
+    return a;
+  };
   // A vocabulary smaller than the tokenizer's is refused before anything is written.
-  args = {"train",
-          "--preset",
-          "tiny-demo",
-          "--data",
-          dir + "/chat.jsonl",
-          "--output",
-          dir + "/small",
-          "--tokenizer",
-          tok,
-          "--set",
-          "data.format=chat",
-          "--set",
-          "train.max_steps=1"};
+  args = tiny("small", {"data.format=chat", "train.max_steps=1"});
   CHECK(run(args, dir + "/small.log") == 2);
   CHECK_THAT(read_file(dir + "/small.log"),
              Catch::Contains("has 1150 tokens but the model's vocabulary is 320"));
   CHECK_FALSE(exists(dir + "/small"));
+
+  // A tiny preset (format synthetic, template none) given chat --data: each refusal names its
+  // fix, and data.template=auto takes the tokenizer family's built-in and says so.
+  const std::vector<std::string> sizes = {"model.vocab_size=1152", "data.seq_len=64",
+                                          "train.max_steps=1"};
+  args = tiny("tiny", sizes);
+  CHECK(run(args, dir + "/tiny-synthetic.log") == 2);
+  CHECK_THAT(read_file(dir + "/tiny-synthetic.log"), Catch::Contains("--set data.format=auto"));
+  args.insert(args.end(), {"--set", "data.format=auto"});
+  CHECK(run(args, dir + "/tiny-none.log") == 2);
+  CHECK_THAT(read_file(dir + "/tiny-none.log"),
+             Catch::Contains("chat.jsonl:1: a chat record under data.template 'none'") &&
+                 Catch::Contains("--set data.template=auto"));
+  args.insert(args.end(), {"--set", "data.template=auto"});
+  REQUIRE(run(args, dir + "/tiny-auto.log") == 0);
+  CHECK_THAT(read_file(dir + "/tiny-auto.log"),
+             Catch::Contains("template llama3 (built-in), chosen by data.template auto"));
 }
 
 TEST_CASE("ft eval reports loss, tokens and perplexity of a trained model and of a LoRA adapter",

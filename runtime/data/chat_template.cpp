@@ -1,0 +1,195 @@
+#include "data/chat_template.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/json.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ft::data {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+std::string read_text(const fs::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  FT_CHECK_T(FormatError, f.good(), path.string(), ": cannot be read");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A special token as tokenizer_config.json writes it: a string or an AddedToken object.
+std::string token_string(const Json& cfg, const char* key, const std::string& file) {
+  auto it = cfg.find(key);
+  if (it == cfg.end() || it->is_null()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object()) {
+    auto c = it->find("content");
+    FT_CHECK_T(FormatError, c != it->end() && c->is_string(), file, ": \"", key,
+               "\" is an object without a string \"content\"");
+    return c->get<std::string>();
+  }
+  throw FormatError(detail::cat(
+      file, ": \"", key, "\" must be a string or an AddedToken object, got ", it->type_name()));
+}
+
+}  // namespace
+
+std::optional<ModelChatTemplate> read_model_chat_template(const std::string& dir) {
+  ModelChatTemplate m;
+  const fs::path config = fs::path(dir) / "tokenizer_config.json";
+  const fs::path jinja_file = fs::path(dir) / "chat_template.jinja";
+  Json cfg = Json::object();
+  if (fs::is_regular_file(config)) {
+    cfg = parse_json<FormatError>(read_text(config), config.string());
+    FT_CHECK_T(FormatError, cfg.is_object(), config.string(), ": must be a JSON object");
+    m.bos_token = token_string(cfg, "bos_token", config.string());
+    m.eos_token = token_string(cfg, "eos_token", config.string());
+  }
+  auto it = cfg.find("chat_template");
+  if (it != cfg.end() && !it->is_null()) {
+    m.origin = config.string() + " chat_template";
+    if (it->is_string()) {
+      m.text = it->get<std::string>();
+    } else if (it->is_array()) {
+      std::string names;
+      for (const Json& e : *it) {
+        FT_CHECK_T(FormatError,
+                   e.is_object() && e.contains("name") && e["name"].is_string() &&
+                       e.contains("template") && e["template"].is_string(),
+                   config.string(),
+                   ": chat_template is a list whose entries must be "
+                   "{\"name\": string, \"template\": string}");
+        names += (names.empty() ? "" : ", ") + e["name"].get<std::string>();
+        if (e["name"] == "default") {
+          m.text = e["template"].get<std::string>();
+          m.origin = config.string() + " chat_template[default]";
+        }
+      }
+      FT_CHECK_T(FormatError, !m.text.empty(), config.string(),
+                 ": chat_template lists no template named \"default\" (it has: ", names, ")");
+    } else {
+      throw FormatError(detail::cat(
+          config.string(), ": chat_template must be a string or a list, got ", it->type_name()));
+    }
+    return m;
+  }
+  if (fs::is_regular_file(jinja_file)) {
+    m.text = read_text(jinja_file);
+    m.origin = jinja_file.string();
+    return m;
+  }
+  return std::nullopt;
+}
+
+ChatTemplate builtin_template_for(const tokenizer::Tokenizer& tok) {
+  for (ChatTemplate t : {ChatTemplate::kLlama3, ChatTemplate::kChatml}) {
+    bool all = true;
+    for (const std::string& s : template_special_tokens(t)) all = all && tok.token_to_id(s);
+    if (all) return t;
+  }
+  if (tok.token_to_id("<s>") && tok.token_to_id("</s>")) {
+    return tok.token_to_id("[INST]") ? ChatTemplate::kMistral : ChatTemplate::kLlama2;
+  }
+  return ChatTemplate::kNone;
+}
+
+JinjaChatTemplate::JinjaChatTemplate(ModelChatTemplate model)
+    : model_(std::move(model)), template_(model_.text, model_.origin) {}
+
+std::string JinjaChatTemplate::render_prefix(const std::vector<Message>& messages, size_t n,
+                                             bool add_generation_prompt,
+                                             const std::string& origin) const {
+  nlohmann::ordered_json vars = nlohmann::ordered_json::object();
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < n; ++i) {
+    list.push_back({{"role", messages[i].role}, {"content", messages[i].content}});
+  }
+  vars["messages"] = std::move(list);
+  vars["add_generation_prompt"] = add_generation_prompt;
+  vars["tools"] = nullptr;
+  vars["documents"] = nullptr;
+  if (!model_.bos_token.empty()) vars["bos_token"] = model_.bos_token;
+  if (!model_.eos_token.empty()) vars["eos_token"] = model_.eos_token;
+  try {
+    jinja::RenderOptions options;
+    options.now = model_.now;
+    return template_.render(vars, options);
+  } catch (const jinja::TemplateError& e) {
+    throw FormatError(
+        detail::cat(origin, ": chat record: the model's chat template failed: ", e.what()));
+  }
+}
+
+std::vector<Segment> JinjaChatTemplate::render(const std::vector<Message>& messages,
+                                               bool train_on_prompt,
+                                               const std::string& origin) const {
+  const std::string full = render_prefix(messages, messages.size(), false, origin);
+  if (train_on_prompt) {  // everything trained: no turn needs finding
+    if (full.empty()) return {};
+    return {{full, true}};
+  }
+  // [begin, end) of each assistant turn in `full`.
+  std::vector<std::pair<size_t, size_t>> spans;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (messages[i].role != "assistant") continue;
+    std::string before;
+    try {
+      before = render_prefix(messages, i, true, origin);
+    } catch (const FormatError& e) {
+      if (i > 0) throw;
+      // Many templates cannot render an empty conversation (they read messages[0]).
+      throw FormatError(detail::cat(
+          origin,
+          ": chat record: messages[0] is an assistant turn and the model's chat template "
+          "cannot render the empty conversation before it, so its tokens cannot be found; start "
+          "with a user or system message, or set data.train_on_prompt=true (",
+          e.what(), ")"));
+    }
+    const std::string with = render_prefix(messages, i + 1, false, origin);
+    const bool prefix_ok =
+        with.compare(0, before.size(), before) == 0 && full.compare(0, before.size(), before) == 0;
+    FT_CHECK_T(FormatError, prefix_ok, origin, ": chat record: the model's chat template (",
+               model_.origin, ") renders the conversation before messages[", i,
+               "] so that it is not a prefix of the whole rendering (the template rewrites earlier "
+               "turns as the conversation grows, e.g. moves the system message into the last user "
+               "turn), so the assistant tokens cannot be masked; use a built-in template (--set "
+               "data.template=llama3|llama2|chatml|mistral) or data.train_on_prompt=true");
+    // The turn ends where the rendering that stops after it leaves the whole one (a template may
+    // close a conversation with more, e.g. Phi-3's eos_token), less trailing whitespace.
+    size_t end = before.size();
+    while (end < with.size() && end < full.size() && with[end] == full[end]) ++end;
+    // Where the two part inside a marker both open ("<|end|>\n<|endoftext|>" against
+    // "<|end|>\n<|user|>"), the shared opening belongs to what follows.
+    if (end < with.size()) {
+      while (end > before.size() && std::strchr("<|[{", with[end - 1]) != nullptr) --end;
+    }
+    while (end > before.size() && (with[end - 1] == '\n' || with[end - 1] == ' ')) --end;
+    spans.emplace_back(before.size(), end);
+  }
+  std::vector<Segment> out;
+  auto add = [&](size_t b, size_t e, bool trained) {
+    if (e <= b) return;
+    if (!out.empty() && out.back().trained == trained) {
+      out.back().text += full.substr(b, e - b);
+    } else {
+      out.push_back({full.substr(b, e - b), trained});
+    }
+  };
+  size_t pos = 0;
+  for (const auto& [b, e] : spans) {
+    add(pos, b, false);
+    add(b, e, true);
+    pos = e;
+  }
+  add(pos, full.size(), false);
+  return out;
+}
+
+}  // namespace ft::data
