@@ -191,22 +191,25 @@ TEST_CASE("ft train on JSONL chat data with a tokenizer and a bad line names fil
              Catch::Contains("has 1150 tokens but the model's vocabulary is 320"));
   CHECK_FALSE(exists(dir + "/small"));
 
-  // A tiny preset (format synthetic, template none) given chat --data: each refusal names its
-  // fix, and data.template=auto takes the tokenizer family's built-in and says so.
+  // A tiny preset (format synthetic) given chat --data: the refusal names its fix, and then
+  // data.template auto takes the tokenizer family's built-in (there is no --model) and says so.
+  // Template none, which would train chat records without chat markup, is refused with its fix.
   const std::vector<std::string> sizes = {"model.vocab_size=1152", "data.seq_len=64",
                                           "train.max_steps=1"};
   args = tiny("tiny", sizes);
   CHECK(run(args, dir + "/tiny-synthetic.log") == 2);
   CHECK_THAT(read_file(dir + "/tiny-synthetic.log"), Catch::Contains("--set data.format=auto"));
   args.insert(args.end(), {"--set", "data.format=auto"});
+  REQUIRE(run(args, dir + "/tiny-auto.log") == 0);
+  CHECK_THAT(read_file(dir + "/tiny-auto.log"),
+             Catch::Contains("template llama3 (built-in), chosen by data.template auto"));
+  args = tiny("tiny-none", sizes);
+  args.insert(args.end(), {"--set", "data.format=auto", "--set", "data.template=none"});
   CHECK(run(args, dir + "/tiny-none.log") == 2);
   CHECK_THAT(read_file(dir + "/tiny-none.log"),
              Catch::Contains("chat.jsonl:1: a chat record under data.template 'none'") &&
                  Catch::Contains("--set data.template=auto"));
-  args.insert(args.end(), {"--set", "data.template=auto"});
-  REQUIRE(run(args, dir + "/tiny-auto.log") == 0);
-  CHECK_THAT(read_file(dir + "/tiny-auto.log"),
-             Catch::Contains("template llama3 (built-in), chosen by data.template auto"));
+  CHECK_FALSE(exists(dir + "/tiny-none"));
 }
 
 TEST_CASE("ft eval reports loss, tokens and perplexity of a trained model and of a LoRA adapter",
