@@ -75,7 +75,7 @@ Run add_data(CLI::App& app) {
     jo.model_dir = o->model;  // data.template auto: the model's own template
     if (prepare->parsed()) {
       const data::JsonlSource source(jo);
-      const nlohmann::json key = data::token_cache_key(jo);
+      const nlohmann::json key = source.cache_key();
       const std::string path = data::token_cache_path(jo, key);
       const data::PrepareResult r =
           data::write_token_cache(source, path, key, progress("tokenized"));

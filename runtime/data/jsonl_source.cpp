@@ -108,21 +108,7 @@ JsonlSource::JsonlSource(JsonlOptions options, int64_t start_sample)
            "--set data.template=llama3|llama2|chatml|mistral");
   (void)tokenize_whole(0);  // a bad first record stops here, whatever the policy
   if (o.use_cache) {
-    nlohmann::json key = token_cache_key(o);
-    if (model_template_) {
-      // The model's template is part of what the tokens are; a template that writes today's date
-      // makes a cache that is good for that day only.
-      const ModelChatTemplate& m = model_template_->model();
-      key["template_text"] = m.text;
-      key["template_tokens"] = {m.bos_token, m.eos_token};
-      if (m.text.find("strftime_now") != std::string::npos && m.now) {
-        char day[16];
-        std::tm tm{};
-        localtime_r(&*m.now, &tm);
-        std::strftime(day, sizeof day, "%Y-%m-%d", &tm);
-        key["template_date"] = day;
-      }
-    }
+    const nlohmann::json key = cache_key();
     const std::string path = token_cache_path(o, key);
     cache_ = TokenCache::open(path, key, &cache_note_);
     if (cache_ && cache_->records() != index_.size()) {
@@ -137,6 +123,25 @@ JsonlSource::JsonlSource(JsonlOptions options, int64_t start_sample)
 }
 
 JsonlSource::~JsonlSource() = default;
+
+nlohmann::json JsonlSource::cache_key() const {
+  nlohmann::json key = token_cache_key(options_);
+  if (model_template_) {
+    // The model's template is part of what the tokens are; a template that writes today's date
+    // makes a cache that is good for that day only.
+    const ModelChatTemplate& m = model_template_->model();
+    key["template_text"] = m.text;
+    key["template_tokens"] = {m.bos_token, m.eos_token};
+    if (m.text.find("strftime_now") != std::string::npos && m.now) {
+      char day[16];
+      std::tm tm{};
+      localtime_r(&*m.now, &tm);
+      std::strftime(day, sizeof day, "%Y-%m-%d", &tm);
+      key["template_date"] = day;
+    }
+  }
+  return key;
+}
 
 void JsonlSource::resolve_template() {
   if (options_.chat_template != ChatTemplate::kAuto) return;

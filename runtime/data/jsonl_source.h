@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,9 @@ class JsonlSource : public BatchSource {
   RecordFormat format() const { return format_; }
   int64_t seq_len() const { return options_.seq_len; }
   bool skips_bad_records() const { return options_.on_bad_record == BadRecordPolicy::kSkip; }
+  // What a tokenized cache of this source must have been made for (token_cache_key of the
+  // options, with the model's template when data.template auto found one).
+  nlohmann::json cache_key() const;
   // With use_cache: the cache read ("" when none), and why none is used otherwise.
   const std::string& cache_path() const { return cache_path_; }
   const std::string& cache_note() const { return cache_note_; }

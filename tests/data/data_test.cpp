@@ -967,3 +967,26 @@ TEST_CASE("the model's template gives transformers' apply_chat_template token id
   CHECK(doc["cases"].size() >= 60);
   CHECK(masked >= 50);
 }
+
+TEST_CASE("the tokenized cache's key holds the model's own chat template") {
+  TempDir dir;
+  const std::string chat =
+      R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]})"
+      "\n";
+  JsonlOptions o = options_for(dir.write("c.jsonl", chat));
+  o.tokenizer_path = kTokenizers + "/llama3/tokenizer.json";
+  o.chat_template = ChatTemplate::kAuto;
+  const nlohmann::json builtin = JsonlSource(o).cache_key();
+  CHECK_FALSE(builtin.contains("template_text"));
+  CHECK(builtin["template"] == "llama3");  // the tokenizer's family
+  fs::create_directories(dir.path / "model");
+  const std::string text =
+      "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
+      "{{ m.content }}<|eot_id|>{% endfor %}";
+  std::ofstream(dir.path / "model" / "tokenizer_config.json")
+      << nlohmann::json{{"chat_template", text}}.dump();
+  o.model_dir = (dir.path / "model").string();
+  const nlohmann::json own = JsonlSource(o).cache_key();
+  CHECK(own["template_text"] == text);
+  CHECK(token_cache_path(o, own) != token_cache_path(o, builtin));
+}
