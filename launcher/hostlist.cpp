@@ -1,6 +1,9 @@
 #include "hostlist.h"
 
+#include <algorithm>
+
 #include "core/error.h"
+#include "core/json.h"
 
 namespace ft::launcher {
 namespace {
@@ -36,9 +39,17 @@ bool all_digits(const std::string& s) {
   return true;
 }
 
-// "01-04,07" -> {"01","02","03","04","07"}, keeping the zero padding of the lower bound.
-std::vector<std::string> expand_range_set(const std::string& body, const std::string& whole) {
-  std::vector<std::string> out;
+// One item of a bracket's range set: "07" (single: `lo` as written) or "01-04" (a to b, with the
+// zero padding of `lo`).
+struct RangeItem {
+  std::string lo;
+  long a = 0, b = 0;
+  bool single = false;
+  size_t size() const { return single ? 1 : static_cast<size_t>(b - a) + 1; }
+};
+
+std::vector<RangeItem> parse_range_set(const std::string& body, const std::string& whole) {
+  std::vector<RangeItem> out;
   size_t start = 0;
   while (start <= body.size()) {
     size_t comma = body.find(',', start);
@@ -48,9 +59,7 @@ std::vector<std::string> expand_range_set(const std::string& body, const std::st
     if (dash == std::string::npos) {
       FT_CHECK(all_digits(item), "malformed SLURM host list '", whole, "': '", item,
                "' is not a number");
-      FT_CHECK(out.size() < kMaxHosts, "SLURM host list '", whole, "' names more than ", kMaxHosts,
-               " hosts");
-      out.push_back(item);
+      out.push_back({item, 0, 0, true});
     } else {
       std::string lo = item.substr(0, dash), hi = item.substr(dash + 1);
       // 18 digits: std::stol cannot overflow.
@@ -59,15 +68,7 @@ std::vector<std::string> expand_range_set(const std::string& body, const std::st
       long a = std::stol(lo), b = std::stol(hi);
       FT_CHECK(a <= b && b - a < 100000, "malformed SLURM host list '", whole, "': range '", item,
                "' is empty or too large");
-      // Each value names at least one host: a set of many large ranges ("[0-99999,0-99999,...]")
-      // is refused before it is built (it took seconds and gigabytes).
-      FT_CHECK(out.size() + static_cast<size_t>(b - a) < kMaxHosts, "SLURM host list '", whole,
-               "' names more than ", kMaxHosts, " hosts");
-      for (long v = a; v <= b; ++v) {
-        std::string num = std::to_string(v);
-        if (num.size() < lo.size()) num.insert(0, lo.size() - num.size(), '0');
-        out.push_back(num);
-      }
+      out.push_back({lo, a, b, false});
     }
     if (comma == std::string::npos) break;
     start = comma + 1;
@@ -75,12 +76,24 @@ std::vector<std::string> expand_range_set(const std::string& body, const std::st
   return out;
 }
 
+// Hosts a name with bracket groups expands to (they multiply), capped at kMaxHosts + 1.
+size_t count_name(const std::string& name, const std::string& whole) {
+  size_t count = 1, open = name.find('[');
+  while (open != std::string::npos) {
+    const size_t close = name.find(']', open);
+    FT_CHECK(close != std::string::npos, "malformed SLURM host list '", whole, "': missing ']'");
+    size_t values = 0;
+    for (const RangeItem& r : parse_range_set(name.substr(open + 1, close - open - 1), whole))
+      values = std::min(values + r.size(), kMaxHosts + 1);
+    count = std::min(count * values, kMaxHosts + 1);  // both <= kMaxHosts + 1: no overflow
+    open = name.find('[', close);
+  }
+  return count;
+}
+
 void expand_name(const std::string& name, const std::string& whole, std::vector<std::string>& out) {
   size_t open = name.find('[');
   if (open == std::string::npos) {
-    // Bracket groups multiply: "a[0-99999]b[0-99999]" would be 10^10 names.
-    FT_CHECK(out.size() < kMaxHosts, "SLURM host list '", whole, "' names more than ", kMaxHosts,
-             " hosts");
     out.push_back(name);
     return;
   }
@@ -88,8 +101,16 @@ void expand_name(const std::string& name, const std::string& whole, std::vector<
   FT_CHECK(close != std::string::npos, "malformed SLURM host list '", whole, "': missing ']'");
   std::string prefix = name.substr(0, open);
   std::string rest = name.substr(close + 1);
-  for (const auto& v : expand_range_set(name.substr(open + 1, close - open - 1), whole)) {
-    expand_name(prefix + v + rest, whole, out);
+  for (const RangeItem& r : parse_range_set(name.substr(open + 1, close - open - 1), whole)) {
+    if (r.single) {
+      expand_name(prefix + r.lo + rest, whole, out);
+      continue;
+    }
+    for (long v = r.a; v <= r.b; ++v) {
+      std::string num = std::to_string(v);
+      if (num.size() < r.lo.size()) num.insert(0, r.lo.size() - num.size(), '0');
+      expand_name(prefix + num + rest, whole, out);
+    }
   }
 }
 
@@ -97,7 +118,15 @@ void expand_name(const std::string& name, const std::string& whole, std::vector<
 
 std::vector<std::string> expand_hostlist(const std::string& list) {
   std::vector<std::string> out;
-  for (const auto& part : split_top_level(list, list)) {
+  // Counted before anything is built: bracket groups multiply ("a[0-99999]b[0-99999]" is 10^10
+  // names, and 10 groups of [0-9] took seconds and gigabytes).
+  size_t count = 0;
+  const std::vector<std::string> parts = split_top_level(list, list);
+  for (const auto& part : parts)
+    if (!part.empty()) count = std::min(count + count_name(part, list), kMaxHosts + 1);
+  FT_CHECK(count <= kMaxHosts, "SLURM host list '", excerpt(list), "' names more than ", kMaxHosts,
+           " hosts");
+  for (const auto& part : parts) {
     if (part.empty()) continue;
     expand_name(part, list, out);
   }

@@ -357,8 +357,11 @@ RoundResult Rendezvous::join(int round) {
         // Keep the store up until the others have read why they were refused.
         wait_count(round, "result_read", store_->add(key(round, "joined"), 0), 5.0);
       }
-      std::string msg = j["error"];
-      if (msg.rfind("rendezvous timed out", 0) == 0) throw RendezvousTimeout(msg);
+      // Text from the store: quoted short, and said to be round N's (so a text that reads like
+      // one of ft's own internal errors is not taken for one).
+      const std::string text = j["error"].get<std::string>();
+      const std::string msg = fmt::format("round {}: {}", round, excerpt(text, 4000));
+      if (text.rfind("rendezvous timed out", 0) == 0) throw RendezvousTimeout(msg);
       throw RendezvousError(msg);
     }
     rr.round = round;

@@ -39,7 +39,15 @@ TEST_CASE("SLURM host lists expand like scontrol show hostnames", "[unit]") {
   CHECK_THROWS_WITH(expand_hostlist("a[0-99999]b[0-99999]"),
                     Catch::Contains("names more than 100000 hosts"));
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));
-  CHECK(expand_hostlist("n[0-99998]").size() == 99999);
+  for (const char* groups : {"r[0-9]c[0-9]n[0-9]x[0-9]y[0-9]z[0-9]",  // 10^6, found by the fuzzer
+                             "e[0-999]v[0-999]l[0-999]"}) {
+    CHECK_THROWS_WITH(expand_hostlist(groups), Catch::Contains("names more than 100000 hosts"));
+  }
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));
+  CHECK(expand_hostlist("n[0-99999]").size() == 100000);
+  CHECK(expand_hostlist("n[0-49999],m[0-49999]").size() == 100000);
+  CHECK_THROWS(expand_hostlist("n[0-49999],m[0-50000]"));
+  CHECK(expand_hostlist("a[007,9]") == std::vector<std::string>{"a007", "a9"});
 }
 
 TEST_CASE("precedence: flag > FT_/PET_ > plain env > SLURM > default", "[unit]") {
