@@ -227,9 +227,13 @@ void Normalizer::apply(const Step& s, std::string& text, bool* moved) {
       std::vector<std::pair<size_t, size_t>> matches;
       s.pattern.find_all(text, matches);
       if (matches.empty()) break;
-      // A match removed from the start without replacement (an empty one inserts, and
-      // replacement text takes the original offsets of what it replaces).
-      if (matches[0].first == 0 && matches[0].second > 0 && s.content.empty()) *moved = true;
+      // A non-empty match at the start moves it unless it is one character replaced by text: HF
+      // aligns replacement text with the last character it replaces (an empty match inserts).
+      if (matches[0].first == 0 && matches[0].second > 0 &&
+          (s.content.empty() ||
+           utf8_len(static_cast<unsigned char>(text[0])) < matches[0].second)) {
+        *moved = true;
+      }
       std::string out;
       out.reserve(text.size());
       size_t prev = 0;
