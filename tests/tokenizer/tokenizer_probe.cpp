@@ -33,7 +33,7 @@ int main(int argc, char** argv) try {
     Normalizer(component["normalizer"], "normalizer", fields).normalize(normalized);
     out = normalized;
   } else {
-    std::vector<Piece> pieces{Piece{text.str(), -1, true}};
+    std::vector<Piece> pieces{Piece{text.str(), -1, 1}};
     PreTokenizer(component["pre_tokenizer"], "pre_tokenizer", fields).pre_tokenize(pieces);
     out = Json::array();
     for (const Piece& p : pieces) out.push_back(p.text);
