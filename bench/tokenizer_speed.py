@@ -7,8 +7,8 @@ encode_batch, on the same lines, with 1 thread and with all cores (RAYON_NUM_THR
 The text is the multilingual fixture text (tests/tokenizer/fixtures/make_component_fixtures.py)
 and the training corpus of make_fixtures.py, one line each, repeated to --mb megabytes. The
 tokenizers: the Llama 3 fixture (regex Split + ByteLevel, ignore_merges) and the Qwen2 pipeline
-of the component fixtures (NFC + regex Split + ByteLevel). Each figure is the best of 3 passes
-over the whole text (the first also warms both word caches); HF is timed with encode_batch and
+of the component fixtures (NFC + regex Split + ByteLevel). Each figure is the best of --repeats (5)
+passes over the whole text (the first also warms both word caches); HF is timed with encode_batch and
 with encode_batch_fast (no offsets). Prints a Markdown table.
 """
 
@@ -26,13 +26,14 @@ HF_RUN = r"""
 import json, sys, time
 from tokenizers import Tokenizer
 tok = Tokenizer.from_file(sys.argv[1])
+repeats = int(sys.argv[3])
 lines = open(sys.argv[2], encoding="utf-8", newline="").read().split("\n")
 nbytes = sum(len(l.encode()) for l in lines)
 out = {"impl": "hf", "bytes": nbytes}
 # encode_batch, and encode_batch_fast (no offsets), the faster of HF's two batch calls.
 for name in ["encode_batch", "encode_batch_fast"]:
     best = 1e30
-    for _ in range(3):
+    for _ in range(repeats):
         t = time.perf_counter()
         enc = getattr(tok, name)(lines, add_special_tokens=False)
         best = min(best, time.perf_counter() - t)
@@ -76,6 +77,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--mb", type=float, default=4.0)
+    ap.add_argument("--repeats", type=int, default=5, help="passes; the best one counts")
     args = ap.parse_args()
     ft_bin = os.path.join(args.build, "bin", "ft_bench_tokenizer")
     cores = os.cpu_count()
@@ -93,9 +95,11 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     for name, path in tokenizers.items():
         for threads in sorted({1, cores}):
-            ft = json.loads(subprocess.check_output([ft_bin, path, text, str(threads), "3"]))
+            ft = json.loads(subprocess.check_output([ft_bin, path, text, str(threads),
+                                                     str(args.repeats)]))
             env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
-            ref = json.loads(subprocess.check_output([sys.executable, "-c", HF_RUN, path, text],
+            ref = json.loads(subprocess.check_output([sys.executable, "-c", HF_RUN, path, text,
+                                                      str(args.repeats)],
                                                      env=env))
             slow, fast = ref["encode_batch"], ref["encode_batch_fast"]
             if not ft["tokens"] == slow["tokens"] == fast["tokens"]:

@@ -223,8 +223,7 @@ void AddedVocabulary::split(const Piece& piece, bool normalized, std::vector<Pie
   const Trie& trie = normalized ? *normalized_trie_ : *raw_trie_;
   auto emit = [&](int32_t id, size_t begin, size_t end) {
     if (begin >= end) return;  // HF drops empty pieces
-    out.push_back(
-        Piece{std::string(s.substr(begin, end - begin)), id, piece.at_start && begin == 0});
+    out.push_back(Piece{std::string(s.substr(begin, end - begin)), id, piece.origin_from(begin)});
   };
   if (trie.empty()) {
     emit(-1, 0, s.size());

@@ -108,18 +108,15 @@ void Normalizer::parse(const Json& n, const std::string& key, const JsonFields& 
 
 namespace {
 
-// Keeps the characters for which `keep(cp)` holds, each replaced by `map(cp)`. Sets `*moved` when
-// the first character goes (see Normalizer::normalize).
+// Keeps the characters for which `keep(cp)` holds, each replaced by `map(cp)`.
 template <typename Keep, typename Map>
-std::string filter_map(const std::string& text, Keep keep, Map map, bool* moved) {
+std::string filter_map(const std::string& text, Keep keep, Map map) {
   std::string out;
   out.reserve(text.size());
   for (size_t pos = 0; pos < text.size();) {
     size_t len = 0;
     const char32_t cp = decode_utf8(text, pos, &len);
-    if (!keep(cp)) {
-      if (pos == 0) *moved = true;
-    } else {
+    if (keep(cp)) {
       const char32_t m = map(cp);
       if (m == cp) {
         out.append(text, pos, len);
@@ -143,7 +140,7 @@ bool is_chinese_char(char32_t c) {
 }
 
 void bert_normalize(std::string& text, bool clean_text, bool chinese, bool strip_accents,
-                    bool lowercase, bool* moved) {
+                    bool lowercase) {
   if (clean_text) {
     // Control characters (other than \t \n \r, which count as white space), NUL and U+FFFD go;
     // every white space becomes " ".
@@ -153,7 +150,7 @@ void bert_normalize(std::string& text, bool clean_text, bool chinese, bool strip
           const bool ws = c == '\t' || c == '\n' || c == '\r';
           return !(c == 0 || c == 0xFFFD || (!ws && is_other(c)));
         },
-        [](char32_t c) { return is_white_space(c) ? U' ' : c; }, moved);
+        [](char32_t c) { return is_white_space(c) ? U' ' : c; });
   }
   if (chinese) {
     std::string out;
@@ -171,7 +168,7 @@ void bert_normalize(std::string& text, bool clean_text, bool chinese, bool strip
   if (strip_accents) {
     text = filter_map(
         normalize_form(text, NormalForm::kNfd), [](char32_t c) { return !is_nonspacing_mark(c); },
-        same, moved);
+        same);
   }
   if (lowercase) text = lowercase_chars(text);
 }
@@ -192,7 +189,32 @@ bool nmt_keep(char32_t c) {
 }
 
 // Strip: leading / trailing White_Space characters.
-void strip_spaces(std::string& text, bool left, bool right, bool* moved) {
+// Strip: the numbers of White_Space characters at the start and at the end that `left` / `right`
+// remove (all of them once, if the text is all white space).
+std::pair<size_t, size_t> strip_counts(const std::string& text, bool left, bool right) {
+  size_t lead = 0;
+  size_t trail = 0;
+  size_t chars = 0;
+  bool in_lead = true;
+  size_t run = 0;  // white space since the last other character
+  for (size_t pos = 0; pos < text.size();) {
+    size_t len = 0;
+    const bool ws = is_white_space(decode_utf8(text, pos, &len));
+    pos += len;
+    ++chars;
+    if (in_lead && ws) {
+      ++lead;
+      continue;
+    }
+    in_lead = false;
+    run = ws ? run + 1 : 0;
+  }
+  trail = run;
+  if (in_lead) return {left ? lead : 0, left ? 0 : (right ? lead : 0)};
+  return {left ? lead : 0, right ? trail : 0};
+}
+
+void strip_spaces(std::string& text, bool left, bool right) {
   size_t begin = 0;
   size_t end = text.size();
   if (left) {
@@ -211,13 +233,59 @@ void strip_spaces(std::string& text, bool left, bool right, bool* moved) {
       end = start;
     }
   }
-  if (begin > 0) *moved = true;
   text = text.substr(begin, end - begin);
+}
+
+// Replaces each of `matches` (non-overlapping, in order) in `text` by `content`.
+void replace_matches(std::string& text, const std::vector<std::pair<size_t, size_t>>& matches,
+                     const std::string& content) {
+  if (matches.empty()) return;
+  std::string out;
+  out.reserve(text.size());
+  size_t prev = 0;
+  for (const auto& [b, e] : matches) {
+    out.append(text, prev, b - prev);
+    out += content;
+    prev = e;
+  }
+  out.append(text, prev, std::string::npos);
+  text = std::move(out);
+}
+
+// Normalizer::normalize's `origin` after `matches` of `text` are replaced by `replacement`.
+size_t replace_origin(const std::string& text,
+                      const std::vector<std::pair<size_t, size_t>>& matches,
+                      const std::string& replacement, size_t origin) {
+  // HF's NormalizedString::replace: replacement text takes the offsets of the last character
+  // it replaces, or of the one before an empty match (offset 0 at the very start, even when
+  // the first character had moved).
+  const size_t content = count_chars(replacement);
+  size_t in = 0;   // characters of `text` passed
+  size_t out = 0;  // leading characters of the result at offset 0
+  size_t prev = 0;
+  auto keep = [&](size_t n) {  // unmatched characters keep their offsets
+    const size_t take = origin > in ? std::min(n, origin - in) : 0;
+    out += take;
+    in += n;
+    return take == n;
+  };
+  for (const auto& [b, e] : matches) {
+    if (!keep(count_chars(std::string_view(text).substr(prev, b - prev)))) return out;
+    const size_t m = count_chars(std::string_view(text).substr(b, e - b));
+    const bool at_origin = m > 0 ? in + m - 1 < origin : (in == 0 || in - 1 < origin);
+    in += m;
+    prev = e;
+    if (content == 0) continue;
+    if (!at_origin) return out;
+    out += content;
+  }
+  keep(count_chars(std::string_view(text).substr(prev)));
+  return out;
 }
 
 }  // namespace
 
-void Normalizer::apply(const Step& s, std::string& text, bool* moved) {
+void Normalizer::apply(const Step& s, std::string& text) {
   switch (s.kind) {
     case Step::Kind::kPrepend:
       // HF prepends only to non-empty text.
@@ -226,20 +294,7 @@ void Normalizer::apply(const Step& s, std::string& text, bool* moved) {
     case Step::Kind::kReplace: {
       std::vector<std::pair<size_t, size_t>> matches;
       s.pattern.find_all(text, matches);
-      if (matches.empty()) break;
-      // A match removed from the start without replacement (an empty one inserts, and
-      // replacement text takes the original offsets of what it replaces).
-      if (matches[0].first == 0 && matches[0].second > 0 && s.content.empty()) *moved = true;
-      std::string out;
-      out.reserve(text.size());
-      size_t prev = 0;
-      for (const auto& [b, e] : matches) {
-        out.append(text, prev, b - prev);
-        out += s.content;
-        prev = e;
-      }
-      out.append(text, prev, std::string::npos);
-      text = std::move(out);
+      replace_matches(text, matches, s.content);
       break;
     }
     case Step::Kind::kUnicode:
@@ -249,17 +304,17 @@ void Normalizer::apply(const Step& s, std::string& text, bool* moved) {
       text = lowercase_chars(text);
       break;
     case Step::Kind::kStrip:
-      strip_spaces(text, s.left, s.right, moved);
+      strip_spaces(text, s.left, s.right);
       break;
     case Step::Kind::kStripAccents:
       text = filter_map(
-          text, [](char32_t c) { return !is_mark(c); }, same, moved);
+          text, [](char32_t c) { return !is_mark(c); }, same);
       break;
     case Step::Kind::kBert:
-      bert_normalize(text, s.clean_text, s.chinese_chars, s.strip_accents, s.lowercase, moved);
+      bert_normalize(text, s.clean_text, s.chinese_chars, s.strip_accents, s.lowercase);
       break;
     case Step::Kind::kNmt:
-      text = filter_map(text, nmt_keep, nmt_space, moved);
+      text = filter_map(text, nmt_keep, nmt_space);
       break;
     case Step::Kind::kByteLevel: {
       const auto& chars = byte_level_chars();
@@ -272,10 +327,45 @@ void Normalizer::apply(const Step& s, std::string& text, bool* moved) {
   }
 }
 
-void Normalizer::normalize(std::string& text, bool* start_moved) const {
-  bool moved = false;
-  for (const Step& s : steps_) apply(s, text, &moved);
-  if (start_moved != nullptr) *start_moved = moved;
+size_t Normalizer::origin_after(const Step& s, const std::string& text, size_t origin) {
+  switch (s.kind) {
+    case Step::Kind::kPrepend:
+      // The prepended text shares the first character's offset.
+      return text.empty() || origin == 0 ? origin : origin + count_chars(s.content);
+    case Step::Kind::kStrip: {
+      const auto [lead, trail] = strip_counts(text, s.left, s.right);
+      const size_t n = count_chars(text);
+      if (origin <= lead || lead + trail >= n) return 0;
+      return std::min(origin - lead, n - lead - trail);
+    }
+    default: {
+      // Every other step maps each character on its own (what it makes of one keeps its offset):
+      // the leading characters at offset 0 become what the step makes of them.
+      std::string prefix = text.substr(0, prefix_bytes(text, origin));
+      apply(s, prefix);
+      return count_chars(prefix);
+    }
+  }
+}
+
+void Normalizer::normalize(std::string& text, size_t* origin) const {
+  // HF's offsets are the piece's start in the input plus its alignments: a piece that does not
+  // begin the input never reaches offset 0.
+  const bool begins_input = origin != nullptr && *origin > 0;
+  std::vector<std::pair<size_t, size_t>> matches;
+  for (const Step& s : steps_) {
+    // Once the start has moved, only text a Replace inserts at the very start (an empty match
+    // there) is at offset 0 again.
+    const bool track = begins_input && (*origin > 0 || s.kind == Step::Kind::kReplace);
+    if (s.kind == Step::Kind::kReplace) {  // the matches serve both
+      s.pattern.find_all(text, matches);
+      if (track) *origin = replace_origin(text, matches, s.content, *origin);
+      replace_matches(text, matches, s.content);
+    } else {
+      if (track) *origin = origin_after(s, text, *origin);
+      apply(s, text);
+    }
+  }
 }
 
 }  // namespace ft::tokenizer

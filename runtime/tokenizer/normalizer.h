@@ -31,11 +31,10 @@ class Normalizer {
   // `normalizer` is the JSON value at `key` (not null). Sequences are flattened.
   Normalizer(const Json& normalizer, const std::string& key, const JsonFields& fields);
 
-  // Rewrites `text` (valid UTF-8) in place. `start_moved` (optional) is set when the result no
-  // longer begins with what was the text's first character (Strip, or a Replace, filter or
-  // StripAccents removing it): HF's offsets then say the text does not start at offset 0, which
-  // Metaspace's prepend_scheme "first" checks.
-  void normalize(std::string& text, bool* start_moved = nullptr) const;
+  // Rewrites `text` (valid UTF-8) in place. `origin` (optional; see Piece::origin_chars) is the
+  // number of leading characters at offset 0 of the original input, updated as HF's alignments
+  // would be: text prepended or inserted beside them joins them, removing them ends them.
+  void normalize(std::string& text, size_t* origin = nullptr) const;
 
  private:
   struct Step {
@@ -61,7 +60,9 @@ class Normalizer {
     bool lowercase = false;              // kBert
   };
   void parse(const Json& n, const std::string& key, const JsonFields& f);
-  static void apply(const Step& s, std::string& text, bool* moved);
+  static void apply(const Step& s, std::string& text);
+  // `origin` after `s` is applied to `text`.
+  static size_t origin_after(const Step& s, const std::string& text, size_t origin);
 
   std::vector<Step> steps_;
 };

@@ -181,7 +181,7 @@ void PreTokenizer::script_split(const Piece& piece, std::vector<Piece>& out) {
   for (size_t i = 0; i + 1 < cuts.size(); ++i) {
     if (cuts[i] == cuts[i + 1]) continue;
     out.push_back(
-        Piece{text.substr(cuts[i], cuts[i + 1] - cuts[i]), -1, piece.at_start && cuts[i] == 0});
+        Piece{text.substr(cuts[i], cuts[i + 1] - cuts[i]), -1, piece.origin_from(cuts[i])});
   }
 }
 
@@ -259,7 +259,7 @@ void PreTokenizer::split(const Piece& piece, const std::vector<std::pair<size_t,
   for (const Out& o : parts) {
     if (o.remove || o.begin == o.end) continue;
     out.push_back(
-        Piece{piece.text.substr(o.begin, o.end - o.begin), -1, piece.at_start && o.begin == 0});
+        Piece{piece.text.substr(o.begin, o.end - o.begin), -1, piece.origin_from(o.begin)});
   }
 }
 
@@ -283,7 +283,10 @@ void PreTokenizer::apply(const Step& step, const Piece& piece, std::vector<Piece
     case Step::Kind::kByteLevel: {
       Piece p = piece;
       // HF adds the space to every piece, not only the first one.
-      if (step.add_prefix_space && (p.text.empty() || p.text[0] != ' ')) p.text.insert(0, " ");
+      if (step.add_prefix_space && (p.text.empty() || p.text[0] != ' ')) {
+        p.text.insert(0, " ");
+        if (p.at_origin()) ++p.origin_chars;
+      }
       std::vector<Piece> words;
       if (step.use_regex) {
         gpt2_regex_->find_all(p.text, matches);
@@ -296,6 +299,8 @@ void PreTokenizer::apply(const Step& step, const Piece& piece, std::vector<Piece
         std::string mapped;
         mapped.reserve(w.text.size() * 2);
         for (const char c : w.text) mapped += chars[static_cast<unsigned char>(c)];
+        // Each byte becomes a character with the offset of the character it came from.
+        w.origin_chars = prefix_bytes(w.text, w.origin_chars);
         w.text = std::move(mapped);
         out.push_back(std::move(w));
       }
@@ -304,13 +309,15 @@ void PreTokenizer::apply(const Step& step, const Piece& piece, std::vector<Piece
 
     case Step::Kind::kMetaspace: {
       const MetaspaceOptions& m = step.metaspace;
-      Piece p{replace_all(piece.text, " ", m.replacement), -1, piece.at_start};
+      Piece p{replace_all(piece.text, " ", m.replacement), -1, piece.origin_chars};
       const bool starts = p.text.compare(0, m.replacement.size(), m.replacement) == 0;
-      // "first" prepends only to the piece that begins the input, so text after a special
-      // token gets no "▁" (the non-legacy Llama / Mistral behaviour).
+      // "first" prepends only to a piece that begins at offset 0 of the input, so text after a
+      // special token gets no "▁" (the non-legacy Llama / Mistral behaviour). The "▁" shares the
+      // first character's offset.
       if (!starts && (m.scheme == PrependScheme::kAlways ||
-                      (m.scheme == PrependScheme::kFirst && p.at_start))) {
+                      (m.scheme == PrependScheme::kFirst && p.at_origin()))) {
         p.text.insert(0, m.replacement);
+        if (p.at_origin()) ++p.origin_chars;
       }
       if (!m.split) {
         if (!p.text.empty()) out.push_back(std::move(p));

@@ -118,7 +118,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
                           " of " + std::to_string(text.size()) + ")");
   }
   std::vector<Piece> pieces;
-  if (!text.empty()) pieces.push_back(Piece{std::string(text), -1, true});
+  if (!text.empty()) pieces.push_back(Piece{std::string(text), -1, 1});
 
   // HF's AddedVocabulary::extract_and_normalize: tokens matched in the raw text first, then the
   // rest normalized and searched for the normalized tokens.
@@ -133,11 +133,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
       next.push_back(std::move(p));
       continue;
     }
-    if (m.normalizer) {
-      bool moved = false;
-      m.normalizer->normalize(p.text, &moved);
-      if (moved) p.at_start = false;
-    }
+    if (m.normalizer) m.normalizer->normalize(p.text, &p.origin_chars);
     if (m.added->has_tokens(true)) {
       m.added->split(p, true, next);
     } else if (!p.text.empty()) {

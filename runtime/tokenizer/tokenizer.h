@@ -1,6 +1,7 @@
 // Hugging Face tokenizer.json BPE tokenizers (Llama, Mistral, Qwen, Gemma, Phi, SmolLM, DeepSeek)
-// in C++, giving the same ids as HF `tokenizers`. A Tokenizer owns all its tables; encode/decode are const and
-// thread-safe (the word cache inside is guarded), so one instance can serve many data workers.
+// in C++, giving the same ids as HF `tokenizers`. A Tokenizer owns all its tables; encode/decode
+// are const and thread-safe (the word cache inside is guarded), so one instance can serve many data
+// workers.
 #pragma once
 
 #include <cstdint>

@@ -26,6 +26,21 @@ inline size_t utf8_len(unsigned char lead) {
   return 1;
 }
 
+// Number of characters of valid UTF-8 `s`.
+inline size_t count_chars(std::string_view s) {
+  size_t n = 0;
+  for (const char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+// Bytes taken by the first `n` characters of valid UTF-8 `s` (all of it if it has fewer).
+inline size_t prefix_bytes(std::string_view s, size_t n) {
+  size_t pos = 0;
+  for (size_t i = 0; i < n && pos < s.size(); ++i)
+    pos += utf8_len(static_cast<unsigned char>(s[pos]));
+  return pos;
+}
+
 // Decodes the code point at `pos` of valid UTF-8 `s`; stores its length in `*len`.
 char32_t decode_utf8(std::string_view s, size_t pos, size_t* len);
 

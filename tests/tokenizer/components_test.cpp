@@ -87,7 +87,7 @@ size_t check_group(const std::string& group) {
       }
       if (pre_tokenizer) {
         std::vector<Piece> pieces;
-        if (!text.empty()) pieces.push_back(Piece{text, -1, true});
+        if (!text.empty()) pieces.push_back(Piece{text, -1, 1});
         pre_tokenizer->pre_tokenize(pieces);
         std::vector<std::string> words;
         for (const Piece& p : pieces) words.push_back(p.text);
