@@ -20,5 +20,6 @@ Run add_eval(CLI::App& app);
 Run add_export(CLI::App& app);
 Run add_plan(CLI::App& app);
 Run add_data(CLI::App& app);
+Run add_doctor(CLI::App& app);
 
 }  // namespace ft::app

@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   runs["export"] = ft::app::add_export(app);
   runs["plan"] = ft::app::add_plan(app);
   runs["data"] = ft::app::add_data(app);
+  runs["doctor"] = ft::app::add_doctor(app);
 
   try {
     std::vector<std::string> rev(args.rbegin(), args.rend());

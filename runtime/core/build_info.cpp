@@ -41,9 +41,13 @@ void probe_gpus(BuildInfo& b) {
   int n = 0;
   if (init && count && init(0) == 0 && count(&n) == 0 && n > 0) {
     b.cuda_devices = n;
-    int dev = 0;
-    char buf[256] = {0};
-    if (get && name && get(&dev, 0) == 0 && name(buf, sizeof buf - 1, dev) == 0) b.gpu_name = buf;
+    for (int i = 0; i < n; ++i) {
+      int dev = 0;
+      char buf[256] = {0};
+      const bool named = get && name && get(&dev, i) == 0 && name(buf, sizeof buf - 1, dev) == 0;
+      b.gpu_names.push_back(named ? buf : "");
+    }
+    b.gpu_name = b.gpu_names.front();
   }
   void* nccl = open_first(
       {"libnccl.so.2", std::string(FT_TORCH_LIB_DIR) + "/../../nvidia/nccl/lib/libnccl.so.2"});

@@ -12,4 +12,19 @@ at::ScalarType parse_dtype(const std::string& name, const std::string& key) {
   return at::kFloat;
 }
 
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16:
+      return "bf16";
+    case at::kHalf:
+      return "fp16";
+    case at::kDouble:
+      return "fp64";
+    case at::kFloat:
+      return "fp32";
+    default:
+      return c10::toString(t);
+  }
+}
+
 }  // namespace ft

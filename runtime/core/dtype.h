@@ -13,4 +13,7 @@ namespace ft {
 // is a ConfigError naming `key` (the setting or flag that held it) and the value.
 at::ScalarType parse_dtype(const std::string& name, const std::string& key = "precision.mode");
 
+// The name of one of those dtypes ("bf16"); LibTorch's own name for any other.
+std::string dtype_name(at::ScalarType t);
+
 }  // namespace ft

@@ -662,6 +662,28 @@ double Engine::global_sq_norm(double sharded_sq, double replicated_sq) {
   return sharded_sq + replicated_sq;
 }
 
+std::vector<double> Engine::all_gather_values(const std::vector<double>& values) {
+  if (world_size_ == 1) return values;
+  const auto opts = at::TensorOptions().dtype(at::kDouble);
+  const auto n = static_cast<int64_t>(values.size());
+  at::Tensor mine = at::from_blob(const_cast<double*>(values.data()), {n}, opts)
+                        .to(options_.device, /*non_blocking=*/false, /*copy=*/true);
+  std::vector<at::Tensor> outs;
+  for (int r = 0; r < world_size_; ++r)
+    outs.push_back(at::empty({n}, opts.device(options_.device)));
+  std::vector<std::vector<at::Tensor>> out_lists{outs};
+  std::vector<at::Tensor> in{mine};
+  auto w = backend(groups_.world).allgather(out_lists, in);
+  wait(*w);
+  acc_.scalar_collectives++;
+  std::vector<double> all;
+  for (const auto& t : out_lists[0]) {
+    const at::Tensor h = t.cpu();
+    all.insert(all.end(), h.data_ptr<double>(), h.data_ptr<double>() + n);
+  }
+  return all;
+}
+
 std::vector<std::pair<std::string, std::vector<int64_t>>> Engine::parameter_shapes() const {
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
   for (const auto& u : units_)

@@ -161,6 +161,9 @@ class Engine : public model::UnitHooks {
   double max_over_ranks(double v);
   // Global squared gradient norm from this rank's sharded and replicated parts.
   double global_sq_norm(double sharded_sq, double replicated_sq);
+  // Every rank's `values` (each rank passes as many), in rank order: one all-gather over all
+  // ranks (counted as a scalar collective, its wait as communication).
+  std::vector<double> all_gather_values(const std::vector<double>& values);
 
   // Every parameter's name and shape in the engine's order (units, groups, members).
   std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes() const;
@@ -172,6 +175,8 @@ class Engine : public model::UnitHooks {
   at::Tensor full_on_rank0(const std::string& name);
 
   Accounting take_accounting();
+  // Seconds blocked on communication since the last take_accounting(), without taking it.
+  double comm_wait_s() const { return acc_.comm_wait_s; }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   const EngineOptions& options() const { return options_; }

@@ -99,6 +99,15 @@ void MetricsLog::write(const StepRecord& r) {
       {"skipped_total", s.skipped_total},
       {"loss_scale", s.loss_scale},
       {"samples", r.samples_consumed},
+      {"time",
+       {{"data_s", r.times.data_s},
+        {"compute_s", r.times.compute_s},
+        {"comm_s", r.times.comm_s},
+        {"optimizer_s", r.times.optimizer_s},
+        {"checkpoint_s", r.times.checkpoint_s},
+        {"other_s", r.times.other_s}}},
+      {"flops", r.flops},
+      {"mfu", r.mfu()},
       {"memory",
        {{"param_bytes", r.memory.param_bytes},
         {"grad_bytes", r.memory.grad_bytes},
@@ -118,6 +127,10 @@ void MetricsLog::write(const StepRecord& r) {
         {"all_reduce_bytes", r.memory.engine.all_reduce_bytes},
         {"scalar_collectives", r.memory.engine.scalar_collectives},
         {"wait_s", r.memory.engine.comm_wait_s}}}};
+  if (r.ranks.known)
+    j["ranks"] = {{"busy_median_s", r.ranks.busy_median_s},
+                  {"busy_max_s", r.ranks.busy_max_s},
+                  {"slowest_rank", r.ranks.slowest_rank}};
   if (r.memory.on_gpu) {
     nlohmann::json& m = j["memory"];
     m["cuda_allocated_bytes"] = r.memory.gpu_allocated_bytes;
@@ -139,9 +152,11 @@ void Progress::update(const StepRecord& r) {
   const auto& s = r.stats;
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   double eta = s.step > 0 ? elapsed / s.step * (total_ - s.step) : 0;
-  std::string text = fmt::format("step {}/{} loss {:.4f} lr {:.2e} grad_norm {:.3f} {:.0f} tok/s{}",
-                                 s.step, total_, s.loss, s.lr, s.grad_norm, r.tokens_per_s,
-                                 s.skipped ? " (fp16 overflow: step skipped)" : "");
+  std::string text = fmt::format(
+      "step {}/{} loss {:.4f} lr {:.2e} grad_norm {:.3f} {:.0f} tok/s MFU {:.1f}% comm {:.0f}%{}",
+      s.step, total_, s.loss, s.lr, s.grad_norm, r.tokens_per_s, 100 * r.mfu(),
+      100 * r.times.comm_s / std::max(r.step_time_s, 1e-12),
+      s.skipped ? " (fp16 overflow: step skipped)" : "");
   if (tty_) {
     const int width = 24;
     int filled = total_ > 0 ? static_cast<int>(width * s.step / total_) : 0;

@@ -12,9 +12,38 @@
 
 namespace ft::train {
 
+// Where one optimizer step's wall time went on this rank, seconds. The parts add up to the step
+// time: other_s is what none of them covers (the profiler, logging, the loop).
+struct StepTimes {
+  double data_s = 0;        // waiting for the step's micro-batches (and moving them to the device)
+  double compute_s = 0;     // forward and backward, less the waits on communication inside them
+  double comm_s = 0;        // exposed communication: blocked on collectives, including waiting for
+                            // slower ranks (what overlap did not hide)
+  double optimizer_s = 0;   // unscaling, clipping and AdamW, less the waits on communication
+  double checkpoint_s = 0;  // the checkpointer: its per-step agreement, copies and saves when due
+  double other_s = 0;
+  // This rank's own work: the step less exposed communication (what finds a straggler).
+  double busy_s() const { return data_s + compute_s + optimizer_s + checkpoint_s + other_s; }
+};
+
+// Over all ranks, on rank 0's record (world size > 1).
+struct RanksSummary {
+  bool known = false;
+  double busy_median_s = 0;  // the ranks' median busy time
+  double busy_max_s = 0;
+  int slowest_rank = 0;
+};
+
 struct StepRecord {
   StepStats stats;
-  double step_time_s = 0;
+  double step_time_s = 0;  // the whole iteration: data to checkpoint (StepTimes)
+  StepTimes times;
+  double flops = 0;         // model FLOPs of this rank's step (model/flops.h), its input tokens
+  double peak_flops_s = 0;  // the device's peak it is measured against (train/device_peak.h)
+  double mfu() const {
+    return peak_flops_s > 0 && step_time_s > 0 ? flops / step_time_s / peak_flops_s : 0;
+  }
+  RanksSummary ranks;
   int64_t input_tokens = 0;  // non-padding tokens processed this step (this rank)
   double tokens_per_s = 0;   // input_tokens / step_time_s
   MemoryStats memory;
@@ -51,12 +80,13 @@ int64_t peak_rss_bytes();
 // Resident set size of this process now (VmRSS), bytes.
 int64_t rss_bytes();
 // Resets the peak resident size to the current one (Linux: "5" into /proc/self/clear_refs), so
-// peak_rss_bytes() measures one phase. False where the kernel refuses (then the peak is since start).
+// peak_rss_bytes() measures one phase. False where the kernel refuses (then the peak is since
+// start).
 bool reset_peak_rss();
 
 // How this rank loaded its parameters: written to load.rank<k>.json in the output directory.
 struct LoadRecord {
-  std::string source;            // "files" or "random init"
+  std::string source;  // "files" or "random init"
   double seconds = 0;
   int64_t bytes_read = 0;        // from the safetensors files (this rank's slices)
   int64_t param_bytes = 0;       // resident parameter bytes afterwards (the engine's accounting)

@@ -8,12 +8,14 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <thread>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/checkpointer.h"
 #include "comm/dist_env.h"
 #include "comm/process_group.h"
+#include "core/build_info.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/strings.h"
@@ -21,13 +23,16 @@
 #include "cuda/loader.h"
 #include "data/jsonl_source.h"
 #include "data/synthetic.h"
+#include "model/flops.h"
 #include "model/llama.h"
 #include "model/lora.h"
 #include "parallel/strategy.h"
+#include "train/device_peak.h"
 #include "train/final_save.h"
 #include "train/metrics.h"
 #include "train/profile.h"
 #include "train/saved_model.h"
+#include "train/stragglers.h"
 #include "train/train_state.h"
 #include "train/trainer.h"
 #include "train/weights.h"
@@ -156,6 +161,30 @@ void check_data_and_length(const RunOptions& o) {
            "train.max_steps (optimizer steps) or train.epochs (passes over --data)");
 }
 
+// FT_FAULT_STEP_DELAY=RANK:SECONDS: that rank sleeps SECONDS while fetching each step's data, a
+// straggler for the tests (docs/training.md); 0 for every other rank and when unset.
+double fault_delay(int rank) {
+  const char* v = std::getenv("FT_FAULT_STEP_DELAY");
+  if (!v || !*v) return 0;
+  const std::string text(v);
+  const size_t colon = text.find(':');
+  try {
+    FT_CHECK(colon != std::string::npos, "");
+    const int r = std::stoi(text.substr(0, colon));
+    const double s = std::stod(text.substr(colon + 1));
+    FT_CHECK(s >= 0 && s < 3600, "");
+    return r == rank ? s : 0;
+  } catch (const std::exception&) {
+    throw ConfigError("FT_FAULT_STEP_DELAY must be RANK:SECONDS (a test's straggler), got '" +
+                      text + "'");
+  }
+}
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
 // One run of `ft train` on this rank (torchtitan's trainer: build the components, then train).
 // The constructor builds in the order the inputs are checked, and nothing is written before every
 // input has been; train() is the loop; save_final() writes final/. Collectives run in the same
@@ -189,6 +218,9 @@ class TrainingRun {
   ckpt::CheckpointerOptions checkpointer_options();
   void print_start() const;
   StepRecord step(ckpt::Checkpointer& checkpointer);
+  double step_flops(const std::vector<data::Batch>& mbs);
+  void measure_peak();
+  void compare_ranks(StepRecord& r, StragglerWatch& watch);
   void report_progress();
   parallel::ParamSource with_progress(parallel::ParamSource inner, size_t tensors) const;
 
@@ -216,6 +248,8 @@ class TrainingRun {
   std::unique_ptr<ckpt::Checkpoint> ck_;       // resumed from; null for a fresh start
   LoadRecord load_;
   std::unique_ptr<Trainer> trainer_;
+  PeakFlops peak_;            // the device's matmul peak MFU is measured against
+  double fault_delay_s_ = 0;  // FT_FAULT_STEP_DELAY: a test's straggler (fault_delay())
   std::chrono::steady_clock::time_point next_progress_ = std::chrono::steady_clock::now();
 };
 
@@ -408,6 +442,7 @@ void TrainingRun::write_run_files() {
 void TrainingRun::build_trainer() {
   trainer_ = std::make_unique<Trainer>(*model_, train_options(s_.train, s_.precision, total_steps_),
                                        *engine_);
+  fault_delay_s_ = fault_delay(env_.rank);
   // LoRA dropout draws from LibTorch's default generators, which start from a random seed in each
   // process: seeding them makes a run with dropout repeat exactly.
   at::manual_seed(s_.train.seed);
@@ -473,22 +508,63 @@ void TrainingRun::print_start() const {
   std::fflush(stdout);
 }
 
+// The model FLOPs of this rank's micro-batches: each one's input tokens at its own length.
+double TrainingRun::step_flops(const std::vector<data::Batch>& mbs) {
+  double flops = 0;
+  for (const auto& b : mbs) {
+    const auto f = model::training_flops(
+        mc_, b.input_ids.size(1),
+        s_.lora.enabled ? lora_config_.target_modules : std::vector<std::string>{}, lora_config_.r);
+    flops += f.per_token() * static_cast<double>(b.input_tokens());
+  }
+  return flops;
+}
+
+// The device's peak, measured by every rank at once (a barrier first, so that ranks sharing a
+// CPU measure their share of it, as they will train).
+void TrainingRun::measure_peak() {
+  if (env_.world_size > 1) engine_->sum_over_ranks(0);
+  const BuildInfo info = build_info(device_.is_cuda());
+  const std::string name =
+      device_.is_cuda() && device_.index() < static_cast<int>(info.gpu_names.size())
+          ? info.gpu_names[device_.index()]
+          : "";
+  peak_ = device_peak(device_, dtype_, name);
+  if (rank0_)
+    fmt::print("ft train: MFU against {:.3g} TFLOP/s ({})\n", peak_.flops_per_s / 1e12, peak_.from);
+}
+
 // One optimizer step: grad_accum micro-batches forward and backward, the update, and what it
-// cost.
+// cost, part by part (the checkpointer's turn after the update is timed by train()).
 StepRecord TrainingRun::step(ckpt::Checkpointer& checkpointer) {
-  const auto t0 = std::chrono::steady_clock::now();
+  StepRecord r;
+  const auto t0 = Clock::now();
+  const double comm0 = engine_->comm_wait_s();
   std::vector<data::Batch> mbs;
   for (int64_t i = 0; i < s_.train.grad_accum; ++i) mbs.push_back(source_->next().to(device_));
-  StepRecord r;
+  if (fault_delay_s_ > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double>(fault_delay_s_));
+  r.times.data_s = seconds_since(t0);
+  const auto t1 = Clock::now();
   r.stats = trainer_->compute_gradients(mbs);
+  const double comm1 = engine_->comm_wait_s();
+  r.times.compute_s = seconds_since(t1) - (comm1 - comm0);
   // An async checkpoint copies the state while forward and backward ran; the update waits for it.
+  const auto t2 = Clock::now();
   checkpointer.before_update();
+  r.times.checkpoint_s = seconds_since(t2);
+  const auto t3 = Clock::now();
+  const double comm2 = engine_->comm_wait_s();
   r.stats = trainer_->apply_update(r.stats);
   // The optimizer's kernels are still queued on a GPU: the step ends when they have run.
   if (device_.is_cuda()) cuda::api().synchronize(device_.index());
-  r.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double comm3 = engine_->comm_wait_s();
+  r.times.optimizer_s = seconds_since(t3) - (comm3 - comm2);
+  r.times.comm_s = (comm1 - comm0) + (comm3 - comm2);
+  r.step_time_s = seconds_since(t0);
   for (const auto& b : mbs) r.input_tokens += b.input_tokens();
-  r.tokens_per_s = static_cast<double>(r.input_tokens) / std::max(r.step_time_s, 1e-9);
+  r.flops = step_flops(mbs);
+  r.peak_flops_s = peak_.flops_per_s;
   r.memory = trainer_->memory();
   if (device_.is_cuda()) {
     const cuda::DeviceMemory m = cuda::api().memory(device_.index(), /*reset_peak=*/true);
@@ -500,6 +576,35 @@ StepRecord TrainingRun::step(ckpt::Checkpointer& checkpointer) {
   r.peak_rss_bytes = peak_rss_bytes();
   r.samples_consumed = source_->samples_consumed();
   return r;
+}
+
+// Every rank's busy time of the step so far (r.step_time_s less its exposed communication),
+// shared (one small all-gather), for the straggler watch and rank 0's record; the all-gather's wait
+// counts as communication.
+void TrainingRun::compare_ranks(StepRecord& r, StragglerWatch& watch) {
+  if (env_.world_size == 1) return;
+  const double comm0 = engine_->comm_wait_s();
+  const double busy = r.step_time_s - r.times.comm_s;
+  const std::vector<double> all =
+      engine_->all_gather_values({busy, static_cast<double>(env_.node_rank),
+                                  device_.is_cuda() ? double(device_.index()) : -1});
+  r.times.comm_s += engine_->comm_wait_s() - comm0;
+  if (!rank0_) return;
+  std::vector<double> busy_s;
+  std::vector<RankPlace> places;
+  for (int k = 0; k < env_.world_size; ++k) {
+    busy_s.push_back(all[3 * k]);
+    const int dev = static_cast<int>(all[3 * k + 2]);
+    places.push_back(
+        {k, static_cast<int>(all[3 * k + 1]), dev < 0 ? "cpu" : fmt::format("cuda:{}", dev)});
+  }
+  r.ranks.known = true;
+  r.ranks.busy_median_s = lower_median(busy_s);
+  const auto slowest = std::max_element(busy_s.begin(), busy_s.end());
+  r.ranks.busy_max_s = *slowest;
+  r.ranks.slowest_rank = static_cast<int>(slowest - busy_s.begin());
+  for (const auto& w : watch.observe(r.stats.step, busy_s, places))
+    fmt::print(stderr, "ft train: warning: {}\n", w);
 }
 
 // Progress for the launcher's hang detection (--hang-timeout): at most once a second.
@@ -525,11 +630,44 @@ RunSummary TrainingRun::train() {
   RunSummary sum;
   StepProfiler profiler(trainer_->steps() + 4, rank0_ ? s_.output.profile_steps : 0, total_steps_,
                         device_.is_cuda(), o_.output_dir);
+  measure_peak();
+  StragglerWatch stragglers;
   while (trainer_->steps() < total_steps_) {
+    const auto t0 = Clock::now();
     profiler.before_step(trainer_->steps() + 1);
     checkpointer.running(trainer_->steps() + 1);
-    const StepRecord r = step(checkpointer);
+    StepRecord r = step(checkpointer);
     profiler.after_step(trainer_->steps());
+    report_progress();
+    const auto t1 = Clock::now();
+    const double comm0 = engine_->comm_wait_s();
+    const auto checkpoint_done = [&] {
+      const double ckpt_comm = engine_->comm_wait_s() - comm0;
+      r.times.checkpoint_s += seconds_since(t1) - ckpt_comm;
+      r.times.comm_s += ckpt_comm;
+      r.step_time_s = seconds_since(t0);
+      r.times.other_s = r.step_time_s - r.times.data_s - r.times.compute_s - r.times.comm_s -
+                        r.times.optimizer_s - r.times.checkpoint_s;
+    };
+    bool stop = false;
+    try {
+      stop = checkpointer.after_step(trainer_->steps(), total_steps_, [&] {
+        return make_snapshot(*engine_, *trainer_, *source_, record, env_.rank);
+      });
+    } catch (...) {
+      // A save that failed stops the run: the step it followed is trained and recorded first.
+      checkpoint_done();
+      log.write(r);
+      rank_log.write(r);
+      throw;
+    }
+    checkpoint_done();
+    compare_ranks(r, stragglers);  // (on the step time so far)
+    // The whole iteration is the step; what the parts do not cover is "other".
+    r.step_time_s = seconds_since(t0);
+    r.times.other_s = r.step_time_s - r.times.data_s - r.times.compute_s - r.times.comm_s -
+                      r.times.optimizer_s - r.times.checkpoint_s;
+    r.tokens_per_s = static_cast<double>(r.input_tokens) / std::max(r.step_time_s, 1e-9);
     log.write(r);
     rank_log.write(r);
     if (rank0_) progress.update(r);
@@ -539,10 +677,7 @@ RunSummary TrainingRun::train() {
       sum.steps = r.stats.step;
     }
     sum.skipped_steps = r.stats.skipped_total;
-    report_progress();
-    if (checkpointer.after_step(trainer_->steps(), total_steps_, [&] {
-          return make_snapshot(*engine_, *trainer_, *source_, record, env_.rank);
-        })) {
+    if (stop) {
       if (rank0_)
         fmt::print(stderr,
                    "ft train: stopped after step {} on {}; checkpoint written to {}; run the "

@@ -4,6 +4,8 @@
 // gone, no connection is reset. Needs root (CAP_NET_ADMIN, `ip netns`); elsewhere each test prints
 // SKIP and exits 77, which CTest shows as skipped, never passed. The namespaces share the file
 // system, as nodes share the output directory of a job.
+#include "support/netns.h"
+
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -22,93 +24,6 @@ using namespace ft::test;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// start() runs a program by its path.
-constexpr const char* kIp = "/usr/sbin/ip";
-
-struct Shell {
-  int code = -1;
-  std::string out;
-};
-
-// Runs `cmd` with sh; its exit code and output (stdout and stderr).
-Shell sh(const std::string& cmd) {
-  Shell r;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[512];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-void must(const std::string& cmd) {
-  const Shell r = sh(cmd);
-  INFO(cmd << "\n" << r.out);
-  REQUIRE(r.code == 0);
-}
-
-// Skips the test visibly (CTest's SKIP_RETURN_CODE 77) unless network namespaces can be made.
-void require_netns() {
-  std::string why;
-  if (::access(kIp, X_OK) != 0) {
-    why = std::string(kIp) + " not found (Debian's iproute2)";
-  } else if (::geteuid() != 0) {
-    why = "not root (ip netns needs CAP_NET_ADMIN)";
-  } else {
-    const std::string probe = "ftprobe" + std::to_string(::getpid());
-    const Shell r = sh("ip netns add " + probe + " && ip netns del " + probe);
-    if (r.code != 0) why = "`ip netns add` failed: " + r.out;
-  }
-  if (!why.empty()) skip_test("network namespaces are not available here: " + why);
-}
-
-// `nodes` namespaces on one bridge; node i has address 10.77.0.(i+1). Removed on destruction, with
-// their links.
-class Network {
- public:
-  explicit Network(int nodes) : tag_("ft" + std::to_string(::getpid())), nodes_(nodes) {
-    must("ip netns add " + sw());
-    must("ip -n " + sw() + " link set lo up");
-    must("ip -n " + sw() + " link add br0 type bridge");
-    must("ip -n " + sw() + " link set br0 up");
-    for (int i = 0; i < nodes; ++i) {
-      must("ip netns add " + ns(i));
-      must("ip link add " + tag_ + "e" + std::to_string(i) + " netns " + ns(i) +
-           " type veth peer name " + port(i) + " netns " + sw());
-      must("ip -n " + sw() + " link set " + port(i) + " master br0 up");
-      must("ip -n " + ns(i) + " addr add " + addr(i) + "/24 dev " + tag_ + "e" + std::to_string(i));
-      must("ip -n " + ns(i) + " link set " + tag_ + "e" + std::to_string(i) + " up");
-      must("ip -n " + ns(i) + " link set lo up");
-    }
-  }
-  ~Network() {
-    for (int i = 0; i < nodes_; ++i) sh("ip netns del " + ns(i));
-    sh("ip netns del " + sw());
-  }
-  Network(const Network&) = delete;
-  Network& operator=(const Network&) = delete;
-
-  std::string addr(int i) const { return "10.77.0." + std::to_string(i + 1); }
-  // `argv` run on node i.
-  std::vector<std::string> on(int i, const std::vector<std::string>& argv) const {
-    std::vector<std::string> v = {kIp, "netns", "exec", ns(i)};
-    v.insert(v.end(), argv.begin(), argv.end());
-    return v;
-  }
-  // Node i's switch port down (its packets are dropped) or up again.
-  void link(int i, bool up) {
-    must("ip -n " + sw() + " link set " + port(i) + (up ? " up" : " down"));
-  }
-
- private:
-  std::string ns(int i) const { return tag_ + "n" + std::to_string(i); }
-  std::string sw() const { return tag_ + "sw"; }
-  std::string port(int i) const { return tag_ + "p" + std::to_string(i); }
-  std::string tag_;
-  int nodes_;
-};
 
 // The job tests' small model (runs.h), a checkpoint every 3 steps, one step per metrics line.
 std::vector<std::string> train(const std::string& out, int steps) {

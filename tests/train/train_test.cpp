@@ -9,9 +9,11 @@
 #include "parallel/strategy.h"
 #include "support/catch_torch.h"
 #include "support/numerics.h"
+#include "train/device_peak.h"
 #include "train/optimizer.h"
 #include "train/run.h"
 #include "train/schedule.h"
+#include "train/stragglers.h"
 #include "train/trainer.h"
 
 using namespace ft;
@@ -270,4 +272,47 @@ TEST_CASE("AdamW equals LibTorch's fused AdamW within rounding", "[unit]") {
       CHECK(adam.steps() == 5);
     }
   }
+}
+
+TEST_CASE("straggler watch: 1.5x the other ranks' median for 10 steps in a row, named once") {
+  using ft::train::RankPlace;
+  ft::train::StragglerWatch watch;
+  const std::vector<RankPlace> places = {{0, 0, "cpu"}, {1, 0, "cpu"}, {2, 1, "cuda:0"}};
+  // Rank 2 at 2x for 9 steps, then a normal step: the run starts again.
+  for (int s = 1; s <= 9; ++s) CHECK(watch.observe(s, {0.1, 0.1, 0.2}, places).empty());
+  CHECK(watch.observe(10, {0.1, 0.1, 0.1}, places).empty());
+  for (int s = 11; s <= 19; ++s) CHECK(watch.observe(s, {0.1, 0.11, 0.2}, places).empty());
+  const auto w = watch.observe(20, {0.1, 0.11, 0.2}, places);
+  REQUIRE(w.size() == 1);
+  CHECK_THAT(w[0], Catch::Contains("rank 2 (node 1, cuda:0)") && Catch::Contains("200.0 ms") &&
+                       Catch::Contains("10 steps up to step 20"));
+  // Named once.
+  for (int s = 21; s <= 40; ++s) CHECK(watch.observe(s, {0.1, 0.11, 0.2}, places).empty());
+  // 1.4x is not a straggler; nor is 2x of a step too short to matter (under 5 ms more).
+  ft::train::StragglerWatch near;
+  for (int s = 1; s <= 30; ++s) CHECK(near.observe(s, {0.1, 0.1, 0.14}, places).empty());
+  for (int s = 1; s <= 30; ++s) CHECK(near.observe(s, {0.002, 0.002, 0.004}, places).empty());
+  // Two ranks: each against the other.
+  ft::train::StragglerWatch two;
+  std::vector<std::string> got;
+  for (int s = 1; s <= 10; ++s)
+    for (auto& m : two.observe(s, {0.3, 0.1}, {{0, 0, "cpu"}, {1, 1, "cpu"}})) got.push_back(m);
+  REQUIRE(got.size() == 1);
+  CHECK_THAT(got[0], Catch::Contains("rank 0 (node 0, cpu)"));
+}
+
+TEST_CASE("device peaks: known GPUs by the driver's name, dense bf16, others measured") {
+  using ft::train::known_gpu_peak;
+  CHECK(known_gpu_peak("NVIDIA H100 80GB HBM3", at::kBFloat16) == 989e12);
+  CHECK(known_gpu_peak("NVIDIA H100 PCIe", at::kBFloat16) == 756e12);
+  CHECK(known_gpu_peak("NVIDIA H100 NVL", at::kHalf) == 835e12);
+  CHECK(known_gpu_peak("NVIDIA A100-SXM4-80GB", at::kBFloat16) == 312e12);
+  CHECK(known_gpu_peak("NVIDIA L4", at::kBFloat16) == 121e12);
+  CHECK(known_gpu_peak("NVIDIA L40S", at::kBFloat16) == 362e12);
+  CHECK(known_gpu_peak("NVIDIA H100 80GB HBM3", at::kFloat) == 0);  // fp32: measured
+  CHECK(known_gpu_peak("Tesla V100-SXM2-16GB", at::kBFloat16) == 0);
+  CHECK(known_gpu_peak("NVIDIA GeForce RTX 2080", at::kBFloat16) == 0);
+  const auto p = ft::train::measure_matmul(at::kCPU, at::kFloat, 128, 0.02);
+  CHECK(p.flops_per_s > 1e8);  // any CPU of this decade
+  CHECK_THAT(p.from, Catch::Contains("128^3 fp32 matmuls on cpu"));
 }

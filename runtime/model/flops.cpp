@@ -1,0 +1,54 @@
+#include "model/flops.h"
+
+#include "core/error.h"
+
+namespace ft::model {
+
+namespace {
+
+// Input and output width of one of a layer's projections.
+std::pair<int64_t, int64_t> projection_shape(const LlamaConfig& c, const std::string& name) {
+  const int64_t d = c.hidden_size, q = c.num_attention_heads * c.head_dim,
+                kv = c.num_key_value_heads * c.head_dim, i = c.intermediate_size;
+  if (name == "q_proj") return {d, q};
+  if (name == "k_proj" || name == "v_proj") return {d, kv};
+  if (name == "o_proj") return {q, d};
+  if (name == "gate_proj" || name == "up_proj") return {d, i};
+  if (name == "down_proj") return {i, d};
+  throw ConfigError("FLOP count: unknown projection '" + name + "'");
+}
+
+constexpr const char* kProjections[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                        "gate_proj", "up_proj", "down_proj"};
+
+}  // namespace
+
+FlopCount training_flops(const LlamaConfig& c, int64_t context,
+                         const std::vector<std::string>& lora_targets, int64_t lora_r) {
+  FlopCount f;
+  int64_t layer = 0;
+  for (const char* p : kProjections) {
+    const auto [in, out] = projection_shape(c, p);
+    layer += in * out;
+  }
+  f.matmul_weights = c.num_hidden_layers * layer + c.hidden_size * c.vocab_size;  // + the head
+  for (const auto& t : lora_targets) {
+    const auto [in, out] = projection_shape(c, t);
+    f.adapter_weights += c.num_hidden_layers * lora_r * (in + out);
+  }
+  // Q K^T and scores x V: 2 x heads x head_dim x context FLOPs each, per token and layer.
+  const double attn_forward = 4.0 * static_cast<double>(c.num_hidden_layers) *
+                              static_cast<double>(c.num_attention_heads * c.head_dim) *
+                              static_cast<double>(context);
+  const double n = static_cast<double>(f.matmul_weights),
+               a = static_cast<double>(f.adapter_weights);
+  const bool lora = !lora_targets.empty();
+  f.forward = 2 * n + 2 * a + attn_forward;
+  // Backward: each product's input gradient (2 per weight) and, for trained weights, the weight's
+  // gradient (2 more); attention has no weights, both of its operands get gradients.
+  f.backward = (lora ? 2 * n : 4 * n) + 4 * a + 2 * attn_forward;
+  f.attention = 3 * attn_forward;
+  return f;
+}
+
+}  // namespace ft::model
