@@ -31,6 +31,13 @@ std::string human_bytes(int64_t bytes) {
   return fmt::format("{:.1f} {}", v, units[u]);
 }
 
+std::string human_seconds(double s) {
+  if (s < 10) return fmt::format("{:.1f} ms", s * 1e3);
+  if (s < 600) return fmt::format("{:.2f} s", s);
+  if (s < 3 * 3600) return fmt::format("{:.1f} min", s / 60);
+  return fmt::format("{:.1f} h", s / 3600);
+}
+
 void append_utf8(char32_t cp, std::string& out) {
   if (cp < 0x80) {
     out += static_cast<char>(cp);

@@ -194,12 +194,11 @@ std::string curves_text(const Curves& cs) {
   return o;
 }
 
-// The bus bandwidth of the largest all-reduce measured.
-double peak_busbw(const Curves& cs) {
-  double best = 0;
-  for (size_t i = 0; i < cs.all_reduce.bytes.size(); ++i)
-    best = std::max(best, busbw(cs.all_reduce, i, Op::kAllReduce, cs.ranks));
-  return best;
+// The bus bandwidth of the largest all-reduce measured: what the path sustains (a small one may
+// ride a burst, a token bucket's or a switch's buffer).
+double sustained_busbw(const Curves& cs) {
+  if (cs.all_reduce.bytes.empty()) return 0;
+  return busbw(cs.all_reduce, cs.all_reduce.bytes.size() - 1, Op::kAllReduce, cs.ranks);
 }
 
 json curves_json(const Curves& cs) {
@@ -267,7 +266,7 @@ ProbeRun probe_layers(const config::Settings& s, const model::LlamaConfig& base,
 // The whole model's figures from probes of 1 and 2 layers (or the model itself when it has at
 // most 2): the head and embedding cost what 1 layer's probe costs beyond a layer.
 ComputeProbe probe(const config::Settings& s, const model::LlamaConfig& mc,
-                   const std::string& model_dir, const at::Device& dev) {
+                   const std::string& model_dir, const at::Device& dev, double matmul_flops_s) {
   ComputeProbe p;
   const int64_t L = mc.num_hidden_layers;
   p.flops_per_token =
@@ -275,6 +274,36 @@ ComputeProbe probe(const config::Settings& s, const model::LlamaConfig& mc,
                             s.lora.enabled ? s.lora.target_modules : std::vector<std::string>{},
                             s.lora.r)
           .per_token();
+  // The probe holds 2 layers, the embedding and the head with their gradients, masters and AdamW
+  // state (about 20 B per parameter) and one micro-batch's activations: where that would take
+  // more than half of what this device has free, compute is estimated from the matmul peak
+  // instead (at 50% of it, a typical training MFU), and says so.
+  model::LlamaConfig probed = mc;
+  probed.num_hidden_layers = std::min<int64_t>(L, 2);
+  const double probe_bytes = 20.0 * static_cast<double>(probed.num_parameters()) +
+                             4.0 * static_cast<double>(s.train.micro_batch * s.data.seq_len) *
+                                 static_cast<double>(mc.vocab_size + 16 * mc.hidden_size);
+  const plan::Machine machine = plan::probe_machine("");
+  const double free_bytes =
+      static_cast<double>(dev.is_cuda() ? machine.gpu_free : machine.host_available);
+  if (free_bytes > 0 && probe_bytes > 0.5 * free_bytes) {
+    const double tokens = static_cast<double>(s.train.micro_batch * s.data.seq_len);
+    p.fwd_bwd_s = p.flops_per_token * tokens / (0.5 * matmul_flops_s);
+    // AdamW reads and writes about 16 B per trained element; at 10 GB/s on a CPU, 1 TB/s on a GPU.
+    int64_t trained = mc.num_parameters();
+    if (s.lora.enabled) {
+      const auto f = model::training_flops(mc, s.data.seq_len, s.lora.target_modules, s.lora.r);
+      trained = f.adapter_weights;
+    }
+    p.trained = trained;
+    p.optimizer_s = 32.0 * static_cast<double>(trained) / (dev.is_cuda() ? 1e12 : 1e10);
+    p.from = fmt::format(
+        "estimated, not measured: probing 2 layers needs about {} and this device has {} free; "
+        "compute at 50% of the measured matmul peak",
+        human_bytes(static_cast<int64_t>(probe_bytes)),
+        human_bytes(static_cast<int64_t>(free_bytes)));
+    return p;
+  }
   if (L <= 2) {
     const ProbeRun r = probe_layers(s, mc, model_dir, L, dev);
     p.fwd_bwd_s = r.fwd_bwd_s;
@@ -385,6 +414,67 @@ int run_doctor(const DoctorOptions& o) {
     if (!disk_from.empty()) report["disk_from"] = disk_from;
   }
 
+  // ---- each node's GPU topology (local rank 0 of each node; through NVML) ----
+  if (ctx.device.is_cuda()) {
+    constexpr int kMax = 16;  // GPUs per node shown
+    // Per node: the GPU count, then kMax x kMax codes: path index + 10 when P2P reads work.
+    static const char* kPaths[] = {"X",   "NVLink", "same board", "PIX", "PXB",
+                                   "PHB", "NODE",   "SYS",        "?"};
+    std::vector<double> codes(1 + kMax * kMax, 0.0);
+    if (env.local_rank == 0) {
+      const plan::GpuLinks links = plan::probe_gpu_links();
+      const int n = std::min(links.gpus, kMax);
+      codes[0] = n;
+      for (int a = 0; a < n; ++a)
+        for (int b = 0; b < n; ++b) {
+          const size_t k = static_cast<size_t>(a * links.gpus + b);
+          int idx = 8;
+          for (int i = 0; i < 9; ++i)
+            if (links.path[k] == kPaths[i]) idx = i;
+          codes[1 + a * kMax + b] = idx + (links.p2p_read[k] ? 10 : 0);
+        }
+    }
+    const std::vector<double> nodes = ctx.world ? gather(*ctx.world, ctx.device, codes) : codes;
+    if (ctx.rank0()) {
+      json topo = json::array();
+      std::string t =
+          "GPU topology (NVML; * = no peer-to-peer reads: copies go through host memory):\n";
+      for (int r = 0; r < env.world_size; ++r) {
+        const double* c = &nodes[static_cast<size_t>(r) * codes.size()];
+        if (all[6 * r + 1] != 0) continue;  // local rank 0 of each node
+        const int n = static_cast<int>(c[0]);
+        t += fmt::format("  node {}: {}\n", node_of[r], n == 0 ? "NVML shows no GPU" : "");
+        json m = json::array();
+        bool slow_pair = false;
+        for (int a = 0; a < n; ++a) {
+          std::string row = fmt::format("    GPU{:<2}", a);
+          json mr = json::array();
+          for (int b = 0; b < n; ++b) {
+            const int code = static_cast<int>(c[1 + a * kMax + b]);
+            const std::string path = kPaths[code % 10];
+            const bool read = code >= 10;
+            row += fmt::format(" {:>11}", path + (read || a == b ? "" : "*"));
+            mr.push_back({{"path", path}, {"p2p_read", read}});
+            if (a != b && !read) slow_pair = true;
+          }
+          t += row + "\n";
+          m.push_back(mr);
+        }
+        if (slow_pair)
+          t += fmt::format(
+              "  node {}: some GPU pairs have no peer-to-peer path; NCCL copies "
+              "through host memory between them (the collectives below show the "
+              "cost)\n",
+              node_of[r]);
+        topo.push_back({{"node", node_of[r]}, {"gpus", m}});
+      }
+      fmt::print("{}", t);
+      report["gpu_topology"] = topo;
+    }
+  } else {
+    ctx.say("GPU topology: not applicable (CPU ranks)");
+  }
+
   // ---- collectives ----
   Measured measured;
   if (ctx.world) {
@@ -481,22 +571,38 @@ int run_doctor(const DoctorOptions& o) {
         fmt::print("{}", t);
         report["pairs"] = {{"bytes", pair_bytes}, {"busbw_bytes_per_s", pair}};
         // A link well below the others' median is named, and a node whose links all are.
-        const double med = train::lower_median(links);
+        // Against the best pair (a median would be a slow one when a third of 3 nodes' links are):
+        // a link below half of it is slow; a node all of whose links are is the node's own fault
+        // (its network interface, its switch port), not one link's.
+        const double best = links.empty() ? 0 : *std::max_element(links.begin(), links.end());
+        std::vector<bool> slow_node(static_cast<size_t>(N), false);
+        for (int a = 0; N > 2 && a < N; ++a) {
+          bool all_slow = true;
+          for (int b = 0; b < N; ++b)
+            if (b != a && pair[static_cast<size_t>(a * N + b)] >= 0.5 * best) all_slow = false;
+          if (all_slow) {
+            slow_node[static_cast<size_t>(a)] = true;
+            fmt::print(
+                "ft doctor: SLOW NODE: node {}: every link to it is below half the best "
+                "pair's {}; look at its network interface and switch port\n",
+                a, rate(best));
+          }
+        }
         for (int a = 0; a < N; ++a)
           for (int b = a + 1; b < N; ++b) {
             const double v = pair[static_cast<size_t>(a * N + b)];
-            if (N > 2 && v < 0.5 * med)
+            if (N > 2 && v < 0.5 * best && !slow_node[static_cast<size_t>(a)] &&
+                !slow_node[static_cast<size_t>(b)])
               fmt::print(
-                  "ft doctor: SLOW LINK: node {} - node {}: {} against a median of {} over "
-                  "the other pairs\n",
-                  a, b, rate(v), rate(med));
+                  "ft doctor: SLOW LINK: node {} - node {}: {} against {} for the best pair\n", a,
+                  b, rate(v), rate(best));
           }
       }
       // The bottleneck: the slowest kind of path the job's collectives cross.
       std::string bottleneck;
       if (env.nnodes > 1) {
-        const double across = peak_busbw(measured.inter);
-        const double inside = env.local_world_size > 1 ? peak_busbw(measured.intra) : 0;
+        const double across = sustained_busbw(measured.inter);
+        const double inside = env.local_world_size > 1 ? sustained_busbw(measured.intra) : 0;
         bottleneck = fmt::format(
             "the network between nodes: {} bus bandwidth ({:.0f} Mbit/s) across nodes{}; every "
             "collective over the whole job runs at its pace",
@@ -506,7 +612,7 @@ int run_doctor(const DoctorOptions& o) {
                 : "");
       } else {
         bottleneck = fmt::format("inside this node: {} bus bandwidth at the largest all-reduce",
-                                 rate(peak_busbw(measured.world)));
+                                 rate(sustained_busbw(measured.world)));
       }
       fmt::print("ft doctor: bottleneck: {}\n", bottleneck);
       report["bottleneck"] = bottleneck;
@@ -519,7 +625,7 @@ int run_doctor(const DoctorOptions& o) {
     const model::LlamaConfig mc = o.model_dir.empty()
                                       ? train::model_config_from_preset(settings->model)
                                       : model::load_llama_config(o.model_dir + "/config.json");
-    measured.probe = probe(*settings, mc, o.model_dir, ctx.device);
+    measured.probe = probe(*settings, mc, o.model_dir, ctx.device, mm.flops_per_s);
     if (ctx.world) {
       // The median rank's figures (ranks sharing a CPU probed at once, as they will train).
       const auto a =
@@ -540,9 +646,9 @@ int run_doctor(const DoctorOptions& o) {
       const Prediction p = predict(job, measured);
       const std::vector<Alternative> alts =
           p.efficiency < 0.7 ? alternatives(job, measured, p) : std::vector<Alternative>{};
-      fmt::print(
-          "one device: forward + backward {:.1f} ms per micro-batch, update {:.1f} ms ({})\n",
-          measured.probe.fwd_bwd_s * 1e3, measured.probe.optimizer_s * 1e3, measured.probe.from);
+      fmt::print("one device: forward + backward {} per micro-batch, update {} ({})\n",
+                 human_seconds(measured.probe.fwd_bwd_s), human_seconds(measured.probe.optimizer_s),
+                 measured.probe.from);
       fmt::print("{}", prediction_text(job, p, alts));
       json pj = {{"compute_s", p.compute_s},
                  {"optimizer_s", p.optimizer_s},

@@ -126,8 +126,9 @@ Prediction predict(const Job& job, const Measured& m) {
     }
     // Overlap: a collective runs under the compute that does not need its result. The last
     // gradient bucket (ddp) or the first gather and last reduce (sharded) cannot be hidden, nor
-    // more than the compute there is.
-    if (s.strategy.overlap_comm) {
+    // more than the compute there is. On CPUs nothing is: Gloo moves and reduces the bytes on the
+    // same cores the compute keeps busy (measured: bench/doctor_accuracy.sh).
+    if (s.strategy.overlap_comm && job.layout.gpu) {
       const double hideable =
           eo.shard_size > 1 || sp.replicas > 1 ? p.compute_s : p.compute_s * 2.0 / 3.0;
       const double unhideable = (eo.shard_size > 1 ? 2 : 1) * largest_call;
@@ -138,9 +139,9 @@ Prediction predict(const Job& job, const Measured& m) {
     for (const auto& c : p.comm)
       if (!worst || c.seconds > worst->seconds) worst = &c;
     if (worst)
-      p.bottleneck =
-          fmt::format("{} {} x {} over {}: {:.1f} ms per step", worst->calls, worst->op,
-                      human_bytes(worst->bytes_per_call), worst->group, worst->seconds * 1e3);
+      p.bottleneck = fmt::format("{} {} x {} over {}: {} per step", worst->calls, worst->op,
+                                 human_bytes(worst->bytes_per_call), worst->group,
+                                 human_seconds(worst->seconds));
   }
   p.step_s = p.compute_s + p.optimizer_s + p.exposed_s;
   const double tokens = static_cast<double>(s.train.micro_batch * s.data.seq_len * micro);
@@ -175,7 +176,7 @@ std::vector<Alternative> alternatives(const Job& job, const Measured& m, const P
     if (!out.empty() && out.back().prediction.efficiency >= 0.7) break;
   }
   // Fewer GPUs: the ranks of one node, or one device.
-  if (job.layout.nnodes > 1) {
+  if (job.layout.nnodes > 1 && job.layout.nproc_per_node > 1) {
     Job v = job;
     v.layout.nnodes = 1;
     attempt(fmt::format("one node: --nnodes 1 --nproc-per-node {} (no traffic between nodes)",
@@ -230,7 +231,7 @@ std::string prediction_text(const Job& job, const Prediction& p,
       s.name, job.layout.nnodes, job.layout.nnodes == 1 ? "" : "s", job.layout.nproc_per_node,
       job.layout.nproc_per_node == 1 ? "" : "s", s.strategy.kind, s.train.grad_accum,
       s.train.micro_batch, s.data.seq_len);
-  auto ms = [](double x) { return fmt::format("{:.1f} ms", x * 1e3); };
+  auto ms = [](double x) { return human_seconds(x); };
   o += fmt::format("  compute (forward + backward): {}\n", ms(p.compute_s));
   o += fmt::format("  optimizer:                    {}\n", ms(p.optimizer_s));
   for (const auto& c : p.comm)
@@ -239,7 +240,7 @@ std::string prediction_text(const Job& job, const Prediction& p,
   o += fmt::format("  communication: {}, of which overlap hides {}: {} exposed\n", ms(p.comm_s),
                    ms(p.hidden_s), ms(p.exposed_s));
   o += fmt::format(
-      "  predicted step: {}; {:.0f} tokens/s for the job against {:.0f} on one device: scaling "
+      "  predicted step: {}; {:.4g} tokens/s for the job against {:.4g} on one device: scaling "
       "efficiency {:.0f}%\n",
       ms(p.step_s), p.tokens_per_s, p.one_device_tokens_per_s, 100 * p.efficiency);
   if (job.layout.world() > 1 && p.efficiency < 0.7) {
@@ -249,7 +250,7 @@ std::string prediction_text(const Job& job, const Prediction& p,
         100 * p.efficiency, ms(p.exposed_s), ms(p.step_s), p.bottleneck);
     o += "what to do (predicted with the same measurements, best first):\n";
     for (const auto& a : alts)
-      o += fmt::format("  - {}: step {}, {:.0f} tokens/s, efficiency {:.0f}%{}\n", a.what,
+      o += fmt::format("  - {}: step {}, {:.4g} tokens/s, efficiency {:.0f}%{}\n", a.what,
                        ms(a.prediction.step_s), a.prediction.tokens_per_s,
                        100 * a.prediction.efficiency,
                        a.prediction.tokens_per_s > p.tokens_per_s ? "" : " (slower than now)");

@@ -84,6 +84,29 @@ struct NvmlMemory {
   unsigned long long total, free, used;
 };
 
+// CUDA_VISIBLE_DEVICES as NVML indices, when it is a list of numbers; every one of the `n` GPUs
+// otherwise (UUIDs or MIG names: every GPU counts).
+std::vector<unsigned> visible_gpus(unsigned n) {
+  std::vector<unsigned> visible;
+  bool indices = true;
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    std::stringstream ss(v);
+    std::string tok;
+    while (std::getline(ss, tok, ',')) {
+      if (tok.empty()) continue;
+      if (!std::all_of(tok.begin(), tok.end(), ::isdigit)) indices = false;
+      if (indices && tok.size() < 9) visible.push_back(static_cast<unsigned>(std::stoul(tok)));
+    }
+  }
+  if (!std::getenv("CUDA_VISIBLE_DEVICES") || !indices) {
+    visible.clear();
+    for (unsigned i = 0; i < n; ++i) visible.push_back(i);
+  }
+  visible.erase(std::remove_if(visible.begin(), visible.end(), [n](unsigned i) { return i >= n; }),
+                visible.end());
+  return visible;
+}
+
 void probe_gpus(Machine& m) {
   void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
@@ -104,24 +127,7 @@ void probe_gpus(Machine& m) {
     m.gpu_from = "NVML found no GPU";
     return;
   }
-  // CUDA_VISIBLE_DEVICES as indices, when it is a list of numbers.
-  // (UUIDs or MIG names: every GPU counts, the least free memory among them bounds all.)
-  std::vector<unsigned> visible;
-  bool indices = true;
-  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
-    std::stringstream ss(v);
-    std::string tok;
-    while (std::getline(ss, tok, ',')) {
-      if (tok.empty()) continue;
-      if (!std::all_of(tok.begin(), tok.end(), ::isdigit)) indices = false;
-      if (indices) visible.push_back(static_cast<unsigned>(std::stoul(tok)));
-    }
-  }
-  if (!std::getenv("CUDA_VISIBLE_DEVICES") || !indices) {
-    visible.clear();
-    for (unsigned i = 0; i < n; ++i) visible.push_back(i);
-  }
-  for (unsigned i : visible) {
+  for (unsigned i : visible_gpus(n)) {
     void* h = nullptr;
     NvmlMemory info{};
     if (i >= n || handle(i, &h) != 0 || mem(h, &info) != 0) continue;
@@ -134,6 +140,66 @@ void probe_gpus(Machine& m) {
 }
 
 }  // namespace
+
+GpuLinks probe_gpu_links() {
+  GpuLinks g;
+  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    g.from = "no NVML (libnvidia-ml.so.1) on this machine";
+    return g;
+  }
+  using Init = int (*)();
+  using Count = int (*)(unsigned*);
+  using Handle = int (*)(unsigned, void**);
+  using Ancestor = int (*)(void*, void*, int*);
+  using P2p = int (*)(void*, void*, int, int*);
+  auto init = reinterpret_cast<Init>(dlsym(lib, "nvmlInit_v2"));
+  auto count = reinterpret_cast<Count>(dlsym(lib, "nvmlDeviceGetCount_v2"));
+  auto handle = reinterpret_cast<Handle>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+  auto ancestor = reinterpret_cast<Ancestor>(dlsym(lib, "nvmlDeviceGetTopologyCommonAncestor"));
+  auto p2p = reinterpret_cast<P2p>(dlsym(lib, "nvmlDeviceGetP2PStatus"));
+  auto shutdown = reinterpret_cast<Init>(dlsym(lib, "nvmlShutdown"));
+  unsigned n = 0;
+  if (!init || !count || !handle || !ancestor || !p2p || init() != 0 || count(&n) != 0 || n == 0) {
+    g.from = "NVML found no GPU";
+    return g;
+  }
+  std::vector<void*> h;
+  for (unsigned i : visible_gpus(n)) {
+    void* d = nullptr;
+    if (handle(i, &d) == 0) h.push_back(d);
+  }
+  g.gpus = static_cast<int>(h.size());
+  // NVML's P2P capability indices (READ = 0, NVLINK = 2) and status (OK = 0); the common ancestor's
+  // levels (INTERNAL 0, SINGLE 10, MULTIPLE 20, HOSTBRIDGE 30, NODE 40, SYSTEM 50).
+  constexpr int kRead = 0, kNvlink = 2, kOk = 0;
+  for (int a = 0; a < g.gpus; ++a)
+    for (int b = 0; b < g.gpus; ++b) {
+      int status = -1, level = -1;
+      std::string path = "X";
+      bool read = a == b;
+      if (a != b) {
+        if (p2p(h[a], h[b], kNvlink, &status) == 0 && status == kOk) {
+          path = "NVLink";
+        } else if (ancestor(h[a], h[b], &level) == 0) {
+          path = level <= 0    ? "same board"
+                 : level <= 10 ? "PIX"
+                 : level <= 20 ? "PXB"
+                 : level <= 30 ? "PHB"
+                 : level <= 40 ? "NODE"
+                               : "SYS";
+        } else {
+          path = "?";
+        }
+        read = p2p(h[a], h[b], kRead, &status) == 0 && status == kOk;
+      }
+      g.path.push_back(path);
+      g.p2p_read.push_back(read);
+    }
+  g.from = "NVML";
+  if (shutdown) shutdown();
+  return g;
+}
 
 Machine probe_machine(const std::string& output_dir) {
   Machine m;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "plan/plan.h"
 
@@ -30,6 +31,19 @@ Machine probe_machine(const std::string& output_dir);
 // The read throughput of the model directory's largest safetensors file, measured on up to 64 MiB
 // of it with the page cache dropped for that range first; 0 when it cannot be measured.
 double measure_read_throughput(const std::string& model_dir, std::string* from);
+
+// How each pair of this machine's visible GPUs is connected, through NVML (no CUDA context): the
+// path as `nvidia-smi topo -m` names it, and whether peer-to-peer reads work. `ft doctor` shows it.
+struct GpuLinks {
+  int gpus = 0;
+  // gpus x gpus, row-major: "X" (itself), "NVLink", "PIX" (one PCIe switch), "PXB" (several),
+  // "PHB" (the host bridge), "NODE" (host bridges of one NUMA node), "SYS" (across the CPU
+  // interconnect), "?" (NVML could not say).
+  std::vector<std::string> path;
+  std::vector<bool> p2p_read;  // peer-to-peer reads possible (NVML's P2P status)
+  std::string from;            // "NVML" or why there is nothing
+};
+GpuLinks probe_gpu_links();
 
 // Random-init values drawn per second on one thread (about 20 ms of drawing).
 double measure_init_rate();

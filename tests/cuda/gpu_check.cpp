@@ -4,8 +4,8 @@
 // reduce-scatter into flat buffers) and the memory and seeding entry points, then runs `ft train`
 // on the GPU in bf16 and checks its metrics; offloaded runs (zero3 offload_optimizer /
 // offload_param, fsdp cpu_offload) against the same runs without offload, bit for bit; and a run
-// killed with SIGKILL at a random step, resumed on the GPU, against an uninterrupted one. Exits 0
-// when every check held, 1 otherwise.
+// killed with SIGKILL at a random step, resumed on the GPU, against an uninterrupted one; `ft
+// doctor` and MFU on the GPU. Exits 0 when every check held, 1 otherwise.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <signal.h>
@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
@@ -90,6 +91,35 @@ void check_train() {
          "metrics.jsonl reports GPU memory");
   expect(fs::exists(dir + "/run/final/model.safetensors"), "the final model is written");
   if (failures) fmt::print("--- ft train output ---\n{}\n", log);
+}
+
+// `ft doctor --preset tiny-demo` on one GPU (issue 15's GPU paths): the topology through NVML,
+// host-to-device bandwidth, the bf16 matmul against the table's peak, the probe on the GPU, and
+// the MFU `ft train` reports against the table.
+void check_doctor() {
+  const std::string dir = ft::test::make_temp_dir();
+  const ft::test::Finished doc = ft::test::run_to_end(
+      {ft::test::ft_bin(), "doctor", "--preset", "tiny-demo", "--set", "hardware.device=cuda",
+       "--set", "precision.mode=bf16", "--json", dir + "/doctor.json"},
+      {{"WORLD_SIZE", "\x01"}, {"RANK", "\x01"}}, dir + "/doctor.log", 300);
+  expect(doc.code == 0, "ft doctor on one GPU exits 0");
+  const std::string j = ft::test::read_file(dir + "/doctor.json");
+  expect(j.find("\"gpu_topology\"") != std::string::npos, "it shows the GPU topology (NVML)");
+  const auto json = nlohmann::json::parse(j, nullptr, false);
+  if (!json.is_discarded() && json.contains("devices")) {
+    const auto& d = json["devices"][0];
+    expect(d["h2d_bytes_per_s"].get<double>() > 5e9, "host to device above 5 GB/s");
+    expect(d["matmul_flops_per_s"].get<double>() > 100e12, "bf16 matmul above 100 TFLOP/s");
+  }
+  expect(json.contains("prediction"), "the step-time model ran on the GPU");
+  const ft::test::Finished train = ft::test::run_to_end(
+      {ft::test::ft_bin(), "train", "--preset", "tiny-demo", "--output", dir + "/run", "--set",
+       "hardware.device=cuda", "--set", "precision.mode=bf16", "--set", "train.max_steps=5"},
+      {{"WORLD_SIZE", "\x01"}, {"RANK", "\x01"}}, dir + "/train.log", 300);
+  expect(train.output.find("MFU against") != std::string::npos &&
+             train.output.find("table:") != std::string::npos,
+         "ft train's MFU is against the table's peak for this GPU");
+  if (failures) fmt::print("--- ft doctor output ---\n{}\n", doc.output);
 }
 
 // `ft train` of tiny-demo on cuda:0 in bf16 with the job tests' small model and `sets` after them.
@@ -202,6 +232,7 @@ int main() {
     check_train();
     check_offload();
     check_resume();
+    check_doctor();
   } catch (const std::exception& e) {
     fmt::print("FAIL: {}\n", e.what());
     return 1;

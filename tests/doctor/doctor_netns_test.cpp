@@ -7,6 +7,7 @@
 // elsewhere (exit 77).
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -32,10 +33,13 @@ struct Both {
   std::string out;  // both launchers' output
 };
 
-// `program` on both nodes under `ft launch --nnodes 2`.
+// `program` on both nodes under `ft launch --nnodes 2`. Each rank computes on one thread, so that
+// the two "nodes" of this one machine do not oversubscribe its cores (ft launch gives its workers
+// OMP_NUM_THREADS=1 when a node runs several; here each node runs one).
 Both on_both(const Network& net, const std::vector<std::string>& program, const std::string& log) {
-  Child n0 = start(net.on(0, ft_launch_argv(launch_opts(net), program)), {}, log + ".0");
-  Child n1 = start(net.on(1, ft_launch_argv(launch_opts(net), program)), {}, log + ".1");
+  const std::map<std::string, std::string> env = {{"OMP_NUM_THREADS", "1"}};
+  Child n0 = start(net.on(0, ft_launch_argv(launch_opts(net), program)), env, log + ".0");
+  Child n1 = start(net.on(1, ft_launch_argv(launch_opts(net), program)), env, log + ".1");
   Both b;
   b.code0 = wait_for(n0, 300).value_or(-1);
   b.code1 = wait_for(n1, 300).value_or(-1);
@@ -122,4 +126,40 @@ TEST_CASE(
   CHECK(fj["prediction"]["comm_s"].get<double>() < 0.5 * pred["comm_s"].get<double>());
   CHECK(fj["prediction"]["step_s"].get<double>() < predicted);
   CHECK(fj["prediction"]["efficiency"].get<double>() > pred["efficiency"].get<double>());
+}
+
+TEST_CASE("netns, 3 nodes, one behind a 100 Mbit/s link: the node-pair matrix names that node",
+          "[multiproc]") {
+  require_netns(/*need_tc=*/true);
+  Network net(3);
+  net.limit(2, "100mbit");
+  const std::string dir = make_temp_dir();
+  std::vector<Child> nodes;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<std::string> opts = {"--nnodes",         "3",
+                                     "--nproc-per-node", "1",
+                                     "--node-rank",      std::to_string(i),
+                                     "--master-addr",    net.addr(0),
+                                     "--master-port",    "29500",
+                                     "--rdzv-timeout",   "60",
+                                     "--max-restarts",   "0"};
+    nodes.push_back(start(net.on(i, ft_launch_argv(opts, {ft_bin(), "doctor", "--max-size", "1MiB",
+                                                          "--json", dir + "/doctor.json"})),
+                          {{"OMP_NUM_THREADS", "1"}}, dir + "/node" + std::to_string(i)));
+  }
+  std::string out;
+  for (auto& n : nodes) {
+    CHECK(wait_for(n, 300).value_or(-1) == 0);
+    out += n.output();
+  }
+  INFO(out);
+  CHECK_THAT(out, Catch::Contains("SLOW NODE: node 2"));
+  CHECK_THAT(out, !Catch::Contains("SLOW NODE: node 0") && !Catch::Contains("SLOW NODE: node 1") &&
+                      !Catch::Contains("SLOW LINK"));
+  const json j = read_json(dir + "/doctor.json");
+  const auto& bw = j["pairs"]["busbw_bytes_per_s"];  // 3 x 3, row-major
+  const double fast = bw[0 * 3 + 1].get<double>();
+  CHECK(bw[0 * 3 + 2].get<double>() < 0.2 * fast);
+  CHECK(bw[1 * 3 + 2].get<double>() < 0.2 * fast);
+  CHECK(bw[0 * 3 + 2].get<double>() > 0.8 * 100e6 / 8);
 }
