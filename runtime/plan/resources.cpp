@@ -107,68 +107,78 @@ std::vector<unsigned> visible_gpus(unsigned n) {
   return visible;
 }
 
-void probe_gpus(Machine& m) {
-  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    m.gpu_from = "no NVML (libnvidia-ml.so.1) on this machine";
-    return;
-  }
-  using Init = int (*)();
-  using Count = int (*)(unsigned*);
-  using Handle = int (*)(unsigned, void**);
-  using Mem = int (*)(void*, NvmlMemory*);
-  auto init = reinterpret_cast<Init>(dlsym(lib, "nvmlInit_v2"));
-  auto count = reinterpret_cast<Count>(dlsym(lib, "nvmlDeviceGetCount_v2"));
-  auto handle = reinterpret_cast<Handle>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
-  auto mem = reinterpret_cast<Mem>(dlsym(lib, "nvmlDeviceGetMemoryInfo"));
-  auto shutdown = reinterpret_cast<Init>(dlsym(lib, "nvmlShutdown"));
+// NVML opened and initialised: its GPU count and handles, and `sym` for the other entry points;
+// `why` says what is missing when !ok(). Shuts NVML down when it goes.
+struct Nvml {
+  void* lib = nullptr;
   unsigned n = 0;
-  if (!init || !count || !handle || !mem || init() != 0 || count(&n) != 0) {
-    m.gpu_from = "NVML found no GPU";
+  std::string why;
+  int (*handle_fn)(unsigned, void**) = nullptr;
+  int (*shutdown_fn)() = nullptr;
+  bool inited = false;
+  Nvml() {
+    lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      why = "no NVML (libnvidia-ml.so.1) on this machine";
+      return;
+    }
+    auto init = sym<int (*)()>("nvmlInit_v2");
+    auto count = sym<int (*)(unsigned*)>("nvmlDeviceGetCount_v2");
+    handle_fn = sym<int (*)(unsigned, void**)>("nvmlDeviceGetHandleByIndex_v2");
+    shutdown_fn = sym<int (*)()>("nvmlShutdown");
+    inited = init && count && handle_fn && init() == 0;
+    if (!inited || count(&n) != 0 || n == 0) why = "NVML found no GPU";
+  }
+  ~Nvml() {
+    if (inited && shutdown_fn) shutdown_fn();
+  }
+  Nvml(const Nvml&) = delete;
+  Nvml& operator=(const Nvml&) = delete;
+  bool ok() const { return why.empty(); }
+  template <class F>
+  F sym(const char* name) const {
+    return lib ? reinterpret_cast<F>(dlsym(lib, name)) : nullptr;
+  }
+  // The visible GPUs' handles (CUDA_VISIBLE_DEVICES), in order.
+  std::vector<void*> handles() const {
+    std::vector<void*> h;
+    for (unsigned i : visible_gpus(n)) {
+      void* d = nullptr;
+      if (handle_fn(i, &d) == 0) h.push_back(d);
+    }
+    return h;
+  }
+};
+
+void probe_gpus(Machine& m) {
+  const Nvml nvml;
+  auto mem = nvml.sym<int (*)(void*, NvmlMemory*)>("nvmlDeviceGetMemoryInfo");
+  if (!nvml.ok() || !mem) {
+    m.gpu_from = nvml.ok() ? "NVML found no GPU" : nvml.why;
     return;
   }
-  for (unsigned i : visible_gpus(n)) {
-    void* h = nullptr;
+  for (void* h : nvml.handles()) {
     NvmlMemory info{};
-    if (i >= n || handle(i, &h) != 0 || mem(h, &info) != 0) continue;
+    if (mem(h, &info) != 0) continue;
     m.gpus++;
     const auto free_bytes = static_cast<int64_t>(info.free);
     m.gpu_free = m.gpu_free == 0 ? free_bytes : std::min(m.gpu_free, free_bytes);
   }
   m.gpu_from = fmt::format("NVML: the least free memory of {} visible GPU(s)", m.gpus);
-  if (shutdown) shutdown();
 }
 
 }  // namespace
 
 GpuLinks probe_gpu_links() {
   GpuLinks g;
-  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    g.from = "no NVML (libnvidia-ml.so.1) on this machine";
+  const Nvml nvml;
+  auto ancestor = nvml.sym<int (*)(void*, void*, int*)>("nvmlDeviceGetTopologyCommonAncestor");
+  auto p2p = nvml.sym<int (*)(void*, void*, int, int*)>("nvmlDeviceGetP2PStatus");
+  if (!nvml.ok() || !ancestor || !p2p) {
+    g.from = nvml.ok() ? "this NVML has no topology queries" : nvml.why;
     return g;
   }
-  using Init = int (*)();
-  using Count = int (*)(unsigned*);
-  using Handle = int (*)(unsigned, void**);
-  using Ancestor = int (*)(void*, void*, int*);
-  using P2p = int (*)(void*, void*, int, int*);
-  auto init = reinterpret_cast<Init>(dlsym(lib, "nvmlInit_v2"));
-  auto count = reinterpret_cast<Count>(dlsym(lib, "nvmlDeviceGetCount_v2"));
-  auto handle = reinterpret_cast<Handle>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
-  auto ancestor = reinterpret_cast<Ancestor>(dlsym(lib, "nvmlDeviceGetTopologyCommonAncestor"));
-  auto p2p = reinterpret_cast<P2p>(dlsym(lib, "nvmlDeviceGetP2PStatus"));
-  auto shutdown = reinterpret_cast<Init>(dlsym(lib, "nvmlShutdown"));
-  unsigned n = 0;
-  if (!init || !count || !handle || !ancestor || !p2p || init() != 0 || count(&n) != 0 || n == 0) {
-    g.from = "NVML found no GPU";
-    return g;
-  }
-  std::vector<void*> h;
-  for (unsigned i : visible_gpus(n)) {
-    void* d = nullptr;
-    if (handle(i, &d) == 0) h.push_back(d);
-  }
+  const std::vector<void*> h = nvml.handles();
   g.gpus = static_cast<int>(h.size());
   // NVML's P2P capability indices (READ = 0, NVLINK = 2) and status (OK = 0); the common ancestor's
   // levels (INTERNAL 0, SINGLE 10, MULTIPLE 20, HOSTBRIDGE 30, NODE 40, SYSTEM 50).
@@ -197,7 +207,6 @@ GpuLinks probe_gpu_links() {
       g.p2p_read.push_back(read);
     }
   g.from = "NVML";
-  if (shutdown) shutdown();
   return g;
 }
 
