@@ -221,6 +221,10 @@ const std::vector<Setting>& preset_schema() {
       "less memory, one more forward of those layers per step."),
     I(KEY(train.checkpoint_every_n_layers), 2, 1, 4096,
       "n for activation_checkpointing = every_n: layers 0, n, 2n, ... are checkpointed."),
+    B(KEY(train.fused_loss), true,
+      "Compute the LM head and the cross-entropy chunk by chunk of tokens, never holding the "
+      "whole step's logits (tokens x vocabulary); false: the unfused path. Same loss and "
+      "gradients within rounding."),
     // precision
     C(KEY(precision.mode), "bf16", {"fp32", "bf16", "fp16", "fp64"},
       "Compute dtype; bf16/fp16 keep fp32 master weights and optimizer state; fp64 is for exact numerical checks."),

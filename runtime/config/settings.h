@@ -52,6 +52,7 @@ struct TrainSettings {
   int64_t log_every = 0;
   std::string activation_checkpointing;  // none | full | every_n
   int64_t checkpoint_every_n_layers = 0;
+  bool fused_loss = true;  // model/fused_loss.h: the head and the loss chunk by chunk
 };
 
 struct PrecisionSettings {

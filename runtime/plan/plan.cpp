@@ -123,6 +123,7 @@ struct Acts {
   int64_t backward = 0;      // the working set of one layer's backward (recompute included)
   int64_t checkpointed = 0;  // layers under activation checkpointing
   std::string formula;
+  std::string logits_formula;
 };
 
 Acts activations(const model::LlamaConfig& mc, const config::Settings& s, int64_t c) {
@@ -143,9 +144,26 @@ Acts activations(const model::LlamaConfig& mc, const config::Settings& s, int64_
   // built from.
   a.outside = c * N * h + 4 * N * h + 2 * c * N * h + 2 * c * N * mc.head_dim +
               (s.data.pack ? 2 * B * T * T : 0);
-  // The logits (compute dtype), log-softmax's fp32 output, and in backward the loss' gradient and
-  // log-softmax's gradient (fp32 both).
-  a.logits = (c + 12) * N * V;
+  // Unfused: the logits (compute dtype), log-softmax's fp32 output, and in backward the loss'
+  // gradient and log-softmax's gradient (fp32 both). Fused (model/fused_loss.h): one chunk's
+  // logits, their fp32 copy (none in fp32), the softmax-minus-one-hot buffer and its cast back,
+  // and the fp32 gradients it holds from forward to backward: the hidden states' and, when the
+  // head is trained, the head's.
+  if (s.train.fused_loss) {
+    const int64_t chunk = std::min<int64_t>(N, std::max<int64_t>(1, (int64_t{1} << 25) / V));
+    const int64_t per = c + (c == 4 ? 0 : 4) + 4 + (c == 4 ? 0 : c);
+    a.logits = per * chunk * V + 4 * N * h + (s.lora.enabled ? 0 : 4 * V * h);
+    a.logits_formula = fmt::format(
+        "train.fused_loss: a chunk of {} tokens x vocabulary {} x {} B, the fp32 gradients of the "
+        "head's input (N x h x 4 B){}",
+        chunk, V, per, s.lora.enabled ? "" : " and of the head (vocabulary x h x 4 B)");
+  } else {
+    a.logits = (c + 12) * N * V;
+    a.logits_formula = fmt::format(
+        "(c {} + 12) B x {} tokens x vocabulary {}: the logits, log-softmax's fp32 output and "
+        "in backward two fp32 gradients",
+        c, N, V);
+  }
   a.backward = la.transient + (a.checkpointed > 0 ? la.saved : 0);
   a.formula = fmt::format(
       "N = micro_batch {} x seq_len {} = {} tokens; per layer {} saved ({} of {} layers "
@@ -395,10 +413,7 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
   const Acts acts = activations(mc, s, c);
   d.push_back(
       {"activations", "activations of one micro-batch", acts.kept + acts.outside, acts.formula});
-  d.push_back({"logits", "logits and loss buffers", acts.logits,
-               fmt::format("(c {} + 12) B x {} tokens x vocabulary {}: the logits, log-softmax's "
-                           "fp32 output and in backward two fp32 gradients",
-                           c, n3(p.tokens_per_micro_batch), n3(mc.vocab_size))});
+  d.push_back({"logits", "logits and loss buffers", acts.logits, acts.logits_formula});
   d.push_back({"backward", "backward working set", acts.backward,
                acts.checkpointed > 0 ? "one checkpointed layer recomputed with its gradients"
                                      : "the gradients of one layer's intermediate values"});

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "data/jsonl_source.h"
+#include "model/fused_loss.h"
 #include "model/llama.h"
 #include "model/lora.h"
 #include "train/weights.h"
@@ -121,8 +122,10 @@ EvalResult evaluate(const EvalOptions& o) {
     }
     data::Batch b{ids, labels, pos, seg};
     b.single_segment_rows = true;  // one piece per row, padding after it: causal is exact
-    model::LossSum ls = model::causal_lm_loss_sum(
-        model.forward(b.input_ids, b.position_ids, false, b.attention_segments()), b.labels);
+    // The head and the loss chunk by chunk: a batch of eval.batch_tokens never holds its logits.
+    model::LossSum ls = model::chunked_lm_loss_sum(
+        model.hidden_states(b.input_ids, b.position_ids, false, b.attention_segments()),
+        model.lm_head(), b.labels);
     loss_sum += ls.sum.item<double>();
     r.tokens += ls.tokens;
     ++r.forwards;

@@ -6,6 +6,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "model/fused_loss.h"
 
 namespace ft::train {
 namespace {
@@ -28,6 +29,7 @@ TrainOptions train_options(const config::TrainSettings& train,
   o.grad_clip = train.grad_clip;
   o.loss_scale_init = precision.loss_scale_init;
   o.loss_scale_window = precision.loss_scale_window;
+  o.fused_loss = train.fused_loss;
   return o;
 }
 
@@ -92,9 +94,15 @@ StepStats Trainer::compute_gradients(const std::vector<data::Batch>& micro_batch
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const auto& b = micro_batches[i];
     engine_.begin_micro_batch(i + 1 == micro_batches.size());
-    at::Tensor logits =
-        model_.forward(b.input_ids, b.position_ids, /*training=*/true, b.attention_segments());
-    model::LossSum ls = model::causal_lm_loss_sum(logits, b.labels, /*count_tokens=*/false);
+    const model::LossSum ls =
+        options_.fused_loss
+            ? model::chunked_lm_loss_sum(
+                  model_.hidden_states(b.input_ids, b.position_ids,
+                                       /*training=*/true, b.attention_segments()),
+                  model_.lm_head(), b.labels, /*count_tokens=*/false)
+            : model::causal_lm_loss_sum(model_.forward(b.input_ids, b.position_ids,
+                                                       /*training=*/true, b.attention_segments()),
+                                        b.labels, /*count_tokens=*/false);
     // Each micro-batch contributes its token-loss sum over the whole step's tokens (all ranks):
     // the sum of these gradients is exactly the gradient of the step's mean token loss.
     at::Tensor loss = ls.sum * (scale / std::max<int64_t>(tokens, 1));

@@ -27,6 +27,7 @@ struct TrainOptions {
   double grad_clip = 1.0;          // 0 disables
   double loss_scale_init = 65536;  // fp16
   int64_t loss_scale_window = 1000;
+  bool fused_loss = true;  // train.fused_loss: model/fused_loss.h
 };
 
 struct StepStats {

@@ -1,0 +1,118 @@
+#include "model/fused_loss.h"
+
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "core/error.h"
+
+namespace ft::model {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The summed loss of `rows` tokens, and, with `grads`, the gradients of that sum with respect to
+// hidden and weight, accumulated in fp32 (fp64 for fp64 inputs).
+struct ChunkResult {
+  at::Tensor loss, grad_hidden, grad_weight;
+};
+
+ChunkResult run_chunks(const at::Tensor& h2, const at::Tensor& w, const at::Tensor& labels,
+                       int64_t chunk_tokens, bool grad_hidden, bool grad_weight) {
+  const at::ScalarType acc = h2.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const int64_t N = h2.size(0);
+  ChunkResult r;
+  r.loss = at::zeros({}, h2.options().dtype(acc));
+  if (grad_hidden) r.grad_hidden = at::empty(h2.sizes(), h2.options().dtype(acc));
+  if (grad_weight) r.grad_weight = at::zeros(w.sizes(), w.options().dtype(acc));
+  for (int64_t s = 0; s < N; s += chunk_tokens) {
+    const int64_t n = std::min(chunk_tokens, N - s);
+    const at::Tensor h = h2.narrow(0, s, n);
+    const at::Tensor y = labels.narrow(0, s, n);
+    // As the unfused path: the logits in the compute dtype, upcast for the loss (in fp32 the same
+    // tensor, which the gradient below then overwrites).
+    at::Tensor logits = at::linear(h, w).to(acc);
+    const at::Tensor valid = y.ne(-100);
+    const at::Tensor target = y.masked_fill(valid.logical_not(), 0);
+    const at::Tensor lse = at::logsumexp(logits, {1});
+    const at::Tensor picked = logits.gather(1, target.unsqueeze(1)).squeeze(1);
+    r.loss.add_((lse - picked).masked_fill(valid.logical_not(), 0).sum());
+    if (!grad_hidden && !grad_weight) continue;
+    // d(sum loss)/d(logits) = softmax - one-hot on the counted rows, 0 on the others, in place of
+    // the logits; cast to the compute dtype as the unfused path's upcast passes its gradient back.
+    at::Tensor& g = logits;
+    g.sub_(lse.unsqueeze(1)).exp_();
+    g.scatter_add_(1, target.unsqueeze(1), at::full({n, 1}, -1.0, g.options()));
+    g.mul_(valid.unsqueeze(1).to(acc));
+    const at::Tensor gc = g.to(h2.scalar_type());
+    const bool same = gc.scalar_type() == acc;  // fp32 / fp64: accumulate in place
+    if (grad_hidden) {
+      at::Tensor rows = r.grad_hidden.narrow(0, s, n);
+      if (same)
+        at::mm_out(rows, gc, w);
+      else
+        rows.copy_(at::mm(gc, w));
+    }
+    if (grad_weight) {
+      if (same)
+        r.grad_weight.addmm_(gc.t(), h);
+      else
+        r.grad_weight.add_(at::mm(gc.t(), h));
+    }
+  }
+  return r;
+}
+
+struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCrossEntropy> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h2, const at::Tensor& w,
+                            const at::Tensor& labels, int64_t chunk_tokens) {
+    const bool gh = h2.requires_grad(), gw = w.requires_grad();
+    ChunkResult r = run_chunks(h2, w, labels, chunk_tokens, gh, gw);
+    ctx->saved_data["gh"] = gh;
+    ctx->saved_data["gw"] = gw;
+    ctx->save_for_backward({gh ? r.grad_hidden : at::Tensor(), gw ? r.grad_weight : at::Tensor()});
+    ctx->saved_data["hidden_dtype"] = static_cast<int64_t>(h2.scalar_type());
+    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(w.scalar_type());
+    return r.loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& go = grad_out[0];
+    at::Tensor gh, gw;
+    if (ctx->saved_data["gh"].toBool())
+      gh = (saved[0] * go.to(saved[0].scalar_type()))
+               .to(static_cast<at::ScalarType>(ctx->saved_data["hidden_dtype"].toInt()));
+    if (ctx->saved_data["gw"].toBool())
+      gw = (saved[1] * go.to(saved[1].scalar_type()))
+               .to(static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt()));
+    return {gh, gw, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+LossSum chunked_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& weight,
+                            const at::Tensor& labels, bool count_tokens, int64_t chunk_elements) {
+  FT_CHECK(hidden.dim() == 3 && labels.dim() == 2 && hidden.size(0) == labels.size(0) &&
+               hidden.size(1) == labels.size(1) && weight.dim() == 2 &&
+               weight.size(1) == hidden.size(2),
+           "hidden ", hidden.sizes(), ", head ", weight.sizes(), " and labels ", labels.sizes(),
+           " do not match");
+  const int64_t V = weight.size(0);
+  // The shift of causal_lm_loss_sum: position t predicts label t+1, the last predicts nothing.
+  const at::Tensor shift_labels =
+      at::cat({labels.slice(1, 1), at::full({labels.size(0), 1}, -100, labels.options())}, 1)
+          .reshape({-1});
+  const at::Tensor h2 = hidden.reshape({-1, hidden.size(2)});
+  const int64_t chunk_tokens = std::max<int64_t>(1, chunk_elements / std::max<int64_t>(V, 1));
+  LossSum out;
+  const bool grads = at::GradMode::is_enabled() && (h2.requires_grad() || weight.requires_grad());
+  out.sum = grads ? FusedLinearCrossEntropy::apply(h2, weight, shift_labels, chunk_tokens)
+                  : run_chunks(h2, weight, shift_labels, chunk_tokens, false, false).loss;
+  if (count_tokens) out.tokens = shift_labels.ne(-100).sum().item<int64_t>();
+  return out;
+}
+
+}  // namespace ft::model

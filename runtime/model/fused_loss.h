@@ -1,0 +1,24 @@
+// The LM head and the next-token cross-entropy fused, chunk by chunk of tokens, so that the full
+// logits (tokens x vocabulary: 2 GiB in fp32 for 4096 tokens of a 128k vocabulary, and several
+// copies of it in the unfused path's upcast, softmax and gradient) are never materialised. The
+// forward computes, per chunk, the logits, their log-sum-exp and the loss, and (when a gradient
+// is wanted) the gradient of the summed loss with respect to the hidden states and the head's
+// weight, accumulated in fp32; the backward scales them by the incoming gradient. Equal to
+// causal_lm_loss_sum(at::linear(hidden, weight), labels) within rounding (summation order).
+// Not thread-safe (autograd).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "model/llama.h"
+
+namespace ft::model {
+
+// hidden [B, T, H] (the final norm's output), weight [V, H] (the LM head), labels [B, T] (shifted
+// here, as causal_lm_loss_sum does). `chunk_elements`: logits elements per chunk (tokens per chunk
+// = chunk_elements / V, at least 1).
+LossSum chunked_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& weight,
+                            const at::Tensor& labels, bool count_tokens = true,
+                            int64_t chunk_elements = int64_t{1} << 25);
+
+}  // namespace ft::model

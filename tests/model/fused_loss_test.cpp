@@ -1,0 +1,93 @@
+// The chunked LM head + cross-entropy (model/fused_loss.h) against the unfused path
+// (causal_lm_loss_sum of at::linear): the loss and both gradients, in fp32 and fp64, with ignored
+// labels, chunks that do not divide the tokens, a frozen head, and no gradient at all.
+#include "model/fused_loss.h"
+
+#include "core/error.h"
+#include "support/catch_torch.h"
+#include "support/numerics.h"
+
+using ft::model::causal_lm_loss_sum;
+using ft::model::chunked_lm_loss_sum;
+using ft::test::rel_error;
+
+namespace {
+
+struct Case {
+  at::Tensor loss, grad_hidden, grad_weight;
+  int64_t tokens = 0;
+};
+
+// Batch 2 x 7 tokens, hidden 16, vocabulary 50; some labels ignored.
+struct Inputs {
+  at::Tensor hidden, weight, labels;
+  explicit Inputs(at::ScalarType dtype) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+    hidden = at::randn({2, 7, 16}, gen, at::TensorOptions().dtype(at::kDouble)).to(dtype);
+    weight = (at::randn({50, 16}, gen, at::TensorOptions().dtype(at::kDouble)) * 0.3).to(dtype);
+    labels = at::randint(50, {2, 7}, gen, at::kLong);
+    labels.index_put_({0, 2}, -100);
+    labels.index_put_({1, 5}, -100);
+    labels.index_put_({1, 6}, -100);
+  }
+};
+
+Case run(const Inputs& in, bool fused, bool weight_grad, int64_t chunk_elements) {
+  const at::Tensor h = in.hidden.detach().clone().requires_grad_(true);
+  const at::Tensor w = in.weight.detach().clone().requires_grad_(weight_grad);
+  const ft::model::LossSum ls = fused ? chunked_lm_loss_sum(h, w, in.labels, true, chunk_elements)
+                                      : causal_lm_loss_sum(at::linear(h, w), in.labels, true);
+  // The trainer scales the summed loss (1 / tokens, the fp16 loss scale) before backward.
+  (ls.sum * 0.37).backward();
+  return {ls.sum.detach(), h.grad(), weight_grad ? w.grad() : at::Tensor(), ls.tokens};
+}
+
+}  // namespace
+
+TEST_CASE("chunked LM loss equals the unfused path: loss and both gradients, fp32 and fp64") {
+  for (const auto dtype : {at::kFloat, at::kDouble}) {
+    const Inputs in(dtype);
+    const double tol = dtype == at::kDouble ? 1e-12 : 1e-6;
+    const Case ref = run(in, false, true, 0);
+    // 3 tokens a chunk (150 logits), 14 tokens: chunks of 3, 3, 3, 3 and 2; and all at once.
+    for (const int64_t chunk : {int64_t{150}, int64_t{50}, int64_t{1} << 25}) {
+      INFO("dtype " << dtype << ", chunk elements " << chunk);
+      const Case got = run(in, true, true, chunk);
+      CHECK(got.tokens == ref.tokens);
+      CHECK(got.tokens == 14 - 2 - 3);  // 2 last positions, 3 ignored labels (one is a last one)
+      CHECK(got.loss.scalar_type() == ref.loss.scalar_type());
+      CHECK(rel_error(got.loss, ref.loss) <= tol);
+      CHECK(rel_error(got.grad_hidden, ref.grad_hidden) <= tol);
+      CHECK(rel_error(got.grad_weight, ref.grad_weight) <= tol);
+      CHECK(got.grad_hidden.scalar_type() == dtype);
+      CHECK(got.grad_weight.scalar_type() == dtype);
+    }
+  }
+}
+
+TEST_CASE("chunked LM loss: a frozen head gets no gradient, and without grad mode only the loss") {
+  const Inputs in(at::kFloat);
+  const Case ref = run(in, false, false, 0);
+  const Case got = run(in, true, false, 150);
+  CHECK(!got.grad_weight.defined());
+  CHECK(rel_error(got.grad_hidden, ref.grad_hidden) <= 1e-6);
+  const at::NoGradGuard no_grad;
+  const auto ls = chunked_lm_loss_sum(in.hidden, in.weight, in.labels, true, 150);
+  CHECK(!ls.sum.requires_grad());
+  CHECK(rel_error(ls.sum, ref.loss) <= 1e-6);
+}
+
+TEST_CASE("chunked LM loss in bf16 follows the unfused bf16 path within bf16's rounding") {
+  const Inputs in(at::kBFloat16);
+  const Case ref = run(in, false, true, 0);
+  const Case got = run(in, true, true, 150);
+  CHECK(got.loss.scalar_type() == at::kFloat);  // upcast, as the unfused path
+  CHECK(rel_error(got.loss, ref.loss) <= 1e-3);
+  CHECK(rel_error(got.grad_hidden, ref.grad_hidden) <= 2e-2);
+  CHECK(rel_error(got.grad_weight, ref.grad_weight) <= 2e-2);
+}
+
+TEST_CASE("chunked LM loss refuses shapes that do not match") {
+  const Inputs in(at::kFloat);
+  CHECK_THROWS_AS(chunked_lm_loss_sum(in.hidden, in.weight.t(), in.labels), ft::ConfigError);
+}
