@@ -147,9 +147,11 @@ StepStats Trainer::apply_update(StepStats st) {
   auto sq = [](const std::vector<at::Tensor>& ts) {
     double s = 0;
     if (ts.empty()) return s;
-    // One copy to the host for all the norms (one wait for the GPU, not one per tensor).
-    for (const double n : host_values(at::stack(at::_foreach_norm(ts, 2, at::kDouble))))
-      s += std::pow(n, 2);
+    // Each tensor's norm in its own dtype (fp32 masters: fp32; asking for fp64 copied every
+    // gradient first, 4.5x slower and a fifth of a small model's step), their squares summed in
+    // fp64 on the host, with one copy to the host for all of them (one wait for the GPU).
+    for (const double n : host_values(at::stack(at::_foreach_norm(ts, 2)).to(at::kDouble)))
+      s += n * n;
     return s;
   };
   const double norm = std::sqrt(engine_.global_sq_norm(sq(sharded), sq(replicated)));
