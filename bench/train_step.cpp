@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   int64_t hidden = 256, layers = 2, heads = 4, kv_heads = 0, inter = 688, vocab = 32000, batch = 8,
           seq = 128, steps = 20, warmup = 3, threads = 0;
   std::string precision = "fp32";
+  bool fused_loss = true;
   app.add_option("--hidden", hidden);
   app.add_option("--layers", layers);
   app.add_option("--heads", heads);
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup);
   app.add_option("--threads", threads);
   app.add_option("--precision", precision);
+  app.add_option("--fused-loss", fused_loss, "train.fused_loss (the LM head and loss in chunks)");
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) at::set_num_threads(static_cast<int>(threads));
 
@@ -52,6 +54,7 @@ int main(int argc, char** argv) {
   to.precision = precision;
   to.schedule = {1e-4, 0, 1000000, 1.0, "constant"};
   to.grad_clip = 1.0;
+  to.fused_loss = fused_loss;
   auto engine = parallel::single_process_engine(m, false, ft::parse_dtype(precision));
   train::Trainer tr(m, to, *engine);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);

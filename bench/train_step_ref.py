@@ -1,7 +1,9 @@
 """The plain PyTorch reference for bench/train_step.cpp: the same Llama model (Hugging Face
 transformers' LlamaForCausalLM, sdpa attention), the same random-token batches and step (forward,
 mean token loss, backward, global-norm clip 1.0, torch.optim.AdamW with its CPU default), the same
-torch build and thread count. Prints one JSON line like the C++ benchmark."""
+torch build and thread count. --variant: default (AdamW's CPU default, the foreach loop), fused
+(AdamW(fused=True)), compile (torch.compile of the model + fused AdamW: the best a user writes by
+hand). Prints one JSON line like the C++ benchmark."""
 import argparse
 import json
 import time
@@ -15,6 +17,7 @@ for name, default in [("hidden", 256), ("layers", 2), ("heads", 4), ("kv-heads",
                       ("threads", 0)]:
     p.add_argument("--" + name, type=int, default=default)
 p.add_argument("--precision", default="fp32")
+p.add_argument("--variant", default="default", choices=["default", "fused", "compile"])
 a = p.parse_args()
 if a.threads > 0:
     torch.set_num_threads(a.threads)
@@ -25,13 +28,15 @@ cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.
                   num_key_value_heads=a.kv_heads or a.heads, max_position_embeddings=a.seq,
                   attn_implementation="sdpa", tie_word_embeddings=False)
 model = LlamaForCausalLM(cfg).float().train()
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0,
+                        fused=True if a.variant != "default" else None)
+step_model = torch.compile(model) if a.variant == "compile" else model
 gen = torch.Generator().manual_seed(1)
 times = []
 for i in range(a.warmup + a.steps):
     ids = torch.randint(0, a.vocab, (a.batch, a.seq), generator=gen)
     t0 = time.perf_counter()
-    loss = model(input_ids=ids, labels=ids).loss
+    loss = step_model(input_ids=ids, labels=ids).loss
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
@@ -41,7 +46,7 @@ for i in range(a.warmup + a.steps):
         times.append(dt)
 times.sort()
 median = times[len(times) // 2]
-print(json.dumps({"impl": "pytorch", "steps_per_s": round(1 / median, 4),
+print(json.dumps({"impl": "pytorch", "variant": a.variant, "steps_per_s": round(1 / median, 4),
                   "step_time_s": {"median": round(median, 5), "min": round(times[0], 5)},
                   "threads": torch.get_num_threads(),
                   "params": sum(p.numel() for p in model.parameters())}))
