@@ -645,7 +645,7 @@ int run_doctor(const DoctorOptions& o) {
       job.layout = {env.nnodes, env.local_world_size, ctx.device.is_cuda()};
       const Prediction p = predict(job, measured);
       const std::vector<Alternative> alts =
-          p.efficiency < 0.7 ? alternatives(job, measured, p) : std::vector<Alternative>{};
+          p.efficiency < 0.7 ? alternatives(job, measured) : std::vector<Alternative>{};
       fmt::print("one device: forward + backward {} per micro-batch, update {} ({})\n",
                  human_seconds(measured.probe.fwd_bwd_s), human_seconds(measured.probe.optimizer_s),
                  measured.probe.from);

@@ -152,7 +152,7 @@ Prediction predict(const Job& job, const Measured& m) {
   return p;
 }
 
-std::vector<Alternative> alternatives(const Job& job, const Measured& m, const Prediction& now) {
+std::vector<Alternative> alternatives(const Job& job, const Measured& m) {
   std::vector<Alternative> out;
   auto attempt = [&](const std::string& what, Job variant) {
     try {
@@ -215,7 +215,6 @@ std::vector<Alternative> alternatives(const Job& job, const Measured& m, const P
     v.settings.strategy.kind = kind;
     attempt(fmt::format("strategy.kind={}", kind), v);
   }
-  (void)now;
   std::stable_sort(out.begin(), out.end(), [](const Alternative& a, const Alternative& b) {
     return a.prediction.tokens_per_s > b.prediction.tokens_per_s;
   });

@@ -93,7 +93,7 @@ struct Alternative {
 // The alternatives a job below 70% efficiency has: more gradient accumulation, fewer GPUs on one
 // node, HYBRID_SHARD across nodes, LoRA, another strategy; each the same model with the same
 // measurements. Those the settings refuse are left out.
-std::vector<Alternative> alternatives(const Job& job, const Measured& m, const Prediction& now);
+std::vector<Alternative> alternatives(const Job& job, const Measured& m);
 
 // The prediction (and alternatives, when below 70%) as the text `ft doctor` prints.
 std::string prediction_text(const Job& job, const Prediction& p,

@@ -88,7 +88,7 @@ TEST_CASE("step model: ddp over a 200 Mbit/s link, by hand") {
   CHECK(p.efficiency < 0.7);
 
   // The alternatives: accumulation until the efficiency passes 70%, one device, LoRA, others.
-  const auto alts = alternatives(job, m, p);
+  const auto alts = alternatives(job, m);
   bool accum = false, one_device = false, lora = false;
   for (const auto& a : alts) {
     if (a.what.rfind("train.grad_accum=", 0) == 0 && a.prediction.efficiency >= 0.7) accum = true;
