@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "data/jsonl_source.h"
+#include "model/cpu_math.h"
 #include "model/fused_loss.h"
 #include "model/llama.h"
 #include "model/lora.h"
@@ -29,6 +30,7 @@ nlohmann::json EvalResult::to_json() const {
 }
 
 EvalResult evaluate(const EvalOptions& o) {
+  model::prime_cpu_math();  // see model/cpu_math.h
   FT_CHECK(!o.model_dir.empty(), "ft eval needs --model DIR");
   FT_CHECK(!o.data_path.empty(), "ft eval needs --data PATH (JSONL)");
   FT_CHECK(!o.data.synthetic(),

@@ -23,6 +23,7 @@
 #include "cuda/loader.h"
 #include "data/jsonl_source.h"
 #include "data/synthetic.h"
+#include "model/cpu_math.h"
 #include "model/flops.h"
 #include "model/llama.h"
 #include "model/lora.h"
@@ -194,6 +195,7 @@ class TrainingRun {
  public:
   TrainingRun(const RunOptions& o, const comm::DistEnv& env, OutputPlan out)
       : o_(o), s_(o.settings), env_(env), out_(std::move(out)), rank0_(env.rank == 0) {
+    model::prime_cpu_math();  // before any parallel work: see model/cpu_math.h
     check_data_and_length(o_);
     choose_device();
     build_model();
