@@ -33,6 +33,10 @@ TrainOptions train_options(const config::TrainSettings& train,
   return o;
 }
 
+model::FusedOps fused_ops(const config::TrainSettings& train) {
+  return {train.fused_rms_norm, train.fused_swiglu, train.fused_rope};
+}
+
 Trainer::Trainer(model::LlamaModel& model, TrainOptions options, parallel::Engine& engine)
     : model_(model), options_(std::move(options)), engine_(engine) {
   compute_dtype_ = parse_dtype(options_.precision);
@@ -147,11 +151,13 @@ StepStats Trainer::apply_update(StepStats st) {
   auto sq = [](const std::vector<at::Tensor>& ts) {
     double s = 0;
     if (ts.empty()) return s;
-    // In fp64: fp32 norms (4.5x faster on a CPU) sum in an order that depends on where each
-    // gradient lies in memory, so a resumed run's clip factor could differ in the last bit and
-    // resume would not be bit-identical. One copy to the host for all the norms.
-    for (const double n : host_values(at::stack(at::_foreach_norm(ts, 2, at::kDouble))))
-      s += std::pow(n, 2);
+    // Each tensor's norm in its own dtype (fp32 masters: fp32; asking for fp64 copies every
+    // gradient first, 4.5x slower and a fifth of a small model's step), their squares summed in
+    // fp64 on the host, with one copy to the host for all of them (one wait for the GPU). ATen's
+    // reduction splits a tensor by its length and the thread count only, so a resumed process
+    // gets the same bits (tests/train/ft_train_test.cpp, "fresh processes ...").
+    for (const double n : host_values(at::stack(at::_foreach_norm(ts, 2)).to(at::kDouble)))
+      s += n * n;
     return s;
   };
   const double norm = std::sqrt(engine_.global_sq_norm(sq(sharded), sq(replicated)));
