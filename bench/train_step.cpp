@@ -36,6 +36,9 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads);
   app.add_option("--precision", precision);
   app.add_option("--fused-loss", fused_loss, "train.fused_loss (the LM head and loss in chunks)");
+  bool fused_kernels = true;
+  app.add_option("--fused-kernels", fused_kernels,
+                 "train.fused_rms_norm, fused_swiglu and fused_rope together");
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) at::set_num_threads(static_cast<int>(threads));
 
@@ -50,6 +53,7 @@ int main(int argc, char** argv) {
   c.max_position_embeddings = seq;
   model::LlamaModel m(c, at::TensorOptions().dtype(ft::parse_dtype(precision)));
   m.init_random(0);
+  m.set_fused_ops({fused_kernels, fused_kernels, fused_kernels});
   train::TrainOptions to;
   to.precision = precision;
   to.schedule = {1e-4, 0, 1000000, 1.0, "constant"};

@@ -225,6 +225,16 @@ const std::vector<Setting>& preset_schema() {
       "Compute the LM head and the cross-entropy chunk by chunk of tokens, never holding the "
       "whole step's logits (tokens x vocabulary); false: the unfused path. Same loss and "
       "gradients within rounding."),
+    B(KEY(train.fused_rms_norm), true,
+      "RMSNorm (and the residual add before the second norm of a layer) as one fused CPU "
+      "kernel with its own backward; false: transformers' op sequence. Same values within "
+      "rounding."),
+    B(KEY(train.fused_swiglu), true,
+      "silu(gate) * up as one fused CPU kernel with its own backward (keeps two tensors for "
+      "backward instead of three); false: the unfused ops."),
+    B(KEY(train.fused_rope), true,
+      "The rotary embedding of queries and keys as one fused CPU kernel with its own "
+      "backward; false: transformers' x * cos + rotate_half(x) * sin."),
     // precision
     C(KEY(precision.mode), "bf16", {"fp32", "bf16", "fp16", "fp64"},
       "Compute dtype; bf16/fp16 keep fp32 master weights and optimizer state; fp64 is for exact numerical checks."),

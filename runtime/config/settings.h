@@ -53,6 +53,9 @@ struct TrainSettings {
   std::string activation_checkpointing;  // none | full | every_n
   int64_t checkpoint_every_n_layers = 0;
   bool fused_loss = true;  // model/fused_loss.h: the head and the loss chunk by chunk
+  bool fused_rms_norm = true;  // model/fused_ops.h
+  bool fused_swiglu = true;
+  bool fused_rope = true;
 };
 
 struct PrecisionSettings {

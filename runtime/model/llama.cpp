@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <tuple>
 
 #include "core/error.h"
 #include "model/activation_checkpoint.h"
@@ -195,6 +196,18 @@ at::Tensor rotate_half(const at::Tensor& x) {
 
 }  // namespace
 
+// The fused RMSNorm runs wherever it equals transformers' within rounding: on CPU tensors of one
+// dtype, except fp64, whose norm transformers computes in fp32 (the unfused path does the same).
+bool LlamaModel::fuses_norm(const at::Tensor& x, const at::Tensor& weight) const {
+  return fused_.rms_norm && x.is_cpu() && weight.scalar_type() == x.scalar_type() &&
+         x.scalar_type() != at::kDouble;
+}
+
+at::Tensor LlamaModel::norm(const at::Tensor& x, const at::Tensor& weight) const {
+  if (fuses_norm(x, weight)) return fused_rms_norm(x, weight, config_.rms_norm_eps);
+  return rms_norm(x, weight, config_.rms_norm_eps);
+}
+
 at::Tensor LlamaModel::layer_forward(const LlamaLayer& L, const at::Tensor& hidden,
                                      const at::Tensor& cos, const at::Tensor& sin,
                                      const at::Tensor& mask, bool training) const {
@@ -202,27 +215,43 @@ at::Tensor LlamaModel::layer_forward(const LlamaLayer& L, const at::Tensor& hidd
   const int64_t B = hidden.size(0), T = hidden.size(1);
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   at::Tensor h = hidden;
-  at::Tensor x = rms_norm(h, L.input_layernorm, c.rms_norm_eps);
-  at::Tensor q = L.q_proj.forward(x, training).view({B, T, -1, c.head_dim}).transpose(1, 2);
-  at::Tensor k = L.k_proj.forward(x, training).view({B, T, -1, c.head_dim}).transpose(1, 2);
-  at::Tensor v = L.v_proj.forward(x, training).view({B, T, -1, c.head_dim}).transpose(1, 2);
-  q = q * cos + rotate_half(q) * sin;
-  k = k * cos + rotate_half(k) * sin;
+  at::Tensor x = norm(h, L.input_layernorm);
+  // [B, T, heads, head_dim]: the rotary embedding before the heads move to dimension 1.
+  at::Tensor q = L.q_proj.forward(x, training).view({B, T, -1, c.head_dim});
+  at::Tensor k = L.k_proj.forward(x, training).view({B, T, -1, c.head_dim});
+  at::Tensor v = L.v_proj.forward(x, training).view({B, T, -1, c.head_dim});
+  if (fused_.rope && q.is_cpu()) {
+    q = fused_rope(q, cos, sin);
+    k = fused_rope(k, cos, sin);
+  } else {
+    const at::Tensor cos4 = cos.unsqueeze(2), sin4 = sin.unsqueeze(2);  // [B, T, 1, hd]
+    q = q * cos4 + rotate_half(q) * sin4;
+    k = k * cos4 + rotate_half(k) * sin4;
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
+  v = v.transpose(1, 2);
   at::Tensor a = at::scaled_dot_product_attention(
       q, k, v, mask.defined() ? c10::optional<at::Tensor>(mask) : c10::nullopt,
       /*dropout_p=*/0.0, /*is_causal=*/!mask.defined() && T > 1, scale,
       /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads);
   a = a.transpose(1, 2).reshape({B, T, -1});
-  h = h + L.o_proj.forward(a, training);
-  x = rms_norm(h, L.post_attention_layernorm, c.rms_norm_eps);
-  at::Tensor m = at::silu(L.gate_proj.forward(x, training)) * L.up_proj.forward(x, training);
+  const at::Tensor o = L.o_proj.forward(a, training);
+  if (fuses_norm(h, L.post_attention_layernorm)) {
+    std::tie(h, x) = fused_add_rms_norm(h, o, L.post_attention_layernorm, c.rms_norm_eps);
+  } else {
+    h = h + o;
+    x = rms_norm(h, L.post_attention_layernorm, c.rms_norm_eps);
+  }
+  const at::Tensor gate = L.gate_proj.forward(x, training), up = L.up_proj.forward(x, training);
+  const at::Tensor m =
+      fused_.swiglu && gate.is_cpu() ? fused_swiglu(gate, up) : at::silu(gate) * up;
   h = h + L.down_proj.forward(m, training);
   return h;
 }
 
 at::Tensor LlamaModel::hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids_in,
                                      bool training, const at::Tensor& segment_ids) const {
-  const auto& c = config_;
   FT_CHECK(input_ids.dim() == 2, "input_ids must be [batch, seq], got ", input_ids.sizes());
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
   at::Tensor position_ids = position_ids_in.defined()
@@ -232,8 +261,8 @@ at::Tensor LlamaModel::hidden_states(const at::Tensor& input_ids, const at::Tens
   at::Tensor h = at::embedding(embed_tokens_, input_ids);
   if (hooks_) hooks_->after_unit(0, h);
   const auto dtype = h.scalar_type();
-  at::Tensor cos = rope_cos_sin(position_ids, dtype, false).unsqueeze(1);  // [B, 1, T, hd]
-  at::Tensor sin = rope_cos_sin(position_ids, dtype, true).unsqueeze(1);
+  at::Tensor cos = rope_cos_sin(position_ids, dtype, false).contiguous();  // [B, T, hd]
+  at::Tensor sin = rope_cos_sin(position_ids, dtype, true).contiguous();
   // Packed sequences: causal within each segment, nothing across segments. [B, 1, T, T] bool.
   at::Tensor mask;
   if (segment_ids.defined()) {
@@ -257,7 +286,7 @@ at::Tensor LlamaModel::hidden_states(const at::Tensor& input_ids, const at::Tens
     }
     if (hooks_) hooks_->after_unit(unit, h);
   }
-  return rms_norm(h, norm_, c.rms_norm_eps);
+  return norm(h, norm_);
 }
 
 at::Tensor LlamaModel::forward(const at::Tensor& input_ids, const at::Tensor& position_ids,

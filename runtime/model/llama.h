@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/fused_ops.h"
 
 namespace ft::model {
 
@@ -117,9 +118,16 @@ class LlamaModel {
   void set_activation_checkpointing(ActivationCheckpointing mode, int64_t every_n = 1);
   bool checkpoints_layer(int64_t index) const;
 
+  // Which fused CPU kernels (model/fused_ops.h) the forward uses; all by default. The unfused
+  // path (transformers' op sequence) runs where one is off, and on CUDA tensors.
+  void set_fused_ops(FusedOps ops) { fused_ = ops; }
+  const FusedOps& fused_ops() const { return fused_; }
+
  private:
   at::Tensor rope_cos_sin(const at::Tensor& position_ids, at::ScalarType dtype, bool sin) const;
-  // One decoder layer: hidden [B, T, hidden] -> [B, T, hidden]; cos, sin [B, 1, T, head_dim]; mask
+  bool fuses_norm(const at::Tensor& x, const at::Tensor& weight) const;
+  at::Tensor norm(const at::Tensor& x, const at::Tensor& weight) const;
+  // One decoder layer: hidden [B, T, hidden] -> [B, T, hidden]; cos, sin [B, T, head_dim]; mask
   // [B, 1, T, T] bool or undefined (causal).
   at::Tensor layer_forward(const LlamaLayer& layer, const at::Tensor& hidden, const at::Tensor& cos,
                            const at::Tensor& sin, const at::Tensor& mask, bool training) const;
@@ -132,6 +140,7 @@ class LlamaModel {
   UnitHooks* hooks_ = nullptr;
   ActivationCheckpointing checkpointing_ = ActivationCheckpointing::kNone;
   int64_t checkpoint_every_n_ = 1;
+  FusedOps fused_;
 };
 
 // Rotary inverse frequencies exactly as transformers computes them (fp32).

@@ -278,6 +278,7 @@ void TrainingRun::build_model() {
   model_ = std::make_unique<model::LlamaModel>(
       mc_, at::TensorOptions().dtype(dtype_).device(device_), /*materialize=*/false);
   model_->set_activation_checkpointing(checkpointing, s_.train.checkpoint_every_n_layers);
+  model_->set_fused_ops(fused_ops(s_.train));
   if (s_.lora.enabled) {
     lora_config_ = lora_config_from_preset(s_.lora, o_.model_dir);
     model::attach_lora(*model_, lora_config_, s_.train.seed + 1);

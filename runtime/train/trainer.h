@@ -102,4 +102,7 @@ class Trainer {
 TrainOptions train_options(const config::TrainSettings& train,
                            const config::PrecisionSettings& precision, int64_t total_steps);
 
+// The fused kernels the model uses (train.fused_rms_norm, train.fused_swiglu, train.fused_rope).
+model::FusedOps fused_ops(const config::TrainSettings& train);
+
 }  // namespace ft::train

@@ -1,0 +1,405 @@
+#include "model/fused_ops.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "core/error.h"
+
+namespace ft::model {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Arithmetic inside a kernel: fp32 for fp32, bf16 and fp16 (as ATen's opmath), fp64 for fp64.
+template <typename T>
+using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// v rounded to T and back: where the unfused path stores an intermediate tensor in T.
+template <typename T>
+inline Acc<T> round_to(Acc<T> v) {
+  return static_cast<Acc<T>>(static_cast<T>(v));
+}
+
+// Elements per parallel chunk: below this a kernel runs on the calling thread.
+constexpr int64_t kGrain = 1 << 15;
+
+// ---- RMSNorm ------------------------------------------------------------------------------------
+
+// Rows are cut into at most kMaxBlocks blocks of equal length that depends on the row count only;
+// the weight's gradient is summed per block, then over the blocks in order, so its bits do not
+// depend on the number of threads.
+constexpr int64_t kMaxBlocks = 64;
+constexpr int64_t kMinRowsPerBlock = 16;
+
+struct Blocks {
+  int64_t count = 0, rows_per_block = 0;
+};
+Blocks blocks_of(int64_t rows) {
+  const int64_t want = std::min(kMaxBlocks, (rows + kMinRowsPerBlock - 1) / kMinRowsPerBlock);
+  Blocks b;
+  b.count = std::max<int64_t>(want, 1);
+  b.rows_per_block = (rows + b.count - 1) / b.count;
+  b.count = rows == 0 ? 0 : (rows + b.rows_per_block - 1) / b.rows_per_block;
+  return b;
+}
+
+// sum of a[j] * b[j] over a row in Acc, in 8 interleaved partial sums (a fixed order that the
+// compiler vectorizes).
+template <typename T, typename U>
+inline Acc<T> row_dot(const T* a, const U* b, int64_t n) {
+  using A = Acc<T>;
+  A lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) lanes[l] += static_cast<A>(a[j + l]) * static_cast<A>(b[j + l]);
+  A s = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+        ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  for (; j < n; ++j) s += static_cast<A>(a[j]) * static_cast<A>(b[j]);
+  return s;
+}
+
+// y = w * round(x * rstd) per row (transformers: the normalised value is cast to the input's dtype
+// before the weight multiplies it); optionally x = h + delta first, stored to `sum`.
+template <typename T>
+void rms_forward_rows(const T* h, const T* delta, T* sum, const T* w, T* y, Acc<T>* rstd,
+                      int64_t begin, int64_t end, int64_t H, double eps) {
+  using A = Acc<T>;
+  for (int64_t r = begin; r < end; ++r) {
+    const T* x = h + r * H;
+    if (delta) {
+      T* s = sum + r * H;
+      const T* d = delta + r * H;
+      for (int64_t j = 0; j < H; ++j)
+        s[j] = static_cast<T>(static_cast<A>(x[j]) + static_cast<A>(d[j]));
+      x = s;
+    }
+    const A var = row_dot(x, x, H) / static_cast<A>(H);
+    const A rs = A(1) / std::sqrt(var + static_cast<A>(eps));
+    rstd[r] = rs;
+    T* yr = y + r * H;
+    for (int64_t j = 0; j < H; ++j)
+      yr[j] = static_cast<T>(static_cast<A>(w[j]) * round_to<T>(static_cast<A>(x[j]) * rs));
+  }
+}
+
+// One block of rows: dx (plus `ds`, the gradient arriving at the residual sum, when given) and
+// this block's share of dw.
+template <typename T>
+void rms_backward_rows(const T* dy, const T* x, const T* w, const Acc<T>* rstd, const T* ds, T* dx,
+                       Acc<T>* dw_part, int64_t begin, int64_t end, int64_t H) {
+  using A = Acc<T>;
+  std::vector<A> dc(static_cast<size_t>(H));
+  for (int64_t r = begin; r < end; ++r) {
+    const T* dyr = dy + r * H;
+    const T* xr = x + r * H;
+    const A rs = rstd[r];
+    A lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t j = 0;
+    for (; j < H; ++j) {
+      // The unfused graph: y = w * c, c = round(x * rs); dc = round(dy * w); dw += dy * c.
+      const A xhat = static_cast<A>(xr[j]) * rs;
+      dc[j] = round_to<T>(static_cast<A>(dyr[j]) * static_cast<A>(w[j]));
+      if (dw_part) dw_part[j] += static_cast<A>(dyr[j]) * round_to<T>(xhat);
+      lanes[j & 7] += dc[j] * xhat;
+    }
+    const A dot = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+                  ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    const A k = dot / static_cast<A>(H);
+    if (!dx) continue;
+    T* dxr = dx + r * H;
+    const T* dsr = ds ? ds + r * H : nullptr;
+    for (j = 0; j < H; ++j) {
+      const A g = round_to<T>(rs * (dc[j] - static_cast<A>(xr[j]) * rs * k));
+      dxr[j] = static_cast<T>(dsr ? static_cast<A>(dsr[j]) + g : g);
+    }
+  }
+}
+
+struct RmsOut {
+  at::Tensor sum, y, rstd;
+};
+
+RmsOut rms_forward(const at::Tensor& h, const at::Tensor& delta, const at::Tensor& w, double eps) {
+  const int64_t H = h.size(-1);
+  const int64_t rows = H == 0 ? 0 : h.numel() / H;
+  RmsOut o;
+  o.y = at::empty_like(h, at::MemoryFormat::Contiguous);
+  if (delta.defined()) o.sum = at::empty_like(h, at::MemoryFormat::Contiguous);
+  const at::ScalarType acc = h.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  o.rstd = at::empty({rows}, h.options().dtype(acc));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, h.scalar_type(), "fused_rms_norm", [&] {
+    using T = scalar_t;
+    const T* hp = h.const_data_ptr<T>();
+    const T* dp = delta.defined() ? delta.const_data_ptr<T>() : nullptr;
+    T* sp = delta.defined() ? o.sum.data_ptr<T>() : nullptr;
+    const T* wp = w.const_data_ptr<T>();
+    T* yp = o.y.data_ptr<T>();
+    Acc<T>* rp = o.rstd.data_ptr<Acc<T>>();
+    at::parallel_for(
+        0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(H, 1)),
+        [&](int64_t b, int64_t e) { rms_forward_rows<T>(hp, dp, sp, wp, yp, rp, b, e, H, eps); });
+  });
+  return o;
+}
+
+// dx (with ds added when defined) and dw (undefined unless want_dw).
+std::pair<at::Tensor, at::Tensor> rms_backward(const at::Tensor& dy_in, const at::Tensor& x,
+                                               const at::Tensor& w, const at::Tensor& rstd,
+                                               const at::Tensor& ds_in, bool want_dx,
+                                               bool want_dw) {
+  const at::Tensor dy = dy_in.contiguous();
+  const at::Tensor ds = ds_in.defined() ? ds_in.contiguous() : at::Tensor();
+  const int64_t H = x.size(-1);
+  const int64_t rows = H == 0 ? 0 : x.numel() / H;
+  const Blocks blocks = blocks_of(rows);
+  at::Tensor dx = want_dx ? at::empty_like(x, at::MemoryFormat::Contiguous) : at::Tensor();
+  at::Tensor parts, dw;
+  if (want_dw) parts = at::zeros({blocks.count, H}, rstd.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, x.scalar_type(), "fused_rms_norm_backward", [&] {
+        using T = scalar_t;
+        using A = Acc<T>;
+        const T* dyp = dy.const_data_ptr<T>();
+        const T* xp = x.const_data_ptr<T>();
+        const T* wp = w.const_data_ptr<T>();
+        const A* rp = rstd.const_data_ptr<A>();
+        const T* dsp = ds.defined() ? ds.const_data_ptr<T>() : nullptr;
+        T* dxp = want_dx ? dx.data_ptr<T>() : nullptr;
+        A* pp = want_dw ? parts.data_ptr<A>() : nullptr;
+        at::parallel_for(0, blocks.count, 1, [&](int64_t b, int64_t e) {
+          for (int64_t blk = b; blk < e; ++blk) {
+            const int64_t r0 = blk * blocks.rows_per_block;
+            const int64_t r1 = std::min(rows, r0 + blocks.rows_per_block);
+            rms_backward_rows<T>(dyp, xp, wp, rp, dsp, dxp, pp ? pp + blk * H : nullptr, r0, r1, H);
+          }
+        });
+        if (want_dw) {
+          dw = at::empty({H}, w.options());
+          T* dwp = dw.data_ptr<T>();
+          at::parallel_for(0, H, std::max<int64_t>(1, kGrain / std::max<int64_t>(blocks.count, 1)),
+                           [&](int64_t b, int64_t e) {
+                             for (int64_t j = b; j < e; ++j) {
+                               A s = 0;
+                               for (int64_t blk = 0; blk < blocks.count; ++blk)
+                                 s += pp[blk * H + j];
+                               dwp[j] = static_cast<T>(s);
+                             }
+                           });
+        }
+      });
+  return {dx, dw};
+}
+
+void check_norm_args(const at::Tensor& x, const at::Tensor& w) {
+  FT_CHECK(x.dim() >= 1 && w.dim() == 1 && w.size(0) == x.size(-1) &&
+               w.scalar_type() == x.scalar_type() && x.device().is_cpu() && w.device().is_cpu(),
+           "fused_rms_norm: input ", x.sizes(), " ", x.scalar_type(), " and weight ", w.sizes(),
+           " ", w.scalar_type(), " must be CPU tensors of one dtype with weight [hidden]");
+}
+
+struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            double eps) {
+    const at::Tensor xc = x.contiguous(), wc = w.contiguous();
+    RmsOut o = rms_forward(xc, at::Tensor(), wc, eps);
+    ctx->save_for_backward({xc, wc, o.rstd});
+    return o.y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    auto [dx, dw] = rms_backward(grads[0], s[0], s[1], s[2], at::Tensor(), ctx->needs_input_grad(0),
+                                 ctx->needs_input_grad(1));
+    return {dx, dw, at::Tensor()};
+  }
+};
+
+struct AddRmsNormFn : public torch::autograd::Function<AddRmsNormFn> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& delta,
+                               const at::Tensor& w, double eps) {
+    const at::Tensor wc = w.contiguous();
+    RmsOut o = rms_forward(h.contiguous(), delta.contiguous(), wc, eps);
+    ctx->save_for_backward({o.sum, wc, o.rstd});
+    return {o.sum, o.y};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const bool want_dx = ctx->needs_input_grad(0) || ctx->needs_input_grad(1);
+    at::Tensor dy = grads[1];
+    at::Tensor dsum, dw;
+    if (dy.defined()) {
+      std::tie(dsum, dw) =
+          rms_backward(dy, s[0], s[1], s[2], grads[0], want_dx, ctx->needs_input_grad(2));
+    } else {
+      dsum = grads[0];  // the norm's output unused: only the residual's gradient
+    }
+    return {ctx->needs_input_grad(0) ? dsum : at::Tensor(),
+            ctx->needs_input_grad(1) ? dsum : at::Tensor(), dw, at::Tensor()};
+  }
+};
+
+// ---- SwiGLU -------------------------------------------------------------------------------------
+
+struct SwiGluFn : public torch::autograd::Function<SwiGluFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    const at::Tensor g = gate.contiguous(), u = up.contiguous();
+    at::Tensor y = at::empty_like(g, at::MemoryFormat::Contiguous);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "fused_swiglu", [&] {
+      using T = scalar_t;
+      using A = Acc<T>;
+      const T* gp = g.const_data_ptr<T>();
+      const T* upp = u.const_data_ptr<T>();
+      T* yp = y.data_ptr<T>();
+      at::parallel_for(0, g.numel(), kGrain, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          const A x = static_cast<A>(gp[i]);
+          const A silu = round_to<T>(x / (A(1) + std::exp(-x)));
+          yp[i] = static_cast<T>(silu * static_cast<A>(upp[i]));
+        }
+      });
+    });
+    ctx->save_for_backward({g, u});
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const at::Tensor& g = s[0];
+    const at::Tensor& u = s[1];
+    const at::Tensor dy = grads[0].contiguous();
+    const bool want_g = ctx->needs_input_grad(0), want_u = ctx->needs_input_grad(1);
+    at::Tensor dg = want_g ? at::empty_like(g) : at::Tensor();
+    at::Tensor du = want_u ? at::empty_like(u) : at::Tensor();
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kBFloat16, at::kHalf, g.scalar_type(), "fused_swiglu_backward", [&] {
+          using T = scalar_t;
+          using A = Acc<T>;
+          const T* gp = g.const_data_ptr<T>();
+          const T* upp = u.const_data_ptr<T>();
+          const T* dyp = dy.const_data_ptr<T>();
+          T* dgp = want_g ? dg.data_ptr<T>() : nullptr;
+          T* dup = want_u ? du.data_ptr<T>() : nullptr;
+          at::parallel_for(0, g.numel(), kGrain, [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) {
+              const A x = static_cast<A>(gp[i]);
+              const A one_plus = A(1) + std::exp(-x);
+              const A sig = A(1) / one_plus;
+              const A d = static_cast<A>(dyp[i]);
+              // The unfused graph: y = s * up, s = silu(x) = x / (1 + e^-x): ds = round(dy * up),
+              // dup = dy * s, dx = ds * sig * (1 + x * (1 - sig)) (ATen's silu_backward).
+              if (dup) dup[i] = static_cast<T>(d * round_to<T>(x / one_plus));
+              if (dgp) {
+                const A ds = round_to<T>(d * static_cast<A>(upp[i]));
+                dgp[i] = static_cast<T>(ds * sig * (A(1) + x * (A(1) - sig)));
+              }
+            }
+          });
+        });
+    return {dg, du};
+  }
+};
+
+// ---- Rotary embedding ---------------------------------------------------------------------------
+
+// out = x * c + rotate_half(x) * s per head, rotate_half(x) = [-x2, x1]; each product rounded to T
+// as the unfused path stores it. With `backward`, the transposed map: dx = dy * c + rotate_half^T
+// (dy * s), rotate_half^T(z) = [z2, -z1].
+template <typename T>
+void rope_rows(const T* x, const T* cos, const T* sin, T* out, int64_t rows, int64_t heads,
+               int64_t hd, bool backward) {
+  using A = Acc<T>;
+  const int64_t half = hd / 2;
+  at::parallel_for(
+      0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(heads * hd, 1)),
+      [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+          const T* c = cos + r * hd;
+          const T* s = sin + r * hd;
+          for (int64_t h = 0; h < heads; ++h) {
+            const T* xr = x + (r * heads + h) * hd;
+            T* o = out + (r * heads + h) * hd;
+            for (int64_t j = 0; j < hd; ++j) {
+              const A a = round_to<T>(static_cast<A>(xr[j]) * static_cast<A>(c[j]));
+              A rot;
+              if (!backward)
+                rot = j < half ? -static_cast<A>(xr[j + half]) * static_cast<A>(s[j])
+                               : static_cast<A>(xr[j - half]) * static_cast<A>(s[j]);
+              else
+                rot = j < half ? static_cast<A>(xr[j + half]) * static_cast<A>(s[j + half])
+                               : -(static_cast<A>(xr[j - half]) * static_cast<A>(s[j - half]));
+              o[j] = static_cast<T>(a + round_to<T>(rot));
+            }
+          }
+        }
+      });
+}
+
+at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                      bool backward) {
+  const at::Tensor xc = x.contiguous();
+  at::Tensor out = at::empty_like(xc, at::MemoryFormat::Contiguous);
+  const int64_t rows = xc.size(0) * xc.size(1), heads = xc.size(2), hd = xc.size(3);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "fused_rope", [&] {
+    rope_rows<scalar_t>(xc.const_data_ptr<scalar_t>(), cos.const_data_ptr<scalar_t>(),
+                        sin.const_data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, heads, hd,
+                        backward);
+  });
+  return out;
+}
+
+struct RopeFn : public torch::autograd::Function<RopeFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
+                            const at::Tensor& sin) {
+    const at::Tensor c = cos.contiguous(), s = sin.contiguous();
+    ctx->save_for_backward({c, s});
+    return rope_apply(x, c, s, /*backward=*/false);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    return {rope_apply(grads[0], s[0], s[1], /*backward=*/true), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_norm_args(x, weight);
+  return RmsNormFn::apply(x, weight, eps);
+}
+
+std::pair<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& h, const at::Tensor& delta,
+                                                     const at::Tensor& weight, double eps) {
+  check_norm_args(h, weight);
+  FT_CHECK(delta.sizes() == h.sizes() && delta.scalar_type() == h.scalar_type() &&
+               delta.device().is_cpu(),
+           "fused_add_rms_norm: residual ", h.sizes(), " ", h.scalar_type(), " and update ",
+           delta.sizes(), " ", delta.scalar_type(), " differ");
+  auto out = AddRmsNormFn::apply(h, delta, weight, eps);
+  return {out[0], out[1]};
+}
+
+at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  FT_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type() &&
+               gate.device().is_cpu() && up.device().is_cpu(),
+           "fused_swiglu: gate ", gate.sizes(), " ", gate.scalar_type(), " and up ", up.sizes(),
+           " ", up.scalar_type(), " must be CPU tensors of one shape and dtype");
+  return SwiGluFn::apply(gate, up);
+}
+
+at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  FT_CHECK(x.dim() == 4 && cos.dim() == 3 && sin.sizes() == cos.sizes() &&
+               cos.size(0) == x.size(0) && cos.size(1) == x.size(1) && cos.size(2) == x.size(3) &&
+               x.size(3) % 2 == 0 && cos.scalar_type() == x.scalar_type() &&
+               sin.scalar_type() == x.scalar_type() && x.device().is_cpu() && cos.device().is_cpu(),
+           "fused_rope: x ", x.sizes(), " ", x.scalar_type(), ", cos ", cos.sizes(), " ",
+           cos.scalar_type(),
+           ": want x [B, T, heads, even head_dim], cos/sin [B, T, head_dim] of x's dtype");
+  return RopeFn::apply(x, cos, sin);
+}
+
+}  // namespace ft::model

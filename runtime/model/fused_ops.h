@@ -1,0 +1,40 @@
+// Fused kernels behind the model's elementwise ops, each a custom autograd function with its own
+// forward and backward: RMSNorm (optionally with the residual add before it), SwiGLU and the
+// rotary embedding. One pass over the data instead of the unfused path's 4-8 ops, their
+// temporaries and autograd nodes; each saves less for backward (SwiGLU keeps its two inputs, not
+// three tensors). In every dtype they round where transformers' op sequence rounds (bf16: the
+// normalised value before the weight, each product of SwiGLU and RoPE), with fp32 (fp64 for fp64)
+// inside, so fp32 results equal the unfused path within rounding of the row sums. CPU kernels:
+// threads through at::parallel_for, a fixed order of every sum (the same bits from one process
+// to the next and for any thread count). CUDA tensors take the unfused path (LibTorch's fused
+// rms_norm for RMSNorm). Not thread-safe beyond what autograd guarantees.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <utility>
+
+namespace ft::model {
+
+// Which fused kernels the model uses (train.fused_rms_norm, train.fused_swiglu, train.fused_rope).
+struct FusedOps {
+  bool rms_norm = true;
+  bool swiglu = true;
+  bool rope = true;
+};
+
+// weight * x / sqrt(mean(x^2) + eps) over the last dimension. x [..., H], weight [H], same dtype.
+at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// The residual add and the norm after it: returns {h + delta, rms_norm(h + delta)}.
+std::pair<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& h, const at::Tensor& delta,
+                                                     const at::Tensor& weight, double eps);
+
+// silu(gate) * up, elementwise; gate and up of one shape and dtype.
+at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
+
+// The rotary embedding x * cos + rotate_half(x) * sin. x [B, T, heads, head_dim] (any strides),
+// cos and sin [B, T, head_dim] of x's dtype, no gradient. Returns a contiguous [B, T, heads, hd].
+at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+}  // namespace ft::model
