@@ -56,6 +56,37 @@ def run_case(ft, world, sets, workdir):
     return plan, ranks, time.time() - t0
 
 
+def plan_of(ft, world, sets):
+    args = sum([["--set", s] for s in sets], [])
+    return json.loads(subprocess.run([ft, "plan", "--preset", "tiny-demo", "--nproc-per-node",
+                                      str(world)] + args + ["--json"],
+                                     capture_output=True, text=True).stdout)
+
+
+def print_row(row):
+    print(f"{row['world']:>2} {row['strategy']:<14} {str(row['lora']):<5} {row['precision']:<5} "
+          f"{str(row['activation_checkpointing']):<5} {'exact' if row['state_exact'] else 'DIFF':<6} "
+          f"{row['predicted']/2**20:9.1f} {row['measured']/2**20:9.1f} {row['error']*100:6.1f}%",
+          flush=True)
+
+
+def replan(a):
+    rows, worst = json.load(open(a.replan)), 0.0
+    for row in rows:
+        sets = case_sets(row["strategy"], row["lora"], row["precision"],
+                         row["activation_checkpointing"])
+        r = plan_of(a.ft, row["world"], sets)["rank"]
+        row["state_exact"] = all(k[key] == r[key] for k in row["ranks"]
+                                 for key in ("param_bytes", "grad_bytes", "optimizer_bytes"))
+        row["predicted"] = r["step_peak_bytes"]
+        row["error"] = (row["predicted"] - row["measured"]) / row["measured"]
+        worst = max(worst, abs(row["error"]))
+        print_row(row)
+    print(f"worst |error| {worst*100:.1f}% over {len(rows)} cases")
+    if a.json:
+        json.dump(rows, open(a.json, "w"), indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ft", default="build/bin/ft")
@@ -67,7 +98,12 @@ def main():
     ap.add_argument("--worlds", default="1,2,4", help="world sizes to run, e.g. 2,4")
     ap.add_argument("--sample", type=int, default=1,
                     help="run one case in N of the selected ones (after the filters)")
+    ap.add_argument("--replan", metavar="JSON",
+                    help="re-plan the measured runs of an earlier --json with this ft's plan (the "
+                         "measurements are kept; only the prediction changes)")
     a = ap.parse_args()
+    if a.replan:
+        return replan(a)
     worlds = [int(w) for w in a.worlds.split(",")]
     cases = []
     for world, strategy, lora, precision, ac in itertools.product(

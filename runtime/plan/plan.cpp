@@ -85,20 +85,31 @@ struct LayerActs {
 };
 
 LayerActs layer_activations(const model::LlamaConfig& mc, const config::Settings& s, int64_t N,
-                            int64_t c) {
+                            int64_t c, bool gpu) {
   const int64_t h = mc.hidden_size, I = mc.intermediate_size;
   const int64_t hq = mc.num_attention_heads * mc.head_dim;
   const int64_t hkv = mc.num_key_value_heads * mc.head_dim;
   const bool lora = s.lora.enabled;
   LayerActs a;
-  // Two RMSNorms: the fp32 copy of the input (pow and the scaling keep it); the normalised value
-  // before the weight, kept when the weight is trained.
-  a.saved += 2 * (4 * N * h + (lora ? 0 : c * N * h));
+  // The fused CPU kernels (model/fused_ops.h; RMSNorm not in fp64) keep less than the op
+  // sequences they replace.
+  const bool fused_norm = !gpu && s.train.fused_rms_norm && s.precision.mode != "fp64";
+  const bool fused_swiglu = !gpu && s.train.fused_swiglu;
+  if (fused_norm) {
+    // Two RMSNorms: each keeps its input (the layer's input; the residual sum after attention)
+    // and one fp32 scale per token.
+    a.saved += 2 * (c * N * h + 4 * N);
+  } else {
+    // Two RMSNorms: the fp32 copy of the input (pow and the scaling keep it); the normalised
+    // value before the weight, kept when the weight is trained.
+    a.saved += 2 * (4 * N * h + (lora ? 0 : c * N * h));
+  }
   // Attention: q and k after RoPE, v, the output of SDPA and its [B, T, hq] copy (o_proj's input),
   // the log-sum-exp (fp32, per head and token).
   a.saved += c * N * (2 * hq + 2 * hkv) + c * N * hq + 4 * N * mc.num_attention_heads;
-  // MLP: gate's output (silu's input), silu's output, up's output, their product (down's input).
-  a.saved += 4 * c * N * I;
+  // MLP: gate's output (silu's input), up's output, their product (down's input); unfused also
+  // silu's output.
+  a.saved += (fused_swiglu ? 3 : 4) * c * N * I;
   if (!lora || s.lora.dropout == 0) {
     // The inputs of the q/k/v and gate/up projections (kept for the weight's, or lora_A's,
     // gradient).
@@ -126,10 +137,10 @@ struct Acts {
   std::string logits_formula;
 };
 
-Acts activations(const model::LlamaConfig& mc, const config::Settings& s, int64_t c) {
+Acts activations(const model::LlamaConfig& mc, const config::Settings& s, int64_t c, bool gpu) {
   const int64_t B = s.train.micro_batch, T = s.data.seq_len, N = B * T;
   const int64_t h = mc.hidden_size, V = mc.vocab_size, L = mc.num_hidden_layers;
-  const LayerActs la = layer_activations(mc, s, N, c);
+  const LayerActs la = layer_activations(mc, s, N, c, gpu);
   Acts a;
   const auto mode = model::parse_activation_checkpointing(s.train.activation_checkpointing);
   for (int64_t i = 0; i < L; ++i) {
@@ -142,21 +153,28 @@ Acts activations(const model::LlamaConfig& mc, const config::Settings& s, int64_
   // The embedding's output, the final norm (fp32 copy, normalised value, the head's input), RoPE's
   // cos and sin, and a packed batch's [B, 1, T, T] bool mask with the [B, T, T] comparison it is
   // built from.
-  a.outside = c * N * h + 4 * N * h + 2 * c * N * h + 2 * c * N * mc.head_dim +
-              (s.data.pack ? 2 * B * T * T : 0);
+  // Fused, the final norm keeps its input and a scale per token instead of the fp32 copy.
+  const bool fused_norm = !gpu && s.train.fused_rms_norm && s.precision.mode != "fp64";
+  const int64_t final_norm = fused_norm ? c * N * h + 4 * N + c * N * h : 4 * N * h + 2 * c * N * h;
+  a.outside = c * N * h + final_norm + 2 * c * N * mc.head_dim + (s.data.pack ? 2 * B * T * T : 0);
   // Unfused: the logits (compute dtype), log-softmax's fp32 output, and in backward the loss'
   // gradient and log-softmax's gradient (fp32 both). Fused (model/fused_loss.h): one chunk's
-  // logits, their fp32 copy (none in fp32), the softmax-minus-one-hot buffer and its cast back,
-  // and the fp32 gradients it holds from forward to backward: the hidden states' and, when the
-  // head is trained, the head's.
+  // logits in the accumulation dtype (fp32, fp64 for fp64), turned in place into softmax minus
+  // one-hot, beside the compute-dtype logits they come from or their cast back (bf16 and fp16
+  // only); and the gradients held from forward to backward in the accumulation dtype: the hidden
+  // states' and, when the head is trained, the head's (with one compute-dtype product of the
+  // head's size beside it where the dtypes differ).
   if (s.train.fused_loss) {
     const int64_t chunk = std::min<int64_t>(N, std::max<int64_t>(1, (int64_t{1} << 25) / V));
-    const int64_t per = c + (c == 4 ? 0 : 4) + 4 + (c == 4 ? 0 : c);
-    a.logits = per * chunk * V + 4 * N * h + (s.lora.enabled ? 0 : 4 * V * h);
+    const int64_t acc = c == 8 ? 8 : 4;
+    const int64_t per = acc + (c == acc ? 0 : c);
+    const int64_t head = s.lora.enabled ? 0 : (acc + (c == acc ? 0 : c)) * V * h;
+    a.logits = per * chunk * V + acc * N * h + head;
     a.logits_formula = fmt::format(
-        "train.fused_loss: a chunk of {} tokens x vocabulary {} x {} B, the fp32 gradients of the "
-        "head's input (N x h x 4 B){}",
-        chunk, V, per, s.lora.enabled ? "" : " and of the head (vocabulary x h x 4 B)");
+        "train.fused_loss: a chunk of {} tokens x vocabulary {} x {} B, the gradients of the "
+        "head's input (N x h x {} B){}",
+        chunk, V, per, acc,
+        s.lora.enabled ? "" : fmt::format(" and of the head (vocabulary x h x {} B)", per));
   } else {
     a.logits = (c + 12) * N * V;
     a.logits_formula = fmt::format(
@@ -410,7 +428,7 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
                                    "threshold: freed blocks glibc keeps, Gloo's flat copies",
                                    human_bytes(st.retained_bytes), human_bytes(kMmapThresholdMax))
                      : std::string("none: nothing is gathered")});
-  const Acts acts = activations(mc, s, c);
+  const Acts acts = activations(mc, s, c, gpu);
   d.push_back(
       {"activations", "activations of one micro-batch", acts.kept + acts.outside, acts.formula});
   d.push_back({"logits", "logits and loss buffers", acts.logits, acts.logits_formula});
