@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/element_type.h"
 #include "train/adamw_math.h"
 
 namespace c10d {
@@ -23,7 +24,7 @@ class Store;
 namespace ft::cuda {
 
 // Bumped whenever Api changes: a libft_cuda.so from another build is refused, not misread.
-inline constexpr int kApiVersion = 3;
+inline constexpr int kApiVersion = 4;
 inline constexpr const char* kApiSymbol = "ft_cuda_api";
 
 // One device's caching allocator (LibTorch's CUDA allocator), bytes.
@@ -68,6 +69,19 @@ struct Api {
   // on device `index`, queued on its current stream.
   void (*adamw_fp32)(int index, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
                      int64_t n, const train::AdamWScalars& s);
+  // The fused elementwise ops of model/fused_ops.h (cuda/kernels.h) on device `index`, queued on
+  // its current stream: contiguous data of `dtype`, rstd fp32 [rows]; null pointers leave parts
+  // out (no residual add, no ds, no dx or dw).
+  void (*rms_norm_forward)(int index, ElementType dtype, const void* h, const void* delta,
+                           void* sum, const void* w, void* y, float* rstd, int64_t rows, int64_t H,
+                           float eps);
+  void (*rms_norm_backward)(int index, ElementType dtype, const void* dy, const void* x,
+                            const void* w, const float* rstd, const void* ds, void* dx, void* dw,
+                            int64_t rows, int64_t H);
+  void (*swiglu)(int index, ElementType dtype, const void* gate, const void* up, const void* dy,
+                 void* y_or_dgate, void* dup, int64_t n, bool backward);
+  void (*rope)(int index, ElementType dtype, const void* x, const void* cos, const void* sin,
+               void* out, int64_t rows, int64_t heads, int64_t head_dim, bool backward);
 };
 
 }  // namespace ft::cuda

@@ -90,12 +90,47 @@ void adamw(int index, float* param, const float* grad, float* exp_avg, float* ex
   adamw_fp32(param, grad, exp_avg, exp_avg_sq, n, s, c10::cuda::getCurrentCUDAStream(d).stream());
 }
 
+void rms_norm_forward_on(int index, ElementType dtype, const void* h, const void* delta, void* sum,
+                         const void* w, void* y, float* rstd, int64_t rows, int64_t H, float eps) {
+  const c10::DeviceIndex d = index_of(index);
+  c10::cuda::CUDAGuard guard(d);
+  rms_norm_forward(dtype, h, delta, sum, w, y, rstd, rows, H, eps,
+                   c10::cuda::getCurrentCUDAStream(d).stream());
+}
+
+void rms_norm_backward_on(int index, ElementType dtype, const void* dy, const void* x,
+                          const void* w, const float* rstd, const void* ds, void* dx, void* dw,
+                          int64_t rows, int64_t H) {
+  const c10::DeviceIndex d = index_of(index);
+  c10::cuda::CUDAGuard guard(d);
+  rms_norm_backward(dtype, dy, x, w, rstd, ds, dx, dw, rows, H,
+                    c10::cuda::getCurrentCUDAStream(d).stream());
+}
+
+void swiglu_on(int index, ElementType dtype, const void* gate, const void* up, const void* dy,
+               void* y_or_dgate, void* dup, int64_t n, bool backward) {
+  const c10::DeviceIndex d = index_of(index);
+  c10::cuda::CUDAGuard guard(d);
+  swiglu(dtype, gate, up, dy, y_or_dgate, dup, n, backward,
+         c10::cuda::getCurrentCUDAStream(d).stream());
+}
+
+void rope_on(int index, ElementType dtype, const void* x, const void* cos, const void* sin,
+             void* out, int64_t rows, int64_t heads, int64_t head_dim, bool backward) {
+  const c10::DeviceIndex d = index_of(index);
+  c10::cuda::CUDAGuard guard(d);
+  rope(dtype, x, cos, sin, out, rows, heads, head_dim, backward,
+       c10::cuda::getCurrentCUDAStream(d).stream());
+}
+
 }  // namespace
 }  // namespace ft::cuda
 
 extern "C" __attribute__((visibility("default"))) const ft::cuda::Api* ft_cuda_api() {
   using namespace ft::cuda;
-  static const Api api{kApiVersion, device_count, set_device,      make_nccl_backend,   synchronize,
-                       memory,      manual_seed,  generator_state, set_generator_state, adamw};
+  static const Api api{kApiVersion,         device_count, set_device,          make_nccl_backend,
+                       synchronize,         memory,       manual_seed,         generator_state,
+                       set_generator_state, adamw,        rms_norm_forward_on, rms_norm_backward_on,
+                       swiglu_on,           rope_on};
   return &api;
 }

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "cuda/loader.h"
 
 namespace ft::model {
 
@@ -29,6 +30,22 @@ inline Acc<T> round_to(Acc<T> v) {
 
 // Elements per parallel chunk: below this a kernel runs on the calling thread.
 constexpr int64_t kGrain = 1 << 15;
+
+// The element type the fused CUDA kernels (cuda/kernels.h, through libft_cuda.so) take.
+cuda::ElementType element_type(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return cuda::ElementType::kFloat;
+    case at::kBFloat16:
+      return cuda::ElementType::kBFloat16;
+    case at::kHalf:
+      return cuda::ElementType::kHalf;
+    default:
+      FT_CHECK(false, "the fused CUDA kernels take fp32, bf16 or fp16 tensors, got ",
+               t.scalar_type());
+  }
+  return cuda::ElementType::kFloat;
+}
 
 // ---- RMSNorm ------------------------------------------------------------------------------------
 
@@ -134,6 +151,14 @@ RmsOut rms_forward(const at::Tensor& h, const at::Tensor& delta, const at::Tenso
   if (delta.defined()) o.sum = at::empty_like(h, at::MemoryFormat::Contiguous);
   const at::ScalarType acc = h.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   o.rstd = at::empty({rows}, h.options().dtype(acc));
+  if (h.is_cuda()) {
+    cuda::api().rms_norm_forward(h.get_device(), element_type(h), h.const_data_ptr(),
+                                 delta.defined() ? delta.const_data_ptr() : nullptr,
+                                 delta.defined() ? o.sum.data_ptr() : nullptr, w.const_data_ptr(),
+                                 o.y.data_ptr(), o.rstd.data_ptr<float>(), rows, H,
+                                 static_cast<float>(eps));
+    return o;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, h.scalar_type(), "fused_rms_norm", [&] {
     using T = scalar_t;
     const T* hp = h.const_data_ptr<T>();
@@ -161,6 +186,15 @@ std::pair<at::Tensor, at::Tensor> rms_backward(const at::Tensor& dy_in, const at
   const Blocks blocks = blocks_of(rows);
   at::Tensor dx = want_dx ? at::empty_like(x, at::MemoryFormat::Contiguous) : at::Tensor();
   at::Tensor parts, dw;
+  if (x.is_cuda()) {
+    if (want_dw) dw = at::empty({H}, w.options());
+    cuda::api().rms_norm_backward(
+        x.get_device(), element_type(x), dy.const_data_ptr(), x.const_data_ptr(),
+        w.const_data_ptr(), rstd.const_data_ptr<float>(),
+        ds.defined() ? ds.const_data_ptr() : nullptr, want_dx ? dx.data_ptr() : nullptr,
+        want_dw ? dw.data_ptr() : nullptr, rows, H);
+    return {dx, dw};
+  }
   if (want_dw) parts = at::zeros({blocks.count, H}, rstd.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, x.scalar_type(), "fused_rms_norm_backward", [&] {
@@ -199,9 +233,12 @@ std::pair<at::Tensor, at::Tensor> rms_backward(const at::Tensor& dy_in, const at
 
 void check_norm_args(const at::Tensor& x, const at::Tensor& w) {
   FT_CHECK(x.dim() >= 1 && w.dim() == 1 && w.size(0) == x.size(-1) &&
-               w.scalar_type() == x.scalar_type() && x.device().is_cpu() && w.device().is_cpu(),
+               w.scalar_type() == x.scalar_type() && x.device() == w.device() &&
+               (x.is_cpu() || x.is_cuda()),
            "fused_rms_norm: input ", x.sizes(), " ", x.scalar_type(), " and weight ", w.sizes(),
-           " ", w.scalar_type(), " must be CPU tensors of one dtype with weight [hidden]");
+           " ", w.scalar_type(),
+           " must be CPU or CUDA tensors of one dtype and device with weight "
+           "[hidden]");
 }
 
 struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
@@ -250,6 +287,12 @@ struct SwiGluFn : public torch::autograd::Function<SwiGluFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     const at::Tensor g = gate.contiguous(), u = up.contiguous();
     at::Tensor y = at::empty_like(g, at::MemoryFormat::Contiguous);
+    if (g.is_cuda()) {
+      cuda::api().swiglu(g.get_device(), element_type(g), g.const_data_ptr(), u.const_data_ptr(),
+                         nullptr, y.data_ptr(), nullptr, g.numel(), /*backward=*/false);
+      ctx->save_for_backward({g, u});
+      return y;
+    }
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "fused_swiglu", [&] {
       using T = scalar_t;
       using A = Acc<T>;
@@ -275,6 +318,12 @@ struct SwiGluFn : public torch::autograd::Function<SwiGluFn> {
     const bool want_g = ctx->needs_input_grad(0), want_u = ctx->needs_input_grad(1);
     at::Tensor dg = want_g ? at::empty_like(g) : at::Tensor();
     at::Tensor du = want_u ? at::empty_like(u) : at::Tensor();
+    if (g.is_cuda()) {
+      cuda::api().swiglu(g.get_device(), element_type(g), g.const_data_ptr(), u.const_data_ptr(),
+                         dy.const_data_ptr(), want_g ? dg.data_ptr() : nullptr,
+                         want_u ? du.data_ptr() : nullptr, g.numel(), /*backward=*/true);
+      return {dg, du};
+    }
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kBFloat16, at::kHalf, g.scalar_type(), "fused_swiglu_backward", [&] {
           using T = scalar_t;
@@ -344,6 +393,11 @@ at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   const at::Tensor xc = x.contiguous();
   at::Tensor out = at::empty_like(xc, at::MemoryFormat::Contiguous);
   const int64_t rows = xc.size(0) * xc.size(1), heads = xc.size(2), hd = xc.size(3);
+  if (xc.is_cuda()) {
+    cuda::api().rope(xc.get_device(), element_type(xc), xc.const_data_ptr(), cos.const_data_ptr(),
+                     sin.const_data_ptr(), out.data_ptr(), rows, heads, hd, backward);
+    return out;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "fused_rope", [&] {
     rope_rows<scalar_t>(xc.const_data_ptr<scalar_t>(), cos.const_data_ptr<scalar_t>(),
                         sin.const_data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, heads, hd,
@@ -376,7 +430,7 @@ std::pair<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& h, const 
                                                      const at::Tensor& weight, double eps) {
   check_norm_args(h, weight);
   FT_CHECK(delta.sizes() == h.sizes() && delta.scalar_type() == h.scalar_type() &&
-               delta.device().is_cpu(),
+               delta.device() == h.device(),
            "fused_add_rms_norm: residual ", h.sizes(), " ", h.scalar_type(), " and update ",
            delta.sizes(), " ", delta.scalar_type(), " differ");
   auto out = AddRmsNormFn::apply(h, delta, weight, eps);
@@ -385,9 +439,9 @@ std::pair<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& h, const 
 
 at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up) {
   FT_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type() &&
-               gate.device().is_cpu() && up.device().is_cpu(),
+               gate.device() == up.device() && (gate.is_cpu() || gate.is_cuda()),
            "fused_swiglu: gate ", gate.sizes(), " ", gate.scalar_type(), " and up ", up.sizes(),
-           " ", up.scalar_type(), " must be CPU tensors of one shape and dtype");
+           " ", up.scalar_type(), " must be CPU or CUDA tensors of one shape, dtype and device");
   return SwiGluFn::apply(gate, up);
 }
 
@@ -395,7 +449,8 @@ at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   FT_CHECK(x.dim() == 4 && cos.dim() == 3 && sin.sizes() == cos.sizes() &&
                cos.size(0) == x.size(0) && cos.size(1) == x.size(1) && cos.size(2) == x.size(3) &&
                x.size(3) % 2 == 0 && cos.scalar_type() == x.scalar_type() &&
-               sin.scalar_type() == x.scalar_type() && x.device().is_cpu() && cos.device().is_cpu(),
+               sin.scalar_type() == x.scalar_type() && x.device() == cos.device() &&
+               sin.device() == x.device() && (x.is_cpu() || x.is_cuda()),
            "fused_rope: x ", x.sizes(), " ", x.scalar_type(), ", cos ", cos.sizes(), " ",
            cos.scalar_type(),
            ": want x [B, T, heads, even head_dim], cos/sin [B, T, head_dim] of x's dtype");

@@ -6,8 +6,10 @@
 // normalised value before the weight, each product of SwiGLU and RoPE), with fp32 (fp64 for fp64)
 // inside, so fp32 results equal the unfused path within rounding of the row sums. CPU kernels:
 // threads through at::parallel_for, a fixed order of every sum (the same bits from one process
-// to the next and for any thread count). CUDA tensors take the unfused path (LibTorch's fused
-// rms_norm for RMSNorm). Not thread-safe beyond what autograd guarantees.
+// to the next and for any thread count). CUDA tensors (fp32, bf16, fp16) go to the same kernels
+// in libft_cuda.so (cuda/kernels.h): compiled everywhere, checked against the unfused ops by the
+// gpu test; the model uses them on CPUs only until a GPU run has checked them (issue 18). Not
+// thread-safe beyond what autograd guarantees.
 #pragma once
 
 #include <ATen/ATen.h>

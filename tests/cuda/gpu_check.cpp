@@ -5,7 +5,8 @@
 // on the GPU in bf16 and checks its metrics; offloaded runs (zero3 offload_optimizer /
 // offload_param, fsdp cpu_offload) against the same runs without offload, bit for bit; and a run
 // killed with SIGKILL at a random step, resumed on the GPU, against an uninterrupted one; `ft
-// doctor` and MFU on the GPU. Exits 0 when every check held, 1 otherwise.
+// doctor` and MFU on the GPU; the fused CUDA kernels against the unfused ops. Exits 0 when every
+// check held, 1 otherwise.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <signal.h>
@@ -21,6 +22,7 @@
 #include "comm/process_group.h"
 #include "cuda/device.h"
 #include "cuda/loader.h"
+#include "model/fused_ops.h"
 #include "support/runs.h"
 #include "support/subprocess.h"
 
@@ -137,6 +139,58 @@ ft::test::Finished run_gpu(const std::vector<std::string>& argv, const std::stri
 }
 
 // Same losses (exactly) at every step and the same final model bytes.
+// The fused CUDA kernels (cuda/kernels.h) against the unfused ops on the GPU: outputs and
+// gradients, fp32 within 1e-5 and bf16 within 2e-2 relative (GPU expf and sums in another order
+// than the CPU's).
+void check_fused_kernels() {
+  auto rel = [](const at::Tensor& a, const at::Tensor& b) {
+    return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() /
+           std::max(b.to(at::kDouble).abs().max().item<double>(), 1e-30);
+  };
+  auto leaf = [](const at::Tensor& t) { return t.detach().clone().requires_grad_(true); };
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    const auto o = at::TensorOptions().device(at::kCUDA, 0).dtype(dtype);
+    const double tol = dtype == at::kFloat ? 1e-5 : 2e-2;
+    const std::string name = dtype == at::kFloat ? "fp32" : "bf16";
+    const at::Tensor x0 = at::randn({300, 520}, o), d0 = at::randn({300, 520}, o);
+    const at::Tensor w0 = at::randn({520}, o) * 0.5 + 1, gy = at::randn({300, 520}, o);
+    {
+      at::Tensor h = leaf(x0), d = leaf(d0), w = leaf(w0), hr = leaf(x0), dr = leaf(d0),
+                 wr = leaf(w0);
+      auto [s, y] = ft::model::fused_add_rms_norm(h, d, w, 1e-5);
+      at::Tensor sr = hr + dr;
+      at::Tensor yr = at::rms_norm(sr.to(at::kFloat), {520}, c10::nullopt, 1e-5).to(dtype) * wr;
+      ((y * gy).sum() + s.sum()).backward();
+      ((yr * gy).sum() + sr.sum()).backward();
+      expect(
+          rel(y, yr) <= tol && rel(h.grad(), hr.grad()) <= tol && rel(w.grad(), wr.grad()) <= tol,
+          "fused residual add + RMSNorm on the GPU equals the unfused ops (" + name + ")");
+    }
+    {
+      at::Tensor g = leaf(x0 * 3), u = leaf(d0), gr = leaf(x0 * 3), ur = leaf(d0);
+      at::Tensor y = ft::model::fused_swiglu(g, u), yr = at::silu(gr) * ur;
+      (y * gy).sum().backward();
+      (yr * gy).sum().backward();
+      expect(
+          rel(y, yr) <= tol && rel(g.grad(), gr.grad()) <= tol && rel(u.grad(), ur.grad()) <= tol,
+          "fused SwiGLU on the GPU equals silu(gate) * up (" + name + ")");
+    }
+    {
+      const at::Tensor q0 = at::randn({2, 50, 4, 64}, o), ang = at::randn({2, 50, 32}, o) * 3;
+      const at::Tensor emb = at::cat({ang, ang}, -1), cos = emb.cos(), sin = emb.sin();
+      at::Tensor q = leaf(q0), qr = leaf(q0);
+      at::Tensor y = ft::model::fused_rope(q, cos, sin);
+      at::Tensor rh = at::cat({-qr.slice(-1, 32), qr.slice(-1, 0, 32)}, -1);
+      at::Tensor yr = qr * cos.unsqueeze(2) + rh * sin.unsqueeze(2);
+      (y * y.detach()).sum().backward();
+      (yr * y.detach()).sum().backward();
+      expect(
+          rel(y, yr) <= tol && rel(q.grad(), qr.grad()) <= tol,
+          "fused rotary embedding on the GPU equals x * cos + rotate_half(x) * sin (" + name + ")");
+    }
+  }
+}
+
 bool same_run(const std::string& a, const std::string& b, const std::string& what) {
   const auto ma = ft::test::read_metrics(a), mb = ft::test::read_metrics(b);
   bool ok = !ma.empty() && ma.size() == mb.size();
@@ -229,6 +283,7 @@ int main() {
   try {
     ft::cuda::use_device(0);
     check_collectives();
+    check_fused_kernels();
     check_train();
     check_offload();
     check_resume();
