@@ -9,6 +9,10 @@ namespace ft::launcher {
 namespace {
 
 constexpr size_t kMaxHosts = 100000;  // the most --nnodes allows
+// The most bytes of host names a list may expand to: 100,000 names of 80 characters. (One name
+// is never longer than the text it comes from, so hosts x the part's length bounds it before
+// anything is built; 100,000 names of 380 characters took seconds and gigabytes under the fuzzer.)
+constexpr size_t kMaxNameBytes = size_t{8} << 20;
 
 // Splits on commas that are not inside brackets.
 std::vector<std::string> split_top_level(const std::string& s, const std::string& whole) {
@@ -120,12 +124,19 @@ std::vector<std::string> expand_hostlist(const std::string& list) {
   std::vector<std::string> out;
   // Counted before anything is built: bracket groups multiply ("a[0-99999]b[0-99999]" is 10^10
   // names, and 10 groups of [0-9] took seconds and gigabytes).
-  size_t count = 0;
+  size_t count = 0, bytes = 0;
   const std::vector<std::string> parts = split_top_level(list, list);
-  for (const auto& part : parts)
-    if (!part.empty()) count = std::min(count + count_name(part, list), kMaxHosts + 1);
+  for (const auto& part : parts) {
+    if (part.empty()) continue;
+    const size_t n = count_name(part, list);
+    count = std::min(count + n, kMaxHosts + 1);
+    bytes = std::min(bytes + n * part.size(), kMaxNameBytes + 1);  // n <= kMaxHosts + 1
+  }
   FT_CHECK(count <= kMaxHosts, "SLURM host list '", excerpt(list), "' names more than ", kMaxHosts,
            " hosts");
+  FT_CHECK(bytes <= kMaxNameBytes, "SLURM host list '", excerpt(list),
+           "' may expand to more than 8 MiB of host names (", count,
+           " hosts of names this long); shorten the names or the list");
   for (const auto& part : parts) {
     if (part.empty()) continue;
     expand_name(part, list, out);
