@@ -7,6 +7,8 @@
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
 
+#include <sys/resource.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -16,6 +18,15 @@
 #include "train/trainer.h"
 
 using namespace ft;
+
+namespace {
+// The process's peak resident memory (VmHWM), MiB.
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"ft training-step benchmark"};
@@ -84,8 +95,8 @@ int main(int argc, char** argv) {
   fmt::print(
       "{{\"impl\": \"ft\", \"steps_per_s\": {:.4f}, \"step_time_s\": {{\"median\": {:.5f}, "
       "\"min\": {:.5f}}}, \"forward_backward_share\": {:.3f}, \"threads\": {}, "
-      "\"params\": {}}}\n",
+      "\"params\": {}, \"peak_rss_mib\": {:.1f}}}\n",
       1.0 / median, median, times.front(), grad_s / (grad_s + update_s), at::get_num_threads(),
-      c.num_parameters());
+      c.num_parameters(), peak_rss_mib());
   return 0;
 }

@@ -6,6 +6,7 @@ torch build and thread count. --variant: default (AdamW's CPU default, the forea
 hand). Prints one JSON line like the C++ benchmark."""
 import argparse
 import json
+import resource
 import time
 
 import torch
@@ -49,4 +50,5 @@ median = times[len(times) // 2]
 print(json.dumps({"impl": "pytorch", "variant": a.variant, "steps_per_s": round(1 / median, 4),
                   "step_time_s": {"median": round(median, 5), "min": round(times[0], 5)},
                   "threads": torch.get_num_threads(),
-                  "params": sum(p.numel() for p in model.parameters())}))
+                  "params": sum(p.numel() for p in model.parameters()),
+                  "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
