@@ -277,6 +277,7 @@ const std::vector<Setting>& preset_schema() {
       "is intact and the same command continues from it once there is room; continue = warn, "
       "train on, and try again at the next save (the steps since the last commit are then at risk)."),
     I(KEY(output.profile_steps), 0, 0, 1000000, "Profile this many optimizer steps after the first 3 with LibTorch's profiler: rank 0 writes profile.json (a Chrome trace) and profile.txt, and prints where the step time went by kernel or op (0: off)."),
+    B(KEY(output.tensorboard), false, "Rank 0 also writes each step's scalars (loss, lr, grad norm, tokens/s, MFU, step time, memory) as TensorBoard event files under <output>/tensorboard/ (docs/report.md)."),
     // eval
     C(KEY(eval.long_records), "window", {"window", "refuse"},
       "ft eval, a record longer than data.seq_len: window = split into windows of seq_len tokens "

@@ -114,6 +114,7 @@ struct OutputSettings {
   bool async_save = false;
   std::string on_save_error;  // "stop" | "continue"
   int64_t profile_steps = 0;
+  bool tensorboard = false;  // TensorBoard event files under <output>/tensorboard/
 };
 
 struct EvalSettings {

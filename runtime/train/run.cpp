@@ -32,8 +32,10 @@
 #include "train/final_save.h"
 #include "train/metrics.h"
 #include "train/profile.h"
+#include "train/run_events.h"
 #include "train/saved_model.h"
 #include "train/stragglers.h"
+#include "train/tensorboard.h"
 #include "train/train_state.h"
 #include "train/trainer.h"
 #include "train/weights.h"
@@ -208,6 +210,8 @@ class TrainingRun {
 
   RunSummary train();
   void save_final();
+  // events.jsonl (rank 0; "" on the others): starts, preemptions, the end (train/run_events.h).
+  std::string events_path() const;
 
  private:
   void choose_device();
@@ -426,6 +430,8 @@ void TrainingRun::write_run_files() {
     FT_CHECK(!ec, "cannot create --output ", o_.output_dir, ": ", ec.message());
     write_text_atomic((fs::path(o_.output_dir) / "preset.json").string(),
                       s_.resolved.dump(2) + "\n");
+    if (!o_.plan.is_null())  // what the report draws measured memory against
+      write_text_atomic((fs::path(o_.output_dir) / "plan.json").string(), o_.plan.dump(2) + "\n");
   }
   engine_->sum_over_ranks(0);  // the directory exists before any rank writes into it
   fs::create_directories(o_.output_dir, ec);
@@ -627,6 +633,12 @@ RunSummary TrainingRun::train() {
       env_.world_size > 1 ? (out / fmt::format("metrics.rank{}.jsonl", env_.rank)).string() : "",
       keep_through);
   Progress progress(rank0_ ? total_steps_ : 0, s_.train.log_every);
+  append_event(events_path(),
+               start_event(env_, ck_ ? ck_->step() : 0, device_.str(),
+                           env_.world_size > 1 ? world_->backend_name() : "", plan_.label));
+  std::unique_ptr<EventWriter> tensorboard;
+  if (rank0_ && s_.output.tensorboard)
+    tensorboard = std::make_unique<EventWriter>((out / "tensorboard").string());
   const RunRecord record{s_.resolved, s_.lora.enabled, o_.model_dir,
                          s_.data.synthetic() ? "" : o_.tokenizer_path, plan_.label};
   RunSummary sum;
@@ -672,6 +684,7 @@ RunSummary TrainingRun::train() {
     r.tokens_per_s = static_cast<double>(r.input_tokens) / std::max(r.step_time_s, 1e-9);
     log.write(r);
     rank_log.write(r);
+    if (tensorboard && !r.stats.skipped) tensorboard->write(r.stats.step, tensorboard_scalars(r));
     if (rank0_) progress.update(r);
     if (!r.stats.skipped) {
       if (sum.steps == 0) sum.first_loss = r.stats.loss;
@@ -686,6 +699,9 @@ RunSummary TrainingRun::train() {
                    "same command again to continue (exit {})\n",
                    trainer_->steps(), ckpt::Checkpointer::stop_signal(), checkpointer.root(),
                    kExitPreempted);
+      append_event(events_path(), {{"event", "preempted"},
+                                   {"step", trainer_->steps()},
+                                   {"signal", ckpt::Checkpointer::stop_signal()}});
       sum.preempted = true;
       return sum;
     }
@@ -715,6 +731,11 @@ void TrainingRun::save_final() {
     }
   }
   train::save_final(*engine_, fo);
+  append_event(events_path(), {{"event", "finished"}, {"step", trainer_->steps()}});
+}
+
+std::string TrainingRun::events_path() const {
+  return rank0_ ? (fs::path(o_.output_dir) / "events.jsonl").string() : "";
 }
 
 }  // namespace
