@@ -122,28 +122,6 @@ TEST_CASE("SIGTERM to the launcher: every rank checkpoints, exit 75, the same co
   CHECK(same_file(ref + "/final/model.safetensors", out + "/final/model.safetensors"));
 }
 
-namespace {
-// Direct children of `pid` (from /proc/<child>/stat).
-std::vector<pid_t> children_of(pid_t pid) {
-  std::vector<pid_t> out;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(e.path() / "stat");
-    std::string stat;
-    std::getline(in, stat);
-    const auto close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(stat.substr(close + 2));
-    char state;
-    pid_t ppid = 0;
-    rest >> state >> ppid;
-    if (ppid == pid) out.push_back(std::stoi(name));
-  }
-  return out;
-}
-}  // namespace
-
 TEST_CASE(
     "two launchers x 2: a node that stops answering is detected by heartbeat, rejoins, "
     "and the job finishes from the checkpoint",

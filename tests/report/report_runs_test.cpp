@@ -78,6 +78,44 @@ TEST_CASE("a preempted and resumed run: one curve, the preemption and the resume
   CHECK(points_of(html, "timeline\\.finished") == "1");
 }
 
+TEST_CASE("a worker killed mid-run: the launcher's restart and its cause are on the timeline",
+          "[multiproc]") {
+  const std::string out = make_temp_dir() + "/run";
+  Child c = start(
+      ft_launch_argv(
+          {"--nproc-per-node", "2", "--master-port", std::to_string(free_port()), "--max-restarts",
+           "1", "--term-grace", "3"},
+          ft_train_argv({"--preset", "tiny-demo", "--output", out},
+                        {"train.max_steps=10", "output.save_every=2", "output.async_save=false"})),
+      {{"FT_FAULT_STEP_DELAY", "0:0.1"}}, make_temp_dir() + "/out.txt");
+  wait_for_steps(out, 5, std::chrono::steady_clock::now() + std::chrono::seconds(120));
+  std::vector<pid_t> workers = children_of(c.pid);
+  REQUIRE(workers.size() == 2);
+  const auto rank_of = [](pid_t pid) {
+    const std::string env = read_file("/proc/" + std::to_string(pid) + "/environ");
+    const auto at = env.find(std::string("\0RANK=", 6));
+    return at == std::string::npos ? -1 : std::atoi(env.c_str() + at + 6);
+  };
+  const pid_t rank1 = rank_of(workers[0]) == 1 ? workers[0] : workers[1];
+  REQUIRE(rank_of(rank1) == 1);
+  ::kill(rank1, SIGKILL);
+  const auto rc = wait_for(c, 180);
+  if (!rc) kill_and_reap(c);
+  INFO(c.output());
+  REQUIRE(rc.value_or(-1) == 0);
+  // The restarted workers were told why, and wrote it down.
+  const auto events = read_jsonl(out + "/events.jsonl");
+  REQUIRE(events.size() == 3);  // start, start after the restart, finished
+  CHECK(events[1]["restart_count"] == 1);
+  CHECK(events[1]["previous_failure"]["kind"] == "worker");
+  CHECK(events[1]["previous_failure"]["rank"] == 1);
+  const std::string html = read_file(out + "/report.html");
+  CHECK(points_of(html, "loss") == "10");
+  CHECK(points_of(html, "timeline\\.restart") == "1");
+  CHECK_THAT(html, Catch::Contains("launcher round 1: worker failed: rank 1 on node 0"));
+  CHECK_THAT(html, Catch::Contains("SIGKILL"));
+}
+
 TEST_CASE("a damaged run directory still renders and says what is missing", "[multiproc]") {
   const std::string out = make_temp_dir() + "/run";
   Finished r = run(tiny_job_argv(1, out, {"train.max_steps=5"}));
