@@ -144,6 +144,12 @@ std::vector<pid_t> children_of(pid_t pid) {
   return out;
 }
 
+int rank_of_worker(pid_t pid) {
+  const std::string env = read_file("/proc/" + std::to_string(pid) + "/environ");
+  const auto at = env.find(std::string("\0RANK=", 6));
+  return at == std::string::npos ? -1 : std::atoi(env.c_str() + at + 6);
+}
+
 int run_ft(const std::vector<std::string>& args, const std::string& out_path, double timeout_s) {
   std::vector<std::string> argv = {ft_bin()};
   argv.insert(argv.end(), args.begin(), args.end());
