@@ -45,6 +45,9 @@ Setting F(std::string key, Field<double> f, double def, double lo, double hi, st
 Setting B(std::string key, Field<bool> f, bool def, std::string help) {
   return {std::move(key), Kind::kBool, def, std::move(help), kNoRange, kNoRangeMax, {}, binder(f)};
 }
+Setting S(std::string key, Field<std::string> f, std::string def, std::string help) {
+  return {std::move(key), Kind::kString, def, std::move(help), kNoRange, kNoRangeMax, {}, binder(f)};
+}
 Setting C(std::string key, Field<std::string> f, std::string def, std::vector<std::string> choices,
           std::string help) {
   return {std::move(key), Kind::kChoice,      def,      std::move(help), kNoRange,
@@ -284,6 +287,8 @@ const std::vector<Setting>& preset_schema() {
       "(each overlapping the previous by one token, so every token is scored once, with at most "
       "seq_len tokens of context); refuse = stop, naming the record. Never cut silently."),
     I(KEY(eval.batch_tokens), 16384, 8, 1073741824, "ft eval: tokens per forward (rows x the longest in the batch); records are sorted by length and not padded to data.seq_len."),
+    S(KEY(eval.data), "", "ft train: a held-out JSONL file (the formats of data.format; auto with the synthetic task) evaluated as ft eval does, each rank its share: the mean token loss over the whole file goes into that step's metrics.jsonl record (eval_loss), the console and the report; every eval.every steps and at the last step (\"\": none)."),
+    I(KEY(eval.every), 0, 0, kMaxCount, "ft train: optimizer steps between evaluations of eval.data (0: at the last step only)."),
   };
   // clang-format on
   return schema;

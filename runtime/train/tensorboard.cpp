@@ -88,6 +88,7 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const StepRecord
       {"step_time_s", r.step_time_s},
       {"memory/peak_rss_bytes", static_cast<double>(r.peak_rss_bytes)}};
   if (std::isfinite(r.stats.grad_norm)) v.push_back({"grad_norm", r.stats.grad_norm});
+  if (r.eval_tokens > 0) v.push_back({"eval_loss", r.eval_loss});
   if (r.memory.on_gpu)
     v.push_back({"memory/cuda_peak_allocated_bytes",
                  static_cast<double>(r.memory.gpu_peak_allocated_bytes)});

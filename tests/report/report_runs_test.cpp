@@ -91,13 +91,8 @@ TEST_CASE("a worker killed mid-run: the launcher's restart and its cause are on 
   wait_for_steps(out, 5, std::chrono::steady_clock::now() + std::chrono::seconds(120));
   std::vector<pid_t> workers = children_of(c.pid);
   REQUIRE(workers.size() == 2);
-  const auto rank_of = [](pid_t pid) {
-    const std::string env = read_file("/proc/" + std::to_string(pid) + "/environ");
-    const auto at = env.find(std::string("\0RANK=", 6));
-    return at == std::string::npos ? -1 : std::atoi(env.c_str() + at + 6);
-  };
-  const pid_t rank1 = rank_of(workers[0]) == 1 ? workers[0] : workers[1];
-  REQUIRE(rank_of(rank1) == 1);
+  const pid_t rank1 = rank_of_worker(workers[0]) == 1 ? workers[0] : workers[1];
+  REQUIRE(rank_of_worker(rank1) == 1);
   ::kill(rank1, SIGKILL);
   const auto rc = wait_for(c, 180);
   if (!rc) kill_and_reap(c);
