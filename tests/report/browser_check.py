@@ -10,9 +10,9 @@ For each page it checks that
     with every host name unresolvable (--host-resolver-rules) so nothing could load anyway.
 
 Exit status: 0 pass, 1 failure, 77 skipped (no chromium here; under CI a missing browser fails).
-With --keep DIR the runs, pages and screenshots stay in DIR (docs/report.png comes from there).
+With --keep DIR the runs, pages and screenshots stay in DIR; docs/report.png is DIR/finished.png of
 
-    python3 tests/report/browser_check.py --ft build/bin/ft [--keep DIR]
+    python3 tests/report/browser_check.py --ft build/bin/ft --keep DIR --steps 120
 """
 import argparse
 import os
@@ -68,13 +68,13 @@ def metrics_lines(out):
         return 0
 
 
-def finished_run(ft, work):
+def finished_run(ft, work, steps):
     out = os.path.join(work, "finished")
-    rc, text = run(train_argv(ft, out, 10), os.path.join(work, "finished.log"))
+    rc, text = run(train_argv(ft, out, steps), os.path.join(work, "finished.log"))
     if rc != 0:
         print(text)
         fail(f"the 2-rank run exited with {rc}")
-    return out, 10
+    return out, steps
 
 
 def resumed_run(ft, work):
@@ -213,6 +213,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ft", required=True)
     ap.add_argument("--keep", help="keep the runs, pages and screenshots in this directory")
+    ap.add_argument("--steps", type=int, default=10, help="steps of the finished run")
     args = ap.parse_args()
     browser = find_chromium()
     if not browser:
@@ -221,7 +222,7 @@ def main():
         sys.exit(1 if CI else SKIP)
     work = args.keep or tempfile.mkdtemp(prefix="ft-browser-")
     os.makedirs(work, exist_ok=True)
-    out, steps = finished_run(args.ft, work)
+    out, steps = finished_run(args.ft, work, args.steps)
     check_page(browser, args.ft, out, steps, False, work, "finished")
     out, steps = resumed_run(args.ft, work)
     check_page(browser, args.ft, out, steps, True, work, "resumed")
