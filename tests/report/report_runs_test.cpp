@@ -53,13 +53,20 @@ TEST_CASE("ft train of a 2-rank job writes report.html with every step and both 
   CHECK(points_of(read_file(page), "loss") == "6");
 }
 
-TEST_CASE("a preempted and resumed run: one curve, the preemption and the resume on the timeline",
-          "[multiproc]") {
+TEST_CASE(
+    "a running, then preempted, then resumed run: one curve, the preemption and the resume on "
+    "the timeline",
+    "[multiproc]") {
   const std::string out = make_temp_dir() + "/run";
   const auto argv = tiny_job_argv(2, out, {"train.max_steps=12", "output.save_every=100"});
   // Slow steps, so that SIGTERM lands mid-run.
   Child c = start(argv, {{"FT_FAULT_STEP_DELAY", "0:0.15"}}, make_temp_dir() + "/out.txt");
   wait_for_steps(out, 4, std::chrono::steady_clock::now() + std::chrono::seconds(120));
+  // While it runs: the page of what is written so far.
+  const std::string live = make_temp_dir() + "/live.html";
+  CHECK(run_ft({"report", out, "--output", live}, make_temp_dir() + "/r.txt") == 0);
+  CHECK(std::stoi("0" + points_of(read_file(live), "loss")) >= 4);
+  CHECK_THAT(read_file(live), Catch::Contains("running or stopped"));
   ::kill(c.pid, SIGTERM);
   const int code = wait_for(c, 60).value_or(-1);
   INFO(c.output());
