@@ -60,9 +60,10 @@ std::vector<double> smoothed(const std::vector<double>& y, double weight = 0.9) 
   return out;
 }
 
+// A field of every step (thinned on long runs: svg.h).
 template <class F>
 Series series_of(const std::vector<StepPoint>& steps, std::string name, std::string label,
-                 std::string color, F value) {
+                 std::string color, F value, bool thin = true) {
   Series s{std::move(name), std::move(label), std::move(color), {}, {}};
   for (const auto& p : steps) {
     const double v = value(p);
@@ -70,16 +71,17 @@ Series series_of(const std::vector<StepPoint>& steps, std::string name, std::str
     s.x.push_back(static_cast<double>(p.step));
     s.y.push_back(v);
   }
-  return s;
+  return thin ? thin_extremes(std::move(s)) : s;
 }
 
 std::string loss_chart(const RunRecords& r) {
-  Series raw =
-      series_of(r.steps, "loss", "loss", "#9ecae1", [](const StepPoint& p) { return p.loss; });
+  // Smoothed over every step, then both thinned.
+  Series raw = series_of(
+      r.steps, "loss", "loss", "#9ecae1", [](const StepPoint& p) { return p.loss; }, false);
   raw.width = 1.2;
   Series smooth{"loss_smoothed", "smoothed (EMA 0.9)", kBlue, raw.x, smoothed(raw.y)};
   smooth.width = 2.2;
-  std::vector<Series> all = {raw, smooth};
+  std::vector<Series> all = {thin_extremes(raw), thin_extremes(smooth)};
   Series eval = series_of(r.steps, "eval_loss", "eval loss", kRed,
                           [](const StepPoint& p) { return p.eval_loss ? *p.eval_loss : kNaN; });
   if (!eval.x.empty()) {
@@ -129,7 +131,7 @@ std::string step_time_chart(const RunRecords& r) {
       s.x.push_back(static_cast<double>(p.step));
       s.y.push_back(f(p) * 1e3);
     }
-    return s;
+    return thin_mean(std::move(s));
   };
   return stacked_chart(
       chart("step_time", "Where the step time went (rank 0)", "step", "milliseconds per step",

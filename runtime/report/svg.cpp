@@ -210,6 +210,48 @@ std::string format_bytes(double v) {
 
 std::string format_percent(double fraction) { return fmt::format("{:.3g}%", fraction * 100); }
 
+Series thin_extremes(Series s, size_t max_points) {
+  const size_t n = std::min(s.x.size(), s.y.size());
+  if (n <= max_points || max_points < 4) return s;
+  const size_t buckets = max_points / 2;
+  std::vector<double> x, y;
+  for (size_t b = 0; b < buckets; ++b) {
+    const size_t lo = b * n / buckets, hi = (b + 1) * n / buckets;
+    size_t imin = lo, imax = lo;
+    for (size_t i = lo; i < hi; ++i) {
+      if (s.y[i] < s.y[imin]) imin = i;
+      if (s.y[i] > s.y[imax]) imax = i;
+    }
+    for (size_t i : {std::min(imin, imax), std::max(imin, imax)}) {
+      x.push_back(s.x[i]);
+      y.push_back(s.y[i]);
+      if (imin == imax) break;
+    }
+  }
+  s.x = std::move(x);
+  s.y = std::move(y);
+  return s;
+}
+
+Series thin_mean(Series s, size_t max_points) {
+  const size_t n = std::min(s.x.size(), s.y.size());
+  if (n <= max_points || max_points < 1) return s;
+  std::vector<double> x, y;
+  for (size_t b = 0; b < max_points; ++b) {
+    const size_t lo = b * n / max_points, hi = (b + 1) * n / max_points;
+    double sx = 0, sy = 0;
+    for (size_t i = lo; i < hi; ++i) {
+      sx += s.x[i];
+      sy += s.y[i];
+    }
+    x.push_back(sx / static_cast<double>(hi - lo));
+    y.push_back(sy / static_cast<double>(hi - lo));
+  }
+  s.x = std::move(x);
+  s.y = std::move(y);
+  return s;
+}
+
 std::string line_chart(const Chart& c, const std::vector<Series>& series) {
   Range xr, yr;
   for (const auto& s : series)

@@ -27,6 +27,14 @@ struct Series {
   double width = 1.6;
 };
 
+// A long run's series made light enough to draw: at most about `max_points` points. Each of
+// max_points / 2 ranges of points keeps its lowest and its highest (in x order), so spikes stay
+// visible; a series with fewer points is returned as it is.
+Series thin_extremes(Series s, size_t max_points = 2000);
+// The same for the parts of a stacked chart: each of max_points ranges becomes one point, the
+// means of its x and y (every part of the stack thinned alike keeps the stack's sums).
+Series thin_mean(Series s, size_t max_points = 1000);
+
 struct Chart {
   std::string id;  // the figure's data-chart attribute
   std::string title;

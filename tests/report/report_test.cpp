@@ -12,6 +12,7 @@
 #include "ckpt/crc32c.h"
 #include "core/error.h"
 #include "report/run_records.h"
+#include "report/svg.h"
 #include "support/subprocess.h"
 #include "train/tensorboard.h"
 
@@ -153,6 +154,25 @@ TEST_CASE("the page draws every figure with its points, lists the damage, loads 
   CHECK(html.find("https:") == std::string::npos);
   CHECK(html.find("src=") == std::string::npos);
   CHECK(html.find("url(") == std::string::npos);
+}
+
+TEST_CASE("a long run's page stays small: series thinned, spikes kept", "[unit]") {
+  const std::string dir = make_temp_dir() + "/long";
+  fs::create_directories(dir);
+  std::string m;
+  for (int s = 1; s <= 20000; ++s) m += step_line(s, s == 12345 ? 50.0 : 5.0 - s * 1e-4);
+  write(dir + "/metrics.jsonl", m);
+  const std::string html = read_file(report::write_report(dir).path);
+  CHECK(std::stoi(points_of(html, "loss")) <= 2000);
+  CHECK(std::stoi(points_of(html, "loss")) >= 1000);
+  CHECK(std::stoi(points_of(html, "time\\.compute_s")) == 1000);
+  CHECK(html.size() < 400000);
+  // The spike survives thinning: the y axis reaches 50.
+  CHECK_THAT(html, Catch::Contains(">50</text>"));
+  const report::Series s = report::thin_extremes(
+      {"x", "", "#000", {1, 2, 3, 4, 5, 6, 7, 8}, {1, 9, 2, 3, 0, 4, 5, 6}}, 4);
+  const std::vector<double> kept = {1, 2, 5, 8};  // each half's lowest and highest, in x order
+  CHECK(s.x == kept);
 }
 
 TEST_CASE("an empty or absent run directory", "[unit]") {
