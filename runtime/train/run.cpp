@@ -698,7 +698,8 @@ RunSummary TrainingRun::train() {
                            env_.world_size > 1 ? world_->backend_name() : "", plan_.label));
   std::unique_ptr<EventWriter> tensorboard;
   if (rank0_ && s_.output.tensorboard)
-    tensorboard = std::make_unique<EventWriter>((out / "tensorboard").string());
+    tensorboard =
+        std::make_unique<EventWriter>((out / "tensorboard").string(), trainer_->steps() + 1);
   const RunRecord record{s_.resolved, s_.lora.enabled, o_.model_dir,
                          s_.data.synthetic() ? "" : o_.tokenizer_path, plan_.label};
   RunSummary sum;

@@ -69,6 +69,12 @@ std::string encode_event(double wall_time, int64_t step, const std::string& file
   return e;
 }
 
+std::string encode_session_start(double wall_time, int64_t step) {
+  std::string e = encode_event(wall_time, step, "", {});
+  put_bytes(e, 7, std::string("\x08\x01", 2));  // session_log { status: START }
+  return e;
+}
+
 std::string tfrecord(const std::string& data) {
   std::string len;
   put_le(len, static_cast<uint64_t>(data.size()));
@@ -95,7 +101,7 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const StepRecord
   return v;
 }
 
-EventWriter::EventWriter(const std::string& dir) {
+EventWriter::EventWriter(const std::string& dir, int64_t first_step) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   FT_CHECK(!ec, "output.tensorboard: cannot create ", dir, ": ", ec.message());
@@ -109,6 +115,7 @@ EventWriter::EventWriter(const std::string& dir) {
   FT_CHECK(out_.good(), "output.tensorboard: cannot write ", path_,
            "; set output.tensorboard=false or free the directory");
   out_ << tfrecord(encode_event(now, 0, "brain.Event:2", {}));
+  out_ << tfrecord(encode_session_start(now, first_step));
   out_.flush();
 }
 

@@ -23,6 +23,11 @@ namespace ft::train {
 std::string encode_event(double wall_time, int64_t step, const std::string& file_version,
                          const std::vector<std::pair<std::string, double>>& scalars);
 
+// The protobuf bytes of an Event holding SessionLog{status: START} (Event field 7,
+// SessionLog.status = 1, START = 1) at `step`: TensorBoard's reader then drops the events of that
+// step and later that earlier files hold (a resumed run redoes the steps after its checkpoint).
+std::string encode_session_start(double wall_time, int64_t step);
+
 // One TFRecord: u64 little-endian length, masked CRC-32C of those 8 bytes, the data, masked
 // CRC-32C of the data. Masking as TensorFlow's: ((crc >> 15) | (crc << 17)) + 0xa282ead8.
 std::string tfrecord(const std::string& data);
@@ -34,8 +39,9 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const StepRecord
 class EventWriter {
  public:
   // Creates `dir` and events.out.tfevents.<seconds>.<hostname> in it (a new file per process, as
-  // TensorBoard's writers do: a resumed run adds one) and writes the file_version event.
-  explicit EventWriter(const std::string& dir);
+  // TensorBoard's writers do: a resumed run adds one) and writes the file_version event and a
+  // session start at `first_step`, the first step this process trains.
+  EventWriter(const std::string& dir, int64_t first_step);
   // One step's scalars, flushed at once (TensorBoard follows a running job).
   void write(int64_t step, const std::vector<std::pair<std::string, double>>& scalars);
   const std::string& path() const { return path_; }

@@ -221,10 +221,14 @@ TEST_CASE("TensorBoard records: TFRecord framing with masked CRC-32C, protobuf E
 
   // The writer's file starts with the file_version event.
   const std::string dir = make_temp_dir() + "/tb";
-  train::EventWriter w(dir);
+  train::EventWriter w(dir, 1);
   w.write(1, {{"loss", 3.0}});
   const std::string file = read_file(w.path());
   CHECK(fs::path(w.path()).filename().string().rfind("events.out.tfevents.", 0) == 0);
   CHECK(file.find("brain.Event:2") == 12 + 1 + 8 + 2 + 2);
   CHECK(file.find("loss") != std::string::npos);
+  // The session start: Event{wall_time, step 5, session_log (7) {status (1): START (1)}}, as
+  // TensorBoard's protobuf library encodes it.
+  const std::string start = train::encode_session_start(1.5, 5);
+  CHECK(start.substr(9) == std::string("\x10\x05\x3a\x02\x08\x01", 6));
 }
