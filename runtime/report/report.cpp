@@ -271,9 +271,19 @@ std::string environment_table(const RunRecords& r) {
   if (!r.environment.is_object())
     return "<p class=\"note\">No start record (events.jsonl): the environment is unknown.</p>";
   std::string s = "<table class=\"kv\">";
-  for (const auto& [k, v] : r.environment.items())
-    if (k != "event" && k != "previous_failure" && !v.is_object())
-      s += table_row(k, scalar_text(v));
+  for (const auto& [k, v] : r.environment.items()) {
+    if (k == "event" || k == "previous_failure" || v.is_object()) continue;
+    if (k == "time" && v.is_number()) {  // Unix seconds: the start, in UTC
+      const std::time_t t = static_cast<std::time_t>(v.get<double>());
+      std::tm tm{};
+      gmtime_r(&t, &tm);
+      char buf[32];
+      std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
+      s += table_row("started", buf);
+      continue;
+    }
+    s += table_row(k, scalar_text(v));
+  }
   return s + "</table>";
 }
 

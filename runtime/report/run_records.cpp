@@ -256,6 +256,10 @@ RunRecords read_run(const std::string& dir_name) {
   for (auto& i : plan_issues)
     if (i.what != "missing") r.issues.push_back(i);
   read_events(dir, r);
+  // Every rank of a multi-rank run writes its own file; a missing one is named.
+  const int world = r.environment.is_object() ? r.environment.value("world_size", 1) : 1;
+  for (int k = 0; world > 1 && k < world && k < 100000; ++k)
+    if (!r.ranks.count(k)) r.issues.push_back({fmt::format("metrics.rank{}.jsonl", k), "missing"});
   for (const auto& s : r.skipped)
     r.events.push_back({Event::Kind::kSkipped, s.step,
                         fmt::format("fp16 overflow, loss scale {:g}", s.loss_scale)});

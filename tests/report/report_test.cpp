@@ -82,7 +82,7 @@ std::string resumed_run_dir() {
   write(dir + "/events.jsonl",
         "{\"event\":\"start\",\"step\":0,\"restart_count\":0,\"world_size\":2,\"nnodes\":2,"
         "\"device\":\"cpu\",\"ft_version\":\"0.1.0\"}\n"
-        "{\"event\":\"start\",\"step\":3,\"restart_count\":1,\"world_size\":2,\"nnodes\":2,"
+        "{\"event\":\"start\",\"step\":3,\"restart_count\":1,\"world_size\":3,\"nnodes\":2,"
         "\"device\":\"cpu\",\"ft_version\":\"0.1.0\",\"previous_failure\":{\"kind\":\"node\","
         "\"node_rank\":1,\"hostname\":\"node-b\",\"description\":\"sent no heartbeat\"}}\n");
   return dir;
@@ -112,7 +112,8 @@ TEST_CASE("a resumed run's records read as one curve and damage is named, not fa
   CHECK_THAT(issues, Catch::Contains("metrics.jsonl: line 12: the last line is incomplete"));
   CHECK_THAT(issues, Catch::Contains("metrics.rank1.jsonl: line 5: not a JSON object"));
   CHECK_THAT(issues, Catch::Contains("preset.json: missing"));
-  CHECK(r.issues.size() == 3);
+  CHECK_THAT(issues, Catch::Contains("metrics.rank2.jsonl: missing"));  // the start says 3 ranks
+  CHECK(r.issues.size() == 4);
 
   std::vector<std::string> kinds;
   for (const auto& e : r.events) kinds.push_back(report::event_name(e.kind));
@@ -146,7 +147,7 @@ TEST_CASE("the page draws every figure with its points, lists the damage, loads 
   CHECK(points_of(html, "memory\\.peak") == "2");
   CHECK(points_of(html, "timeline\\.restart") == "1");
   CHECK(points_of(html, "timeline\\.checkpoint") == "1");
-  CHECK_THAT(html, Catch::Contains("data-issues=\"3\""));
+  CHECK_THAT(html, Catch::Contains("data-issues=\"4\""));
   CHECK_THAT(html, Catch::Contains("lost node: node 1 (node-b)"));
   // Self-contained: no script, no URL, nothing fetched.
   CHECK(html.find("<script") == std::string::npos);
