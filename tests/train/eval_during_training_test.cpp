@@ -1,6 +1,7 @@
 // eval.data during ft train: the eval loss a run records at step N equals `ft eval` of the
 // checkpoint it saved at step N (exported with ft export) on the same file, within 1e-6 relative,
-// on 1 and 2 ranks (ddp and zero3), with records longer than data.seq_len scored in windows.
+// on 1 and 2 ranks (ddp, zero3, fsdp SHARD_GRAD_OP), with records longer than data.seq_len scored
+// in windows; and evaluating does not change the training losses.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
@@ -81,6 +82,15 @@ void check_eval_equals_ft_eval(int nproc, const std::vector<std::string>& extra)
   // Training moved the weights: the two evaluations differ by far more than the tolerance.
   CHECK(std::abs(metrics[2]["eval_loss"].get<double>() - metrics[5]["eval_loss"].get<double>()) >
         1e-4);
+  // Evaluating leaves training alone: the same run without eval.data logs the same losses.
+  const std::string plain = dir + "/plain";
+  Finished p = run_to_end(
+      tiny_job_argv(nproc, plain, with({"train.max_steps=6", "output.save_every=3"}, extra)), {},
+      dir + "/plain.txt", 240);
+  REQUIRE(p.code == 0);
+  const auto plain_metrics = read_metrics(plain);
+  REQUIRE(plain_metrics.size() == 6);
+  for (size_t i = 0; i < 6; ++i) CHECK(plain_metrics[i]["loss"] == metrics[i]["loss"]);
   // The report draws both points.
   CHECK_THAT(read_file(out + "/report.html"),
              Catch::Contains("data-series=\"eval_loss\" data-points=\"2\""));
@@ -100,6 +110,12 @@ TEST_CASE("eval.data on 2 ranks (ddp): each rank's share adds up to ft eval's lo
 
 TEST_CASE("eval.data on 2 ranks (zero3): sharded forwards, same loss as ft eval", "[multiproc]") {
   check_eval_equals_ft_eval(2, {"strategy.kind=zero3"});
+}
+
+TEST_CASE("eval.data on 2 ranks (fsdp SHARD_GRAD_OP): units gathered by an eval forward",
+          "[multiproc]") {
+  check_eval_equals_ft_eval(
+      2, {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP"});
 }
 
 TEST_CASE("eval.every without eval.data is refused before anything is written", "[multiproc]") {
