@@ -355,6 +355,12 @@ void TrainingRun::open_eval_data() {
       open_eval_source(data, s_.eval.data, data::tokenizer_path_of(o_.tokenizer_path, o_.model_dir),
                        o_.model_dir, mc_.vocab_size);
   eval_set_ = std::make_unique<EvalSet>(make_eval_set(*source, s_.eval, s_.data.seq_len));
+  bool any_label = false;  // refused now, not after the first steps are trained
+  for (const auto& b : eval_set_->batches)
+    any_label = any_label || b.labels.ne(-100).any().item<bool>();
+  FT_CHECK(any_label, "eval.data ", s_.eval.data,
+           ": no token carries a loss (every record is prompt only?); give held-out records with "
+           "trained tokens");
   if (rank0_)
     fmt::print("ft train: eval {}: {} records in {} batches, {}\n", s_.eval.data,
                eval_set_->records, eval_set_->batches.size(),

@@ -118,11 +118,21 @@ TEST_CASE("eval.data on 2 ranks (fsdp SHARD_GRAD_OP): units gathered by an eval 
       2, {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP"});
 }
 
-TEST_CASE("eval.every without eval.data is refused before anything is written", "[multiproc]") {
+TEST_CASE(
+    "eval.every without eval.data, and eval.data without a trained token, are refused before "
+    "anything is written",
+    "[multiproc]") {
   const std::string out = make_temp_dir() + "/run";
   const std::string log = make_temp_dir() + "/out.txt";
   CHECK(run_ft({"train", "--preset", "tiny-demo", "--output", out, "--set", "eval.every=5"}, log) ==
         2);
   CHECK_THAT(read_file(log), Catch::Contains("eval.every=5 needs eval.data"));
+  CHECK_FALSE(std::filesystem::exists(out));
+  const std::string prompts = make_temp_dir() + "/prompts.jsonl";
+  std::ofstream(prompts) << R"({"input_ids": [5, 6, 7], "labels": [-100, -100, -100]})"
+                         << "\n";
+  CHECK(run_ft({"train", "--preset", "tiny-demo", "--output", out, "--set", "eval.data=" + prompts},
+               log) == 2);
+  CHECK_THAT(read_file(log), Catch::Contains(prompts + ": no token carries a loss"));
   CHECK_FALSE(std::filesystem::exists(out));
 }
