@@ -9,7 +9,8 @@ For each page it checks that
   * the page loads nothing: no http(s) URL, no src=, no script in the file, and Chromium runs
     with every host name unresolvable (--host-resolver-rules) so nothing could load anyway.
 
-Exit status: 0 pass, 1 failure, 77 skipped (no chromium here; under CI a missing browser fails).
+Exit status: 0 pass, 1 failure, 77 skipped (no chromium here, or one that cannot start headless;
+under CI either fails).
 With --keep DIR the runs, pages and screenshots stay in DIR; docs/report.png is DIR/finished.png of
 
     python3 tests/report/browser_check.py --ft build/bin/ft --keep DIR --steps 120
@@ -160,7 +161,8 @@ def check_screenshot(path):
 
 
 def chromium(browser, args, log):
-    argv = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+    argv = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            "--hide-scrollbars",
             "--host-resolver-rules=MAP * ~NOTFOUND", f"--window-size={WINDOW[0]},{WINDOW[1]}",
             *args]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
@@ -219,6 +221,17 @@ def main():
     if not browser:
         print(f"{'FAIL' if CI else 'SKIP'}: no chromium on PATH (scripts/setup.sh installs Debian's "
               f"chromium; or set CHROMIUM)")
+        sys.exit(1 if CI else SKIP)
+    # A browser that is installed but cannot start here (no shared memory, missing libraries).
+    try:
+        probe = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
+                                "--disable-dev-shm-usage", "--dump-dom", "about:blank"],
+                               capture_output=True, text=True, timeout=60)
+        ok, why = probe.returncode == 0, probe.stderr.strip()[-300:]
+    except (OSError, subprocess.TimeoutExpired) as e:
+        ok, why = False, str(e)
+    if not ok:
+        print(f"{'FAIL' if CI else 'SKIP'}: {browser} cannot run headless here: {why}")
         sys.exit(1 if CI else SKIP)
     work = args.keep or tempfile.mkdtemp(prefix="ft-browser-")
     os.makedirs(work, exist_ok=True)
