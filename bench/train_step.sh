@@ -47,4 +47,4 @@ print(f"| {label} | " + " | ".join(cell(r) for r in rows) +
 PY
 done
 echo
-echo "Command: \`BENCH_STEPS=$steps BENCH_THREADS=$threads bench/train_step.sh $build\`; $(nproc) cores; torch $("$FT_PYTHON" -c 'import torch; print(torch.__version__)')."
+echo "Command: \`BENCH_STEPS=$steps BENCH_THREADS=$threads bench/train_step.sh $build\`; $(nproc --all) cores; torch $("$FT_PYTHON" -c 'import torch; print(torch.__version__)')."

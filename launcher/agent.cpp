@@ -212,7 +212,11 @@ std::vector<WorkerSpec> Agent::worker_specs(const JobLayout& layout) const {
     std::filesystem::create_directories(log_dir, ec);
     FT_CHECK(!ec, "cannot create --log-dir folder ", log_dir, ": ", ec.message());
   }
-  const EnvMap base = current_environment();
+  EnvMap base = current_environment();
+  // A restart round tells its workers what ended the previous one (ft train records it in
+  // events.jsonl for `ft report`'s timeline); the name is train/run_events.h's kPreviousFailureEnv.
+  if (layout.restart_count > 0 && failure_.node_rank >= 0)
+    base["FT_PREVIOUS_FAILURE"] = failure_.to_json();
   std::vector<WorkerSpec> specs;
   for (int lr = 0; lr < cfg_.nproc_per_node; ++lr) {
     WorkerSpec s;

@@ -22,3 +22,4 @@ python3 -c "import sys; sys.exit(0 if $final < $threshold else 1)" || {
   exit 1
 }
 echo "== demo passed; the model is in $out/final (Hugging Face safetensors + config.json) =="
+echo "== the run's report (open it in a browser): $out/report.html =="

@@ -8,11 +8,26 @@
 #include "core/error.h"
 #include "cuda/device.h"
 #include "io/storage.h"
+#include "plan/plan.h"
 #include "plan/preflight.h"
+#include "report/report.h"
 #include "train/run.h"
 #include "train_options.h"
 
 namespace ft::app {
+
+namespace {
+// The run's page (ft report) at the end, also of a preempted run. The model is saved by now: a
+// page that cannot be written is a warning, not a failed run.
+void write_run_report(const std::string& output_dir) {
+  try {
+    const report::ReportResult r = report::write_report(output_dir);
+    fmt::print("ft train: report {}\n", r.path);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "ft train: warning: the report was not written: {}\n", e.what());
+  }
+}
+}  // namespace
 
 Run add_train(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Fine-tune a Llama-family model as a preset says");
@@ -36,10 +51,14 @@ Run add_train(CLI::App& app) {
     po.running = env.local_world_size;
     po.print = env.local_rank == 0;
     po.who = "ft train";
-    opts.expected_start_s = plan::preflight(po).first_step_s;
+    const plan::Plan plan = plan::preflight(po);
+    opts.expected_start_s = plan.first_step_s;
+    opts.plan = plan::plan_json(plan);
     auto s = train::run_training(opts);
+    const bool rank0 = comm::read_dist_env().rank == 0;
+    if (rank0 && !s.already_finished) write_run_report(opts.output_dir);
     if (s.preempted) return train::kExitPreempted;
-    if (comm::read_dist_env().rank != 0) return 0;
+    if (!rank0) return 0;
     if (s.already_finished) {
       fmt::print("ft train: {} holds a finished run (its model is in final/): nothing to do\n",
                  opts.output_dir);

@@ -21,5 +21,6 @@ Run add_export(CLI::App& app);
 Run add_plan(CLI::App& app);
 Run add_data(CLI::App& app);
 Run add_doctor(CLI::App& app);
+Run add_report(CLI::App& app);
 
 }  // namespace ft::app

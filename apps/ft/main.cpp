@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   runs["plan"] = ft::app::add_plan(app);
   runs["data"] = ft::app::add_data(app);
   runs["doctor"] = ft::app::add_doctor(app);
+  runs["report"] = ft::app::add_report(app);
 
   try {
     std::vector<std::string> rev(args.rbegin(), args.rend());

@@ -45,6 +45,9 @@ Setting F(std::string key, Field<double> f, double def, double lo, double hi, st
 Setting B(std::string key, Field<bool> f, bool def, std::string help) {
   return {std::move(key), Kind::kBool, def, std::move(help), kNoRange, kNoRangeMax, {}, binder(f)};
 }
+Setting S(std::string key, Field<std::string> f, std::string def, std::string help) {
+  return {std::move(key), Kind::kString, def, std::move(help), kNoRange, kNoRangeMax, {}, binder(f)};
+}
 Setting C(std::string key, Field<std::string> f, std::string def, std::vector<std::string> choices,
           std::string help) {
   return {std::move(key), Kind::kChoice,      def,      std::move(help), kNoRange,
@@ -287,12 +290,15 @@ const std::vector<Setting>& preset_schema() {
       "is intact and the same command continues from it once there is room; continue = warn, "
       "train on, and try again at the next save (the steps since the last commit are then at risk)."),
     I(KEY(output.profile_steps), 0, 0, 1000000, "Profile this many optimizer steps after the first 3 with LibTorch's profiler: rank 0 writes profile.json (a Chrome trace) and profile.txt, and prints where the step time went by kernel or op (0: off)."),
+    B(KEY(output.tensorboard), false, "Rank 0 also writes each step's scalars (loss, lr, grad norm, tokens/s, MFU, step time, memory) as TensorBoard event files under <output>/tensorboard/ (docs/report.md)."),
     // eval
     C(KEY(eval.long_records), "window", {"window", "refuse"},
       "ft eval, a record longer than data.seq_len: window = split into windows of seq_len tokens "
       "(each overlapping the previous by one token, so every token is scored once, with at most "
       "seq_len tokens of context); refuse = stop, naming the record. Never cut silently."),
     I(KEY(eval.batch_tokens), 16384, 8, 1073741824, "ft eval: tokens per forward (rows x the longest in the batch); records are sorted by length and not padded to data.seq_len."),
+    S(KEY(eval.data), "", "ft train: a held-out JSONL file (the formats of data.format; auto with the synthetic task) evaluated as ft eval does, each rank its share: the mean token loss over the whole file goes into that step's metrics.jsonl record (eval_loss), the console and the report; every eval.every steps and at the last step (\"\": none)."),
+    I(KEY(eval.every), 0, 0, kMaxCount, "ft train: optimizer steps between evaluations of eval.data (0: at the last step only)."),
   };
   // clang-format on
   return schema;

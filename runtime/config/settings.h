@@ -117,11 +117,14 @@ struct OutputSettings {
   bool async_save = false;
   std::string on_save_error;  // "stop" | "continue"
   int64_t profile_steps = 0;
+  bool tensorboard = false;  // TensorBoard event files under <output>/tensorboard/
 };
 
 struct EvalSettings {
   std::string long_records;  // "window" | "refuse": a record longer than data.seq_len in ft eval
   int64_t batch_tokens = 0;  // tokens per evaluation forward, padding included
+  std::string data;          // ft train: held-out JSONL evaluated during training; "" = none
+  int64_t every = 0;         // ft train: evaluate every this many steps (0: at the end only)
 };
 
 struct Settings {

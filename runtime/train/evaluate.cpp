@@ -29,6 +29,101 @@ nlohmann::json EvalResult::to_json() const {
           {"padding_tokens", padding}};
 }
 
+std::unique_ptr<data::JsonlSource> open_eval_source(const config::DataSettings& data,
+                                                    const std::string& path,
+                                                    const std::string& tokenizer_path,
+                                                    const std::string& model_dir,
+                                                    int64_t vocab_size) {
+  data::JsonlOptions jo = data::jsonl_options(data);
+  jo.path = path;
+  jo.tokenizer_path = tokenizer_path;
+  if (!jo.tokenizer_path.empty())
+    jo.tokenizer = data::open_tokenizer(jo.tokenizer_path, vocab_size, "");
+  jo.vocab_size = vocab_size;
+  jo.on_bad_record = data::BadRecordPolicy::kError;
+  jo.model_dir = model_dir;
+  return std::make_unique<data::JsonlSource>(jo);
+}
+
+EvalSet make_eval_set(const data::JsonlSource& source, const config::EvalSettings& eval,
+                      int64_t seq_len) {
+  const int64_t T = seq_len;
+  // Every record, whole, in file order; then its windows of at most T tokens. Window k of a
+  // record starts at token k (T - 1): it overlaps the previous one by one token, whose label the
+  // loss's shift ignores there, so every token carries its loss in exactly one window.
+  EvalSet set;
+  set.records = source.num_records();
+  std::vector<data::TokenizedRecord> records(static_cast<size_t>(set.records));
+  std::vector<std::string> origins(records.size());
+  at::parallel_for(0, set.records, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) records[i] = source.tokenize_whole(i, &origins[i]);
+  });
+  struct Piece {
+    const data::TokenizedRecord* record;
+    int64_t begin, length;
+  };
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(records[i].ids.size());
+    if (n <= T) {
+      pieces.push_back({&records[i], 0, n});
+      continue;
+    }
+    FT_CHECK_T(FormatError, eval.long_records == "window", origins[i], ": the record has ", n,
+               " tokens, more than data.seq_len=", T,
+               " (eval.long_records=refuse); set a larger data.seq_len or "
+               "eval.long_records=window to score it in windows of seq_len tokens");
+    ++set.windowed;
+    for (int64_t begin = 0;; begin += T - 1) {
+      pieces.push_back({&records[i], begin, std::min(T, n - begin)});
+      ++set.windows;
+      if (begin + T >= n) break;
+    }
+  }
+  // Longest first: each batch pads only to its first piece's length.
+  std::stable_sort(pieces.begin(), pieces.end(),
+                   [](const Piece& a, const Piece& b) { return a.length > b.length; });
+  const auto opts = at::TensorOptions().dtype(at::kLong);
+  for (size_t first = 0; first < pieces.size();) {
+    const int64_t len = std::max<int64_t>(pieces[first].length, 1);
+    const int64_t rows = std::clamp<int64_t>(eval.batch_tokens / len, 1,
+                                             static_cast<int64_t>(pieces.size() - first));
+    at::Tensor ids = at::zeros({rows, len}, opts), labels = at::full({rows, len}, -100, opts);
+    at::Tensor pos = at::zeros({rows, len}, opts), seg = at::zeros({rows, len}, opts);
+    auto I = ids.accessor<int64_t, 2>();
+    auto L = labels.accessor<int64_t, 2>();
+    auto P = pos.accessor<int64_t, 2>();
+    auto S = seg.accessor<int64_t, 2>();
+    int64_t tokens = 0;
+    for (int64_t row = 0; row < rows; ++row) {
+      const Piece& p = pieces[first + static_cast<size_t>(row)];
+      for (int64_t t = 0; t < p.length; ++t) {
+        I[row][t] = p.record->ids[static_cast<size_t>(p.begin + t)];
+        L[row][t] = p.record->labels[static_cast<size_t>(p.begin + t)];
+        P[row][t] = t;
+      }
+      for (int64_t t = p.length; t < len; ++t) S[row][t] = 1;  // padding: after, never attended
+      set.padding += len - p.length;
+      tokens += p.length;
+    }
+    data::Batch b{ids, labels, pos, seg};
+    b.single_segment_rows = true;  // one piece per row, padding after it: causal is exact
+    set.batches.push_back(std::move(b));
+    set.tokens.push_back(tokens);
+    first += static_cast<size_t>(rows);
+  }
+  return set;
+}
+
+BatchLoss score_batch(const model::LlamaModel& model, const data::Batch& b) {
+  at::NoGradGuard no_grad;
+  // The head and the loss chunk by chunk: a batch of eval.batch_tokens never holds its logits.
+  model::LossSum ls = model::chunked_lm_loss_sum(
+      model.hidden_states(b.input_ids, b.position_ids, /*training=*/false, b.attention_segments()),
+      model.lm_head(), b.labels);
+  return {ls.sum.item<double>(), ls.tokens};
+}
+
 EvalResult evaluate(const EvalOptions& o) {
   model::prime_cpu_math();  // see model/cpu_math.h
   FT_CHECK(!o.model_dir.empty(), "ft eval needs --model DIR");
@@ -48,94 +143,28 @@ EvalResult evaluate(const EvalOptions& o) {
     load_adapter(model, o.adapter_dir);
   }
 
-  data::JsonlOptions jo = data::jsonl_options(o.data);
-  jo.path = o.data_path;
-  jo.tokenizer_path = data::tokenizer_path_of(o.tokenizer_path, o.model_dir);
-  if (!jo.tokenizer_path.empty())
-    jo.tokenizer = data::open_tokenizer(jo.tokenizer_path, mc.vocab_size, "");
-  jo.vocab_size = mc.vocab_size;
-  jo.on_bad_record = data::BadRecordPolicy::kError;
-  jo.model_dir = o.model_dir;
-  const data::JsonlSource source(jo);
-  const int64_t T = o.data.seq_len;
-
-  // Every record, whole, in file order; then its windows of at most T tokens. Window k of a
-  // record starts at token k (T - 1): it overlaps the previous one by one token, whose label the
-  // loss's shift ignores there, so every token carries its loss in exactly one window.
+  const auto source =
+      open_eval_source(o.data, o.data_path, data::tokenizer_path_of(o.tokenizer_path, o.model_dir),
+                       o.model_dir, mc.vocab_size);
+  const EvalSet set = make_eval_set(*source, o.eval, o.data.seq_len);
   EvalResult r;
-  r.records = source.num_records();
-  std::vector<data::TokenizedRecord> records(static_cast<size_t>(r.records));
-  std::vector<std::string> origins(records.size());
-  at::parallel_for(0, r.records, 1, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) records[i] = source.tokenize_whole(i, &origins[i]);
-  });
-  struct Piece {
-    const data::TokenizedRecord* record;
-    int64_t begin, length;
-  };
-  std::vector<Piece> pieces;
-  for (size_t i = 0; i < records.size(); ++i) {
-    const int64_t n = static_cast<int64_t>(records[i].ids.size());
-    if (n <= T) {
-      pieces.push_back({&records[i], 0, n});
-      continue;
-    }
-    FT_CHECK_T(FormatError, o.eval.long_records == "window", origins[i], ": the record has ", n,
-               " tokens, more than data.seq_len=", T,
-               " (eval.long_records=refuse); set a larger data.seq_len or "
-               "eval.long_records=window to score it in windows of seq_len tokens");
-    ++r.windowed;
-    for (int64_t begin = 0;; begin += T - 1) {
-      pieces.push_back({&records[i], begin, std::min(T, n - begin)});
-      ++r.windows;
-      if (begin + T >= n) break;
-    }
-  }
-  // Longest first: each batch pads only to its first piece's length.
-  std::stable_sort(pieces.begin(), pieces.end(),
-                   [](const Piece& a, const Piece& b) { return a.length > b.length; });
-
-  at::NoGradGuard no_grad;
+  r.records = set.records;
+  r.windowed = set.windowed;
+  r.windows = set.windows;
+  r.padding = set.padding;
   double loss_sum = 0;
   int64_t total = 0, done = 0;  // tokens of the pieces, for the progress line
-  for (const Piece& p : pieces) total += p.length;
+  for (int64_t t : set.tokens) total += t;
   const auto start = std::chrono::steady_clock::now();
   auto last_told = start;
-  const auto opts = at::TensorOptions().dtype(at::kLong);
-  for (size_t first = 0; first < pieces.size();) {
-    const int64_t len = std::max<int64_t>(pieces[first].length, 1);
-    const int64_t rows = std::clamp<int64_t>(o.eval.batch_tokens / len, 1,
-                                             static_cast<int64_t>(pieces.size() - first));
-    at::Tensor ids = at::zeros({rows, len}, opts), labels = at::full({rows, len}, -100, opts);
-    at::Tensor pos = at::zeros({rows, len}, opts), seg = at::zeros({rows, len}, opts);
-    auto I = ids.accessor<int64_t, 2>();
-    auto L = labels.accessor<int64_t, 2>();
-    auto P = pos.accessor<int64_t, 2>();
-    auto S = seg.accessor<int64_t, 2>();
-    for (int64_t row = 0; row < rows; ++row) {
-      const Piece& p = pieces[first + static_cast<size_t>(row)];
-      for (int64_t t = 0; t < p.length; ++t) {
-        I[row][t] = p.record->ids[static_cast<size_t>(p.begin + t)];
-        L[row][t] = p.record->labels[static_cast<size_t>(p.begin + t)];
-        P[row][t] = t;
-      }
-      for (int64_t t = p.length; t < len; ++t) S[row][t] = 1;  // padding: after, never attended
-      r.padding += len - p.length;
-    }
-    data::Batch b{ids, labels, pos, seg};
-    b.single_segment_rows = true;  // one piece per row, padding after it: causal is exact
-    // The head and the loss chunk by chunk: a batch of eval.batch_tokens never holds its logits.
-    model::LossSum ls = model::chunked_lm_loss_sum(
-        model.hidden_states(b.input_ids, b.position_ids, false, b.attention_segments()),
-        model.lm_head(), b.labels);
-    loss_sum += ls.sum.item<double>();
-    r.tokens += ls.tokens;
+  for (size_t i = 0; i < set.batches.size(); ++i) {
+    const BatchLoss l = score_batch(model, set.batches[i]);
+    loss_sum += l.sum;
+    r.tokens += l.tokens;
     ++r.forwards;
-    for (int64_t row = 0; row < rows; ++row)
-      done += pieces[first + static_cast<size_t>(row)].length;
-    first += static_cast<size_t>(rows);
+    done += set.tokens[i];
     const auto now = std::chrono::steady_clock::now();
-    if (now - last_told >= std::chrono::seconds(10) && first < pieces.size()) {
+    if (now - last_told >= std::chrono::seconds(10) && i + 1 < set.batches.size()) {
       const double secs = std::chrono::duration<double>(now - start).count();
       fmt::print(
           stderr,

@@ -1,13 +1,19 @@
 // `ft eval`: the mean token loss (and perplexity) of a model, optionally with a LoRA adapter, over
-// every record of a JSONL file, each record once, rendered and masked as training would.
+// every record of a JSONL file, each record once, rendered and masked as training would. The same
+// evaluation set and batch scoring serve `ft train`'s eval.data (train/run.cpp), so the two agree.
 // Not thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "config/settings.h"
+#include "data/batch.h"
+#include "data/jsonl_source.h"
+#include "model/llama.h"
 
 namespace ft::train {
 
@@ -31,6 +37,34 @@ struct EvalResult {
   int64_t padding = 0;   // padding tokens in them
   nlohmann::json to_json() const;
 };
+
+// An eval file opened as ft eval reads it: `data`'s format and template, the tokenizer at
+// `tokenizer_path` ("" for pre-tokenized records), ids checked against `vocab_size`, a bad record
+// an error naming file:line.
+std::unique_ptr<data::JsonlSource> open_eval_source(const config::DataSettings& data,
+                                                    const std::string& path,
+                                                    const std::string& tokenizer_path,
+                                                    const std::string& model_dir,
+                                                    int64_t vocab_size);
+
+// What evaluation runs over: every record once, tokenized whole (in parallel), long ones split into
+// windows or refused (eval.long_records), sorted by length (longest first) and batched up to
+// eval.batch_tokens (rows x the longest piece in the batch), padding after each piece.
+struct EvalSet {
+  std::vector<data::Batch> batches;  // on the CPU
+  std::vector<int64_t> tokens;       // tokens of each batch's pieces (progress)
+  int64_t records = 0, windowed = 0, windows = 0, padding = 0;
+};
+EvalSet make_eval_set(const data::JsonlSource& source, const config::EvalSettings& eval,
+                      int64_t seq_len);
+
+// One batch's summed token loss and the number of tokens that carry one: no grad, no dropout, the
+// head and the loss chunk by chunk. `batch` must be on the model's device.
+struct BatchLoss {
+  double sum = 0;
+  int64_t tokens = 0;
+};
+BatchLoss score_batch(const model::LlamaModel& model, const data::Batch& batch);
 
 // Every record once, tokenized whole (in parallel), sorted by length and batched up to
 // eval.batch_tokens with padding only to the longest record of its batch (causal attention, no

@@ -127,6 +127,11 @@ void MetricsLog::write(const StepRecord& r) {
         {"all_reduce_bytes", r.memory.engine.all_reduce_bytes},
         {"scalar_collectives", r.memory.engine.scalar_collectives},
         {"wait_s", r.memory.engine.comm_wait_s}}}};
+  if (r.eval_tokens > 0) {
+    j["eval_loss"] = r.eval_loss;
+    j["eval_tokens"] = r.eval_tokens;
+    j["eval_s"] = r.eval_s;
+  }
   if (r.ranks.known)
     j["ranks"] = {{"busy_median_s", r.ranks.busy_median_s},
                   {"busy_max_s", r.ranks.busy_max_s},

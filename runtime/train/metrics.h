@@ -49,6 +49,11 @@ struct StepRecord {
   MemoryStats memory;
   int64_t peak_rss_bytes = 0;
   int64_t samples_consumed = 0;
+  // A step after which eval.data was evaluated (eval_tokens > 0): the mean token loss over the
+  // whole file, its token count and the seconds it took (not part of step_time_s).
+  double eval_loss = 0;
+  int64_t eval_tokens = 0;
+  double eval_s = 0;
 };
 
 class MetricsLog {

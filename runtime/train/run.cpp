@@ -29,11 +29,14 @@
 #include "model/lora.h"
 #include "parallel/strategy.h"
 #include "train/device_peak.h"
+#include "train/evaluate.h"
 #include "train/final_save.h"
 #include "train/metrics.h"
 #include "train/profile.h"
+#include "train/run_events.h"
 #include "train/saved_model.h"
 #include "train/stragglers.h"
+#include "train/tensorboard.h"
 #include "train/train_state.h"
 #include "train/trainer.h"
 #include "train/weights.h"
@@ -200,6 +203,7 @@ class TrainingRun {
     choose_device();
     build_model();
     open_data();
+    open_eval_data();
     form_groups();
     load_weights();
     write_run_files();
@@ -208,11 +212,14 @@ class TrainingRun {
 
   RunSummary train();
   void save_final();
+  // events.jsonl (rank 0; "" on the others): starts, preemptions, the end (train/run_events.h).
+  std::string events_path() const;
 
  private:
   void choose_device();
   void build_model();
   void open_data();
+  void open_eval_data();
   void form_groups();
   void load_weights();
   void write_run_files();
@@ -223,6 +230,8 @@ class TrainingRun {
   double step_flops(const std::vector<data::Batch>& mbs);
   void measure_peak();
   void compare_ranks(StepRecord& r, StragglerWatch& watch);
+  bool eval_due(const StepRecord& r) const;
+  void evaluate_step(StepRecord& r);
   void report_progress();
   parallel::ParamSource with_progress(parallel::ParamSource inner, size_t tensors) const;
 
@@ -241,7 +250,8 @@ class TrainingRun {
   std::unique_ptr<model::LlamaModel> model_;  // shapes only: the engine holds the storage
   model::LoraConfig lora_config_;
   std::unique_ptr<data::BatchSource> source_;
-  int64_t rows_per_epoch_ = 0;  // --data counted for train.epochs; 0 otherwise
+  std::unique_ptr<EvalSet> eval_set_;  // eval.data, batched once; null without it
+  int64_t rows_per_epoch_ = 0;         // --data counted for train.epochs; 0 otherwise
   int64_t total_steps_ = 0;
   std::unique_ptr<comm::ProcessGroup> world_, shard_group_, replica_group_;
   parallel::Groups groups_;
@@ -332,6 +342,31 @@ void TrainingRun::open_data() {
                                     s_.train.grad_accum, env_.world_size);
   }
   source_ = std::move(jsonl);
+}
+
+// eval.data: the held-out file read, tokenized and batched once, as ft eval does
+// (train/evaluate.h), so that its loss during training is ft eval's of the same weights.
+void TrainingRun::open_eval_data() {
+  FT_CHECK(s_.eval.every == 0 || !s_.eval.data.empty(), "eval.every=", s_.eval.every,
+           " needs eval.data, a held-out JSONL file (--set eval.data=PATH), or eval.every=0");
+  if (s_.eval.data.empty()) return;
+  config::DataSettings data = s_.data;
+  if (data.synthetic()) data.format = "auto";  // the task is generated; the eval file has a format
+  const auto source =
+      open_eval_source(data, s_.eval.data, data::tokenizer_path_of(o_.tokenizer_path, o_.model_dir),
+                       o_.model_dir, mc_.vocab_size);
+  eval_set_ = std::make_unique<EvalSet>(make_eval_set(*source, s_.eval, s_.data.seq_len));
+  bool any_label = false;  // refused now, not after the first steps are trained
+  for (const auto& b : eval_set_->batches)
+    any_label = any_label || b.labels.ne(-100).any().item<bool>();
+  FT_CHECK(any_label, "eval.data ", s_.eval.data,
+           ": no token carries a loss (every record is prompt only?); give held-out records with "
+           "trained tokens");
+  if (rank0_)
+    fmt::print("ft train: eval {}: {} records in {} batches, {}\n", s_.eval.data,
+               eval_set_->records, eval_set_->batches.size(),
+               s_.eval.every > 0 ? fmt::format("every {} steps and at the end", s_.eval.every)
+                                 : std::string("at the end"));
 }
 
 // Every rank has validated its inputs; forming the process group waits for all of them, so no
@@ -427,6 +462,8 @@ void TrainingRun::write_run_files() {
     FT_CHECK(!ec, "cannot create --output ", o_.output_dir, ": ", ec.message());
     write_text_atomic((fs::path(o_.output_dir) / "preset.json").string(),
                       s_.resolved.dump(2) + "\n");
+    if (!o_.plan.is_null())  // what the report draws measured memory against
+      write_text_atomic((fs::path(o_.output_dir) / "plan.json").string(), o_.plan.dump(2) + "\n");
   }
   engine_->sum_over_ranks(0);  // the directory exists before any rank writes into it
   fs::create_directories(o_.output_dir, ec);
@@ -610,6 +647,41 @@ void TrainingRun::compare_ranks(StepRecord& r, StragglerWatch& watch) {
     fmt::print(stderr, "ft train: warning: {}\n", w);
 }
 
+bool TrainingRun::eval_due(const StepRecord& r) const {
+  if (!eval_set_ || r.stats.skipped) return false;
+  const int64_t step = r.stats.step;
+  return (s_.eval.every > 0 && step % s_.eval.every == 0) || step == total_steps_;
+}
+
+// eval.data over all ranks: rank k scores batches k, k + W, ... Every rank runs the same number of
+// forwards (one short of a batch scores batch 0 again and drops it), because a sharded strategy's
+// forward gathers each unit from every rank; then the loss sums and token counts are added over
+// the ranks (two scalar collectives, on every rank in this order).
+void TrainingRun::evaluate_step(StepRecord& r) {
+  const auto t0 = Clock::now();
+  const auto n = static_cast<int64_t>(eval_set_->batches.size());
+  const int64_t world = env_.world_size;
+  double sum = 0, tokens = 0;
+  for (int64_t k = 0; k < (n + world - 1) / world; ++k) {
+    const int64_t i = k * world + env_.rank;
+    const BatchLoss l = score_batch(*model_, eval_set_->batches[i < n ? i : 0].to(device_));
+    if (i >= n) continue;
+    sum += l.sum;
+    tokens += static_cast<double>(l.tokens);
+  }
+  if (world > 1) {
+    sum = engine_->sum_over_ranks(sum);
+    tokens = engine_->sum_over_ranks(tokens);
+  }
+  FT_CHECK(tokens > 0, s_.eval.data, ": no token carries a loss (every record is prompt only?)");
+  r.eval_loss = sum / tokens;
+  r.eval_tokens = static_cast<int64_t>(tokens);
+  r.eval_s = seconds_since(t0);
+  if (rank0_)
+    fmt::print("ft train: step {}: eval loss {:.4f} over {} tokens of {} ({:.1f} s)\n",
+               r.stats.step, r.eval_loss, r.eval_tokens, s_.eval.data, r.eval_s);
+}
+
 // Progress for the launcher's hang detection (--hang-timeout): at most once a second.
 void TrainingRun::report_progress() {
   if (!world_ || std::chrono::steady_clock::now() < next_progress_) return;
@@ -628,6 +700,13 @@ RunSummary TrainingRun::train() {
       env_.world_size > 1 ? (out / fmt::format("metrics.rank{}.jsonl", env_.rank)).string() : "",
       keep_through);
   Progress progress(rank0_ ? total_steps_ : 0, s_.train.log_every);
+  append_event(events_path(),
+               start_event(env_, ck_ ? ck_->step() : 0, device_.str(),
+                           env_.world_size > 1 ? world_->backend_name() : "", plan_.label));
+  std::unique_ptr<EventWriter> tensorboard;
+  if (rank0_ && s_.output.tensorboard)
+    tensorboard =
+        std::make_unique<EventWriter>((out / "tensorboard").string(), trainer_->steps() + 1);
   const RunRecord record{s_.resolved, s_.lora.enabled, o_.model_dir,
                          s_.data.synthetic() ? "" : o_.tokenizer_path, plan_.label};
   RunSummary sum;
@@ -671,8 +750,10 @@ RunSummary TrainingRun::train() {
     r.times.other_s = r.step_time_s - r.times.data_s - r.times.compute_s - r.times.comm_s -
                       r.times.optimizer_s - r.times.checkpoint_s;
     r.tokens_per_s = static_cast<double>(r.input_tokens) / std::max(r.step_time_s, 1e-9);
+    if (eval_due(r)) evaluate_step(r);
     log.write(r);
     rank_log.write(r);
+    if (tensorboard && !r.stats.skipped) tensorboard->write(r.stats.step, tensorboard_scalars(r));
     if (rank0_) progress.update(r);
     if (!r.stats.skipped) {
       if (sum.steps == 0) sum.first_loss = r.stats.loss;
@@ -687,6 +768,9 @@ RunSummary TrainingRun::train() {
                    "same command again to continue (exit {})\n",
                    trainer_->steps(), ckpt::Checkpointer::stop_signal(), checkpointer.root(),
                    kExitPreempted);
+      append_event(events_path(), {{"event", "preempted"},
+                                   {"step", trainer_->steps()},
+                                   {"signal", ckpt::Checkpointer::stop_signal()}});
       sum.preempted = true;
       return sum;
     }
@@ -716,6 +800,11 @@ void TrainingRun::save_final() {
     }
   }
   train::save_final(*engine_, fo);
+  append_event(events_path(), {{"event", "finished"}, {"step", trainer_->steps()}});
+}
+
+std::string TrainingRun::events_path() const {
+  return rank0_ ? (fs::path(o_.output_dir) / "events.jsonl").string() : "";
 }
 
 }  // namespace

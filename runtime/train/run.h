@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "config/settings.h"
@@ -26,6 +27,8 @@ struct RunOptions {
   std::string resume = "auto";
   // The plan's expected time to the first step (plan/preflight.h), shown while loading; 0: none.
   double expected_start_s = 0;
+  // The preflight's plan (plan::plan_json), written to plan.json for `ft report`; null: none.
+  nlohmann::json plan;
 };
 
 struct RunSummary {

@@ -122,28 +122,6 @@ TEST_CASE("SIGTERM to the launcher: every rank checkpoints, exit 75, the same co
   CHECK(same_file(ref + "/final/model.safetensors", out + "/final/model.safetensors"));
 }
 
-namespace {
-// Direct children of `pid` (from /proc/<child>/stat).
-std::vector<pid_t> children_of(pid_t pid) {
-  std::vector<pid_t> out;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(e.path() / "stat");
-    std::string stat;
-    std::getline(in, stat);
-    const auto close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(stat.substr(close + 2));
-    char state;
-    pid_t ppid = 0;
-    rest >> state >> ppid;
-    if (ppid == pid) out.push_back(std::stoi(name));
-  }
-  return out;
-}
-}  // namespace
-
 TEST_CASE(
     "two launchers x 2: a node that stops answering is detected by heartbeat, rejoins, "
     "and the job finishes from the checkpoint",
@@ -273,13 +251,8 @@ TEST_CASE(
   std::vector<pid_t> workers = children_of(c.pid);
   REQUIRE(workers.size() == 2);
   // Rank 1: the worker whose environment says RANK=1.
-  auto rank_of = [](pid_t pid) {
-    const std::string env = read_file("/proc/" + std::to_string(pid) + "/environ");
-    const auto at = env.find(std::string("\0RANK=", 6));
-    return at == std::string::npos ? -1 : std::atoi(env.c_str() + at + 6);
-  };
-  const pid_t rank1 = rank_of(workers[0]) == 1 ? workers[0] : workers[1];
-  REQUIRE(rank_of(rank1) == 1);
+  const pid_t rank1 = rank_of_worker(workers[0]) == 1 ? workers[0] : workers[1];
+  REQUIRE(rank_of_worker(rank1) == 1);
   ::kill(rank1, SIGKILL);
   const auto rc = wait_for(c, 60);
   if (!rc) kill_and_reap(c);

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -122,6 +123,31 @@ bool pid_alive(pid_t pid) {
   auto close = content.rfind(')');
   return close != std::string::npos && close + 2 < content.size() && content[close + 2] != 'Z' &&
          content[close + 2] != 'X';
+}
+
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "stat");
+    std::string stat;
+    std::getline(in, stat);
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == pid) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+int rank_of_worker(pid_t pid) {
+  const std::string env = read_file("/proc/" + std::to_string(pid) + "/environ");
+  const auto at = env.find(std::string("\0RANK=", 6));
+  return at == std::string::npos ? -1 : std::atoi(env.c_str() + at + 6);
 }
 
 int run_ft(const std::vector<std::string>& args, const std::string& out_path, double timeout_s) {

@@ -56,6 +56,10 @@ int free_port();
 int listen_on_free_port(int* port);
 // True when pid exists and is not a zombie.
 bool pid_alive(pid_t pid);
+// Direct children of `pid` (from /proc/<child>/stat): a launcher's workers.
+std::vector<pid_t> children_of(pid_t pid);
+// The RANK in a worker's environment (/proc/<pid>/environ); -1 when it has none.
+int rank_of_worker(pid_t pid);
 std::string read_file(const std::string& path);
 std::string make_temp_dir();
 // Fault injection: XORs `mask` into the byte `from_end` bytes before the end of the file.

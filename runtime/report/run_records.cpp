@@ -1,0 +1,295 @@
+#include "report/run_records.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/json.h"
+
+namespace ft::report {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const char* event_name(Event::Kind kind) {
+  switch (kind) {
+    case Event::Kind::kStart:
+      return "start";
+    case Event::Kind::kResume:
+      return "resume";
+    case Event::Kind::kRestart:
+      return "restart";
+    case Event::Kind::kCheckpoint:
+      return "checkpoint";
+    case Event::Kind::kCheckpointFailed:
+      return "checkpoint failed";
+    case Event::Kind::kPreempted:
+      return "preempted";
+    case Event::Kind::kFinished:
+      return "finished";
+    case Event::Kind::kSkipped:
+      return "skipped fp16 step";
+  }
+  return "?";
+}
+
+std::vector<json> read_jsonl(const std::string& path, const std::string& name,
+                             std::vector<Issue>& issues) {
+  std::vector<json> out;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    issues.push_back({name, "missing"});
+    return out;
+  }
+  std::stringstream buf;
+  buf << in.rdbuf();
+  const std::string text = buf.str();
+  size_t pos = 0;
+  int64_t line_no = 0;
+  while (pos < text.size()) {
+    const size_t end = text.find('\n', pos);
+    const bool torn = end == std::string::npos;  // no newline yet: being written, or cut short
+    const std::string line = text.substr(pos, torn ? std::string::npos : end - pos);
+    pos = torn ? text.size() : end + 1;
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    json j;
+    if (json_too_deep_at(line) == std::string_view::npos)
+      j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object()) {
+      out.push_back(std::move(j));
+      continue;
+    }
+    issues.push_back(
+        {name, torn ? fmt::format("line {}: the last line is incomplete (a run still writing it, "
+                                  "or one stopped while writing it); left out",
+                                  line_no)
+                    : fmt::format("line {}: not a JSON object ({}); left out", line_no,
+                                  excerpt(line, 40))});
+  }
+  return out;
+}
+
+namespace {
+
+double number(const json& j, const char* key, double def = 0) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : def;
+}
+
+std::optional<StepPoint> to_step(const json& j) {
+  if (!j.contains("step") || !j["step"].is_number_integer() || !j.contains("loss") ||
+      !j["loss"].is_number())
+    return std::nullopt;
+  StepPoint p;
+  p.step = j["step"].get<int64_t>();
+  p.loss = j["loss"].get<double>();
+  if (j.contains("eval_loss") && j["eval_loss"].is_number()) p.eval_loss = j["eval_loss"];
+  p.lr = number(j, "lr");
+  if (j.contains("grad_norm") && j["grad_norm"].is_number()) p.grad_norm = j["grad_norm"];
+  p.tokens_per_s = number(j, "tokens_per_s");
+  p.mfu = number(j, "mfu");
+  p.step_time_s = number(j, "step_time_s");
+  p.skipped = j.value("skipped", false) == true;
+  p.loss_scale = number(j, "loss_scale", 1);
+  if (j.contains("time") && j["time"].is_object()) {
+    const json& t = j["time"];
+    p.data_s = number(t, "data_s");
+    p.compute_s = number(t, "compute_s");
+    p.comm_s = number(t, "comm_s");
+    p.optimizer_s = number(t, "optimizer_s");
+    p.checkpoint_s = number(t, "checkpoint_s");
+    p.other_s = number(t, "other_s");
+  }
+  if (j.contains("memory") && j["memory"].is_object()) {
+    const json& m = j["memory"];
+    p.peak_on_gpu = m.contains("cuda_peak_allocated_bytes");
+    p.peak_bytes = static_cast<int64_t>(
+        number(m, p.peak_on_gpu ? "cuda_peak_allocated_bytes" : "peak_rss_bytes"));
+    p.model_state_bytes = static_cast<int64_t>(number(m, "param_bytes") + number(m, "grad_bytes") +
+                                               number(m, "optimizer_bytes"));
+  }
+  return p;
+}
+
+// One curve from a metrics file's records in the order they were written. A record whose step is
+// not past the last one (and is not a skipped step, which repeats the number) was written by a
+// restart that redid those steps: the records it supersedes go.
+void collect_steps(const std::vector<json>& records, const std::string& name,
+                   std::vector<StepPoint>& steps, std::vector<StepPoint>* skipped,
+                   std::vector<Issue>& issues) {
+  int64_t unreadable = 0;
+  for (const json& j : records) {
+    const auto p = to_step(j);
+    if (!p) {
+      ++unreadable;
+      continue;
+    }
+    if (p->skipped) {
+      if (skipped) skipped->push_back(*p);
+      continue;
+    }
+    while (!steps.empty() && steps.back().step >= p->step) steps.pop_back();
+    if (skipped)
+      while (!skipped->empty() && skipped->back().step >= p->step) skipped->pop_back();
+    steps.push_back(*p);
+  }
+  std::stable_sort(steps.begin(), steps.end(),
+                   [](const StepPoint& a, const StepPoint& b) { return a.step < b.step; });
+  if (unreadable > 0)
+    issues.push_back({name, fmt::format("{} record(s) without an integer \"step\" and a numeric "
+                                        "\"loss\"; left out",
+                                        unreadable)});
+}
+
+json read_json_file(const fs::path& path, const std::string& name, std::vector<Issue>& issues) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    issues.push_back({name, "missing"});
+    return nullptr;
+  }
+  std::stringstream buf;
+  buf << in.rdbuf();
+  const std::string text = buf.str();
+  json j;
+  if (json_too_deep_at(text) == std::string_view::npos)
+    j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) {
+    issues.push_back({name, "not a JSON object (damaged or cut short); left out"});
+    return nullptr;
+  }
+  return j;
+}
+
+// "node 1 (host-b): no heartbeat for 15 s" from a launcher's failure record.
+std::string describe_failure(const json& f) {
+  const std::string kind = f.value("kind", "?");
+  std::string who = fmt::format("node {} ({})", f.value("node_rank", -1), f.value("hostname", "?"));
+  if (kind == "worker" && f.contains("rank") && f["rank"].is_number_integer())
+    who = fmt::format("rank {} on {}", f["rank"].get<int>(), who);
+  const std::string what = kind == "node"     ? "lost node"
+                           : kind == "worker" ? "worker failed"
+                           : kind == "hang"   ? "hang"
+                           : kind == "signal" ? "signal"
+                           : kind == "rejoin" ? "node joined"
+                                              : kind;
+  std::string description = f.value("description", "");
+  if (description.size() > 160) description = description.substr(0, 157) + "...";
+  return fmt::format("{}: {} {}", what, who, description);
+}
+
+void read_events(const fs::path& dir, RunRecords& r) {
+  for (const json& e : read_jsonl((dir / "events.jsonl").string(), "events.jsonl", r.issues)) {
+    const std::string kind = e.value("event", "");
+    const int64_t step =
+        e.contains("step") && e["step"].is_number_integer() ? e["step"].get<int64_t>() : 0;
+    if (kind == "start") {
+      r.environment = e;
+      if (e.contains("previous_failure") && e["previous_failure"].is_object())
+        r.events.push_back({Event::Kind::kRestart, step,
+                            fmt::format("launcher round {}: {}", e.value("restart_count", 0),
+                                        describe_failure(e["previous_failure"]))});
+      else if (e.value("restart_count", 0) > 0)
+        r.events.push_back({Event::Kind::kRestart, step,
+                            fmt::format("launcher round {}", e.value("restart_count", 0))});
+      r.events.push_back(
+          {step > 0 ? Event::Kind::kResume : Event::Kind::kStart, step,
+           fmt::format("{} rank(s) on {} node(s), {}{}", e.value("world_size", 1),
+                       e.value("nnodes", 1), e.value("device", "?"),
+                       step > 0 ? fmt::format(", from the checkpoint of step {}", step) : "")});
+      r.finished = false;
+    } else if (kind == "preempted") {
+      r.events.push_back({Event::Kind::kPreempted, step,
+                          fmt::format("{}: checkpoint written, stopped", e.value("signal", "?"))});
+    } else if (kind == "finished") {
+      r.events.push_back({Event::Kind::kFinished, step, "final model saved"});
+      r.finished = true;
+    }
+  }
+  // Checkpoints, in the order they were committed (events.jsonl and checkpoints.jsonl are two
+  // files: their records are merged by step, checkpoint after the start it follows).
+  std::vector<Issue> ck_issues;
+  for (const json& c :
+       read_jsonl((dir / "checkpoints.jsonl").string(), "checkpoints.jsonl", ck_issues)) {
+    if (!c.contains("step") || !c["step"].is_number_integer()) continue;
+    const int64_t step = c["step"].get<int64_t>();
+    if (c.contains("error"))
+      r.events.push_back({Event::Kind::kCheckpointFailed, step, c.value("error", "")});
+    else if (c.contains("stall_s"))
+      r.events.push_back(
+          {Event::Kind::kCheckpoint, step,
+           fmt::format("{}, training paused {:.3f} s", c.value("async", false) ? "async" : "sync",
+                       number(c, "stall_s"))});
+  }
+  // A run that never checkpoints has no checkpoints.jsonl: that is not damage.
+  for (auto& i : ck_issues)
+    if (i.what != "missing") r.issues.push_back(i);
+}
+
+}  // namespace
+
+RunRecords read_run(const std::string& dir_name) {
+  const fs::path dir(dir_name);
+  std::error_code ec;
+  FT_CHECK(fs::is_directory(dir, ec), "ft report: ", dir_name,
+           " is not a directory; give the --output directory of an ft train run");
+  RunRecords r;
+  r.dir = dir_name;
+  collect_steps(read_jsonl((dir / "metrics.jsonl").string(), "metrics.jsonl", r.issues),
+                "metrics.jsonl", r.steps, &r.skipped, r.issues);
+  const std::regex rank_file(R"(metrics\.rank(\d+)\.jsonl)");
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (!std::regex_match(name, m, rank_file)) continue;
+    collect_steps(read_jsonl(e.path().string(), name, r.issues), name, r.ranks[std::stoi(m[1])],
+                  nullptr, r.issues);
+  }
+  r.preset = read_json_file(dir / "preset.json", "preset.json", r.issues);
+  std::vector<Issue> plan_issues;  // runs from before plan.json existed have none
+  r.plan = read_json_file(dir / "plan.json", "plan.json", plan_issues);
+  for (auto& i : plan_issues)
+    if (i.what != "missing") r.issues.push_back(i);
+  read_events(dir, r);
+  // Every rank of a multi-rank run writes its own file; a missing one is named.
+  const int world = r.environment.is_object() ? r.environment.value("world_size", 1) : 1;
+  for (int k = 0; world > 1 && k < world && k < 100000; ++k)
+    if (!r.ranks.count(k)) r.issues.push_back({fmt::format("metrics.rank{}.jsonl", k), "missing"});
+  for (const auto& s : r.skipped)
+    r.events.push_back({Event::Kind::kSkipped, s.step,
+                        fmt::format("fp16 overflow, loss scale {:g}", s.loss_scale)});
+  // In step order; at one step, what ended an attempt (a checkpoint, a preemption) before the
+  // restart and the resume from it.
+  const auto phase = [](Event::Kind k) {
+    switch (k) {
+      case Event::Kind::kStart:
+        return 0;
+      case Event::Kind::kCheckpoint:
+      case Event::Kind::kCheckpointFailed:
+      case Event::Kind::kSkipped:
+        return 1;
+      case Event::Kind::kPreempted:
+      case Event::Kind::kFinished:
+        return 2;
+      case Event::Kind::kRestart:
+        return 3;
+      case Event::Kind::kResume:
+        return 4;
+    }
+    return 0;
+  };
+  std::stable_sort(r.events.begin(), r.events.end(), [&](const Event& a, const Event& b) {
+    return a.step != b.step ? a.step < b.step : phase(a.kind) < phase(b.kind);
+  });
+  if (!r.finished && (fs::exists(dir / "final" / "config.json", ec) ||
+                      fs::exists(dir / "final" / "adapter_config.json", ec)))
+    r.finished = true;
+  return r;
+}
+
+}  // namespace ft::report
