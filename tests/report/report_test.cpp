@@ -176,6 +176,30 @@ TEST_CASE("a long run's page stays small: series thinned, spikes kept", "[unit]"
   CHECK(s.x == kept);
 }
 
+TEST_CASE("records with fields of other types are left out and named, never thrown", "[unit]") {
+  const std::string dir = make_temp_dir() + "/odd";
+  fs::create_directories(dir);
+  write(dir + "/metrics.jsonl",
+        step_line(1, 5.0) + R"({"step":2,"loss":4.0,"skipped":"no"})" + "\n" + step_line(3, 3.0));
+  write(dir + "/events.jsonl", R"({"event":"start","step":0,"world_size":"two","nnodes":1})"
+                               "\n"
+                               R"({"event":"preempted","step":3,"signal":9})"
+                               "\n");
+  write(dir + "/checkpoints.jsonl", R"({"step":2,"error":false})"
+                                    "\n");
+  write(dir + "/metrics.rank99999999999.jsonl", step_line(1, 1.0));
+  const report::RunRecords r = report::read_run(dir);
+  CHECK(r.steps.size() == 2);
+  std::string issues;
+  for (const auto& i : r.issues) issues += i.file + ": " + i.what + "\n";
+  INFO(issues);
+  CHECK_THAT(issues, Catch::Contains("metrics.jsonl: 1 record(s) without"));
+  CHECK_THAT(issues, Catch::Contains("events.jsonl: 2 record(s) with fields of unexpected types"));
+  CHECK_THAT(issues, Catch::Contains("checkpoints.jsonl: 1 record(s) with fields"));
+  CHECK(r.ranks.empty());  // not a rank number ft writes
+  CHECK_NOTHROW(report::render_report(r));
+}
+
 TEST_CASE("an empty or absent run directory", "[unit]") {
   const std::string dir = make_temp_dir();
   const report::RunRecords r = report::read_run(dir);
