@@ -82,7 +82,7 @@ double number(const json& j, const char* key, double def = 0) {
   return it != j.end() && it->is_number() ? it->get<double>() : def;
 }
 
-std::optional<StepPoint> to_step(const json& j) {
+std::optional<StepPoint> to_step_fields(const json& j) {
   if (!j.contains("step") || !j["step"].is_number_integer() || !j.contains("loss") ||
       !j["loss"].is_number())
     return std::nullopt;
@@ -115,6 +115,15 @@ std::optional<StepPoint> to_step(const json& j) {
                                                number(m, "optimizer_bytes"));
   }
   return p;
+}
+
+// A record whose fields have other types than ft writes is no step.
+std::optional<StepPoint> to_step(const json& j) {
+  try {
+    return to_step_fields(j);
+  } catch (const json::exception&) {
+    return std::nullopt;
+  }
 }
 
 // One curve from a metrics file's records in the order they were written. A record whose step is
@@ -183,49 +192,73 @@ std::string describe_failure(const json& f) {
   return fmt::format("{}: {} {}", what, who, description);
 }
 
-void read_events(const fs::path& dir, RunRecords& r) {
-  for (const json& e : read_jsonl((dir / "events.jsonl").string(), "events.jsonl", r.issues)) {
-    const std::string kind = e.value("event", "");
-    const int64_t step =
-        e.contains("step") && e["step"].is_number_integer() ? e["step"].get<int64_t>() : 0;
-    if (kind == "start") {
-      r.environment = e;
-      if (e.contains("previous_failure") && e["previous_failure"].is_object())
-        r.events.push_back({Event::Kind::kRestart, step,
-                            fmt::format("launcher round {}: {}", e.value("restart_count", 0),
-                                        describe_failure(e["previous_failure"]))});
-      else if (e.value("restart_count", 0) > 0)
-        r.events.push_back({Event::Kind::kRestart, step,
-                            fmt::format("launcher round {}", e.value("restart_count", 0))});
-      r.events.push_back(
-          {step > 0 ? Event::Kind::kResume : Event::Kind::kStart, step,
-           fmt::format("{} rank(s) on {} node(s), {}{}", e.value("world_size", 1),
-                       e.value("nnodes", 1), e.value("device", "?"),
-                       step > 0 ? fmt::format(", from the checkpoint of step {}", step) : "")});
-      r.finished = false;
-    } else if (kind == "preempted") {
-      r.events.push_back({Event::Kind::kPreempted, step,
-                          fmt::format("{}: checkpoint written, stopped", e.value("signal", "?"))});
-    } else if (kind == "finished") {
-      r.events.push_back({Event::Kind::kFinished, step, "final model saved"});
-      r.finished = true;
+// One record of events.jsonl onto the timeline (nlohmann's type_error on a field of another type).
+void add_event(const json& e, RunRecords& r) {
+  const std::string kind = e.value("event", "");
+  const int64_t step =
+      e.contains("step") && e["step"].is_number_integer() ? e["step"].get<int64_t>() : 0;
+  if (kind == "start") {
+    if (e.contains("previous_failure") && e["previous_failure"].is_object())
+      r.events.push_back({Event::Kind::kRestart, step,
+                          fmt::format("launcher round {}: {}", e.value("restart_count", 0),
+                                      describe_failure(e["previous_failure"]))});
+    else if (e.value("restart_count", 0) > 0)
+      r.events.push_back({Event::Kind::kRestart, step,
+                          fmt::format("launcher round {}", e.value("restart_count", 0))});
+    r.events.push_back(
+        {step > 0 ? Event::Kind::kResume : Event::Kind::kStart, step,
+         fmt::format("{} rank(s) on {} node(s), {}{}", e.value("world_size", 1),
+                     e.value("nnodes", 1), e.value("device", "?"),
+                     step > 0 ? fmt::format(", from the checkpoint of step {}", step) : "")});
+    r.environment = e;
+    r.finished = false;
+  } else if (kind == "preempted") {
+    r.events.push_back({Event::Kind::kPreempted, step,
+                        fmt::format("{}: checkpoint written, stopped", e.value("signal", "?"))});
+  } else if (kind == "finished") {
+    r.events.push_back({Event::Kind::kFinished, step, "final model saved"});
+    r.finished = true;
+  }
+}
+
+void add_checkpoint(const json& c, RunRecords& r) {
+  if (!c.contains("step") || !c["step"].is_number_integer()) return;
+  const int64_t step = c["step"].get<int64_t>();
+  if (c.contains("error"))
+    r.events.push_back({Event::Kind::kCheckpointFailed, step, c.value("error", "")});
+  else if (c.contains("stall_s"))
+    r.events.push_back(
+        {Event::Kind::kCheckpoint, step,
+         fmt::format("{}, training paused {:.3f} s", c.value("async", false) ? "async" : "sync",
+                     number(c, "stall_s"))});
+}
+
+// Each record through `add`; one whose fields have other types than ft writes is left out and
+// named.
+template <class Add>
+void add_records(const std::vector<json>& records, const std::string& name, Add add,
+                 RunRecords& r) {
+  int64_t bad = 0;
+  for (const json& j : records) {
+    try {
+      add(j, r);
+    } catch (const json::exception&) {
+      ++bad;
     }
   }
+  if (bad > 0)
+    r.issues.push_back(
+        {name, fmt::format("{} record(s) with fields of unexpected types; left out", bad)});
+}
+
+void read_events(const fs::path& dir, RunRecords& r) {
+  add_records(read_jsonl((dir / "events.jsonl").string(), "events.jsonl", r.issues), "events.jsonl",
+              add_event, r);
   // Checkpoints, in the order they were committed (events.jsonl and checkpoints.jsonl are two
   // files: their records are merged by step, checkpoint after the start it follows).
   std::vector<Issue> ck_issues;
-  for (const json& c :
-       read_jsonl((dir / "checkpoints.jsonl").string(), "checkpoints.jsonl", ck_issues)) {
-    if (!c.contains("step") || !c["step"].is_number_integer()) continue;
-    const int64_t step = c["step"].get<int64_t>();
-    if (c.contains("error"))
-      r.events.push_back({Event::Kind::kCheckpointFailed, step, c.value("error", "")});
-    else if (c.contains("stall_s"))
-      r.events.push_back(
-          {Event::Kind::kCheckpoint, step,
-           fmt::format("{}, training paused {:.3f} s", c.value("async", false) ? "async" : "sync",
-                       number(c, "stall_s"))});
-  }
+  add_records(read_jsonl((dir / "checkpoints.jsonl").string(), "checkpoints.jsonl", ck_issues),
+              "checkpoints.jsonl", add_checkpoint, r);
   // A run that never checkpoints has no checkpoints.jsonl: that is not damage.
   for (auto& i : ck_issues)
     if (i.what != "missing") r.issues.push_back(i);
@@ -242,7 +275,7 @@ RunRecords read_run(const std::string& dir_name) {
   r.dir = dir_name;
   collect_steps(read_jsonl((dir / "metrics.jsonl").string(), "metrics.jsonl", r.issues),
                 "metrics.jsonl", r.steps, &r.skipped, r.issues);
-  const std::regex rank_file(R"(metrics\.rank(\d+)\.jsonl)");
+  const std::regex rank_file(R"(metrics\.rank(\d{1,6})\.jsonl)");
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     std::smatch m;
     const std::string name = e.path().filename().string();
@@ -257,7 +290,8 @@ RunRecords read_run(const std::string& dir_name) {
     if (i.what != "missing") r.issues.push_back(i);
   read_events(dir, r);
   // Every rank of a multi-rank run writes its own file; a missing one is named.
-  const int world = r.environment.is_object() ? r.environment.value("world_size", 1) : 1;
+  const auto world =
+      static_cast<int>(r.environment.is_object() ? number(r.environment, "world_size", 1) : 1);
   for (int k = 0; world > 1 && k < world && k < 100000; ++k)
     if (!r.ranks.count(k)) r.issues.push_back({fmt::format("metrics.rank{}.jsonl", k), "missing"});
   for (const auto& s : r.skipped)

@@ -54,6 +54,13 @@ std::string step_line(int64_t step, double loss, bool skipped = false) {
          "\n";
 }
 
+// Every issue of `r` as "file: what" lines.
+std::string issues_text(const report::RunRecords& r) {
+  std::string text;
+  for (const auto& i : r.issues) text += i.file + ": " + i.what + "\n";
+  return text;
+}
+
 // The number in data-points="N" of the element with data-series="name" ("" when absent).
 std::string points_of(const std::string& html, const std::string& series) {
   std::smatch m;
@@ -106,8 +113,7 @@ TEST_CASE("a resumed run's records read as one curve and damage is named, not fa
   CHECK(r.steps[0].model_state_bytes == 400);
   CHECK_FALSE(r.finished);
 
-  std::string issues;
-  for (const auto& i : r.issues) issues += i.file + ": " + i.what + "\n";
+  const std::string issues = issues_text(r);
   INFO(issues);
   CHECK_THAT(issues, Catch::Contains("metrics.jsonl: line 12: the last line is incomplete"));
   CHECK_THAT(issues, Catch::Contains("metrics.rank1.jsonl: line 5: not a JSON object"));
@@ -174,6 +180,29 @@ TEST_CASE("a long run's page stays small: series thinned, spikes kept", "[unit]"
       {"x", "", "#000", {1, 2, 3, 4, 5, 6, 7, 8}, {1, 9, 2, 3, 0, 4, 5, 6}}, 4);
   const std::vector<double> kept = {1, 2, 5, 8};  // each half's lowest and highest, in x order
   CHECK(s.x == kept);
+}
+
+TEST_CASE("records with fields of other types are left out and named, never thrown", "[unit]") {
+  const std::string dir = make_temp_dir() + "/odd";
+  fs::create_directories(dir);
+  write(dir + "/metrics.jsonl",
+        step_line(1, 5.0) + R"({"step":2,"loss":4.0,"skipped":"no"})" + "\n" + step_line(3, 3.0));
+  write(dir + "/events.jsonl", R"({"event":"start","step":0,"world_size":"two","nnodes":1})"
+                               "\n"
+                               R"({"event":"preempted","step":3,"signal":9})"
+                               "\n");
+  write(dir + "/checkpoints.jsonl", R"({"step":2,"error":false})"
+                                    "\n");
+  write(dir + "/metrics.rank99999999999.jsonl", step_line(1, 1.0));
+  const report::RunRecords r = report::read_run(dir);
+  CHECK(r.steps.size() == 2);
+  const std::string issues = issues_text(r);
+  INFO(issues);
+  CHECK_THAT(issues, Catch::Contains("metrics.jsonl: 1 record(s) without"));
+  CHECK_THAT(issues, Catch::Contains("events.jsonl: 2 record(s) with fields of unexpected types"));
+  CHECK_THAT(issues, Catch::Contains("checkpoints.jsonl: 1 record(s) with fields"));
+  CHECK(r.ranks.empty());  // not a rank number ft writes
+  CHECK_NOTHROW(report::render_report(r));
 }
 
 TEST_CASE("an empty or absent run directory", "[unit]") {
