@@ -26,10 +26,17 @@ struct Range {
 // About `want` round tick values covering [lo, hi] (1, 2 or 5 times a power of ten apart); the
 // range is widened to the outer ticks.
 std::vector<double> nice_ticks(double& lo, double& hi, int want = 5) {
-  if (!(hi > lo)) {
-    const double pad = lo == 0 ? 1 : std::abs(lo) * 0.1;
-    lo -= pad;
-    hi += pad;
+  if (!std::isfinite(lo) || !std::isfinite(hi)) {
+    lo = 0;
+    hi = 1;
+  }
+  // A range that is empty or too narrow for its magnitude (one step's loss and its smoothed value
+  // a last bit apart: a tick step below the values' resolution never advances) is widened first.
+  if (!(hi - lo > std::max(std::abs(lo), std::abs(hi)) * 1e-9)) {
+    const double mid = (lo + hi) / 2;
+    const double pad = mid == 0 ? 1 : std::abs(mid) * 0.1;
+    lo = mid - pad;
+    hi = mid + pad;
   }
   const double raw = (hi - lo) / want;
   const double mag = std::pow(10, std::floor(std::log10(raw)));
@@ -42,8 +49,11 @@ std::vector<double> nice_ticks(double& lo, double& hi, int want = 5) {
   lo = std::floor(lo / step + 1e-9) * step;
   hi = std::ceil(hi / step - 1e-9) * step;
   std::vector<double> ticks;
-  for (double t = lo; t <= hi + step * 1e-6; t += step)
+  for (int i = 0; i <= 4 * want; ++i) {  // at most about `want` + 2; the bound is a safeguard
+    const double t = lo + i * step;
+    if (t > hi + step * 1e-6) break;
     ticks.push_back(std::abs(t) < step * 1e-9 ? 0 : t);
+  }
   return ticks;
 }
 

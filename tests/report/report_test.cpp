@@ -4,6 +4,7 @@
 #include "report/report.h"
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -180,6 +181,21 @@ TEST_CASE("a long run's page stays small: series thinned, spikes kept", "[unit]"
       {"x", "", "#000", {1, 2, 3, 4, 5, 6, 7, 8}, {1, 9, 2, 3, 0, 4, 5, 6}}, 4);
   const std::vector<double> kept = {1, 2, 5, 8};  // each half's lowest and highest, in x order
   CHECK(s.x == kept);
+}
+
+// Found by the full suite: `ft train` of one step wrote its report forever (16 GB and the OOM
+// killer): the loss and its smoothed value a last bit apart made a tick step that never advanced.
+TEST_CASE("a one-step run, and values a last bit apart, draw axes with a few ticks", "[unit]") {
+  const std::string dir = make_temp_dir() + "/one";
+  fs::create_directories(dir);
+  const double loss = 6.997863292694092;
+  write(dir + "/metrics.jsonl", step_line(1, loss));
+  const std::string html = read_file(report::write_report(dir).path);
+  CHECK(points_of(html, "loss") == "1");
+  CHECK(html.size() < 200000);
+  write(dir + "/metrics.jsonl",
+        step_line(1, loss) + step_line(2, std::nextafter(loss, 10.0)) + step_line(3, 1e300));
+  CHECK(read_file(report::write_report(dir).path).size() < 200000);
 }
 
 TEST_CASE("records with fields of other types are left out and named, never thrown", "[unit]") {
