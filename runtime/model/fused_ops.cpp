@@ -290,9 +290,13 @@ struct SwiGluFn : public torch::autograd::Function<SwiGluFn> {
     if (g.is_cuda()) {
       cuda::api().swiglu(g.get_device(), element_type(g), g.const_data_ptr(), u.const_data_ptr(),
                          nullptr, y.data_ptr(), nullptr, g.numel(), /*backward=*/false);
-      ctx->save_for_backward({g, u});
-      return y;
+    } else {
+      swiglu_cpu(g, u, y);
     }
+    ctx->save_for_backward({g, u});
+    return y;
+  }
+  static void swiglu_cpu(const at::Tensor& g, const at::Tensor& u, at::Tensor& y) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "fused_swiglu", [&] {
       using T = scalar_t;
       using A = Acc<T>;
@@ -307,8 +311,6 @@ struct SwiGluFn : public torch::autograd::Function<SwiGluFn> {
         }
       });
     });
-    ctx->save_for_backward({g, u});
-    return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();

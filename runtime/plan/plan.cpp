@@ -197,6 +197,8 @@ struct State {
   int64_t layer_reduce_bytes = 0, root_reduce_bytes = 0;
   int64_t sharded_bytes = 0;    // all sharded units, gathered (compute dtype)
   int64_t retained_bytes = 0;   // of those, units below glibc's mmap threshold
+  int64_t retained_frozen = 0;  // of those, frozen groups' bytes
+  int64_t retained_reduce = 0;  // those units' local gradients before their reduce-scatter
   int64_t trained_sharded = 0;  // padded elements of trained sharded groups
   int64_t trained_replicated = 0;
   int64_t replicated_trained_shard = 0;  // HYBRID: this rank's trained shard elements
@@ -282,7 +284,11 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
       if (g.trained) trained_padded += g.layout.padded;
     if (u.sharded) {
       st.sharded_bytes += unit_bytes;
-      if (unit_bytes < kMmapThresholdMax) st.retained_bytes += unit_bytes;
+      if (unit_bytes < kMmapThresholdMax) {
+        st.retained_bytes += unit_bytes;
+        st.retained_frozen += unit_bytes - trained_padded * c;
+        if (trained_padded * r < kMmapThresholdMax) st.retained_reduce += trained_padded * r;
+      }
       if (u.model_unit == 0) {
         st.root_bytes = unit_bytes;
         st.root_reduce_bytes = trained_padded * r;
@@ -416,17 +422,24 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
         W > 1 ? "none: gradients are all-reduced in place in their fp32 buckets" : "none: one rank";
   }
   d.push_back({"comm_buckets", "communication buckets", buckets, buckets_from});
-  // On CPU, a sharded job's gathered units are freed and allocated again every step: glibc keeps
-  // the freed blocks below its mmap threshold in its heap, and Gloo's collectives stage flat
-  // copies of their buffers, so the resident set holds about twice those units besides
-  // (bench/plan_accuracy.py measures it).
-  const int64_t retained = !gpu && st.sharded ? 2 * st.retained_bytes : 0;
+  // On CPU, a sharded job's gathered units and their local gradients are freed and allocated
+  // again every step: glibc keeps the freed blocks below its mmap threshold in its heap (one
+  // arena: core/host_alloc.h), and Gloo's collectives stage flat copies of their buffers. Blocks
+  // of frozen units come back in the same sizes in the same order and are mostly reused (half
+  // counted); trained units' blocks interleave with their gradients' and are counted whole, as
+  // are those gradients (calibrated on the 88 runs of bench/plan_accuracy.py).
+  const int64_t retained_trained = st.retained_bytes - st.retained_frozen;
+  const int64_t retained =
+      !gpu && st.sharded ? retained_trained + st.retained_frozen / 2 + st.retained_reduce : 0;
   if (!gpu)
     d.push_back({"allocator_retention", "host allocator retention", retained,
                  st.sharded
-                     ? fmt::format("2 x the {} of gathered units under glibc's {} mmap "
-                                   "threshold: freed blocks glibc keeps, Gloo's flat copies",
-                                   human_bytes(st.retained_bytes), human_bytes(kMmapThresholdMax))
+                     ? fmt::format("gathered units under glibc's {} mmap threshold: trained {} + "
+                                   "half of frozen {} + their local gradients {}: freed blocks "
+                                   "glibc keeps, Gloo's flat copies",
+                                   human_bytes(kMmapThresholdMax), human_bytes(retained_trained),
+                                   human_bytes(st.retained_frozen),
+                                   human_bytes(st.retained_reduce))
                      : std::string("none: nothing is gathered")});
   const Acts acts = activations(mc, s, c, gpu);
   d.push_back(

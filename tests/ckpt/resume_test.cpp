@@ -67,12 +67,15 @@ TEST_CASE("a run killed with SIGKILL at a random step resumes bit-identical", "[
     wait_for_steps(out, kill_after, deadline);
     ::kill(c.pid, SIGKILL);
     REQUIRE(wait_for(c, 30).value_or(-1) == 128 + SIGKILL);
-    // Whether a checkpoint was committed (its meta.json written) before the kill: the save of
-    // step 4 is written in the background and may still be in flight a few steps later.
+    // Whether a checkpoint was committed before the kill: the save of step 4 is written in the
+    // background and may still be in flight a few steps later. The commit is the rename of
+    // .tmp-step-N (meta.json and all) to step-N, so a temporary directory that already holds its
+    // meta.json is not committed.
     bool committed = false;
     if (fs::exists(out + "/checkpoints"))
       for (const auto& d : fs::directory_iterator(out + "/checkpoints"))
-        committed = committed || fs::exists(d.path() / "meta.json");
+        committed = committed || (d.path().filename().string().rfind("step-", 0) == 0 &&
+                                  fs::exists(d.path() / "meta.json"));
     // Restarted with the same command: it continues from its newest committed checkpoint.
     Finished again = run(train_argv(1, out, {}));
     INFO(again.output);

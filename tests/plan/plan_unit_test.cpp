@@ -1,12 +1,22 @@
 // The planner in one process: model-state bytes against DeepSpeed's published estimator, the time
-// it takes, and the errors bad input gets.
+// it takes, and the errors bad input gets; the one malloc arena its CPU retention term assumes.
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#endif
 
 #include "config/settings.h"
 #include "core/error.h"
+#include "core/host_alloc.h"
 #include "plan/plan.h"
 #include "plan/resources.h"
 #include "support/subprocess.h"
@@ -145,3 +155,60 @@ TEST_CASE("a config.json without the fields the plan needs is refused, naming th
     CHECK_THAT(e.what(), Catch::Contains(dir + "/config.json"));
   }
 }
+
+#if defined(__GLIBC__)
+namespace {
+
+// glibc's heaps (arenas) in this process, from malloc_info's report.
+int malloc_heaps() {
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&buf, &len);
+  malloc_info(0, f);
+  std::fclose(f);
+  const std::string xml(buf, len);
+  std::free(buf);
+  int n = 0;
+  for (size_t at = xml.find("<heap nr="); at != std::string::npos; at = xml.find("<heap nr=", at + 1))
+    ++n;
+  return n;
+}
+
+// In a child process: optionally limit the arenas, then 8 threads that each hold a block while
+// the others allocate. Exit status: the heaps that appeared (capped at 100).
+int new_heaps_in_child(bool limit, const char* env) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (env) setenv("MALLOC_ARENA_MAX", env, 1);
+    else unsetenv("MALLOC_ARENA_MAX");
+    if (limit) {
+      const std::string got = ft::core::limit_malloc_arenas();
+      if (got != (env ? env : "1")) _exit(101);
+    }
+    const int before = malloc_heaps();
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 8; ++i)
+      threads.emplace_back([] {
+        void* p = std::malloc(1 << 20);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        std::free(p);
+      });
+    for (auto& t : threads) t.join();
+    _exit(std::min(100, malloc_heaps() - before));
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+TEST_CASE("a worker's malloc uses one arena unless MALLOC_ARENA_MAX says otherwise", "[unit]") {
+  // glibc's default: threads get heaps of their own (what the plan's retention term does not
+  // assume); after limit_malloc_arenas(), none appear.
+  CHECK(new_heaps_in_child(false, nullptr) > 0);
+  CHECK(new_heaps_in_child(true, nullptr) == 0);
+  // The user's setting is left to glibc, and said.
+  CHECK(new_heaps_in_child(true, "3") != 101);
+}
+#endif
