@@ -3,7 +3,8 @@ transformers' LlamaForCausalLM, sdpa attention), the same random-token batches a
 mean token loss, backward, global-norm clip 1.0, torch.optim.AdamW with its CPU default), the same
 torch build and thread count. --variant: default (AdamW's CPU default, the foreach loop), fused
 (AdamW(fused=True)), compile (torch.compile of the model + fused AdamW: the best a user writes by
-hand). Prints one JSON line like the C++ benchmark."""
+hand). Prints one JSON line like the C++ benchmark. --profile N: after the timed steps, N more under
+torch.profiler, and a table of self CPU time per op per step (to set beside ft's, docs/performance.md)."""
 import argparse
 import json
 import resource
@@ -19,6 +20,7 @@ for name, default in [("hidden", 256), ("layers", 2), ("heads", 4), ("kv-heads",
     p.add_argument("--" + name, type=int, default=default)
 p.add_argument("--precision", default="fp32")
 p.add_argument("--variant", default="default", choices=["default", "fused", "compile"])
+p.add_argument("--profile", type=int, default=0, help="steps to profile after the timed ones")
 a = p.parse_args()
 if a.threads > 0:
     torch.set_num_threads(a.threads)
@@ -33,8 +35,9 @@ opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0,
                         fused=True if a.variant != "default" else None)
 step_model = torch.compile(model) if a.variant == "compile" else model
 gen = torch.Generator().manual_seed(1)
-times = []
-for i in range(a.warmup + a.steps):
+
+
+def step():
     ids = torch.randint(0, a.vocab, (a.batch, a.seq), generator=gen)
     t0 = time.perf_counter()
     loss = step_model(input_ids=ids, labels=ids).loss
@@ -42,9 +45,26 @@ for i in range(a.warmup + a.steps):
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    dt = time.perf_counter() - t0
+    return time.perf_counter() - t0
+
+
+times = []
+for i in range(a.warmup + a.steps):
+    dt = step()
     if i >= a.warmup:
         times.append(dt)
+if a.profile > 0:
+    import sys
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(a.profile):
+            step()
+        wall = (time.perf_counter() - t0) / a.profile
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    print(f"self CPU time per step ({wall * 1e3:.2f} ms wall per profiled step):", file=sys.stderr)
+    for e in rows[:25]:
+        print(f"{e.self_cpu_time_total / a.profile / 1e3:8.3f} ms {e.count // a.profile:5d}  {e.key[:90]}",
+              file=sys.stderr)
 times.sort()
 median = times[len(times) // 2]
 print(json.dumps({"impl": "pytorch", "variant": a.variant, "steps_per_s": round(1 / median, 4),

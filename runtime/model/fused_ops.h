@@ -6,7 +6,9 @@
 // normalised value before the weight, each product of SwiGLU and RoPE), with fp32 (fp64 for fp64)
 // inside, so fp32 results equal the unfused path within rounding of the row sums. CPU kernels:
 // threads through at::parallel_for, a fixed order of every sum (the same bits from one process
-// to the next and for any thread count). CUDA tensors (fp32, bf16, fp16) go to the same kernels
+// to the next and for any thread count); SwiGLU's fp32 loops are vectorized (a copy per vector
+// width: AVX-512, AVX2, SSE2) with an exp of their own built from IEEE arithmetic, so a vector
+// lane and the scalar tail give the same bits. CUDA tensors (fp32, bf16, fp16) go to the same kernels
 // in libft_cuda.so (cuda/kernels.h): compiled everywhere, checked against the unfused ops by the
 // gpu test; the model uses them on CPUs only until a GPU run has checked them (issue 18). Not
 // thread-safe beyond what autograd guarantees.

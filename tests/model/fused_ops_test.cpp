@@ -111,6 +111,47 @@ TEST_CASE("fused SwiGLU equals silu(gate) * up: output and both gradients", "[un
   }
 }
 
+TEST_CASE("fused SwiGLU in fp32, vectorized with its own exp: every element over exp's whole range, "
+          "the same bits for any thread count and chunk start",
+          "[unit]") {
+  // 200,003 gates from -120 to 120 (past both ends of fp32's exp), more than one parallel chunk.
+  const int64_t n = 200003;
+  const at::Tensor g0 = at::linspace(-120.0, 120.0, n, at::kFloat);
+  const at::Tensor u0 = rand({n}, at::kFloat, 14) + 2;
+  const at::Tensor gy = rand({n}, at::kFloat, 15);
+  at::Tensor g = leaf(g0), u = leaf(u0), gr = leaf(g0), ur = leaf(u0);
+  const at::Tensor y = ft::model::fused_swiglu(g, u);
+  const at::Tensor yr = at::silu(gr) * ur;
+  (y * gy).sum().backward();
+  (yr * gy).sum().backward();
+  // Element by element: within 1e-6 relative, or 1e-30 absolute where the value itself is that
+  // small (silu of -120 is -1e-50 in exact arithmetic: 0 or a subnormal either way).
+  auto close = [](const at::Tensor& a, const at::Tensor& b) {
+    return ((a - b).abs() <= b.abs() * 1e-6 + 1e-30).all().item<bool>();
+  };
+  CHECK(close(y.detach(), yr.detach()));
+  CHECK(close(u.grad(), ur.grad()));
+  // The gate's gradient, dy * up * sig * (1 + x (1 - sig)), crosses zero near x = -1.28, where its
+  // two terms cancel: there 1e-6 is relative to the size of the terms, not of their sum (an ulp
+  // of exp either way moves the sum more).
+  const at::Tensor x64 = g0.to(at::kDouble), sig = at::sigmoid(x64);
+  const at::Tensor terms = (gy * u0).to(at::kDouble).abs() * sig * (1 + (x64 * (1 - sig)).abs());
+  CHECK(((g.grad() - gr.grad()).to(at::kDouble).abs() <= terms * 1e-6 + 1e-30).all().item<bool>());
+  CHECK_FALSE(y.isnan().any().item<bool>());
+  // The same bits from 1 and 2 threads, and for a view that starts 5 elements later (every
+  // element moves to another lane of the vector loop or to the scalar tail).
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const at::Tensor y1 = ft::model::fused_swiglu(g0, u0);
+  at::set_num_threads(2);
+  const at::Tensor y2 = ft::model::fused_swiglu(g0, u0);
+  at::set_num_threads(threads);
+  CHECK(at::equal(y1, y.detach()));
+  CHECK(at::equal(y2, y.detach()));
+  const at::Tensor shifted = ft::model::fused_swiglu(g0.slice(0, 5), u0.slice(0, 5));
+  CHECK(at::equal(shifted, y.detach().slice(0, 5)));
+}
+
 TEST_CASE("fused rotary embedding equals x * cos + rotate_half(x) * sin: output and gradient",
           "[unit]") {
   for (const auto dtype : {at::kFloat, at::kDouble, at::kBFloat16}) {
