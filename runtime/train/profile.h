@@ -32,7 +32,8 @@ class StepProfiler {
 };
 
 // The table `ft train` prints for a profile: the `top` names with the most time, device kernels
-// for a GPU job (each kernel's own time), operators for a CPU job (inclusive of what they call).
+// for a GPU job (each kernel's own time), operators for a CPU job by self time (less the ops they
+// call), their inclusive time beside it.
 std::string profile_table(const torch::autograd::profiler::ProfilerResult& result, bool cuda,
                           double wall_s, int64_t steps, size_t top = 20);
 
