@@ -635,7 +635,33 @@ TEST_CASE("output.profile_steps writes a Chrome trace and prints where the step 
   CHECK(out.find("ERROR") == std::string::npos);     // Kineto's no-GPU noise is silenced
   const std::string trace = read_file(dir + "/run/profile.json");
   CHECK(trace.find("\"traceEvents\"") != std::string::npos);
-  CHECK(read_file(dir + "/run/profile.txt").find("ms/step") != std::string::npos);
+  // The CPU table: operators by self time, the largest first, each at most its inclusive time,
+  // and the self times of the rows shown at most the operators' busy time in the heading.
+  const std::string table = read_file(dir + "/run/profile.txt");
+  CHECK(table.find("by self time") != std::string::npos);
+  const size_t busy_at = table.find("operators busy ");
+  REQUIRE(busy_at != std::string::npos);
+  const double busy = std::stod(table.substr(busy_at + 15));
+  std::istringstream lines(table);
+  std::string line;
+  std::getline(lines, line);  // heading
+  std::getline(lines, line);  // column names
+  double previous = 1e300, shown = 0;
+  int rows = 0;
+  while (std::getline(lines, line)) {
+    std::istringstream cols(line);
+    double self_ms = 0, incl_ms = 0;
+    std::string share;
+    int64_t calls = 0;
+    REQUIRE(static_cast<bool>(cols >> self_ms >> share >> incl_ms >> calls));
+    CHECK(self_ms <= incl_ms + 1e-3);
+    CHECK(self_ms <= previous);
+    previous = self_ms;
+    shown += self_ms;
+    ++rows;
+  }
+  CHECK(rows >= 5);
+  CHECK(shown <= busy + 0.01 * rows);
   // A run too short to profile says so and trains all the same.
   const int short_code = run({"train", "--preset", "tiny-demo", "--output", dir + "/short", "--set",
                               "train.max_steps=2", "--set", "output.profile_steps=2"},
