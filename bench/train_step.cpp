@@ -30,7 +30,7 @@ double peak_rss_mib() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ft::core::limit_malloc_arenas();  // as `ft train` does
+  ft::core::configure_host_malloc();  // as `ft train` does
   CLI::App app{"ft training-step benchmark"};
   int64_t hidden = 256, layers = 2, heads = 4, kv_heads = 0, inter = 688, vocab = 32000, batch = 8,
           seq = 128, steps = 20, warmup = 3, threads = 0;

@@ -24,7 +24,7 @@ Run add_eval(CLI::App& app) {
   cmd->add_option("--preset", *preset, "Preset whose data.* keys say how to read the data");
   cmd->add_option("--set", *sets, "Override a preset key: --set data.template=chatml");
   return [opts, preset, sets]() -> int {
-    core::limit_malloc_arenas();  // first, before any thread: see core/host_alloc.h
+    core::configure_host_malloc();  // first, before any thread: see core/host_alloc.h
     nlohmann::json resolved;
     if (preset->empty()) {
       // No preset: the schema's defaults (auto format, llama3 template) with the overrides.

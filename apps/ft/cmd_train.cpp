@@ -35,7 +35,7 @@ Run add_train(CLI::App& app) {
   auto args = std::make_shared<TrainCommandLine>();
   args->add_to(cmd, /*require=*/true, "Options");
   return [args]() -> int {
-    core::limit_malloc_arenas();  // first, before any thread: see core/host_alloc.h
+    core::configure_host_malloc();  // first, before any thread: see core/host_alloc.h
     train::RunOptions opts = args->run_options();
     opts.settings = config::resolve_settings(args->value("preset"), args->values("set"));
     // An output nothing can be written to is refused before anything is loaded or allocated.

@@ -609,7 +609,7 @@ std::vector<Engine::Piece> Engine::pieces(bool to_write) const {
   return out;
 }
 
-void Engine::after_update() {
+void Engine::after_update(bool grads_zeroed) {
   at::NoGradGuard no_grad;
   for (auto& u : units_)
     for (auto& g : u->groups) {
@@ -628,7 +628,7 @@ void Engine::after_update() {
         staged.copy_(g.master);
         g.shard.copy_(staged, /*non_blocking=*/true);
       }
-      if (g.grad_acc.defined()) g.grad_acc.zero_();
+      if (g.grad_acc.defined() && !grads_zeroed) g.grad_acc.zero_();
     }
 }
 

@@ -153,8 +153,9 @@ class Engine : public model::UnitHooks {
   // elements (ddp replicas, HYBRID_SHARD nodes) split them, so that over all ranks every element
   // is written exactly once and the writing is spread evenly.
   std::vector<Piece> pieces(bool to_write) const;
-  // After the optimizer updated the masters: refresh the compute copies; zero the gradients.
-  void after_update();
+  // After the optimizer updated the masters: refresh the compute copies; zero the gradients
+  // unless the optimizer already did (grads_zeroed).
+  void after_update(bool grads_zeroed = false);
 
   // Collectives over all ranks (counted as scalar collectives).
   double sum_over_ranks(double v);

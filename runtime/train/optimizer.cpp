@@ -23,13 +23,17 @@ namespace {
 
 // The host's loop: the same element function as the CUDA kernel, vectorized where the CPU allows
 // (IEEE vector multiply, add, divide and square root round as the scalar ones do), over threads.
-template <typename T>
+// kScale: each gradient is multiplied by `scale` first (rounded to T, as at::mul_ by a double
+// does for a T tensor); kZero: each gradient is zeroed once read.
+template <typename T, bool kScale, bool kZero>
 __attribute__((target_clones("avx512f", "avx2", "default"), optimize("tree-vectorize"))) void
-adamw_range(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v,
-            int64_t n, const AdamWScalars s) {
+adamw_range(T* __restrict__ p, T* __restrict__ g, T* __restrict__ m, T* __restrict__ v, int64_t n,
+            const AdamWScalars s, const T scale) {
   for (int64_t i = 0; i < n; ++i) {
-    T pi = p[i], mi = m[i], vi = v[i];
-    adamw_element(pi, g[i], mi, vi, s);
+    T pi = p[i], mi = m[i], vi = v[i], gi = g[i];
+    if constexpr (kScale) gi = gi * scale;
+    if constexpr (kZero) g[i] = T(0);
+    adamw_element(pi, gi, mi, vi, s);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
@@ -37,14 +41,21 @@ adamw_range(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __
 }
 
 template <typename T>
-void step_on_host(at::Tensor& p, const at::Tensor& grad, at::Tensor& m, at::Tensor& v,
-                  const AdamWScalars& s) {
+void step_on_host(at::Tensor& p, at::Tensor& grad, at::Tensor& m, at::Tensor& v,
+                  const AdamWScalars& s, double grad_scale, bool zero_grads) {
   T* pp = p.data_ptr<T>();
-  const T* gp = grad.data_ptr<T>();
+  T* gp = grad.data_ptr<T>();
   T* mp = m.data_ptr<T>();
   T* vp = v.data_ptr<T>();
+  const T scale = static_cast<T>(grad_scale);
+  const bool scaled = grad_scale != 1.0;
   at::parallel_for(0, p.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
-    adamw_range<T>(pp + begin, gp + begin, mp + begin, vp + begin, end - begin, s);
+    T *pb = pp + begin, *gb = gp + begin, *mb = mp + begin, *vb = vp + begin;
+    const int64_t n = end - begin;
+    if (scaled && zero_grads) adamw_range<T, true, true>(pb, gb, mb, vb, n, s, scale);
+    else if (scaled) adamw_range<T, true, false>(pb, gb, mb, vb, n, s, scale);
+    else if (zero_grads) adamw_range<T, false, true>(pb, gb, mb, vb, n, s, scale);
+    else adamw_range<T, false, false>(pb, gb, mb, vb, n, s, scale);
   });
 }
 
@@ -71,7 +82,7 @@ AdamW::AdamW(const std::vector<Param>& params, AdamWOptions options) : options_(
   }
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, double grad_scale, bool zero_grads) {
   at::NoGradGuard no_grad;
   ++steps_;
   const double step = static_cast<double>(steps_);
@@ -89,22 +100,24 @@ void AdamW::step(double lr) {
     at::_foreach_add_(g.steps, 1);
     for (size_t i = 0; i < g.params.size(); ++i) {
       at::Tensor& p = g.params[i];
-      const at::Tensor& grad = p.grad();
+      at::Tensor grad = p.grad();
       FT_CHECK(grad.defined() && p.is_contiguous() && grad.is_contiguous() &&
                    grad.scalar_type() == p.scalar_type() && grad.device() == p.device(),
                "AdamW: a parameter without a contiguous gradient of its own dtype and device");
       if (p.is_cuda()) {
         FT_CHECK(p.scalar_type() == at::kFloat, "AdamW on a GPU updates fp32 masters, got ",
                  p.scalar_type());
+        if (grad_scale != 1.0) grad.mul_(grad_scale);
         cuda::api().adamw_fp32(p.get_device(), p.data_ptr<float>(), grad.data_ptr<float>(),
                                g.exp_avg[i].data_ptr<float>(), g.exp_avg_sq[i].data_ptr<float>(),
                                p.numel(), s);
+        if (zero_grads) grad.zero_();
       } else if (p.scalar_type() == at::kFloat) {
-        step_on_host<float>(p, grad, g.exp_avg[i], g.exp_avg_sq[i], s);
+        step_on_host<float>(p, grad, g.exp_avg[i], g.exp_avg_sq[i], s, grad_scale, zero_grads);
       } else {
         FT_CHECK(p.scalar_type() == at::kDouble, "AdamW updates fp32 or fp64 masters, got ",
                  p.scalar_type());
-        step_on_host<double>(p, grad, g.exp_avg[i], g.exp_avg_sq[i], s);
+        step_on_host<double>(p, grad, g.exp_avg[i], g.exp_avg_sq[i], s, grad_scale, zero_grads);
       }
     }
   }

@@ -27,7 +27,12 @@ class AdamW {
   // Named parameters: norms and biases are not decayed.
   AdamW(const std::vector<std::pair<std::string, at::Tensor>>& params, AdamWOptions options);
 
-  void step(double lr);
+  // One update at learning rate lr. grad_scale multiplies every gradient first (the clip's factor:
+  // on the host inside the update's own pass, with the bits of a separate multiply by the same
+  // factor rounded to the masters' dtype; on a GPU as a separate multiply). zero_grads: the update
+  // leaves every gradient zero (on the host in the same pass, which saves the engine's own pass
+  // over the gradient buffers).
+  void step(double lr, double grad_scale = 1.0, bool zero_grads = false);
   int64_t steps() const { return steps_; }
   // Resident bytes of the state (exp_avg + exp_avg_sq + steps).
   int64_t state_bytes() const;

@@ -162,13 +162,16 @@ StepStats Trainer::apply_update(StepStats st) {
   };
   const double norm = std::sqrt(engine_.global_sq_norm(sq(sharded), sq(replicated)));
   st.grad_norm = norm;
-  if (options_.grad_clip > 0 && norm > options_.grad_clip)
-    at::_foreach_mul_(grads, options_.grad_clip / (norm + 1e-6));
+  // The clip's factor is applied, and the gradients zeroed, inside AdamW's own pass over them
+  // (the same bits as a separate multiply; two passes over every gradient fewer).
+  const double clip_scale = options_.grad_clip > 0 && norm > options_.grad_clip
+                                ? options_.grad_clip / (norm + 1e-6)
+                                : 1.0;
 
   ++step_;
   st.lr = options_.schedule.lr_at(step_);
-  optimizer_->step(st.lr);
-  engine_.after_update();
+  optimizer_->step(st.lr, clip_scale, /*zero_grads=*/true);
+  engine_.after_update(/*grads_zeroed=*/true);
   st.step = step_;
   st.skipped_total = skipped_;
   return st;

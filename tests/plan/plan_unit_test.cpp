@@ -4,12 +4,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 #if defined(__GLIBC__)
 #include <malloc.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #endif
@@ -210,5 +212,51 @@ TEST_CASE("a worker's malloc uses one arena unless MALLOC_ARENA_MAX says otherwi
   CHECK(new_heaps_in_child(true, nullptr) == 0);
   // The user's setting is left to glibc, and said.
   CHECK(new_heaps_in_child(true, "3") != 101);
+}
+
+namespace {
+
+// In a child process: optionally keep_freed_heap(), then three rounds of a step's pattern: 96 blocks
+// of 1 MiB allocated, written and freed (more than the 64 MiB trim threshold that glibc's
+// self-adjusting one reaches at most; this test process may have raised it already). Exit status:
+// 1 if the third round faulted (almost) no pages in, 0 if it faulted them in again, 101 if
+// keep_freed_heap() did not do what was asked of it.
+int freed_heap_kept_in_child(bool keep, const char* env) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (env) setenv("MALLOC_TRIM_THRESHOLD_", env, 1);
+    else unsetenv("MALLOC_TRIM_THRESHOLD_");
+    unsetenv("MALLOC_MMAP_THRESHOLD_");
+    if (keep && ft::core::keep_freed_heap() != (env == nullptr)) _exit(101);
+    auto faults = [] {
+      rusage u{};
+      getrusage(RUSAGE_SELF, &u);
+      return u.ru_minflt;
+    };
+    long third = 0;
+    for (int round = 0; round < 3; ++round) {
+      const long before = faults();
+      std::vector<void*> blocks;
+      for (int i = 0; i < 96; ++i) {
+        blocks.push_back(std::malloc(1 << 20));
+        std::memset(blocks.back(), 1, 1 << 20);
+      }
+      for (void* p : blocks) std::free(p);
+      third = faults() - before;
+    }
+    _exit(third < 1000 ? 1 : 0);  // 96 MiB faulted in again is 24,576 pages
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+TEST_CASE("a worker keeps its freed heap instead of faulting it in again every step", "[unit]") {
+  CHECK(freed_heap_kept_in_child(false, nullptr) == 0);  // glibc's default gives 96 MiB back
+  CHECK(freed_heap_kept_in_child(true, nullptr) == 1);
+  // The user's MALLOC_TRIM_THRESHOLD_ is left to glibc (keep_freed_heap() says it did nothing).
+  CHECK(freed_heap_kept_in_child(true, "1") != 101);
 }
 #endif

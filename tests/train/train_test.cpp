@@ -1,5 +1,7 @@
 // The training loop: exact gradient accumulation, schedules, mixed precision (bf16, fp16 with
 // overflow skipping), and the built-in synthetic task.
+#include <ATen/Parallel.h>
+
 #include <set>
 
 #include "core/error.h"
@@ -272,6 +274,47 @@ TEST_CASE("AdamW equals LibTorch's fused AdamW within rounding", "[unit]") {
       CHECK(adam.steps() == 5);
     }
   }
+}
+
+// The clip's factor and the zeroing inside AdamW's pass (what Trainer does) give the bits of a
+// separate multiply by the same factor, an update and a separate zeroing; at 1 and 2 threads
+// (the loop is split over threads) and in fp32 and fp64.
+TEST_CASE("AdamW with the clip's factor and zeroing in its pass: the bits of separate passes",
+          "[unit]") {
+  const int threads_before = at::get_num_threads();
+  for (auto dtype : {at::kFloat, at::kDouble})
+    for (int threads : {1, 2}) {
+      DYNAMIC_SECTION(c10::toString(dtype) << ", " << threads << " threads") {
+        at::set_num_threads(threads);
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+        const auto o = at::TensorOptions().dtype(dtype);
+        const int64_t n = 300007;  // several of the loop's 65536-element chunks, and a tail
+        at::Tensor fused = at::randn({n}, gen, o), separate = fused.clone();
+        fused.requires_grad_(true);
+        separate.requires_grad_(true);
+        train::AdamWOptions opts;
+        opts.weight_decay = 0.1;
+        train::AdamW a({{fused, true}}, opts), b({{separate, true}}, opts);
+        for (int s = 1; s <= 3; ++s) {
+          const at::Tensor g = at::randn({n}, gen, o);
+          const double scale = s == 2 ? 1.0 : 0.37 / s;  // step 2: no clip
+          fused.mutable_grad() = g.clone();
+          separate.mutable_grad() = g.clone();
+          a.step(1e-2, scale, /*zero_grads=*/true);
+          {
+            at::NoGradGuard no_grad;
+            if (scale != 1.0) at::_foreach_mul_({separate.mutable_grad()}, scale);
+          }
+          b.step(1e-2);
+          INFO("step " << s);
+          CHECK(at::equal(fused.detach(), separate.detach()));
+          CHECK(at::equal(a.exp_avg(0), b.exp_avg(0)));
+          CHECK(at::equal(a.exp_avg_sq(0), b.exp_avg_sq(0)));
+          CHECK(fused.grad().count_nonzero().item<int64_t>() == 0);
+        }
+      }
+    }
+  at::set_num_threads(threads_before);
 }
 
 TEST_CASE("straggler watch: 1.5x the other ranks' median for 10 steps in a row, named once") {
