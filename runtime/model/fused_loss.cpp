@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "core/error.h"
+#include "model/fused_ops.h"
 
 namespace ft::model {
 
@@ -25,7 +26,7 @@ ChunkResult run_chunks(const at::Tensor& h2, const at::Tensor& w, const at::Tens
   ChunkResult r;
   r.loss = at::zeros({}, h2.options().dtype(acc));
   if (grad_hidden) r.grad_hidden = at::empty(h2.sizes(), h2.options().dtype(acc));
-  if (grad_weight) r.grad_weight = at::zeros(w.sizes(), w.options().dtype(acc));
+  if (grad_weight) r.grad_weight = at::empty(w.sizes(), w.options().dtype(acc));
   for (int64_t s = 0; s < N; s += chunk_tokens) {
     const int64_t n = std::min(chunk_tokens, N - s);
     const at::Tensor h = h2.narrow(0, s, n);
@@ -33,18 +34,27 @@ ChunkResult run_chunks(const at::Tensor& h2, const at::Tensor& w, const at::Tens
     // As the unfused path: the logits in the compute dtype, upcast for the loss (in fp32 the same
     // tensor, which the gradient below then overwrites).
     at::Tensor logits = at::linear(h, w).to(acc);
-    const at::Tensor valid = y.ne(-100);
-    const at::Tensor target = y.masked_fill(valid.logical_not(), 0);
-    const at::Tensor lse = at::logsumexp(logits, {1});
-    const at::Tensor picked = logits.gather(1, target.unsqueeze(1)).squeeze(1);
-    r.loss.add_((lse - picked).masked_fill(valid.logical_not(), 0).sum());
-    if (!grad_hidden && !grad_weight) continue;
-    // d(sum loss)/d(logits) = softmax - one-hot on the counted rows, 0 on the others, in place of
-    // the logits; cast to the compute dtype as the unfused path's upcast passes its gradient back.
-    at::Tensor& g = logits;
-    g.sub_(lse.unsqueeze(1)).exp_();
-    g.scatter_add_(1, target.unsqueeze(1), at::full({n, 1}, -1.0, g.options()));
-    g.mul_(valid.unsqueeze(1).to(acc));
+    const bool grads = grad_hidden || grad_weight;
+    if (acc == at::kFloat && logits.is_cpu() && logits.is_contiguous()) {
+      // fp32 on the CPU: the loss and d(sum loss)/d(logits) in three passes over each row
+      // (model/fused_ops.h), in place of the logits.
+      r.loss.add_(cross_entropy_rows(logits, y, grads));
+    } else {
+      const at::Tensor valid = y.ne(kIgnoreIndex);
+      const at::Tensor target = y.masked_fill(valid.logical_not(), 0);
+      const at::Tensor lse = at::logsumexp(logits, {1});
+      const at::Tensor picked = logits.gather(1, target.unsqueeze(1)).squeeze(1);
+      r.loss.add_((lse - picked).masked_fill(valid.logical_not(), 0).sum());
+      if (!grads) continue;
+      // d(sum loss)/d(logits) = softmax - one-hot on the counted rows, 0 on the others, in place
+      // of the logits.
+      logits.sub_(lse.unsqueeze(1)).exp_();
+      logits.scatter_add_(1, target.unsqueeze(1), at::full({n, 1}, -1.0, logits.options()));
+      logits.mul_(valid.unsqueeze(1).to(acc));
+    }
+    if (!grads) continue;
+    // Cast to the compute dtype as the unfused path's upcast passes its gradient back.
+    const at::Tensor& g = logits;
     const at::Tensor gc = g.to(h2.scalar_type());
     const bool same = gc.scalar_type() == acc;  // fp32 / fp64: accumulate in place
     if (grad_hidden) {
@@ -55,12 +65,18 @@ ChunkResult run_chunks(const at::Tensor& h2, const at::Tensor& w, const at::Tens
         rows.copy_(at::mm(gc, w));
     }
     if (grad_weight) {
-      if (same)
+      // The first chunk writes the accumulator (no zero-filled pass over the head's size first).
+      if (same && s == 0)
+        at::mm_out(r.grad_weight, gc.t(), h);
+      else if (same)
         r.grad_weight.addmm_(gc.t(), h);
+      else if (s == 0)
+        r.grad_weight.copy_(at::mm(gc.t(), h));
       else
         r.grad_weight.add_(at::mm(gc.t(), h));
     }
   }
+  if (grad_weight && N == 0) r.grad_weight.zero_();
   return r;
 }
 

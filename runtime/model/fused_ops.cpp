@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "core/error.h"
 #include "cuda/loader.h"
@@ -105,6 +106,45 @@ swiglu_backward_f32(const float* __restrict__ g, const float* __restrict__ u,
       du[i] = dy[i] * (x / (1.0f + exp_f32(-x)));
     }
   }
+}
+
+// ---- Cross-entropy over fp32 logit rows (model/fused_loss.cpp's chunks) ----------------------
+
+// The largest element of a row, in 16 lanes (a fixed order that GCC vectorizes). A NaN may be
+// passed over here; it still reaches the loss through the sum of exponentials.
+__attribute__((target_clones("avx512f", "avx2", "default"), optimize("tree-vectorize"))) float
+row_max_f32(const float* __restrict__ x, int64_t n) {
+  float lanes[16];
+  for (float& l : lanes) l = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int l = 0; l < 16; ++l) lanes[l] = std::max(lanes[l], x[j + l]);
+  float m = lanes[0];
+  for (int l = 1; l < 16; ++l) m = std::max(m, lanes[l]);
+  for (; j < n; ++j) m = std::max(m, x[j]);
+  return m;
+}
+
+// sum of e^(x - m) over a row, in 16 lanes summed pairwise (a fixed order).
+__attribute__((target_clones("avx512f", "avx2", "default"), optimize("tree-vectorize"))) float
+row_sum_exp_f32(const float* __restrict__ x, int64_t n, float m) {
+  float lanes[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int l = 0; l < 16; ++l) lanes[l] += exp_f32(x[j + l] - m);
+  for (int w = 8; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+  float s = lanes[0];
+  for (; j < n; ++j) s += exp_f32(x[j] - m);
+  return s;
+}
+
+// x <- e^((x - m) - log_s) over a row: the softmax as the exponential of log_softmax (ATen's
+// cross-entropy backward): x - m is exact near the maximum, where the mass is, and log_s is small;
+// e^(x - lse) with lse = m + log_s rounded to fp32 would lose up to an ulp of the logits' size.
+__attribute__((target_clones("avx512f", "avx2", "default"), optimize("tree-vectorize"))) void
+row_softmax_f32(float* __restrict__ x, int64_t n, float m, float log_s) {
+  for (int64_t j = 0; j < n; ++j) x[j] = exp_f32((x[j] - m) - log_s);
 }
 
 // The element type the fused CUDA kernels (cuda/kernels.h, through libft_cuda.so) take.
@@ -556,6 +596,45 @@ at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
            cos.scalar_type(),
            ": want x [B, T, heads, even head_dim], cos/sin [B, T, head_dim] of x's dtype");
   return RopeFn::apply(x, cos, sin);
+}
+
+double cross_entropy_rows(at::Tensor& logits, const at::Tensor& targets, bool to_gradient) {
+  FT_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous() &&
+               logits.is_cpu() && targets.dim() == 1 && targets.scalar_type() == at::kLong &&
+               targets.size(0) == logits.size(0),
+           "cross_entropy_rows takes contiguous fp32 CPU logits [n, V] and int64 targets [n], got ",
+           logits.sizes(), " ", logits.scalar_type(), " and ", targets.sizes(), " ",
+           targets.scalar_type());
+  const int64_t n = logits.size(0), V = logits.size(1);
+  const at::Tensor t = targets.contiguous();
+  const int64_t* tp = t.data_ptr<int64_t>();
+  float* xp = logits.data_ptr<float>();
+  std::vector<double> row_loss(static_cast<size_t>(n), 0.0);
+  at::parallel_for(0, n, std::max<int64_t>(1, kGrain / std::max<int64_t>(V, 1)),
+                   [&](int64_t b, int64_t e) {
+                     for (int64_t r = b; r < e; ++r) {
+                       float* x = xp + r * V;
+                       const int64_t target = tp[r];
+                       if (target == kIgnoreIndex) {
+                         if (to_gradient) std::fill(x, x + V, 0.0f);
+                         continue;
+                       }
+                       FT_CHECK(target >= 0 && target < V, "label ", target,
+                                " is outside the vocabulary of ", V, " tokens");
+                       const float m = row_max_f32(x, V);
+                       const float s = row_sum_exp_f32(x, V, m);
+                       const double log_s = std::log(static_cast<double>(s));
+                       row_loss[static_cast<size_t>(r)] =
+                           (static_cast<double>(m) - static_cast<double>(x[target])) + log_s;
+                       if (to_gradient) {
+                         row_softmax_f32(x, V, m, static_cast<float>(log_s));
+                         x[target] -= 1.0f;
+                       }
+                     }
+                   });
+  double sum = 0;  // in row order: the same bits for any thread count
+  for (const double v : row_loss) sum += v;
+  return sum;
 }
 
 }  // namespace ft::model

@@ -41,4 +41,15 @@ at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
 // cos and sin [B, T, head_dim] of x's dtype, no gradient. Returns a contiguous [B, T, heads, hd].
 at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
+// Cross-entropy of fp32 logit rows, for the LM head's chunks (model/fused_loss.h): one pass for
+// each row's maximum, one for its sum of exponentials, and, with to_gradient, one that turns the
+// row in place into d(sum of the rows' losses)/d(logits) = softmax - one-hot(target); rows whose
+// target is -100 count nothing and become 0. logits [n, V] contiguous fp32 on the CPU, targets
+// int64 [n]. Returns the summed loss of the counted rows (each lse - logit[target], in fp64,
+// summed in row order: the same bits for any thread count). Replaces logsumexp, gather, the
+// softmax's sub and exp, the one-hot scatter and the mask's multiply: 7 passes over the chunk and
+// two temporaries as large as it.
+constexpr int64_t kIgnoreIndex = -100;
+double cross_entropy_rows(at::Tensor& logits, const at::Tensor& targets, bool to_gradient);
+
 }  // namespace ft::model
