@@ -27,13 +27,26 @@ ChunkResult run_chunks(const at::Tensor& h2, const at::Tensor& w, const at::Tens
   r.loss = at::zeros({}, h2.options().dtype(acc));
   if (grad_hidden) r.grad_hidden = at::empty(h2.sizes(), h2.options().dtype(acc));
   if (grad_weight) r.grad_weight = at::empty(w.sizes(), w.options().dtype(acc));
+  // fp32 on the CPU: one buffer for every chunk's logits. A chunk (128 MiB at the default size) is
+  // above glibc's largest mmap threshold, so a fresh one per chunk would be mapped, faulted in page
+  // by page (zeroed by the kernel) and unmapped again each time; the peak is the same either way.
+  const bool one_buffer = acc == at::kFloat && h2.scalar_type() == at::kFloat &&
+                          w.scalar_type() == at::kFloat && h2.is_cpu() && N > chunk_tokens;
+  const at::Tensor buffer =
+      one_buffer ? at::empty({chunk_tokens, w.size(0)}, h2.options()) : at::Tensor();
   for (int64_t s = 0; s < N; s += chunk_tokens) {
     const int64_t n = std::min(chunk_tokens, N - s);
     const at::Tensor h = h2.narrow(0, s, n);
     const at::Tensor y = labels.narrow(0, s, n);
     // As the unfused path: the logits in the compute dtype, upcast for the loss (in fp32 the same
     // tensor, which the gradient below then overwrites).
-    at::Tensor logits = at::linear(h, w).to(acc);
+    at::Tensor logits;
+    if (one_buffer) {
+      logits = buffer.narrow(0, 0, n);
+      at::mm_out(logits, h, w.t());
+    } else {
+      logits = at::linear(h, w).to(acc);
+    }
     const bool grads = grad_hidden || grad_weight;
     if (acc == at::kFloat && logits.is_cpu() && logits.is_contiguous()) {
       // fp32 on the CPU: the loss and d(sum loss)/d(logits) in three passes over each row
