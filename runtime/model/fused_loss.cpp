@@ -110,12 +110,19 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& go = grad_out[0];
     at::Tensor gh, gw;
-    if (ctx->saved_data["gh"].toBool())
-      gh = (saved[0] * go.to(saved[0].scalar_type()))
+    // Scaled in place: the head's gradient is as large as the head (131 MB at 32k x 1024), and a
+    // product of its own would be one more such buffer, mapped and faulted in every step. (A
+    // second backward through this graph then fails on the saved tensors' version, loudly.)
+    if (ctx->saved_data["gh"].toBool()) {
+      at::Tensor t = saved[0];
+      gh = t.mul_(go.to(t.scalar_type()))
                .to(static_cast<at::ScalarType>(ctx->saved_data["hidden_dtype"].toInt()));
-    if (ctx->saved_data["gw"].toBool())
-      gw = (saved[1] * go.to(saved[1].scalar_type()))
+    }
+    if (ctx->saved_data["gw"].toBool()) {
+      at::Tensor t = saved[1];
+      gw = t.mul_(go.to(t.scalar_type()))
                .to(static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt()));
+    }
     return {gh, gw, at::Tensor(), at::Tensor()};
   }
 };

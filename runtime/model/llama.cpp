@@ -258,7 +258,8 @@ at::Tensor LlamaModel::hidden_states(const at::Tensor& input_ids, const at::Tens
                                 ? position_ids_in
                                 : at::arange(T, input_ids.options()).unsqueeze(0).expand({B, T});
   if (hooks_) hooks_->before_unit(0);
-  at::Tensor h = at::embedding(embed_tokens_, input_ids);
+  at::Tensor h = at::embedding(embed_tokens_, input_ids, /*padding_idx=*/-1,
+                               /*scale_grad_by_freq=*/false, sparse_embedding_grad_);
   if (hooks_) hooks_->after_unit(0, h);
   const auto dtype = h.scalar_type();
   at::Tensor cos = rope_cos_sin(position_ids, dtype, false).contiguous();  // [B, T, hd]

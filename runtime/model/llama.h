@@ -121,6 +121,10 @@ class LlamaModel {
   // Which fused CPU kernels (model/fused_ops.h) the forward uses; all by default. The unfused
   // path (transformers' op sequence) runs where one is off, and on CUDA tensors.
   void set_fused_ops(FusedOps ops) { fused_ = ops; }
+  // The embedding's gradient as a sparse COO tensor (one row per token) instead of a dense
+  // [vocab, hidden] one: for a consumer that adds it into its own buffer (parallel/engine.cpp on
+  // the CPU). Off by default: a plain autograd user finds a dense .grad().
+  void set_sparse_embedding_grad(bool on) { sparse_embedding_grad_ = on; }
   const FusedOps& fused_ops() const { return fused_; }
 
  private:
@@ -141,6 +145,7 @@ class LlamaModel {
   ActivationCheckpointing checkpointing_ = ActivationCheckpointing::kNone;
   int64_t checkpoint_every_n_ = 1;
   FusedOps fused_;
+  bool sparse_embedding_grad_ = false;
 };
 
 // Rotary inverse frequencies exactly as transformers computes them (fp32).

@@ -175,10 +175,15 @@ Engine::Engine(model::LlamaModel& model, std::vector<ParamSpec> specs, EngineOpt
     u->pending = u->trained_members;
     units_.push_back(std::move(u));
   }
+  // On the CPU the embedding's gradient comes as its rows (on_param_grad adds them): a dense one
+  // is a zero-filled [vocab, hidden] tensor each step (131 MB at 32k x 1024, above glibc's mmap
+  // threshold, so also faulted in page by page), then added whole. (GPUs: not yet run that way.)
+  model_.set_sparse_embedding_grad(options_.device.is_cpu());
 }
 
 Engine::~Engine() {
   model_.set_unit_hooks(nullptr);
+  model_.set_sparse_embedding_grad(false);
   // Outstanding work holds tensors of ours; let it finish before they go. It fails when a peer is
   // gone, and this runs while that error unwinds: a second exception here would end the process
   // with std::terminate instead of the first one's message.
@@ -385,13 +390,24 @@ void Engine::on_param_grad(int ui, int gi, int mi, const at::Tensor& param) {
   const Member& m = g.members[mi];
   at::Tensor& grad = param.mutable_grad();
   FT_ASSERT(grad.defined(), "gradient hook without a gradient for ", m.name);
+  // A sparse gradient (the embedding's rows, LlamaModel::set_sparse_embedding_grad on the CPU)
+  // adds its rows, in token order, where a dense one adds the whole [vocab, hidden] tensor.
+  auto add_into = [&](at::Tensor dst) {
+    if (!grad.is_sparse()) {
+      // (Offloaded: the accumulator is in host memory; the gradient comes over first.)
+      dst.add_(on_device_of(grad.reshape({-1}), dst));
+      return;
+    }
+    const at::Tensor rows = grad._indices().select(0, 0);
+    const at::Tensor values = grad._values().reshape({rows.size(0), -1});
+    dst.view({grad.size(0), -1}).index_add_(0, rows, values.to(dst.scalar_type()));
+  };
   if (g.layout.shards == 1) {
-    // (Offloaded: the accumulator is in host memory; the gradient comes over first.)
-    g.grad_acc.narrow(0, m.offset, m.numel).add_(on_device_of(grad.reshape({-1}), g.grad_acc));
+    add_into(g.grad_acc.narrow(0, m.offset, m.numel));
   } else {
     if (!g.grad_full.defined())
       g.grad_full = at::zeros({g.layout.padded}, g.full.options().dtype(options_.reduce_dtype));
-    g.grad_full.narrow(0, m.offset, m.numel).add_(grad.reshape({-1}));
+    add_into(g.grad_full.narrow(0, m.offset, m.numel));
   }
   grad = at::Tensor();
   FT_ASSERT(u.pending > 0, "unit ", u.name, ": more gradients than trained parameters");
