@@ -78,11 +78,10 @@ ChunkResult run_chunks(const at::Tensor& h2, const at::Tensor& w, const at::Tens
         rows.copy_(at::mm(gc, w));
     }
     if (grad_weight) {
-      // The first chunk writes the accumulator (no zero-filled pass over the head's size first).
-      if (same && s == 0)
-        at::mm_out(r.grad_weight, gc.t(), h);
-      else if (same)
-        r.grad_weight.addmm_(gc.t(), h);
+      // The first chunk writes the accumulator (beta 0: its contents are ignored, so it needs no
+      // zero-filled pass over the head's size first).
+      if (same)
+        r.grad_weight.addmm_(gc.t(), h, /*beta=*/s == 0 ? 0 : 1);
       else if (s == 0)
         r.grad_weight.copy_(at::mm(gc.t(), h));
       else
@@ -139,7 +138,7 @@ LossSum chunked_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& weight,
   const int64_t V = weight.size(0);
   // The shift of causal_lm_loss_sum: position t predicts label t+1, the last predicts nothing.
   const at::Tensor shift_labels =
-      at::cat({labels.slice(1, 1), at::full({labels.size(0), 1}, -100, labels.options())}, 1)
+      at::cat({labels.slice(1, 1), at::full({labels.size(0), 1}, kIgnoreIndex, labels.options())}, 1)
           .reshape({-1});
   const at::Tensor h2 = hidden.reshape({-1, hidden.size(2)});
   const int64_t chunk_tokens = std::max<int64_t>(1, chunk_elements / std::max<int64_t>(V, 1));
@@ -147,7 +146,7 @@ LossSum chunked_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& weight,
   const bool grads = at::GradMode::is_enabled() && (h2.requires_grad() || weight.requires_grad());
   out.sum = grads ? FusedLinearCrossEntropy::apply(h2, weight, shift_labels, chunk_tokens)
                   : run_chunks(h2, weight, shift_labels, chunk_tokens, false, false).loss;
-  if (count_tokens) out.tokens = shift_labels.ne(-100).sum().item<int64_t>();
+  if (count_tokens) out.tokens = shift_labels.ne(kIgnoreIndex).sum().item<int64_t>();
   return out;
 }
 
