@@ -18,6 +18,11 @@
 // memory, the planner's figure, does not grow from this: kept pages are reused, not added to.
 #pragma once
 
+#include <ATen/ATen.h>
+
+#include <cstddef>
+#include <memory>
+
 namespace ft::core {
 
 // Limits this process to one malloc arena unless MALLOC_ARENA_MAX is in the environment (glibc
@@ -32,5 +37,37 @@ bool keep_freed_heap();
 
 // Both of the above: first thing in `ft train`, `ft eval` and the step benchmark.
 void configure_host_malloc();
+
+// Keeps the host blocks of a few large per-step tensors between uses. Blocks above glibc's mmap
+// threshold (32 MiB, above) are mapped by the kernel on every allocation, zero-filled page by page
+// on first write and unmapped on free: the LM head's fp32 logits chunk and its weight's gradient
+// (128 MiB each at a 32k vocabulary and 1024 tokens) were 64k page faults and 110 ms of CPU time in
+// every step of bench/train_step.sh's GEMM-bound model. A tensor from empty() returns its block
+// here when the last reference goes (from any thread); the next empty() of the same byte size takes
+// it back, unzeroed (the caller writes every element). A request of another size first frees every
+// kept block, so the process never holds an idle block beside a new one; at most `max_blocks` are
+// kept. release() frees them now (before a checkpoint's snapshot or an evaluation: the planner's
+// peak counts these blocks inside the step only). Tensors outlive the cache safely.
+class HostBlockCache {
+ public:
+  explicit HostBlockCache(size_t max_blocks = 4);
+  ~HostBlockCache();
+  HostBlockCache(const HostBlockCache&) = delete;
+  HostBlockCache& operator=(const HostBlockCache&) = delete;
+
+  // A contiguous CPU tensor of `sizes` and `dtype`, its contents undefined.
+  at::Tensor empty(at::IntArrayRef sizes, at::ScalarType dtype);
+  void release();
+  size_t kept_blocks() const;
+  size_t kept_bytes() const;
+  // Allocations served from a kept block / from the C library, since construction.
+  size_t reused() const;
+  size_t allocated() const;
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
 
 }  // namespace ft::core

@@ -20,20 +20,27 @@ struct ChunkResult {
 };
 
 ChunkResult run_chunks(const at::Tensor& h2, const at::Tensor& w, const at::Tensor& labels,
-                       int64_t chunk_tokens, bool grad_hidden, bool grad_weight) {
+                       int64_t chunk_tokens, bool grad_hidden, bool grad_weight,
+                       core::HostBlockCache* blocks) {
   const at::ScalarType acc = h2.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const int64_t N = h2.size(0);
+  if (!h2.is_cpu()) blocks = nullptr;
+  // Every element of these is written before it is read.
+  const auto empty = [&](at::IntArrayRef sizes, at::ScalarType dtype) {
+    return blocks ? blocks->empty(sizes, dtype) : at::empty(sizes, h2.options().dtype(dtype));
+  };
   ChunkResult r;
   r.loss = at::zeros({}, h2.options().dtype(acc));
-  if (grad_hidden) r.grad_hidden = at::empty(h2.sizes(), h2.options().dtype(acc));
-  if (grad_weight) r.grad_weight = at::empty(w.sizes(), w.options().dtype(acc));
+  if (grad_hidden) r.grad_hidden = empty(h2.sizes(), acc);
+  if (grad_weight) r.grad_weight = empty(w.sizes(), acc);
   // fp32 on the CPU: one buffer for every chunk's logits. A chunk (128 MiB at the default size) is
   // above glibc's largest mmap threshold, so a fresh one per chunk would be mapped, faulted in page
   // by page (zeroed by the kernel) and unmapped again each time; the peak is the same either way.
   const bool one_buffer = acc == at::kFloat && h2.scalar_type() == at::kFloat &&
-                          w.scalar_type() == at::kFloat && h2.is_cpu() && N > chunk_tokens;
+                          w.scalar_type() == at::kFloat && h2.is_cpu() &&
+                          (N > chunk_tokens || blocks);
   const at::Tensor buffer =
-      one_buffer ? at::empty({chunk_tokens, w.size(0)}, h2.options()) : at::Tensor();
+      one_buffer ? empty({std::min(chunk_tokens, N), w.size(0)}, at::kFloat) : at::Tensor();
   for (int64_t s = 0; s < N; s += chunk_tokens) {
     const int64_t n = std::min(chunk_tokens, N - s);
     const at::Tensor h = h2.narrow(0, s, n);
@@ -94,9 +101,10 @@ ChunkResult run_chunks(const at::Tensor& h2, const at::Tensor& w, const at::Tens
 
 struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h2, const at::Tensor& w,
-                            const at::Tensor& labels, int64_t chunk_tokens) {
+                            const at::Tensor& labels, int64_t chunk_tokens,
+                            core::HostBlockCache* blocks) {
     const bool gh = h2.requires_grad(), gw = w.requires_grad();
-    ChunkResult r = run_chunks(h2, w, labels, chunk_tokens, gh, gw);
+    ChunkResult r = run_chunks(h2, w, labels, chunk_tokens, gh, gw, blocks);
     ctx->saved_data["gh"] = gh;
     ctx->saved_data["gw"] = gw;
     ctx->save_for_backward({gh ? r.grad_hidden : at::Tensor(), gw ? r.grad_weight : at::Tensor()});
@@ -122,14 +130,15 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
       gw = t.mul_(go.to(t.scalar_type()))
                .to(static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt()));
     }
-    return {gh, gw, at::Tensor(), at::Tensor()};
+    return {gh, gw, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 LossSum chunked_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& weight,
-                            const at::Tensor& labels, bool count_tokens, int64_t chunk_elements) {
+                            const at::Tensor& labels, bool count_tokens, int64_t chunk_elements,
+                            core::HostBlockCache* blocks) {
   FT_CHECK(hidden.dim() == 3 && labels.dim() == 2 && hidden.size(0) == labels.size(0) &&
                hidden.size(1) == labels.size(1) && weight.dim() == 2 &&
                weight.size(1) == hidden.size(2),
@@ -144,8 +153,9 @@ LossSum chunked_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& weight,
   const int64_t chunk_tokens = std::max<int64_t>(1, chunk_elements / std::max<int64_t>(V, 1));
   LossSum out;
   const bool grads = at::GradMode::is_enabled() && (h2.requires_grad() || weight.requires_grad());
-  out.sum = grads ? FusedLinearCrossEntropy::apply(h2, weight, shift_labels, chunk_tokens)
-                  : run_chunks(h2, weight, shift_labels, chunk_tokens, false, false).loss;
+  out.sum = grads
+                ? FusedLinearCrossEntropy::apply(h2, weight, shift_labels, chunk_tokens, blocks)
+                : run_chunks(h2, weight, shift_labels, chunk_tokens, false, false, blocks).loss;
   if (count_tokens) out.tokens = shift_labels.ne(kIgnoreIndex).sum().item<int64_t>();
   return out;
 }

@@ -10,15 +10,19 @@
 
 #include <ATen/ATen.h>
 
+#include "core/host_alloc.h"
 #include "model/llama.h"
 
 namespace ft::model {
 
 // hidden [B, T, H] (the final norm's output), weight [V, H] (the LM head), labels [B, T] (shifted
 // here, as causal_lm_loss_sum does). `chunk_elements`: logits elements per chunk (tokens per chunk
-// = chunk_elements / V, at least 1).
+// = chunk_elements / V, at least 1). `blocks` (CPU only, optional): where the logits chunk and the
+// gradients' buffers come from, so that a training loop reuses the same host blocks every step
+// instead of mapping and faulting in fresh ones (core/host_alloc.h).
 LossSum chunked_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& weight,
                             const at::Tensor& labels, bool count_tokens = true,
-                            int64_t chunk_elements = int64_t{1} << 25);
+                            int64_t chunk_elements = int64_t{1} << 25,
+                            core::HostBlockCache* blocks = nullptr);
 
 }  // namespace ft::model

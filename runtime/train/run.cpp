@@ -734,6 +734,7 @@ RunSummary TrainingRun::train() {
     bool stop = false;
     try {
       stop = checkpointer.after_step(trainer_->steps(), total_steps_, [&] {
+        trainer_->release_host_blocks();
         return make_snapshot(*engine_, *trainer_, *source_, record, env_.rank);
       });
     } catch (...) {
@@ -750,7 +751,10 @@ RunSummary TrainingRun::train() {
     r.times.other_s = r.step_time_s - r.times.data_s - r.times.compute_s - r.times.comm_s -
                       r.times.optimizer_s - r.times.checkpoint_s;
     r.tokens_per_s = static_cast<double>(r.input_tokens) / std::max(r.step_time_s, 1e-9);
-    if (eval_due(r)) evaluate_step(r);
+    if (eval_due(r)) {
+      trainer_->release_host_blocks();
+      evaluate_step(r);
+    }
     log.write(r);
     rank_log.write(r);
     if (tensorboard && !r.stats.skipped) tensorboard->write(r.stats.step, tensorboard_scalars(r));
@@ -775,6 +779,7 @@ RunSummary TrainingRun::train() {
       return sum;
     }
   }
+  trainer_->release_host_blocks();
   checkpointer.finish(trainer_->steps());
   if (rank0_) progress.finish();
   return sum;

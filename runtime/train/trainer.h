@@ -12,6 +12,7 @@
 
 #include "config/settings.h"
 #include "core/dtype.h"
+#include "core/host_alloc.h"
 #include "data/batch.h"
 #include "model/llama.h"
 #include "parallel/engine.h"
@@ -85,6 +86,10 @@ class Trainer {
   State state() const;
   void restore(const State& s);
   AdamW& optimizer() { return *optimizer_; }
+  // Frees the host blocks the fused loss keeps between steps (core/host_alloc.h): before work the
+  // planner's step peak does not count them in (an evaluation, a checkpoint's snapshot, the end).
+  void release_host_blocks() { loss_blocks_.release(); }
+  const core::HostBlockCache& host_blocks() const { return loss_blocks_; }
 
  private:
   model::LlamaModel& model_;
@@ -96,6 +101,7 @@ class Trainer {
   int64_t skipped_ = 0;
   at::Tensor loss_scale_;      // [] fp32 on the engine's device (fp16 only)
   at::Tensor growth_tracker_;  // [] int32 on the engine's device (fp16 only)
+  core::HostBlockCache loss_blocks_;  // the fused loss's logits and gradients on the CPU
 };
 
 // The loop's options from the preset's train and precision sections, for `total_steps` steps.

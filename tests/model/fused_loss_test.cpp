@@ -36,11 +36,13 @@ struct Inputs {
   }
 };
 
-Case run(const Inputs& in, bool fused, bool weight_grad, int64_t chunk_elements) {
+Case run(const Inputs& in, bool fused, bool weight_grad, int64_t chunk_elements,
+         ft::core::HostBlockCache* blocks = nullptr) {
   const at::Tensor h = in.hidden.detach().clone().requires_grad_(true);
   const at::Tensor w = in.weight.detach().clone().requires_grad_(weight_grad);
-  const ft::model::LossSum ls = fused ? chunked_lm_loss_sum(h, w, in.labels, true, chunk_elements)
-                                      : causal_lm_loss_sum(at::linear(h, w), in.labels, true);
+  const ft::model::LossSum ls =
+      fused ? chunked_lm_loss_sum(h, w, in.labels, true, chunk_elements, blocks)
+            : causal_lm_loss_sum(at::linear(h, w), in.labels, true);
   // The trainer scales the summed loss (1 / tokens, the fp16 loss scale) before backward.
   (ls.sum * 0.37).backward();
   return {ls.sum.detach(), h.grad(), weight_grad ? w.grad() : at::Tensor(), ls.tokens};
@@ -96,6 +98,28 @@ TEST_CASE("chunked LM loss, fp32 rows over threads: the unfused path's values, t
   CHECK(at::equal(got[0].grad_weight, got[1].grad_weight));
   // Ignored rows pass no gradient to their hidden states.
   CHECK(got[0].grad_hidden.index({0, 12}).abs().max().item<float>() == 0.0f);
+}
+
+// The trainer passes a HostBlockCache on the CPU: its logits chunk and the gradients' buffers come
+// back unzeroed from the previous step, and the results are the same bits as with fresh buffers.
+TEST_CASE("chunked LM loss from kept host blocks: the same bits, the blocks reused every step") {
+  for (const int64_t chunk : {int64_t{150}, int64_t{1} << 25}) {
+    INFO("chunk elements " << chunk);
+    const Inputs in(at::kFloat);
+    const Case fresh = run(in, true, true, chunk);
+    ft::core::HostBlockCache blocks;
+    for (int step = 0; step < 3; ++step) {
+      const Case got = run(in, true, true, chunk, &blocks);
+      CHECK(at::equal(got.loss, fresh.loss));
+      CHECK(at::equal(got.grad_hidden, fresh.grad_hidden));
+      CHECK(at::equal(got.grad_weight, fresh.grad_weight));
+    }
+    // The logits chunk, the hidden states' and the head's gradients: three blocks taken from the
+    // C library in the first step, every later step served from the kept ones.
+    CHECK(blocks.allocated() == 3);
+    CHECK(blocks.reused() == 6);
+    CHECK(blocks.kept_blocks() == 3);
+  }
 }
 
 TEST_CASE("chunked LM loss: a frozen head gets no gradient, and without grad mode only the loss") {

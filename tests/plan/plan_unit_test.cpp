@@ -259,4 +259,53 @@ TEST_CASE("a worker keeps its freed heap instead of faulting it in again every s
   // The user's MALLOC_TRIM_THRESHOLD_ is left to glibc (keep_freed_heap() says it did nothing).
   CHECK(freed_heap_kept_in_child(true, "1") != 101);
 }
+
+// core::HostBlockCache (the fused loss's per-step blocks): a block freed comes back to the next
+// request of its size without faulting its pages in again; a request of another size frees what is
+// kept first; at most max_blocks are kept; release() frees them; a tensor may outlive the cache.
+TEST_CASE("kept host blocks: reused unfaulted, freed on another size, bounded, released") {
+  const int64_t n = int64_t{64} << 18;  // 64 MiB of fp32: above glibc's largest mmap threshold
+  ft::core::HostBlockCache cache(2);
+  const auto faults = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return u.ru_minflt;
+  };
+  cache.empty({n}, at::kFloat).fill_(1.0f);  // written, freed: kept
+  CHECK(cache.kept_blocks() == 1);
+  CHECK(cache.kept_bytes() == static_cast<size_t>(n) * 4);
+  const long before = faults();
+  {
+    at::Tensor t = cache.empty({n}, at::kFloat);
+    CHECK(cache.kept_blocks() == 0);
+    t.fill_(2.0f);
+  }
+  CHECK(faults() - before < 1000);  // 64 MiB faulted in again would be 16,384 pages
+  CHECK(cache.reused() == 1);
+  CHECK(cache.allocated() == 1);
+  // Another size: the kept block is freed before the new one is taken.
+  {
+    at::Tensor t = cache.empty({n / 2}, at::kFloat);
+    CHECK(cache.kept_blocks() == 0);
+    CHECK(cache.allocated() == 2);
+  }
+  // At most two kept.
+  {
+    std::vector<at::Tensor> ts;
+    for (int i = 0; i < 3; ++i) ts.push_back(cache.empty({n / 2}, at::kFloat));
+  }
+  CHECK(cache.kept_blocks() == 2);
+  cache.release();
+  CHECK(cache.kept_blocks() == 0);
+  CHECK(cache.kept_bytes() == 0);
+  // A tensor outlives its cache: its block goes back to the C library when it is freed.
+  at::Tensor survivor;
+  {
+    ft::core::HostBlockCache scoped;
+    survivor = scoped.empty({4, 1024}, at::kDouble);
+    survivor.fill_(3.0);
+  }
+  CHECK(survivor.sum().item<double>() == 3.0 * 4 * 1024);
+  survivor = at::Tensor();
+}
 #endif
