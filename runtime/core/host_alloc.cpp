@@ -2,6 +2,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/accumulate.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -102,7 +103,8 @@ struct HostBlockCache::State final : public c10::Allocator,
   }
 };
 
-HostBlockCache::HostBlockCache(size_t max_blocks) : state_(std::make_shared<State>()) {
+HostBlockCache::HostBlockCache(size_t max_blocks, size_t min_bytes)
+    : state_(std::make_shared<State>()), min_bytes_(min_bytes) {
   state_->max_blocks = max_blocks;
 }
 
@@ -113,6 +115,8 @@ HostBlockCache::~HostBlockCache() {
 }
 
 at::Tensor HostBlockCache::empty(at::IntArrayRef sizes, at::ScalarType dtype) {
+  if (static_cast<size_t>(c10::multiply_integers(sizes)) * c10::elementSize(dtype) < min_bytes_)
+    return at::empty(sizes, at::TensorOptions().dtype(dtype));
   return at::Tensor(at::detail::empty_generic(sizes, state_.get(),
                                               c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,
                                               std::nullopt));

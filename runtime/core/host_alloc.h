@@ -42,15 +42,18 @@ void configure_host_malloc();
 // threshold (32 MiB, above) are mapped by the kernel on every allocation, zero-filled page by page
 // on first write and unmapped on free: the LM head's fp32 logits chunk and its weight's gradient
 // (128 MiB each at a 32k vocabulary and 1024 tokens) were 64k page faults and 110 ms of CPU time in
-// every step of bench/train_step.sh's GEMM-bound model. A tensor from empty() returns its block
-// here when the last reference goes (from any thread); the next empty() of the same byte size takes
-// it back, unzeroed (the caller writes every element). A request of another size first frees every
-// kept block, so the process never holds an idle block beside a new one; at most `max_blocks` are
-// kept. release() frees them now (before a checkpoint's snapshot or an evaluation: the planner's
-// peak counts these blocks inside the step only). Tensors outlive the cache safely.
+// every step of bench/train_step.sh's GEMM-bound model. A tensor from empty() of at least
+// `min_bytes` returns its block here when the last reference goes (from any thread); the next
+// empty() of the same byte size takes it back, unzeroed (the caller writes every element). Smaller
+// requests are plain at::empty: glibc's heap recycles those blocks for the backward's own
+// temporaries, which a kept block would not be, so keeping them would raise the step's peak. A
+// request of another size first frees every kept block, so the process never holds an idle block
+// beside a new one; at most `max_blocks` are kept. release() frees them now (before a checkpoint's
+// snapshot or an evaluation: the planner's peak counts these blocks inside the step only). Tensors
+// outlive the cache safely.
 class HostBlockCache {
  public:
-  explicit HostBlockCache(size_t max_blocks = 4);
+  explicit HostBlockCache(size_t max_blocks = 4, size_t min_bytes = size_t{32} << 20);
   ~HostBlockCache();
   HostBlockCache(const HostBlockCache&) = delete;
   HostBlockCache& operator=(const HostBlockCache&) = delete;
@@ -68,6 +71,7 @@ class HostBlockCache {
 
  private:
   std::shared_ptr<State> state_;
+  size_t min_bytes_;
 };
 
 }  // namespace ft::core

@@ -3,6 +3,8 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cstdint>
+
 #include "core/error.h"
 #include "model/fused_ops.h"
 
@@ -102,11 +104,22 @@ ChunkResult run_chunks(const at::Tensor& h2, const at::Tensor& w, const at::Tens
 struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h2, const at::Tensor& w,
                             const at::Tensor& labels, int64_t chunk_tokens,
-                            core::HostBlockCache* blocks) {
+                            core::HostBlockCache* blocks, UnitHooks* hooks) {
     const bool gh = h2.requires_grad(), gw = w.requires_grad();
     ChunkResult r = run_chunks(h2, w, labels, chunk_tokens, gh, gw, blocks);
     ctx->saved_data["gh"] = gh;
     ctx->saved_data["gw"] = gw;
+    UnitHooks::GradSink sink;
+    if (gw && hooks) sink = hooks->grad_sink(w);
+    const bool sunk = sink.into.defined() &&
+                      sink.into.scalar_type() == r.grad_weight.scalar_type() &&
+                      sink.into.device() == r.grad_weight.device();
+    ctx->saved_data["sunk"] = sunk;
+    if (sunk) {
+      ctx->saved_data["into"] = sink.into;
+      ctx->saved_data["hooks"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(hooks));
+      ctx->saved_data["id"] = sink.id;
+    }
     ctx->save_for_backward({gh ? r.grad_hidden : at::Tensor(), gw ? r.grad_weight : at::Tensor()});
     ctx->saved_data["hidden_dtype"] = static_cast<int64_t>(h2.scalar_type());
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(w.scalar_type());
@@ -125,12 +138,23 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
       gh = t.mul_(go.to(t.scalar_type()))
                .to(static_cast<at::ScalarType>(ctx->saved_data["hidden_dtype"].toInt()));
     }
-    if (ctx->saved_data["gw"].toBool()) {
+    if (ctx->saved_data["gw"].toBool() && ctx->saved_data["sunk"].toBool()) {
+      // Into the strategy's accumulator: scaled and added in one pass on the host (the incoming
+      // gradient is a host scalar there), else scaled in place and added.
+      at::Tensor t = saved[1];
+      at::Tensor into = ctx->saved_data["into"].toTensor();
+      if (into.is_cpu())
+        into.view_as(t).add_(t, go.item<double>());
+      else
+        into.view_as(t).add_(t.mul_(go.to(t.scalar_type())));
+      reinterpret_cast<UnitHooks*>(static_cast<intptr_t>(ctx->saved_data["hooks"].toInt()))
+          ->grad_sunk(ctx->saved_data["id"].toInt());
+    } else if (ctx->saved_data["gw"].toBool()) {
       at::Tensor t = saved[1];
       gw = t.mul_(go.to(t.scalar_type()))
                .to(static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt()));
     }
-    return {gh, gw, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {gh, gw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -138,7 +162,7 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
 
 LossSum chunked_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& weight,
                             const at::Tensor& labels, bool count_tokens, int64_t chunk_elements,
-                            core::HostBlockCache* blocks) {
+                            core::HostBlockCache* blocks, UnitHooks* hooks) {
   FT_CHECK(hidden.dim() == 3 && labels.dim() == 2 && hidden.size(0) == labels.size(0) &&
                hidden.size(1) == labels.size(1) && weight.dim() == 2 &&
                weight.size(1) == hidden.size(2),
@@ -154,7 +178,8 @@ LossSum chunked_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& weight,
   LossSum out;
   const bool grads = at::GradMode::is_enabled() && (h2.requires_grad() || weight.requires_grad());
   out.sum = grads
-                ? FusedLinearCrossEntropy::apply(h2, weight, shift_labels, chunk_tokens, blocks)
+                ? FusedLinearCrossEntropy::apply(h2, weight, shift_labels, chunk_tokens, blocks,
+                                                 hooks)
                 : run_chunks(h2, weight, shift_labels, chunk_tokens, false, false, blocks).loss;
   if (count_tokens) out.tokens = shift_labels.ne(kIgnoreIndex).sum().item<int64_t>();
   return out;

@@ -19,10 +19,12 @@ namespace ft::model {
 // here, as causal_lm_loss_sum does). `chunk_elements`: logits elements per chunk (tokens per chunk
 // = chunk_elements / V, at least 1). `blocks` (CPU only, optional): where the logits chunk and the
 // gradients' buffers come from, so that a training loop reuses the same host blocks every step
-// instead of mapping and faulting in fresh ones (core/host_alloc.h).
+// instead of mapping and faulting in fresh ones (core/host_alloc.h). `hooks` (optional): asked for
+// the head weight's gradient sink (UnitHooks::grad_sink); with one, the backward adds the scaled
+// gradient into it in one pass instead of handing it to autograd.
 LossSum chunked_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& weight,
                             const at::Tensor& labels, bool count_tokens = true,
                             int64_t chunk_elements = int64_t{1} << 25,
-                            core::HostBlockCache* blocks = nullptr);
+                            core::HostBlockCache* blocks = nullptr, UnitHooks* hooks = nullptr);
 
 }  // namespace ft::model

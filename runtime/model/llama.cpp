@@ -1,8 +1,10 @@
 #include "model/llama.h"
 
 #include <fmt/format.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
+#include <cstdint>
 #include <tuple>
 
 #include "core/error.h"
@@ -10,9 +12,51 @@
 
 namespace ft::model {
 
-at::Tensor Linear::forward(const at::Tensor& x, bool training) const {
+namespace {
+
+// y = x W^T whose backward adds W's gradient into the strategy's accumulator (UnitHooks::grad_sink)
+// by one addmm: no product of its own, no AccumulateGrad, no hook adding it afterwards (one
+// weight-sized buffer and one pass over it fewer per weight and micro-batch). The forward and the
+// input's gradient are at::linear's (the same matrix products, the same bits).
+struct SinkLinearFn : public torch::autograd::Function<SinkLinearFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& w, const at::Tensor& into, UnitHooks* hooks,
+                            int64_t id) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["into"] = into;
+    ctx->saved_data["hooks"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(hooks));
+    ctx->saved_data["id"] = id;
+    return at::linear(x, w);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& w = saved[1];
+    const at::Tensor g2 = grad_out[0].reshape({-1, grad_out[0].size(-1)});
+    at::Tensor gx;
+    if (ctx->needs_input_grad(0)) gx = g2.mm(w).view(x.sizes());
+    at::Tensor into = ctx->saved_data["into"].toTensor();
+    into.addmm_(g2.t(), x.reshape({-1, x.size(-1)}));
+    auto* hooks = reinterpret_cast<UnitHooks*>(
+        static_cast<intptr_t>(ctx->saved_data["hooks"].toInt()));
+    hooks->grad_sunk(ctx->saved_data["id"].toInt());
+    return {gx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor Linear::forward(const at::Tensor& x, bool training, UnitHooks* hooks) const {
+  UnitHooks::GradSink sink;
+  if (hooks && !bias.defined() && weight.requires_grad() && at::GradMode::is_enabled())
+    sink = hooks->grad_sink(weight);
   at::Tensor y =
-      at::linear(x, weight, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt);
+      sink.into.defined()
+          ? SinkLinearFn::apply(x, weight, sink.into, hooks, sink.id)
+          : at::linear(x, weight,
+                       bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt);
   if (lora_a.defined()) {
     at::Tensor h = lora_dropout > 0 && training ? at::dropout(x, lora_dropout, true) : x;
     y = y + at::linear(at::linear(h, lora_a), lora_b) * lora_scale;
@@ -217,9 +261,9 @@ at::Tensor LlamaModel::layer_forward(const LlamaLayer& L, const at::Tensor& hidd
   at::Tensor h = hidden;
   at::Tensor x = norm(h, L.input_layernorm);
   // [B, T, heads, head_dim]: the rotary embedding before the heads move to dimension 1.
-  at::Tensor q = L.q_proj.forward(x, training).view({B, T, -1, c.head_dim});
-  at::Tensor k = L.k_proj.forward(x, training).view({B, T, -1, c.head_dim});
-  at::Tensor v = L.v_proj.forward(x, training).view({B, T, -1, c.head_dim});
+  at::Tensor q = L.q_proj.forward(x, training, hooks_).view({B, T, -1, c.head_dim});
+  at::Tensor k = L.k_proj.forward(x, training, hooks_).view({B, T, -1, c.head_dim});
+  at::Tensor v = L.v_proj.forward(x, training, hooks_).view({B, T, -1, c.head_dim});
   if (fused_.rope && q.is_cpu()) {
     q = fused_rope(q, cos, sin);
     k = fused_rope(k, cos, sin);
@@ -236,17 +280,18 @@ at::Tensor LlamaModel::layer_forward(const LlamaLayer& L, const at::Tensor& hidd
       /*dropout_p=*/0.0, /*is_causal=*/!mask.defined() && T > 1, scale,
       /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads);
   a = a.transpose(1, 2).reshape({B, T, -1});
-  const at::Tensor o = L.o_proj.forward(a, training);
+  const at::Tensor o = L.o_proj.forward(a, training, hooks_);
   if (fuses_norm(h, L.post_attention_layernorm)) {
     std::tie(h, x) = fused_add_rms_norm(h, o, L.post_attention_layernorm, c.rms_norm_eps);
   } else {
     h = h + o;
     x = rms_norm(h, L.post_attention_layernorm, c.rms_norm_eps);
   }
-  const at::Tensor gate = L.gate_proj.forward(x, training), up = L.up_proj.forward(x, training);
+  const at::Tensor gate = L.gate_proj.forward(x, training, hooks_),
+                   up = L.up_proj.forward(x, training, hooks_);
   const at::Tensor m =
       fused_.swiglu && gate.is_cpu() ? fused_swiglu(gate, up) : at::silu(gate) * up;
-  h = h + L.down_proj.forward(m, training);
+  h = h + L.down_proj.forward(m, training, hooks_);
   return h;
 }
 

@@ -24,6 +24,8 @@ struct NamedTensor {
 };
 
 // A projection y = x W^T (+ b), with an optional LoRA adapter added by model/lora.
+class UnitHooks;
+
 struct Linear {
   at::Tensor weight;  // [out, in]
   at::Tensor bias;    // [out] or undefined
@@ -31,7 +33,8 @@ struct Linear {
   at::Tensor lora_b;  // [out, r] or undefined
   double lora_scale = 0;
   double lora_dropout = 0;
-  at::Tensor forward(const at::Tensor& x, bool training) const;
+  // `hooks` (optional): asked for the weight's gradient sink (UnitHooks::grad_sink).
+  at::Tensor forward(const at::Tensor& x, bool training, UnitHooks* hooks = nullptr) const;
   bool requires_grad() const;  // some tensor of it (base or adapter) requires grad
 };
 
@@ -55,6 +58,21 @@ class UnitHooks {
   virtual void before_unit(int unit) = 0;
   // `output` is the hidden state the unit produced ([B, T, hidden]; for unit 0 the embeddings).
   virtual void after_unit(int unit, const at::Tensor& output) = 0;
+
+  // A trained linear weight (no bias) whose gradient the strategy takes straight from the weight's
+  // matrix product: `into` ([out, in], the weight's dtype and device) is where its backward adds
+  // grad_out^T x (one addmm, beta 1), in place of autograd's product, AccumulateGrad and the
+  // strategy's hook adding it into its accumulator; then it calls grad_sunk(id). An undefined
+  // `into`: the usual autograd gradient. Asked during a forward with grad mode on.
+  struct GradSink {
+    at::Tensor into;
+    int64_t id = -1;
+  };
+  virtual GradSink grad_sink(const at::Tensor& weight) {
+    (void)weight;
+    return {};
+  }
+  virtual void grad_sunk(int64_t id) { (void)id; }
 };
 
 // Which transformer layers run under activation checkpointing (model/activation_checkpoint.h):
@@ -102,6 +120,7 @@ class LlamaModel {
   std::vector<LlamaLayer>& layers() { return layers_; }
   // Installs (or with nullptr removes) the hooks the forward calls around its units. Not owned.
   void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+  UnitHooks* unit_hooks() const { return hooks_; }
   int num_units() const { return 1 + static_cast<int>(layers_.size()); }
   // The unit a parameter (HF or PEFT name) belongs to: 0 root, i+1 for model.layers.i.
   static int unit_of(const std::string& name);

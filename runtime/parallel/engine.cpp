@@ -241,6 +241,8 @@ void Engine::load(const ParamSource& source) {
     source(p.name, mine.begin, mine.end, g.shard.narrow(0, mine.shard_offset, mine.numel()));
   }
   // Aliases into the full buffers; masters; hooks.
+  sink_of_.clear();
+  sinks_.clear();
   for (size_t ui = 0; ui < units_.size(); ++ui) {
     auto& u = *units_[ui];
     for (size_t gi = 0; gi < u.groups.size(); ++gi) {
@@ -254,6 +256,16 @@ void Engine::load(const ParamSource& source) {
           torch::autograd::impl::set_post_acc_grad_hooks(
               a, std::make_unique<GradHook>(this, static_cast<int>(ui), static_cast<int>(gi),
                                             static_cast<int>(mi)));
+          // Replicated, accumulated in the weight's own dtype on its device: a linear layer's
+          // backward may add into the accumulator itself (grad_sink).
+          // (Not the embedding: its gradient comes as rows, and with tied embeddings the LM
+          // head is the same tensor, one hook for both.)
+          if (g.layout.shards == 1 && !g.master_host && m.shape.size() == 2 &&
+              options_.master_dtype == options_.compute_dtype &&
+              m.name != "model.embed_tokens.weight") {
+            sink_of_[a.unsafeGetTensorImpl()] = static_cast<int64_t>(sinks_.size());
+            sinks_.push_back({static_cast<int>(ui), static_cast<int>(gi), static_cast<int>(mi)});
+          }
         }
         *m.slot = a;
       }
@@ -279,7 +291,9 @@ void Engine::load(const ParamSource& source) {
         for (auto& g : u->groups) b += g.full_bytes();
         return b;
       }());
-  if (options_.shard_size > 1 && !options_.buckets) model_.set_unit_hooks(this);
+  // Gathering around units (sharded strategies); gradient sinks (any strategy with them).
+  gather_hooks_ = options_.shard_size > 1 && !options_.buckets;
+  if (gather_hooks_ || !sinks_.empty()) model_.set_unit_hooks(this);
   loaded_ = true;
 }
 
@@ -352,6 +366,7 @@ void Engine::prefetch(int from, int step) {
 }
 
 void Engine::before_unit(int mu) {
+  if (!gather_hooks_) return;
   const int ui = unit_of_model_.at(mu);
   if (ui < 0) return;
   ensure_gathered(ui);
@@ -359,6 +374,7 @@ void Engine::before_unit(int mu) {
 }
 
 void Engine::after_unit(int mu, const at::Tensor& output) {
+  if (!gather_hooks_) return;
   const int ui = unit_of_model_.at(mu);
   if (ui < 0) return;
   if (at::GradMode::is_enabled() && output.requires_grad())
@@ -389,6 +405,9 @@ void Engine::on_param_grad(int ui, int gi, int mi, const at::Tensor& param) {
   Group& g = u.groups[gi];
   const Member& m = g.members[mi];
   at::Tensor& grad = param.mutable_grad();
+  // A weight whose backward added its gradient itself (grad_sink) still reaches its hook, without
+  // a gradient: grad_sunk has counted it.
+  if (!grad.defined() && sink_of_.count(param.unsafeGetTensorImpl())) return;
   FT_ASSERT(grad.defined(), "gradient hook without a gradient for ", m.name);
   // A sparse gradient (the embedding's rows, LlamaModel::set_sparse_embedding_grad on the CPU)
   // adds its rows, in token order, where a dense one adds the whole [vocab, hidden] tensor.
@@ -410,8 +429,28 @@ void Engine::on_param_grad(int ui, int gi, int mi, const at::Tensor& param) {
     add_into(g.grad_full.narrow(0, m.offset, m.numel));
   }
   grad = at::Tensor();
+  member_done(ui);
+}
+
+void Engine::member_done(int ui) {
+  Unit& u = *units_[ui];
   FT_ASSERT(u.pending > 0, "unit ", u.name, ": more gradients than trained parameters");
   if (--u.pending == 0 && (!u.sharded || u.input_done)) mark_ready(ui);
+}
+
+model::UnitHooks::GradSink Engine::grad_sink(const at::Tensor& weight) {
+  if (!grads_) return {};
+  const auto it = sink_of_.find(weight.unsafeGetTensorImpl());
+  if (it == sink_of_.end()) return {};
+  const Sink& s = sinks_[static_cast<size_t>(it->second)];
+  const Group& g = units_[s.unit]->groups[s.group];
+  const Member& m = g.members[s.member];
+  return {g.grad_acc.narrow(0, m.offset, m.numel).view(m.shape), it->second};
+}
+
+void Engine::grad_sunk(int64_t id) {
+  FT_ASSERT(id >= 0 && id < static_cast<int64_t>(sinks_.size()), "unknown gradient sink ", id);
+  member_done(sinks_[static_cast<size_t>(id)].unit);
 }
 
 void Engine::mark_ready(int ui) {

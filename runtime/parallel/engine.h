@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "model/llama.h"
@@ -191,6 +192,10 @@ class Engine : public model::UnitHooks {
   // model::UnitHooks
   void before_unit(int unit) override;
   void after_unit(int unit, const at::Tensor& output) override;
+  // fp32 weights of replicated groups (ddp, world size 1) whose accumulator is on their device:
+  // the linear layers add their weight gradients straight into it.
+  GradSink grad_sink(const at::Tensor& weight) override;
+  void grad_sunk(int64_t id) override;
 
   // Called by the gradient hooks; not for other users.
   void on_param_grad(int unit, int group, int member, const at::Tensor& param);
@@ -206,6 +211,7 @@ class Engine : public model::UnitHooks {
   void prefetch(int from, int step);
   void on_output_grad(int model_unit);
   void mark_ready(int u);
+  void member_done(int u);
   void finalize(int u);
   void launch_ready();
   void all_reduce_grad(Group& g, comm::ProcessGroup* pg);
@@ -235,6 +241,13 @@ class Engine : public model::UnitHooks {
   bool last_micro_ = true;
   bool loaded_ = false;
   bool grads_ = false;  // gradient accumulators allocated
+  bool gather_hooks_ = false;  // before_unit / after_unit gather and release (sharded units)
+  // Weights whose gradient may be sunk (grad_sink): the alias's TensorImpl -> index into sinks_.
+  std::unordered_map<const c10::TensorImpl*, int64_t> sink_of_;
+  struct Sink {
+    int unit, group, member;
+  };
+  std::vector<Sink> sinks_;
   Accounting acc_;
   int p2p_tag_ = 0;  // full_on_rank0's sends and receives, in call order
 };

@@ -107,7 +107,7 @@ TEST_CASE("chunked LM loss from kept host blocks: the same bits, the blocks reus
     INFO("chunk elements " << chunk);
     const Inputs in(at::kFloat);
     const Case fresh = run(in, true, true, chunk);
-    ft::core::HostBlockCache blocks;
+    ft::core::HostBlockCache blocks(4, /*min_bytes=*/0);  // these blocks are small
     for (int step = 0; step < 3; ++step) {
       const Case got = run(in, true, true, chunk, &blocks);
       CHECK(at::equal(got.loss, fresh.loss));
@@ -120,6 +120,45 @@ TEST_CASE("chunked LM loss from kept host blocks: the same bits, the blocks reus
     CHECK(blocks.reused() == 6);
     CHECK(blocks.kept_blocks() == 3);
   }
+}
+
+namespace {
+
+// A strategy that takes the head weight's gradient into a buffer of its own (UnitHooks::grad_sink).
+struct HeadSink final : ft::model::UnitHooks {
+  at::Tensor weight, into;
+  int asked = 0, sunk = 0;
+  void before_unit(int) override {}
+  void after_unit(int, const at::Tensor&) override {}
+  GradSink grad_sink(const at::Tensor& w) override {
+    ++asked;
+    if (!w.is_same(weight)) return {};
+    return {into, 7};
+  }
+  void grad_sunk(int64_t id) override { sunk += id == 7 ? 1 : 100; }
+};
+
+}  // namespace
+
+// With a sink the head's gradient, scaled by the incoming gradient, is added into the strategy's
+// buffer (twice: two backwards) and autograd gets none; the hidden states' gradient is unchanged.
+TEST_CASE("chunked LM loss into a gradient sink: the head's gradient added there, not autograd's") {
+  const Inputs in(at::kFloat);
+  const Case ref = run(in, true, true, 150);
+  const at::Tensor h = in.hidden.detach().clone().requires_grad_(true);
+  const at::Tensor w = in.weight.detach().clone().requires_grad_(true);
+  HeadSink sink;
+  sink.weight = w;
+  sink.into = at::zeros_like(w);
+  for (int pass = 0; pass < 2; ++pass) {
+    const auto ls = chunked_lm_loss_sum(h, w, in.labels, true, 150, nullptr, &sink);
+    (ls.sum * 0.37).backward();
+  }
+  CHECK(sink.asked == 2);
+  CHECK(sink.sunk == 2);
+  CHECK_FALSE(w.grad().defined());
+  CHECK(rel_error(sink.into, ref.grad_weight * 2) <= 1e-6);
+  CHECK(rel_error(h.grad(), ref.grad_hidden * 2) <= 1e-6);
 }
 
 TEST_CASE("chunked LM loss: a frozen head gets no gradient, and without grad mode only the loss") {

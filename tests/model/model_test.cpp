@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -262,6 +263,33 @@ Pass train_pass(LlamaModel& m, const std::vector<NamedTensor>& params, const at:
   return out;
 }
 
+// A strategy that sinks every layer weight's gradient into buffers of its own (UnitHooks::grad_sink),
+// as the engine does into its accumulator.
+class SinkAll final : public UnitHooks {
+ public:
+  explicit SinkAll(LlamaModel& m) {
+    for (auto& L : m.layers())
+      for (Linear* l : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj,
+                        &L.down_proj}) {
+        index[l->weight.unsafeGetTensorImpl()] = static_cast<int64_t>(into.size());
+        into.push_back(at::zeros_like(l->weight));
+      }
+  }
+  void before_unit(int) override {}
+  void after_unit(int, const at::Tensor&) override {}
+  GradSink grad_sink(const at::Tensor& w) override {
+    const auto it = index.find(w.unsafeGetTensorImpl());
+    if (it == index.end()) return {};
+    ++asked;
+    return {into[static_cast<size_t>(it->second)], it->second};
+  }
+  void grad_sunk(int64_t id) override { sunk.push_back(id); }
+  std::unordered_map<const c10::TensorImpl*, int64_t> index;
+  std::vector<at::Tensor> into;
+  std::vector<int64_t> sunk;
+  int asked = 0;
+};
+
 // Bytes of live CPU tensors, counted by an allocator installed in front of c10's while a
 // LiveBytes exists. The counter is global so that blocks freed later still find it.
 std::atomic<int64_t> g_live_bytes{0};
@@ -418,6 +446,72 @@ TEST_CASE("activation checkpointing replays LoRA dropout and feeds adapters behi
     // The recompute put the generator back: it stands where the plain pass left it.
     CHECK(at::equal(state, ref_state));
   }
+}
+
+// The weights' gradients added straight into a strategy's buffers (the engine's accumulator): the
+// same bits as autograd's (one micro-batch into zeros), no .grad on the weights, each sunk once per
+// backward (also under activation checkpointing, where the recompute asks again), and a second
+// backward adds to the first.
+TEST_CASE("linear weights' gradients sunk into a strategy's buffers: autograd's bits, once each",
+          "[unit]") {
+  LlamaModel m(tiny_config(2), at::kFloat);
+  m.init_random(3);
+  auto params = m.parameters();
+  require_grad(params);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  const at::Tensor ids = at::randint(0, 96, {2, 16}, gen, at::kLong);
+  const Pass ref = train_pass(m, params, ids, {});
+  for (const auto mode : {ActivationCheckpointing::kNone, ActivationCheckpointing::kFull}) {
+    INFO((mode == ActivationCheckpointing::kNone ? "plain" : "activation checkpointing"));
+    m.set_activation_checkpointing(mode);
+    SinkAll sinks(m);
+    m.set_unit_hooks(&sinks);
+    for (int pass = 0; pass < 2; ++pass) {
+      at::Tensor logits = m.forward(ids, {}, /*training=*/true, {});
+      LossSum ls = causal_lm_loss_sum(logits, ids);
+      (ls.sum / static_cast<double>(ls.tokens)).backward();
+      if (pass == 1) break;
+      CHECK(sinks.sunk.size() == sinks.into.size());
+      // Compare with autograd's gradient of the same weight.
+      size_t checked = 0;
+      for (size_t i = 0; i < params.size(); ++i) {
+        const auto it = sinks.index.find(params[i].tensor->unsafeGetTensorImpl());
+        if (it == sinks.index.end()) {
+          REQUIRE(params[i].tensor->grad().defined());  // norms, embeddings: autograd as before
+          CHECK(at::equal(params[i].tensor->grad(), ref.grads[i]));
+          params[i].tensor->mutable_grad() = at::Tensor();
+          continue;
+        }
+        INFO(params[i].name);
+        CHECK_FALSE(params[i].tensor->grad().defined());
+        CHECK(at::equal(sinks.into[static_cast<size_t>(it->second)], ref.grads[i]));
+        ++checked;
+      }
+      CHECK(checked == sinks.into.size());
+      CHECK(checked == 14);
+    }
+    // The second backward added its gradient to the first.
+    CHECK(sinks.sunk.size() == 2 * sinks.into.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto it = sinks.index.find(params[i].tensor->unsafeGetTensorImpl());
+      if (it == sinks.index.end()) {
+        params[i].tensor->mutable_grad() = at::Tensor();
+        continue;
+      }
+      CHECK(rel_err(sinks.into[static_cast<size_t>(it->second)], ref.grads[i] * 2) <= 1e-6);
+    }
+    m.set_unit_hooks(nullptr);
+  }
+  m.set_activation_checkpointing(ActivationCheckpointing::kNone);
+  // Without grad mode nothing is asked.
+  SinkAll sinks(m);
+  m.set_unit_hooks(&sinks);
+  {
+    at::NoGradGuard no_grad;
+    m.forward(ids, {}, true, {});
+  }
+  CHECK(sinks.asked == 0);
+  m.set_unit_hooks(nullptr);
 }
 
 TEST_CASE("activation checkpointing keeps less between forward and backward", "[unit]") {

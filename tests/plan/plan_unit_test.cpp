@@ -266,6 +266,10 @@ TEST_CASE("a worker keeps its freed heap instead of faulting it in again every s
 TEST_CASE("kept host blocks: reused unfaulted, freed on another size, bounded, released") {
   const int64_t n = int64_t{64} << 18;  // 64 MiB of fp32: above glibc's largest mmap threshold
   ft::core::HostBlockCache cache(2);
+  // Under 32 MiB: plain at::empty, nothing kept.
+  cache.empty({1024}, at::kFloat);
+  CHECK(cache.kept_blocks() == 0);
+  CHECK(cache.allocated() == 0);
   const auto faults = [] {
     rusage u{};
     getrusage(RUSAGE_SELF, &u);
@@ -301,7 +305,7 @@ TEST_CASE("kept host blocks: reused unfaulted, freed on another size, bounded, r
   // A tensor outlives its cache: its block goes back to the C library when it is freed.
   at::Tensor survivor;
   {
-    ft::core::HostBlockCache scoped;
+    ft::core::HostBlockCache scoped(4, /*min_bytes=*/0);
     survivor = scoped.empty({4, 1024}, at::kDouble);
     survivor.fill_(3.0);
   }
