@@ -117,9 +117,8 @@ HostBlockCache::~HostBlockCache() {
 at::Tensor HostBlockCache::empty(at::IntArrayRef sizes, at::ScalarType dtype) {
   if (static_cast<size_t>(c10::multiply_integers(sizes)) * c10::elementSize(dtype) < min_bytes_)
     return at::empty(sizes, at::TensorOptions().dtype(dtype));
-  return at::Tensor(at::detail::empty_generic(sizes, state_.get(),
-                                              c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,
-                                              std::nullopt));
+  return at::Tensor(at::detail::empty_generic(
+      sizes, state_.get(), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype, std::nullopt));
 }
 
 void HostBlockCache::release() {

@@ -177,10 +177,9 @@ LossSum chunked_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& weight,
   const int64_t chunk_tokens = std::max<int64_t>(1, chunk_elements / std::max<int64_t>(V, 1));
   LossSum out;
   const bool grads = at::GradMode::is_enabled() && (h2.requires_grad() || weight.requires_grad());
-  out.sum = grads
-                ? FusedLinearCrossEntropy::apply(h2, weight, shift_labels, chunk_tokens, blocks,
-                                                 hooks)
-                : run_chunks(h2, weight, shift_labels, chunk_tokens, false, false, blocks).loss;
+  out.sum =
+      grads ? FusedLinearCrossEntropy::apply(h2, weight, shift_labels, chunk_tokens, blocks, hooks)
+            : run_chunks(h2, weight, shift_labels, chunk_tokens, false, false, blocks).loss;
   if (count_tokens) out.tokens = shift_labels.ne(kIgnoreIndex).sum().item<int64_t>();
   return out;
 }

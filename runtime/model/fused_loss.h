@@ -15,6 +15,9 @@
 
 namespace ft::model {
 
+// Logits elements per chunk unless asked otherwise (128 MiB of fp32): the trainer's, the planner's.
+inline constexpr int64_t kLossChunkElements = int64_t{1} << 25;
+
 // hidden [B, T, H] (the final norm's output), weight [V, H] (the LM head), labels [B, T] (shifted
 // here, as causal_lm_loss_sum does). `chunk_elements`: logits elements per chunk (tokens per chunk
 // = chunk_elements / V, at least 1). `blocks` (CPU only, optional): where the logits chunk and the
@@ -24,7 +27,7 @@ namespace ft::model {
 // gradient into it in one pass instead of handing it to autograd.
 LossSum chunked_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& weight,
                             const at::Tensor& labels, bool count_tokens = true,
-                            int64_t chunk_elements = int64_t{1} << 25,
+                            int64_t chunk_elements = kLossChunkElements,
                             core::HostBlockCache* blocks = nullptr, UnitHooks* hooks = nullptr);
 
 }  // namespace ft::model

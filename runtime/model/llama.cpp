@@ -39,8 +39,8 @@ struct SinkLinearFn : public torch::autograd::Function<SinkLinearFn> {
     if (ctx->needs_input_grad(0)) gx = g2.mm(w).view(x.sizes());
     at::Tensor into = ctx->saved_data["into"].toTensor();
     into.addmm_(g2.t(), x.reshape({-1, x.size(-1)}));
-    auto* hooks = reinterpret_cast<UnitHooks*>(
-        static_cast<intptr_t>(ctx->saved_data["hooks"].toInt()));
+    auto* hooks =
+        reinterpret_cast<UnitHooks*>(static_cast<intptr_t>(ctx->saved_data["hooks"].toInt()));
     hooks->grad_sunk(ctx->saved_data["id"].toInt());
     return {gx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -55,8 +55,7 @@ at::Tensor Linear::forward(const at::Tensor& x, bool training, UnitHooks* hooks)
   at::Tensor y =
       sink.into.defined()
           ? SinkLinearFn::apply(x, weight, sink.into, hooks, sink.id)
-          : at::linear(x, weight,
-                       bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt);
+          : at::linear(x, weight, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt);
   if (lora_a.defined()) {
     at::Tensor h = lora_dropout > 0 && training ? at::dropout(x, lora_dropout, true) : x;
     y = y + at::linear(at::linear(h, lora_a), lora_b) * lora_scale;

@@ -12,6 +12,7 @@
 #include "core/strings.h"
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "model/fused_loss.h"
 #include "model/llama.h"
 #include "model/lora.h"
 #include "parallel/strategy.h"
@@ -165,7 +166,7 @@ Acts activations(const model::LlamaConfig& mc, const config::Settings& s, int64_
   // states' and, when the head is trained, the head's (with one compute-dtype product of the
   // head's size beside it where the dtypes differ).
   if (s.train.fused_loss) {
-    const int64_t chunk = std::min<int64_t>(N, std::max<int64_t>(1, (int64_t{1} << 25) / V));
+    const int64_t chunk = std::min<int64_t>(N, std::max<int64_t>(1, model::kLossChunkElements / V));
     const int64_t acc = c == 8 ? 8 : 4;
     const int64_t per = acc + (c == acc ? 0 : c);
     const int64_t head = s.lora.enabled ? 0 : (acc + (c == acc ? 0 : c)) * V * h;

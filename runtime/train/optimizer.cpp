@@ -101,8 +101,8 @@ std::vector<AdamW::Param> by_name(const std::vector<std::pair<std::string, at::T
 double host_sq_norm(const at::Tensor& t) {
   FT_CHECK(t.is_cpu() && t.is_contiguous() &&
                (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble),
-           "host_sq_norm takes a contiguous fp32 or fp64 host tensor, got ", t.scalar_type(), " on ",
-           t.device());
+           "host_sq_norm takes a contiguous fp32 or fp64 host tensor, got ", t.scalar_type(),
+           " on ", t.device());
   if (t.scalar_type() == at::kFloat) return sq_norm_on_host(t.data_ptr<float>(), t.numel());
   return sq_norm_on_host(t.data_ptr<double>(), t.numel());
 }

@@ -317,16 +317,17 @@ TEST_CASE("AdamW with the clip's factor and zeroing in its pass: the bits of sep
   at::set_num_threads(threads_before);
 }
 
-// The clip's squared norm on the host (train/optimizer.h): ATen's fp64 norm squared within rounding,
-// fp32 and fp64, lengths that are not a multiple of the lanes or of a block, and the same bits at 1
-// and 2 threads.
+// The clip's squared norm on the host (train/optimizer.h): ATen's fp64 norm squared within
+// rounding, fp32 and fp64, lengths that are not a multiple of the lanes or of a block, and the same
+// bits at 1 and 2 threads.
 TEST_CASE("host_sq_norm: ATen's squared norm, the same bits at any thread count", "[unit]") {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
   const int before = at::get_num_threads();
   for (const auto dtype : {at::kFloat, at::kDouble})
     for (const int64_t n : {int64_t{0}, int64_t{7}, int64_t{65536 * 3 + 17}}) {
       INFO("dtype " << dtype << ", " << n << " elements");
-      const at::Tensor t = (at::randn({n}, gen, at::TensorOptions().dtype(at::kDouble)) * 3).to(dtype);
+      const at::Tensor t =
+          (at::randn({n}, gen, at::TensorOptions().dtype(at::kDouble)) * 3).to(dtype);
       const double ref = n == 0 ? 0.0 : std::pow(t.to(at::kDouble).norm().item<double>(), 2);
       std::vector<double> got;
       for (const int threads : {1, 2}) {
