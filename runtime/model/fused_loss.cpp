@@ -3,8 +3,6 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <cstdint>
-
 #include "core/error.h"
 #include "model/fused_ops.h"
 
@@ -111,15 +109,9 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
     ctx->saved_data["gw"] = gw;
     UnitHooks::GradSink sink;
     if (gw && hooks) sink = hooks->grad_sink(w);
-    const bool sunk = sink.into.defined() &&
-                      sink.into.scalar_type() == r.grad_weight.scalar_type() &&
-                      sink.into.device() == r.grad_weight.device();
-    ctx->saved_data["sunk"] = sunk;
-    if (sunk) {
-      ctx->saved_data["into"] = sink.into;
-      ctx->saved_data["hooks"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(hooks));
-      ctx->saved_data["id"] = sink.id;
-    }
+    if (sink.into.defined() && sink.into.scalar_type() == r.grad_weight.scalar_type() &&
+        sink.into.device() == r.grad_weight.device())
+      save_grad_sink(ctx, hooks, sink);
     ctx->save_for_backward({gh ? r.grad_hidden : at::Tensor(), gw ? r.grad_weight : at::Tensor()});
     ctx->saved_data["hidden_dtype"] = static_cast<int64_t>(h2.scalar_type());
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(w.scalar_type());
@@ -138,17 +130,16 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
       gh = t.mul_(go.to(t.scalar_type()))
                .to(static_cast<at::ScalarType>(ctx->saved_data["hidden_dtype"].toInt()));
     }
-    if (ctx->saved_data["gw"].toBool() && ctx->saved_data["sunk"].toBool()) {
+    const SavedGradSink sink = saved_grad_sink(ctx);
+    if (ctx->saved_data["gw"].toBool() && sink.into.defined()) {
       // Into the strategy's accumulator: scaled and added in one pass on the host (the incoming
       // gradient is a host scalar there), else scaled in place and added.
       at::Tensor t = saved[1];
-      at::Tensor into = ctx->saved_data["into"].toTensor();
-      if (into.is_cpu())
-        into.view_as(t).add_(t, go.item<double>());
+      if (sink.into.is_cpu())
+        sink.into.view_as(t).add_(t, go.item<double>());
       else
-        into.view_as(t).add_(t.mul_(go.to(t.scalar_type())));
-      reinterpret_cast<UnitHooks*>(static_cast<intptr_t>(ctx->saved_data["hooks"].toInt()))
-          ->grad_sunk(ctx->saved_data["id"].toInt());
+        sink.into.view_as(t).add_(t.mul_(go.to(t.scalar_type())));
+      sink.done();
     } else if (ctx->saved_data["gw"].toBool()) {
       at::Tensor t = saved[1];
       gw = t.mul_(go.to(t.scalar_type()))

@@ -23,9 +23,7 @@ struct SinkLinearFn : public torch::autograd::Function<SinkLinearFn> {
                             const at::Tensor& w, const at::Tensor& into, UnitHooks* hooks,
                             int64_t id) {
     ctx->save_for_backward({x, w});
-    ctx->saved_data["into"] = into;
-    ctx->saved_data["hooks"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(hooks));
-    ctx->saved_data["id"] = id;
+    save_grad_sink(ctx, hooks, {into, id});
     return at::linear(x, w);
   }
 
@@ -37,16 +35,32 @@ struct SinkLinearFn : public torch::autograd::Function<SinkLinearFn> {
     const at::Tensor g2 = grad_out[0].reshape({-1, grad_out[0].size(-1)});
     at::Tensor gx;
     if (ctx->needs_input_grad(0)) gx = g2.mm(w).view(x.sizes());
-    at::Tensor into = ctx->saved_data["into"].toTensor();
-    into.addmm_(g2.t(), x.reshape({-1, x.size(-1)}));
-    auto* hooks =
-        reinterpret_cast<UnitHooks*>(static_cast<intptr_t>(ctx->saved_data["hooks"].toInt()));
-    hooks->grad_sunk(ctx->saved_data["id"].toInt());
+    const SavedGradSink sink = saved_grad_sink(ctx);
+    sink.into.addmm_(g2.t(), x.reshape({-1, x.size(-1)}));
+    sink.done();
     return {gx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
+
+// A pointer and an id in the context's saved_data (IValues): the hooks as an integer.
+void save_grad_sink(torch::autograd::AutogradContext* ctx, UnitHooks* hooks,
+                    const UnitHooks::GradSink& sink) {
+  if (!sink.into.defined()) return;
+  ctx->saved_data["sink_into"] = sink.into;
+  ctx->saved_data["sink_hooks"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(hooks));
+  ctx->saved_data["sink_id"] = sink.id;
+}
+
+SavedGradSink saved_grad_sink(torch::autograd::AutogradContext* ctx) {
+  const auto it = ctx->saved_data.find("sink_into");
+  if (it == ctx->saved_data.end()) return {};
+  return {
+      it->second.toTensor(),
+      reinterpret_cast<UnitHooks*>(static_cast<intptr_t>(ctx->saved_data["sink_hooks"].toInt())),
+      ctx->saved_data["sink_id"].toInt()};
+}
 
 at::Tensor Linear::forward(const at::Tensor& x, bool training, UnitHooks* hooks) const {
   UnitHooks::GradSink sink;

@@ -16,6 +16,10 @@
 #include "model/config.h"
 #include "model/fused_ops.h"
 
+namespace torch::autograd {
+struct AutogradContext;
+}
+
 namespace ft::model {
 
 struct NamedTensor {
@@ -74,6 +78,18 @@ class UnitHooks {
   }
   virtual void grad_sunk(int64_t id) { (void)id; }
 };
+
+// A custom autograd function that takes a gradient sink keeps it in its context in forward
+// (`sink.into` undefined: none) and gets it back in backward; `done()` reports it sunk.
+struct SavedGradSink {
+  at::Tensor into;  // undefined: no sink was saved
+  UnitHooks* hooks = nullptr;
+  int64_t id = -1;
+  void done() const { hooks->grad_sunk(id); }
+};
+void save_grad_sink(torch::autograd::AutogradContext* ctx, UnitHooks* hooks,
+                    const UnitHooks::GradSink& sink);
+SavedGradSink saved_grad_sink(torch::autograd::AutogradContext* ctx);
 
 // Which transformer layers run under activation checkpointing (model/activation_checkpoint.h):
 // none, every layer, or the layers whose index is a multiple of n (0, n, 2n, ...).

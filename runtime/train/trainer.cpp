@@ -105,7 +105,7 @@ StepStats Trainer::compute_gradients(const std::vector<data::Batch>& micro_batch
                   model_.hidden_states(b.input_ids, b.position_ids,
                                        /*training=*/true, b.attention_segments()),
                   model_.lm_head(), b.labels, /*count_tokens=*/false, model::kLossChunkElements,
-                  engine_.options().device.is_cpu() ? &loss_blocks_ : nullptr, model_.unit_hooks())
+                  &loss_blocks_, model_.unit_hooks())
             : model::causal_lm_loss_sum(model_.forward(b.input_ids, b.position_ids,
                                                        /*training=*/true, b.attention_segments()),
                                         b.labels, /*count_tokens=*/false);
