@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <tuple>
+#include <vector>
 
 #include "core/error.h"
 #include "model/activation_checkpoint.h"
@@ -14,17 +15,36 @@ namespace ft::model {
 
 namespace {
 
+// Whether product() below writes into a zero-filled result: fp32 on the CPU, where the matrix
+// products are MKL's sgemm.
+bool zeroed_product(const at::Tensor& a) { return a.is_cpu() && a.scalar_type() == at::kFloat; }
+
+// a @ b for 2-D operands. In fp32 on the CPU the product is added (beta 1) into a zero-filled
+// result: MKL's sgemm with beta 0 first scales its output by zero in a pass of its own
+// (mkl_blas_def_sgemm_mscale, 3% of the overhead-bound model's samples), slower than a memset, and
+// the bits are the same (each element is 0 + the same sum; model_test checks them against
+// autograd's products). 3-8% less per product of 64 tokens at d=256 (docs/performance.md).
+at::Tensor product(const at::Tensor& a, const at::Tensor& b) {
+  if (!zeroed_product(a)) return a.mm(b);
+  at::Tensor y = at::zeros({a.size(0), b.size(1)}, a.options());
+  y.addmm_(a, b);
+  return y;
+}
+
 // y = x W^T whose backward adds W's gradient into the strategy's accumulator (UnitHooks::grad_sink)
 // by one addmm: no product of its own, no AccumulateGrad, no hook adding it afterwards (one
 // weight-sized buffer and one pass over it fewer per weight and micro-batch). The forward and the
-// input's gradient are at::linear's (the same matrix products, the same bits).
+// input's gradient have at::linear's bits (through product() in fp32 on the CPU).
 struct SinkLinearFn : public torch::autograd::Function<SinkLinearFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const at::Tensor& w, const at::Tensor& into, UnitHooks* hooks,
                             int64_t id) {
     ctx->save_for_backward({x, w});
     save_grad_sink(ctx, hooks, {into, id});
-    return at::linear(x, w);
+    if (!zeroed_product(x)) return at::linear(x, w);
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = w.size(0);
+    return product(x.reshape({-1, x.size(-1)}), w.t()).view(shape);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -34,7 +54,7 @@ struct SinkLinearFn : public torch::autograd::Function<SinkLinearFn> {
     const at::Tensor& w = saved[1];
     const at::Tensor g2 = grad_out[0].reshape({-1, grad_out[0].size(-1)});
     at::Tensor gx;
-    if (ctx->needs_input_grad(0)) gx = g2.mm(w).view(x.sizes());
+    if (ctx->needs_input_grad(0)) gx = product(g2, w).view(x.sizes());
     const SavedGradSink sink = saved_grad_sink(ctx);
     sink.into.addmm_(g2.t(), x.reshape({-1, x.size(-1)}));
     sink.done();
