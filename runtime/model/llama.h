@@ -27,9 +27,9 @@ struct NamedTensor {
   at::Tensor* tensor;
 };
 
-// A projection y = x W^T (+ b), with an optional LoRA adapter added by model/lora.
 class UnitHooks;
 
+// A projection y = x W^T (+ b), with an optional LoRA adapter added by model/lora.
 struct Linear {
   at::Tensor weight;  // [out, in]
   at::Tensor bias;    // [out] or undefined

@@ -192,8 +192,9 @@ class Engine : public model::UnitHooks {
   // model::UnitHooks
   void before_unit(int unit) override;
   void after_unit(int unit, const at::Tensor& output) override;
-  // fp32 weights of replicated groups (ddp, world size 1) whose accumulator is on their device:
-  // the linear layers add their weight gradients straight into it.
+  // 2-D weights of replicated groups (ddp, world size 1, zero3's persistent parameters) whose
+  // accumulator is on their device in the compute dtype (not the embedding): the linear layers and
+  // the LM head add their weight gradients straight into it.
   GradSink grad_sink(const at::Tensor& weight) override;
   void grad_sunk(int64_t id) override;
 
