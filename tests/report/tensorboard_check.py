@@ -89,32 +89,32 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ft", required=True)
     args = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="ft-tb-")
-    out = os.path.join(work, "run")
-    train(args.ft, out, STEPS)
-    checked, tags = compare(out, STEPS, 1)
-    print(f"ok: TensorBoard read {checked} scalars of {STEPS} steps equal to metrics.jsonl "
-          f"({len(tags)} tags: {', '.join(sorted(tags))})")
+    with tempfile.TemporaryDirectory(prefix="ft-tb-") as work:
+        out = os.path.join(work, "run")
+        train(args.ft, out, STEPS)
+        checked, tags = compare(out, STEPS, 1)
+        print(f"ok: TensorBoard read {checked} scalars of {STEPS} steps equal to metrics.jsonl "
+              f"({len(tags)} tags: {', '.join(sorted(tags))})")
 
-    # Killed after the checkpoint of step 3 and resumed: the steps after it are written twice, in
-    # two files; the second file's session start makes TensorBoard keep only the later ones.
-    out = os.path.join(work, "resumed")
-    sets = ["output.save_every=3", "output.async_save=false"]
-    p = train(args.ft, out, 9, sets, {"FT_FAULT_STEP_DELAY": "0:0.15"}, background=True)
-    deadline = time.time() + 120
-    metrics = os.path.join(out, "metrics.jsonl")
-    while time.time() < deadline and p.poll() is None:
-        if os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 5:
-            break
-        time.sleep(0.02)
-    p.send_signal(signal.SIGKILL)
-    p.wait()
-    resumed = train(args.ft, out, 9, sets)
-    if "resuming from" not in resumed.stdout:
-        print(resumed.stdout)
-        raise SystemExit("FAIL: the second run did not resume from a checkpoint")
-    checked, _ = compare(out, 9, 2)
-    print(f"PASS: and after a kill and a resume, each of 9 steps once ({checked} scalars)")
+        # Killed after the checkpoint of step 3 and resumed: the steps after it are written twice, in
+        # two files; the second file's session start makes TensorBoard keep only the later ones.
+        out = os.path.join(work, "resumed")
+        sets = ["output.save_every=3", "output.async_save=false"]
+        p = train(args.ft, out, 9, sets, {"FT_FAULT_STEP_DELAY": "0:0.15"}, background=True)
+        deadline = time.time() + 120
+        metrics = os.path.join(out, "metrics.jsonl")
+        while time.time() < deadline and p.poll() is None:
+            if os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 5:
+                break
+            time.sleep(0.02)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        resumed = train(args.ft, out, 9, sets)
+        if "resuming from" not in resumed.stdout:
+            print(resumed.stdout)
+            raise SystemExit("FAIL: the second run did not resume from a checkpoint")
+        checked, _ = compare(out, 9, 2)
+        print(f"PASS: and after a kill and a resume, each of 9 steps once ({checked} scalars)")
 
 
 if __name__ == "__main__":

@@ -169,12 +169,35 @@ void skip_test(const std::string& why) {
   std::_Exit(77);
 }
 
+namespace {
+// Every directory make_temp_dir() made in this process, removed at exit. Never destroyed: the exit
+// handler runs after static destructors would.
+std::vector<std::string>& temp_dirs() {
+  static auto* dirs = new std::vector<std::string>;
+  return *dirs;
+}
+
+void remove_temp_dirs() {
+  const char* keep = std::getenv("FT_KEEP_TEST_DIRS");
+  for (const std::string& dir : temp_dirs()) {
+    if (keep && *keep && std::string(keep) != "0") {
+      std::fprintf(stderr, "FT_KEEP_TEST_DIRS: kept %s\n", dir.c_str());
+      continue;
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+}
+}  // namespace
+
 std::string make_temp_dir() {
   std::string tmpl =
       (std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : "/tmp") + "/ft-test-XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
+  if (temp_dirs().empty()) std::atexit(remove_temp_dirs);
+  temp_dirs().push_back(buf.data());
   return buf.data();
 }
 

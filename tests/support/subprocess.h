@@ -61,6 +61,9 @@ std::vector<pid_t> children_of(pid_t pid);
 // The RANK in a worker's environment (/proc/<pid>/environ); -1 when it has none.
 int rank_of_worker(pid_t pid);
 std::string read_file(const std::string& path);
+// A fresh directory under $TMPDIR (or /tmp), removed with everything in it when the test process
+// exits normally (a failed Catch2 assertion included); FT_KEEP_TEST_DIRS=1 keeps them and prints
+// where they are.
 std::string make_temp_dir();
 // Fault injection: XORs `mask` into the byte `from_end` bytes before the end of the file.
 void flip_bits(const std::string& path, int64_t from_end, unsigned char mask);
