@@ -41,8 +41,9 @@ constexpr int64_t kGrain = 1 << 15;
 // CPU's vector width. The classic reduction x = n ln2 + r, |r| <= ln2/2 (about), with ln2 split
 // in two so that n ln2 is exact; e^r by a degree-7 polynomial (Taylor's coefficients, the last
 // ones tuned to the interval, as in Cephes' expf); 2^n in the exponent bits. Within 1 ulp of e^x
-// over [-86.6, 88.7] (0.96 at worst, against fp64's exp, in a sweep of that range); +inf above 88.72 (as expf); 0 below about -87 (expf
-// goes on through the subnormals; SwiGLU only ever adds the result to 1); NaN for NaN.
+// over [-86.6, 88.7] (0.96 at worst, against fp64's exp, in a sweep of that range); +inf
+// above 88.72 (as expf); 0 below about -87 (expf goes on through the subnormals; SwiGLU only ever
+// adds the result to 1); NaN for NaN.
 __attribute__((always_inline)) inline float exp_f32(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
@@ -418,78 +419,94 @@ struct AddRmsNormFn : public torch::autograd::Function<AddRmsNormFn> {
 
 // ---- SwiGLU -------------------------------------------------------------------------------------
 
+void swiglu_cpu(const at::Tensor& g, const at::Tensor& u, at::Tensor& y) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "fused_swiglu", [&] {
+    using T = scalar_t;
+    using A = Acc<T>;
+    const T* gp = g.const_data_ptr<T>();
+    const T* upp = u.const_data_ptr<T>();
+    T* yp = y.data_ptr<T>();
+    at::parallel_for(0, g.numel(), kGrain, [&](int64_t b, int64_t e) {
+      if (swiglu_forward_vec(gp + b, upp + b, yp + b, e - b)) return;
+      for (int64_t i = b; i < e; ++i) {
+        const A x = static_cast<A>(gp[i]);
+        const A silu = round_to<T>(x / (A(1) + exp_acc(-x)));
+        yp[i] = static_cast<T>(silu * static_cast<A>(upp[i]));
+      }
+    });
+  });
+}
+
+}  // namespace
+
+at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up) {
+  const at::Tensor g = gate.contiguous(), u = up.contiguous();
+  at::Tensor y = at::empty_like(g, at::MemoryFormat::Contiguous);
+  if (g.is_cuda()) {
+    cuda::api().swiglu(g.get_device(), element_type(g), g.const_data_ptr(), u.const_data_ptr(),
+                       nullptr, y.data_ptr(), nullptr, g.numel(), /*backward=*/false);
+  } else {
+    swiglu_cpu(g, u, y);
+  }
+  return y;
+}
+
+std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& gate, const at::Tensor& up,
+                                                  const at::Tensor& dy_in, bool want_g,
+                                                  bool want_u) {
+  const at::Tensor g = gate.contiguous(), u = up.contiguous();
+  const at::Tensor dy = dy_in.contiguous();
+  at::Tensor dg = want_g ? at::empty_like(g) : at::Tensor();
+  at::Tensor du = want_u ? at::empty_like(u) : at::Tensor();
+  if (g.is_cuda()) {
+    cuda::api().swiglu(g.get_device(), element_type(g), g.const_data_ptr(), u.const_data_ptr(),
+                       dy.const_data_ptr(), want_g ? dg.data_ptr() : nullptr,
+                       want_u ? du.data_ptr() : nullptr, g.numel(), /*backward=*/true);
+    return {dg, du};
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, g.scalar_type(), "fused_swiglu_backward", [&] {
+        using T = scalar_t;
+        using A = Acc<T>;
+        const T* gp = g.const_data_ptr<T>();
+        const T* upp = u.const_data_ptr<T>();
+        const T* dyp = dy.const_data_ptr<T>();
+        T* dgp = want_g ? dg.data_ptr<T>() : nullptr;
+        T* dup = want_u ? du.data_ptr<T>() : nullptr;
+        at::parallel_for(0, g.numel(), kGrain, [&](int64_t b, int64_t e) {
+          if (swiglu_backward_vec(gp + b, upp + b, dyp + b, dgp ? dgp + b : nullptr,
+                                  dup ? dup + b : nullptr, e - b))
+            return;
+          for (int64_t i = b; i < e; ++i) {
+            const A x = static_cast<A>(gp[i]);
+            const A one_plus = A(1) + exp_acc(-x);
+            const A sig = A(1) / one_plus;
+            const A d = static_cast<A>(dyp[i]);
+            // The unfused graph: y = s * up, s = silu(x) = x / (1 + e^-x): ds = round(dy * up),
+            // dup = dy * s, dx = ds * sig * (1 + x * (1 - sig)) (ATen's silu_backward).
+            if (dup) dup[i] = static_cast<T>(d * round_to<T>(x / one_plus));
+            if (dgp) {
+              const A ds = round_to<T>(d * static_cast<A>(upp[i]));
+              dgp[i] = static_cast<T>(ds * sig * (A(1) + x * (A(1) - sig)));
+            }
+          }
+        });
+      });
+  return {dg, du};
+}
+
+namespace {
+
 struct SwiGluFn : public torch::autograd::Function<SwiGluFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     const at::Tensor g = gate.contiguous(), u = up.contiguous();
-    at::Tensor y = at::empty_like(g, at::MemoryFormat::Contiguous);
-    if (g.is_cuda()) {
-      cuda::api().swiglu(g.get_device(), element_type(g), g.const_data_ptr(), u.const_data_ptr(),
-                         nullptr, y.data_ptr(), nullptr, g.numel(), /*backward=*/false);
-    } else {
-      swiglu_cpu(g, u, y);
-    }
     ctx->save_for_backward({g, u});
-    return y;
-  }
-  static void swiglu_cpu(const at::Tensor& g, const at::Tensor& u, at::Tensor& y) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "fused_swiglu", [&] {
-      using T = scalar_t;
-      using A = Acc<T>;
-      const T* gp = g.const_data_ptr<T>();
-      const T* upp = u.const_data_ptr<T>();
-      T* yp = y.data_ptr<T>();
-      at::parallel_for(0, g.numel(), kGrain, [&](int64_t b, int64_t e) {
-        if (swiglu_forward_vec(gp + b, upp + b, yp + b, e - b)) return;
-        for (int64_t i = b; i < e; ++i) {
-          const A x = static_cast<A>(gp[i]);
-          const A silu = round_to<T>(x / (A(1) + exp_acc(-x)));
-          yp[i] = static_cast<T>(silu * static_cast<A>(upp[i]));
-        }
-      });
-    });
+    return swiglu_forward(g, u);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
-    const at::Tensor& g = s[0];
-    const at::Tensor& u = s[1];
-    const at::Tensor dy = grads[0].contiguous();
-    const bool want_g = ctx->needs_input_grad(0), want_u = ctx->needs_input_grad(1);
-    at::Tensor dg = want_g ? at::empty_like(g) : at::Tensor();
-    at::Tensor du = want_u ? at::empty_like(u) : at::Tensor();
-    if (g.is_cuda()) {
-      cuda::api().swiglu(g.get_device(), element_type(g), g.const_data_ptr(), u.const_data_ptr(),
-                         dy.const_data_ptr(), want_g ? dg.data_ptr() : nullptr,
-                         want_u ? du.data_ptr() : nullptr, g.numel(), /*backward=*/true);
-      return {dg, du};
-    }
-    AT_DISPATCH_FLOATING_TYPES_AND2(
-        at::kBFloat16, at::kHalf, g.scalar_type(), "fused_swiglu_backward", [&] {
-          using T = scalar_t;
-          using A = Acc<T>;
-          const T* gp = g.const_data_ptr<T>();
-          const T* upp = u.const_data_ptr<T>();
-          const T* dyp = dy.const_data_ptr<T>();
-          T* dgp = want_g ? dg.data_ptr<T>() : nullptr;
-          T* dup = want_u ? du.data_ptr<T>() : nullptr;
-          at::parallel_for(0, g.numel(), kGrain, [&](int64_t b, int64_t e) {
-            if (swiglu_backward_vec(gp + b, upp + b, dyp + b, dgp ? dgp + b : nullptr,
-                                    dup ? dup + b : nullptr, e - b))
-              return;
-            for (int64_t i = b; i < e; ++i) {
-              const A x = static_cast<A>(gp[i]);
-              const A one_plus = A(1) + exp_acc(-x);
-              const A sig = A(1) / one_plus;
-              const A d = static_cast<A>(dyp[i]);
-              // The unfused graph: y = s * up, s = silu(x) = x / (1 + e^-x): ds = round(dy * up),
-              // dup = dy * s, dx = ds * sig * (1 + x * (1 - sig)) (ATen's silu_backward).
-              if (dup) dup[i] = static_cast<T>(d * round_to<T>(x / one_plus));
-              if (dgp) {
-                const A ds = round_to<T>(d * static_cast<A>(upp[i]));
-                dgp[i] = static_cast<T>(ds * sig * (A(1) + x * (A(1) - sig)));
-              }
-            }
-          });
-        });
+    auto [dg, du] =
+        swiglu_backward(s[0], s[1], grads[0], ctx->needs_input_grad(0), ctx->needs_input_grad(1));
     return {dg, du};
   }
 };
@@ -529,6 +546,8 @@ void rope_rows(const T* x, const T* cos, const T* sin, T* out, int64_t rows, int
       });
 }
 
+}  // namespace
+
 at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                       bool backward) {
   const at::Tensor xc = x.contiguous();
@@ -546,6 +565,8 @@ at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   });
   return out;
 }
+
+namespace {
 
 struct RopeFn : public torch::autograd::Function<RopeFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,

@@ -8,10 +8,10 @@
 // threads through at::parallel_for, a fixed order of every sum (the same bits from one process
 // to the next and for any thread count); SwiGLU's fp32 loops are vectorized (a copy per vector
 // width: AVX-512, AVX2, SSE2) with an exp of their own built from IEEE arithmetic, so a vector
-// lane and the scalar tail give the same bits. CUDA tensors (fp32, bf16, fp16) go to the same kernels
-// in libft_cuda.so (cuda/kernels.h): compiled everywhere, checked against the unfused ops by the
-// gpu test; the model uses them on CPUs only until a GPU run has checked them (issue 18). Not
-// thread-safe beyond what autograd guarantees.
+// lane and the scalar tail give the same bits. CUDA tensors (fp32, bf16, fp16) go to the same
+// kernels in libft_cuda.so (cuda/kernels.h): compiled everywhere, checked against the unfused ops
+// by the gpu test; the model uses them on CPUs only until a GPU run has checked them (issue 18).
+// Not thread-safe beyond what autograd guarantees.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -40,6 +40,18 @@ at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
 // The rotary embedding x * cos + rotate_half(x) * sin. x [B, T, heads, head_dim] (any strides),
 // cos and sin [B, T, head_dim] of x's dtype, no gradient. Returns a contiguous [B, T, heads, hd].
 at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// The SwiGLU and rotary kernels without autograd, for a node that runs several of the model's ops
+// in one forward and one backward of its own (model/llama.cpp): the same bits as fused_swiglu and
+// fused_rope and their backwards. swiglu_backward returns {d gate, d up} (undefined where not
+// wanted); rope_apply with `backward` maps a gradient of its output to one of its input; both
+// return contiguous tensors.
+at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up);
+std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& gate, const at::Tensor& up,
+                                                  const at::Tensor& dy, bool want_gate,
+                                                  bool want_up);
+at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                      bool backward);
 
 // Cross-entropy of fp32 logit rows, for the LM head's chunks (model/fused_loss.h): one pass for
 // each row's maximum, one for its sum of exponentials, and, with to_gradient, one that turns the

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <tuple>
@@ -10,6 +11,7 @@
 
 #include "core/error.h"
 #include "model/activation_checkpoint.h"
+#include "model/host_blas.h"
 
 namespace ft::model {
 
@@ -23,12 +25,19 @@ bool zeroed_product(const at::Tensor& a) { return a.is_cpu() && a.scalar_type() 
 // result: MKL's sgemm with beta 0 first scales its output by zero in a pass of its own
 // (mkl_blas_def_sgemm_mscale, 3% of the overhead-bound model's samples), slower than a memset, and
 // the bits are the same (each element is 0 + the same sum; model_test checks them against
-// autograd's products). 3-8% less per product of 64 tokens at d=256 (docs/performance.md).
+// autograd's products). 3-8% less per product of 64 tokens at d=256 (docs/performance.md). The
+// product goes straight to sgemm_ (host_blas.h: the same call at::addmm_ makes, without the
+// dispatcher), at::addmm_ where it cannot.
 at::Tensor product(const at::Tensor& a, const at::Tensor& b) {
   if (!zeroed_product(a)) return a.mm(b);
-  at::Tensor y = at::zeros({a.size(0), b.size(1)}, a.options());
-  y.addmm_(a, b);
+  at::Tensor y = host_zeros(a.size(0), b.size(1), a.options());
+  if (!host_addmm(y, a, b)) y.addmm_(a, b);
   return y;
+}
+
+// into += a @ b: a weight's gradient into its sink.
+void add_product(const at::Tensor& into, const at::Tensor& a, const at::Tensor& b) {
+  if (!host_addmm(into, a, b)) into.addmm_(a, b);
 }
 
 // y = x W^T whose backward adds W's gradient into the strategy's accumulator (UnitHooks::grad_sink)
@@ -56,30 +65,150 @@ struct SinkLinearFn : public torch::autograd::Function<SinkLinearFn> {
     at::Tensor gx;
     if (ctx->needs_input_grad(0)) gx = product(g2, w).view(x.sizes());
     const SavedGradSink sink = saved_grad_sink(ctx);
-    sink.into.addmm_(g2.t(), x.reshape({-1, x.size(-1)}));
+    add_product(sink.into, g2.t(), x.reshape({-1, x.size(-1)}));
     sink.done();
     return {gx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
-}  // namespace
-
-// A pointer and an id in the context's saved_data (IValues): the hooks as an integer.
-void save_grad_sink(torch::autograd::AutogradContext* ctx, UnitHooks* hooks,
-                    const UnitHooks::GradSink& sink) {
-  if (!sink.into.defined()) return;
-  ctx->saved_data["sink_into"] = sink.into;
-  ctx->saved_data["sink_hooks"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(hooks));
-  ctx->saved_data["sink_id"] = sink.id;
+// The weight gradient of slot `slot`'s sink, grad^T x, added into it and reported.
+void sink_product(torch::autograd::AutogradContext* ctx, int slot, const at::Tensor& grad,
+                  const at::Tensor& x) {
+  const SavedGradSink sink = saved_grad_sink(ctx, slot);
+  add_product(sink.into, grad.t(), x);
+  sink.done();
 }
 
-SavedGradSink saved_grad_sink(torch::autograd::AutogradContext* ctx) {
-  const auto it = ctx->saved_data.find("sink_into");
+// Nodes of several ops for a layer whose linear weights all sink their gradients (replicated fp32
+// groups on the CPU, no bias, no LoRA): the products and fused kernels of the separate nodes, in
+// the same order and on the same operands, so the same bits (model_test compares them with the
+// separate nodes, and every strategy's bit test with the sharded strategies, which do not sink),
+// without a dozen nodes' bookkeeping per layer, their views, and the weights' AccumulateGrad nodes
+// (the weights come in detached; their gradients go to the sinks). The input's gradient is summed
+// in the order autograd's engine sums it (it runs the node created last first).
+
+// down(silu(gate(x)) * up(x)). Backward: down, SwiGLU, up, gate; x's gradient up's + gate's.
+struct SinkMlpFn : public torch::autograd::Function<SinkMlpFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& wg, const at::Tensor& wu, const at::Tensor& wd,
+                            UnitHooks* hooks, const std::array<UnitHooks::GradSink, 3>* sinks) {
+    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+    const at::Tensor gate = product(x2, wg.t()), up = product(x2, wu.t());
+    const at::Tensor m = swiglu_forward(gate, up);
+    ctx->save_for_backward({x2, gate, up, m, wg, wu, wd});
+    for (int i = 0; i < 3; ++i) save_grad_sink(ctx, hooks, (*sinks)[static_cast<size_t>(i)], i);
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = wd.size(0);
+    return product(m, wd.t()).view(shape);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto s = ctx->get_saved_variables();
+    const at::Tensor &x2 = s[0], &gate = s[1], &up = s[2], &m = s[3];
+    const at::Tensor &wg = s[4], &wu = s[5], &wd = s[6];
+    const at::Tensor g2 = grad_out[0].reshape({-1, grad_out[0].size(-1)});
+    const at::Tensor gm = product(g2, wd);
+    sink_product(ctx, 2, g2, m);
+    const auto [dgate, dup] = swiglu_backward(gate, up, gm, true, true);
+    at::Tensor gx = product(dup, wu);
+    sink_product(ctx, 1, dup, x2);
+    gx.add_(product(dgate, wg));
+    sink_product(ctx, 0, dgate, x2);
+    return {gx.view(grad_out[0].sizes()),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+// o(attention(rope(q(x)), rope(k(x)), v(x))), causal, no mask, as many key/value heads as query
+// heads: LibTorch's flash attention for the CPU as at::scaled_dot_product_attention picks it.
+// Backward: o, attention, then v, k, q; x's gradient (v's + k's) + q's.
+struct SinkAttentionFn : public torch::autograd::Function<SinkAttentionFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& wq, const at::Tensor& wk, const at::Tensor& wv,
+                            const at::Tensor& wo, const at::Tensor& cos, const at::Tensor& sin,
+                            int64_t head_dim, double scale, UnitHooks* hooks,
+                            const std::array<UnitHooks::GradSink, 4>* sinks) {
+    const int64_t B = x.size(0), T = x.size(1);
+    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+    auto heads = [&](const at::Tensor& w) { return product(x2, w.t()).view({B, T, -1, head_dim}); };
+    const at::Tensor q = rope_apply(heads(wq), cos, sin, /*backward=*/false);
+    const at::Tensor k = rope_apply(heads(wk), cos, sin, /*backward=*/false);
+    const at::Tensor v = heads(wv);
+    const bool causal = T > 1;
+    auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), /*dropout_p=*/0.0, causal,
+        /*attn_mask=*/c10::nullopt, scale);
+    const at::Tensor a2 = out.transpose(1, 2).reshape({B * T, -1});
+    ctx->save_for_backward({x2, q, k, v, out, lse, a2, wq, wk, wv, wo, cos, sin});
+    for (int i = 0; i < 4; ++i) save_grad_sink(ctx, hooks, (*sinks)[static_cast<size_t>(i)], i);
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["scale"] = scale;
+    return product(a2, wo.t()).view({B, T, wo.size(0)});
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto s = ctx->get_saved_variables();
+    const at::Tensor &x2 = s[0], &q = s[1], &k = s[2], &v = s[3], &out = s[4], &lse = s[5],
+                     &a2 = s[6];
+    const at::Tensor &wq = s[7], &wk = s[8], &wv = s[9], &wo = s[10], &cos = s[11], &sin = s[12];
+    const bool causal = ctx->saved_data["causal"].toBool();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const at::Tensor g2 = grad_out[0].reshape({-1, grad_out[0].size(-1)});
+    const at::Tensor ga = product(g2, wo);
+    sink_product(ctx, 3, g2, a2);
+    auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        ga.view(q.sizes()).transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        out, lse, /*dropout_p=*/0.0, causal, /*attn_mask=*/c10::nullopt, scale);
+    const int64_t rows = x2.size(0);
+    const at::Tensor gv2 = gv.transpose(1, 2).reshape({rows, -1});
+    at::Tensor gx = product(gv2, wv);
+    sink_product(ctx, 2, gv2, x2);
+    const at::Tensor gk2 =
+        rope_apply(gk.transpose(1, 2), cos, sin, /*backward=*/true).view({rows, -1});
+    gx.add_(product(gk2, wk));
+    sink_product(ctx, 1, gk2, x2);
+    const at::Tensor gq2 =
+        rope_apply(gq.transpose(1, 2), cos, sin, /*backward=*/true).view({rows, -1});
+    gx.add_(product(gq2, wq));
+    sink_product(ctx, 0, gq2, x2);
+    torch::autograd::variable_list grads(11);
+    grads[0] = gx.view(grad_out[0].sizes());
+    return grads;
+  }
+};
+
+}  // namespace
+
+// A pointer and an id in the context's saved_data (IValues): the hooks as an integer. Slot n > 0
+// keeps a node's n-th sink under keys of its own.
+namespace {
+std::string sink_key(const char* what, int slot) {
+  return slot == 0 ? std::string(what) : std::string(what) + std::to_string(slot);
+}
+}  // namespace
+
+void save_grad_sink(torch::autograd::AutogradContext* ctx, UnitHooks* hooks,
+                    const UnitHooks::GradSink& sink, int slot) {
+  if (!sink.into.defined()) return;
+  ctx->saved_data[sink_key("sink_into", slot)] = sink.into;
+  ctx->saved_data[sink_key("sink_hooks", slot)] =
+      static_cast<int64_t>(reinterpret_cast<intptr_t>(hooks));
+  ctx->saved_data[sink_key("sink_id", slot)] = sink.id;
+}
+
+SavedGradSink saved_grad_sink(torch::autograd::AutogradContext* ctx, int slot) {
+  const auto it = ctx->saved_data.find(sink_key("sink_into", slot));
   if (it == ctx->saved_data.end()) return {};
-  return {
-      it->second.toTensor(),
-      reinterpret_cast<UnitHooks*>(static_cast<intptr_t>(ctx->saved_data["sink_hooks"].toInt())),
-      ctx->saved_data["sink_id"].toInt()};
+  return {it->second.toTensor(),
+          reinterpret_cast<UnitHooks*>(
+              static_cast<intptr_t>(ctx->saved_data[sink_key("sink_hooks", slot)].toInt())),
+          ctx->saved_data[sink_key("sink_id", slot)].toInt()};
 }
 
 at::Tensor Linear::forward(const at::Tensor& x, bool training, UnitHooks* hooks) const {
@@ -285,6 +414,18 @@ at::Tensor LlamaModel::norm(const at::Tensor& x, const at::Tensor& weight) const
   return rms_norm(x, weight, config_.rms_norm_eps);
 }
 
+bool LlamaModel::all_sunk(std::initializer_list<const Linear*> linears,
+                          UnitHooks::GradSink* sinks) const {
+  for (const Linear* l : linears)
+    if (l->bias.defined() || l->lora_a.defined() || !l->weight.requires_grad()) return false;
+  for (const Linear* l : linears) {
+    *sinks = hooks_->grad_sink(l->weight);
+    if (!sinks->into.defined()) return false;
+    ++sinks;
+  }
+  return true;
+}
+
 at::Tensor LlamaModel::layer_forward(const LlamaLayer& L, const at::Tensor& hidden,
                                      const at::Tensor& cos, const at::Tensor& sin,
                                      const at::Tensor& mask, bool training) const {
@@ -293,32 +434,51 @@ at::Tensor LlamaModel::layer_forward(const LlamaLayer& L, const at::Tensor& hidd
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   at::Tensor h = hidden;
   at::Tensor x = norm(h, L.input_layernorm);
-  // [B, T, heads, head_dim]: the rotary embedding before the heads move to dimension 1.
-  at::Tensor q = L.q_proj.forward(x, training, hooks_).view({B, T, -1, c.head_dim});
-  at::Tensor k = L.k_proj.forward(x, training, hooks_).view({B, T, -1, c.head_dim});
-  at::Tensor v = L.v_proj.forward(x, training, hooks_).view({B, T, -1, c.head_dim});
-  if (fused_.rope && q.is_cpu()) {
-    q = fused_rope(q, cos, sin);
-    k = fused_rope(k, cos, sin);
+  // One node for the attention block and one for the MLP where every weight sinks its gradient.
+  const bool node_input = hooks_ && at::GradMode::is_enabled() && x.is_cpu() &&
+                          x.scalar_type() == at::kFloat && x.dim() == 3 && x.requires_grad();
+  std::array<UnitHooks::GradSink, 4> attention_sinks;
+  at::Tensor o;
+  if (node_input && fused_.rope && !mask.defined() &&
+      c.num_key_value_heads == c.num_attention_heads &&
+      all_sunk({&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj}, attention_sinks.data())) {
+    o = SinkAttentionFn::apply(x, L.q_proj.weight.detach(), L.k_proj.weight.detach(),
+                               L.v_proj.weight.detach(), L.o_proj.weight.detach(), cos, sin,
+                               c.head_dim, scale, hooks_, &attention_sinks);
   } else {
-    const at::Tensor cos4 = cos.unsqueeze(2), sin4 = sin.unsqueeze(2);  // [B, T, 1, hd]
-    q = q * cos4 + rotate_half(q) * sin4;
-    k = k * cos4 + rotate_half(k) * sin4;
+    // [B, T, heads, head_dim]: the rotary embedding before the heads move to dimension 1.
+    at::Tensor q = L.q_proj.forward(x, training, hooks_).view({B, T, -1, c.head_dim});
+    at::Tensor k = L.k_proj.forward(x, training, hooks_).view({B, T, -1, c.head_dim});
+    at::Tensor v = L.v_proj.forward(x, training, hooks_).view({B, T, -1, c.head_dim});
+    if (fused_.rope && q.is_cpu()) {
+      q = fused_rope(q, cos, sin);
+      k = fused_rope(k, cos, sin);
+    } else {
+      const at::Tensor cos4 = cos.unsqueeze(2), sin4 = sin.unsqueeze(2);  // [B, T, 1, hd]
+      q = q * cos4 + rotate_half(q) * sin4;
+      k = k * cos4 + rotate_half(k) * sin4;
+    }
+    q = q.transpose(1, 2);
+    k = k.transpose(1, 2);
+    v = v.transpose(1, 2);
+    at::Tensor a = at::scaled_dot_product_attention(
+        q, k, v, mask.defined() ? c10::optional<at::Tensor>(mask) : c10::nullopt,
+        /*dropout_p=*/0.0, /*is_causal=*/!mask.defined() && T > 1, scale,
+        /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads);
+    a = a.transpose(1, 2).reshape({B, T, -1});
+    o = L.o_proj.forward(a, training, hooks_);
   }
-  q = q.transpose(1, 2);
-  k = k.transpose(1, 2);
-  v = v.transpose(1, 2);
-  at::Tensor a = at::scaled_dot_product_attention(
-      q, k, v, mask.defined() ? c10::optional<at::Tensor>(mask) : c10::nullopt,
-      /*dropout_p=*/0.0, /*is_causal=*/!mask.defined() && T > 1, scale,
-      /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads);
-  a = a.transpose(1, 2).reshape({B, T, -1});
-  const at::Tensor o = L.o_proj.forward(a, training, hooks_);
   if (fuses_norm(h, L.post_attention_layernorm)) {
     std::tie(h, x) = fused_add_rms_norm(h, o, L.post_attention_layernorm, c.rms_norm_eps);
   } else {
     h = h + o;
     x = rms_norm(h, L.post_attention_layernorm, c.rms_norm_eps);
+  }
+  std::array<UnitHooks::GradSink, 3> mlp_sinks;
+  if (node_input && fused_.swiglu && x.requires_grad() &&
+      all_sunk({&L.gate_proj, &L.up_proj, &L.down_proj}, mlp_sinks.data())) {
+    return h + SinkMlpFn::apply(x, L.gate_proj.weight.detach(), L.up_proj.weight.detach(),
+                                L.down_proj.weight.detach(), hooks_, &mlp_sinks);
   }
   const at::Tensor gate = L.gate_proj.forward(x, training, hooks_),
                    up = L.up_proj.forward(x, training, hooks_);

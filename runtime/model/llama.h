@@ -10,6 +10,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -87,9 +88,10 @@ struct SavedGradSink {
   int64_t id = -1;
   void done() const { hooks->grad_sunk(id); }
 };
+// A node with several sinks keeps each in a slot of its own (0, 1, ...).
 void save_grad_sink(torch::autograd::AutogradContext* ctx, UnitHooks* hooks,
-                    const UnitHooks::GradSink& sink);
-SavedGradSink saved_grad_sink(torch::autograd::AutogradContext* ctx);
+                    const UnitHooks::GradSink& sink, int slot = 0);
+SavedGradSink saved_grad_sink(torch::autograd::AutogradContext* ctx, int slot = 0);
 
 // Which transformer layers run under activation checkpointing (model/activation_checkpoint.h):
 // none, every layer, or the layers whose index is a multiple of n (0, n, 2n, ...).
@@ -168,6 +170,9 @@ class LlamaModel {
   at::Tensor norm(const at::Tensor& x, const at::Tensor& weight) const;
   // One decoder layer: hidden [B, T, hidden] -> [B, T, hidden]; cos, sin [B, T, head_dim]; mask
   // [B, 1, T, T] bool or undefined (causal).
+  // Whether every one of `linears` gives its weight's gradient to a sink and has nothing else
+  // trained (no bias, no LoRA); their sinks, in order, into `sinks`. Needs hooks_.
+  bool all_sunk(std::initializer_list<const Linear*> linears, UnitHooks::GradSink* sinks) const;
   at::Tensor layer_forward(const LlamaLayer& layer, const at::Tensor& hidden, const at::Tensor& cos,
                            const at::Tensor& sin, const at::Tensor& mask, bool training) const;
   LlamaConfig config_;

@@ -3,9 +3,12 @@
 // logits, loss and gradients); these tests need no Python. Activation checkpointing is checked
 // against the same model's plain forward.
 #include <c10/core/CPUAllocator.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <atomic>
 #include <fstream>
+#include <set>
+#include <string>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -455,9 +458,38 @@ TEST_CASE("activation checkpointing replays LoRA dropout and feeds adapters behi
 // same bits as autograd's (one micro-batch into zeros), no .grad on the weights, each sunk once per
 // backward (also under activation checkpointing, where the recompute asks again), and a second
 // backward adds to the first.
+// Names of the autograd nodes behind `t`.
+std::set<std::string> graph_nodes(const at::Tensor& t) {
+  std::set<std::string> names;
+  std::vector<torch::autograd::Node*> todo = {t.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  while (!todo.empty()) {
+    torch::autograd::Node* n = todo.back();
+    todo.pop_back();
+    if (!n || !seen.insert(n).second) continue;
+    names.insert(n->name());
+    for (const auto& e : n->next_edges()) todo.push_back(e.function.get());
+  }
+  return names;
+}
+
+bool has_node(const std::set<std::string>& names, const std::string& part) {
+  for (const auto& n : names)
+    if (n.find(part) != std::string::npos) return true;
+  return false;
+}
+
+// With grouped-query attention (the fixture's config) the attention block's linear layers sink
+// one by one and the MLP is one node; with as many key/value heads as query heads the attention
+// block is one node too (model/llama.cpp: SinkAttentionFn, SinkMlpFn).
 TEST_CASE("linear weights' gradients sunk into a strategy's buffers: autograd's bits, once each",
           "[unit]") {
-  LlamaModel m(tiny_config(2), at::kFloat);
+  const bool gqa = GENERATE(true, false);
+  INFO((gqa ? "grouped-query attention" : "as many key/value heads as query heads"));
+  LlamaConfig config = tiny_config(2);
+  if (!gqa) config.num_key_value_heads = config.num_attention_heads;
+  REQUIRE((config.num_key_value_heads != config.num_attention_heads) == gqa);
+  LlamaModel m(config, at::kFloat);
   m.init_random(3);
   auto params = m.parameters();
   require_grad(params);
@@ -471,6 +503,13 @@ TEST_CASE("linear weights' gradients sunk into a strategy's buffers: autograd's 
     m.set_unit_hooks(&sinks);
     for (int pass = 0; pass < 2; ++pass) {
       at::Tensor logits = m.forward(ids, {}, /*training=*/true, {});
+      if (mode == ActivationCheckpointing::kNone) {  // (else the layers' nodes come in backward)
+        const auto nodes = graph_nodes(logits);
+        CHECK(has_node(nodes, "SinkMlpFn"));
+        CHECK(has_node(nodes, "SinkAttentionFn") == !gqa);
+        CHECK(has_node(nodes, "SinkLinearFn") == gqa);
+        CHECK_FALSE(has_node(nodes, "SwiGluFn"));
+      }
       LossSum ls = causal_lm_loss_sum(logits, ids);
       (ls.sum / static_cast<double>(ls.tokens)).backward();
       if (pass == 1) break;
