@@ -32,8 +32,11 @@ inline Acc<T> round_to(Acc<T> v) {
   return static_cast<Acc<T>>(static_cast<T>(v));
 }
 
-// Elements per parallel chunk: below this a kernel runs on the calling thread.
-constexpr int64_t kGrain = 1 << 15;
+// Elements per parallel chunk: below this a kernel runs on the calling thread. 4096, not ATen's
+// 32768: a layer's [64 tokens, 256] RMSNorm and RoPE then use both threads of a 2-core machine
+// (1.5% of the overhead-bound model's step; docs/performance.md). Every kernel's bits are the
+// same for any split (tested at 1 and 2 threads).
+constexpr int64_t kGrain = 1 << 12;
 
 // e^x in fp32 from IEEE + - * / and exact operations only (min, max, conversions, shifts), no libm
 // call and no branch, so GCC vectorizes the loops it is in and every lane rounds as the scalar
