@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <tuple>
 #include <vector>
 
@@ -79,6 +80,19 @@ void sink_product(torch::autograd::AutogradContext* ctx, int slot, const at::Ten
   sink.done();
 }
 
+c10::optional<at::Tensor> optional(const at::Tensor& t) {
+  return t.defined() ? c10::optional<at::Tensor>(t) : c10::nullopt;
+}
+
+// A boolean attention mask as at::scaled_dot_product_attention passes it on: 0 where attended,
+// -inf elsewhere, in the queries' dtype (undefined: none).
+at::Tensor attention_bias(const at::Tensor& mask, at::ScalarType dtype) {
+  if (!mask.defined()) return {};
+  return at::where(mask, at::scalar_tensor(0.0, at::TensorOptions().dtype(dtype)),
+                   at::scalar_tensor(-std::numeric_limits<double>::infinity(),
+                                     at::TensorOptions().dtype(dtype)));
+}
+
 // Nodes of several ops for a layer whose linear weights all sink their gradients (replicated fp32
 // groups on the CPU, no bias, no LoRA): the products and fused kernels of the separate nodes, in
 // the same order and on the same operands, so the same bits (model_test compares them with the
@@ -124,27 +138,30 @@ struct SinkMlpFn : public torch::autograd::Function<SinkMlpFn> {
   }
 };
 
-// o(attention(rope(q(x)), rope(k(x)), v(x))), causal, no mask, as many key/value heads as query
-// heads: LibTorch's flash attention for the CPU as at::scaled_dot_product_attention picks it.
+// o(attention(rope(q(x)), rope(k(x)), v(x))): LibTorch's flash attention for the CPU, as
+// at::scaled_dot_product_attention picks it for these inputs (grouped-query heads included);
+// causal, or under a packed batch's boolean mask turned into 0 / -inf as that function turns it.
 // Backward: o, attention, then v, k, q; x's gradient (v's + k's) + q's.
 struct SinkAttentionFn : public torch::autograd::Function<SinkAttentionFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const at::Tensor& wq, const at::Tensor& wk, const at::Tensor& wv,
                             const at::Tensor& wo, const at::Tensor& cos, const at::Tensor& sin,
-                            int64_t head_dim, double scale, UnitHooks* hooks,
-                            const std::array<UnitHooks::GradSink, 4>* sinks) {
+                            const at::Tensor* mask, int64_t head_dim, double scale,
+                            UnitHooks* hooks, const std::array<UnitHooks::GradSink, 4>* sinks) {
     const int64_t B = x.size(0), T = x.size(1);
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
     auto heads = [&](const at::Tensor& w) { return product(x2, w.t()).view({B, T, -1, head_dim}); };
     const at::Tensor q = rope_apply(heads(wq), cos, sin, /*backward=*/false);
     const at::Tensor k = rope_apply(heads(wk), cos, sin, /*backward=*/false);
     const at::Tensor v = heads(wv);
-    const bool causal = T > 1;
+    const bool causal = !mask->defined() && T > 1;
+    const at::Tensor bias = attention_bias(*mask, x.scalar_type());
     auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), /*dropout_p=*/0.0, causal,
-        /*attn_mask=*/c10::nullopt, scale);
+        optional(bias), scale);
     const at::Tensor a2 = out.transpose(1, 2).reshape({B * T, -1});
     ctx->save_for_backward({x2, q, k, v, out, lse, a2, wq, wk, wv, wo, cos, sin});
+    if (bias.defined()) ctx->saved_data["bias"] = bias;
     for (int i = 0; i < 4; ++i) save_grad_sink(ctx, hooks, (*sinks)[static_cast<size_t>(i)], i);
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
@@ -157,6 +174,8 @@ struct SinkAttentionFn : public torch::autograd::Function<SinkAttentionFn> {
     const at::Tensor &x2 = s[0], &q = s[1], &k = s[2], &v = s[3], &out = s[4], &lse = s[5],
                      &a2 = s[6];
     const at::Tensor &wq = s[7], &wk = s[8], &wv = s[9], &wo = s[10], &cos = s[11], &sin = s[12];
+    const auto b = ctx->saved_data.find("bias");
+    const at::Tensor bias = b == ctx->saved_data.end() ? at::Tensor() : b->second.toTensor();
     const bool causal = ctx->saved_data["causal"].toBool();
     const double scale = ctx->saved_data["scale"].toDouble();
     const at::Tensor g2 = grad_out[0].reshape({-1, grad_out[0].size(-1)});
@@ -164,7 +183,7 @@ struct SinkAttentionFn : public torch::autograd::Function<SinkAttentionFn> {
     sink_product(ctx, 3, g2, a2);
     auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
         ga.view(q.sizes()).transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        out, lse, /*dropout_p=*/0.0, causal, /*attn_mask=*/c10::nullopt, scale);
+        out, lse, /*dropout_p=*/0.0, causal, optional(bias), scale);
     const int64_t rows = x2.size(0);
     const at::Tensor gv2 = gv.transpose(1, 2).reshape({rows, -1});
     at::Tensor gx = product(gv2, wv);
@@ -177,7 +196,7 @@ struct SinkAttentionFn : public torch::autograd::Function<SinkAttentionFn> {
         rope_apply(gq.transpose(1, 2), cos, sin, /*backward=*/true).view({rows, -1});
     gx.add_(product(gq2, wq));
     sink_product(ctx, 0, gq2, x2);
-    torch::autograd::variable_list grads(11);
+    torch::autograd::variable_list grads(12);
     grads[0] = gx.view(grad_out[0].sizes());
     return grads;
   }
@@ -439,11 +458,10 @@ at::Tensor LlamaModel::layer_forward(const LlamaLayer& L, const at::Tensor& hidd
                           x.scalar_type() == at::kFloat && x.dim() == 3 && x.requires_grad();
   std::array<UnitHooks::GradSink, 4> attention_sinks;
   at::Tensor o;
-  if (node_input && fused_.rope && !mask.defined() &&
-      c.num_key_value_heads == c.num_attention_heads &&
+  if (node_input && fused_.rope &&
       all_sunk({&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj}, attention_sinks.data())) {
     o = SinkAttentionFn::apply(x, L.q_proj.weight.detach(), L.k_proj.weight.detach(),
-                               L.v_proj.weight.detach(), L.o_proj.weight.detach(), cos, sin,
+                               L.v_proj.weight.detach(), L.o_proj.weight.detach(), cos, sin, &mask,
                                c.head_dim, scale, hooks_, &attention_sinks);
   } else {
     // [B, T, heads, head_dim]: the rotary embedding before the heads move to dimension 1.

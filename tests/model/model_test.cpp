@@ -479,13 +479,15 @@ bool has_node(const std::set<std::string>& names, const std::string& part) {
   return false;
 }
 
-// With grouped-query attention (the fixture's config) the attention block's linear layers sink
-// one by one and the MLP is one node; with as many key/value heads as query heads the attention
-// block is one node too (model/llama.cpp: SinkAttentionFn, SinkMlpFn).
+// Every layer's attention block and MLP each run as one node (model/llama.cpp: SinkAttentionFn,
+// SinkMlpFn), with grouped-query attention (the fixture's config) or as many key/value heads as
+// query heads, causal or under a packed batch's mask.
 TEST_CASE("linear weights' gradients sunk into a strategy's buffers: autograd's bits, once each",
           "[unit]") {
   const bool gqa = GENERATE(true, false);
-  INFO((gqa ? "grouped-query attention" : "as many key/value heads as query heads"));
+  const bool packed = GENERATE(false, true);
+  INFO((gqa ? "grouped-query attention" : "as many key/value heads as query heads")
+       << (packed ? ", packed" : ", causal"));
   LlamaConfig config = tiny_config(2);
   if (!gqa) config.num_key_value_heads = config.num_attention_heads;
   REQUIRE((config.num_key_value_heads != config.num_attention_heads) == gqa);
@@ -495,20 +497,27 @@ TEST_CASE("linear weights' gradients sunk into a strategy's buffers: autograd's 
   require_grad(params);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
   const at::Tensor ids = at::randint(0, 96, {2, 16}, gen, at::kLong);
-  const Pass ref = train_pass(m, params, ids, {});
+  // Packed: row 0 holds records of 5 and 11 tokens, row 1 one of 16.
+  at::Tensor segments;
+  if (packed) {
+    segments = at::zeros({2, 16}, at::kLong);
+    segments.index_put_({0, at::indexing::Slice(0, 5)}, 1);
+  }
+  const Pass ref = train_pass(m, params, ids, segments);
   for (const auto mode : {ActivationCheckpointing::kNone, ActivationCheckpointing::kFull}) {
     INFO((mode == ActivationCheckpointing::kNone ? "plain" : "activation checkpointing"));
     m.set_activation_checkpointing(mode);
     SinkAll sinks(m);
     m.set_unit_hooks(&sinks);
     for (int pass = 0; pass < 2; ++pass) {
-      at::Tensor logits = m.forward(ids, {}, /*training=*/true, {});
+      at::Tensor logits = m.forward(ids, {}, /*training=*/true, segments);
       if (mode == ActivationCheckpointing::kNone) {  // (else the layers' nodes come in backward)
         const auto nodes = graph_nodes(logits);
         CHECK(has_node(nodes, "SinkMlpFn"));
-        CHECK(has_node(nodes, "SinkAttentionFn") == !gqa);
-        CHECK(has_node(nodes, "SinkLinearFn") == gqa);
+        CHECK(has_node(nodes, "SinkAttentionFn"));
+        CHECK_FALSE(has_node(nodes, "SinkLinearFn"));
         CHECK_FALSE(has_node(nodes, "SwiGluFn"));
+        CHECK_FALSE(has_node(nodes, "RopeFn"));
       }
       LossSum ls = causal_lm_loss_sum(logits, ids);
       (ls.sum / static_cast<double>(ls.tokens)).backward();
