@@ -85,9 +85,9 @@ c10::optional<at::Tensor> optional(const at::Tensor& t) {
 }
 
 // A boolean attention mask as at::scaled_dot_product_attention passes it on: 0 where attended,
-// -inf elsewhere, in the queries' dtype (undefined: none).
+// -inf elsewhere, in the queries' dtype (undefined: none; a mask that is not boolean: itself).
 at::Tensor attention_bias(const at::Tensor& mask, at::ScalarType dtype) {
-  if (!mask.defined()) return {};
+  if (!mask.defined() || mask.scalar_type() != at::kBool) return mask;
   return at::where(mask, at::scalar_tensor(0.0, at::TensorOptions().dtype(dtype)),
                    at::scalar_tensor(-std::numeric_limits<double>::infinity(),
                                      at::TensorOptions().dtype(dtype)));
@@ -526,6 +526,11 @@ at::Tensor LlamaModel::hidden_states(const at::Tensor& input_ids, const at::Tens
     at::Tensor same = segment_ids.unsqueeze(2).eq(segment_ids.unsqueeze(1));
     at::Tensor causal = at::ones({T, T}, input_ids.options().dtype(at::kBool)).tril();
     mask = (same & causal).unsqueeze(1);
+    // On the CPU, once for every layer, the 0 / -inf mask that at::scaled_dot_product_attention
+    // would make of the boolean one in each layer, and that each layer's flash attention would
+    // keep for its backward ([B, 1, T, T] in the compute dtype: 64 MiB per layer for 4096 tokens
+    // in fp32). The same bits.
+    if (mask.is_cpu()) mask = attention_bias(mask, dtype);
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LlamaLayer& L = layers_[i];

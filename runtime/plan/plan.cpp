@@ -153,11 +153,13 @@ Acts activations(const model::LlamaConfig& mc, const config::Settings& s, int64_
   }
   // The embedding's output, the final norm (fp32 copy, normalised value, the head's input), RoPE's
   // cos and sin, and a packed batch's [B, 1, T, T] bool mask with the [B, T, T] comparison it is
-  // built from.
+  // built from; on the CPU also the mask's 0 / -inf form in the compute dtype, made once and kept
+  // by every layer's attention (model/llama.cpp).
   // Fused, the final norm keeps its input and a scale per token instead of the fp32 copy.
   const bool fused_norm = !gpu && s.train.fused_rms_norm && s.precision.mode != "fp64";
   const int64_t final_norm = fused_norm ? c * N * h + 4 * N + c * N * h : 4 * N * h + 2 * c * N * h;
-  a.outside = c * N * h + final_norm + 2 * c * N * mc.head_dim + (s.data.pack ? 2 * B * T * T : 0);
+  a.outside = c * N * h + final_norm + 2 * c * N * mc.head_dim +
+              (s.data.pack ? (gpu ? 2 : 2 + c) * B * T * T : 0);
   // Unfused: the logits (compute dtype), log-softmax's fp32 output, and in backward the loss'
   // gradient and log-softmax's gradient (fp32 both). Fused (model/fused_loss.h): one chunk's
   // logits in the accumulation dtype (fp32, fp64 for fp64), turned in place into softmax minus
@@ -439,8 +441,7 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
                                    "half of frozen {} + their local gradients {}: freed blocks "
                                    "glibc keeps, Gloo's flat copies",
                                    human_bytes(kMmapThresholdMax), human_bytes(retained_trained),
-                                   human_bytes(st.retained_frozen),
-                                   human_bytes(st.retained_reduce))
+                                   human_bytes(st.retained_frozen), human_bytes(st.retained_reduce))
                      : std::string("none: nothing is gathered")});
   const Acts acts = activations(mc, s, c, gpu);
   d.push_back(

@@ -595,6 +595,36 @@ TEST_CASE("activation checkpointing keeps less between forward and backward", "[
   CHECK(full < none / 2);
 }
 
+// The packed batch's mask is made into its 0 / -inf form once per forward on the CPU, and every
+// layer's attention keeps that one tensor (at::scaled_dot_product_attention would make, and its
+// flash attention keep, one per layer).
+TEST_CASE("a packed batch's attention mask is held once, not once per layer", "[unit]") {
+  constexpr int64_t kLayers = 6, B = 2, T = 256;
+  LlamaModel m(tiny_config(kLayers), at::kFloat);
+  m.init_random(3);
+  auto params = m.parameters();
+  require_grad(params);
+  const at::Tensor ids =
+      at::randint(0, 96, {B, T}, at::make_generator<at::CPUGeneratorImpl>(1), at::kLong);
+  const at::Tensor segments =
+      at::arange(T, at::kLong).div(100, "floor").unsqueeze(0).repeat({B, 1});
+  auto held = [&](const at::Tensor& seg) {
+    LiveBytes live;
+    const int64_t before = live.now();
+    LossSum ls = causal_lm_loss_sum(m.forward(ids, {}, true, seg), ids);
+    const int64_t after = live.now() - before;
+    ls.sum.backward();
+    for (auto& p : params) p.tensor->mutable_grad() = at::Tensor();
+    return after;
+  };
+  const int64_t causal = held({}), packed = held(segments);
+  const int64_t mask_bytes = B * T * T * 4;  // [B, 1, T, T] fp32
+  INFO("held after forward: causal " << causal << " B, packed " << packed << " B, one mask "
+                                     << mask_bytes << " B");
+  CHECK(packed >= causal + mask_bytes);
+  CHECK(packed < causal + 2 * mask_bytes);
+}
+
 TEST_CASE("activation checkpointing settings are checked", "[unit]") {
   CHECK(parse_activation_checkpointing("none") == ActivationCheckpointing::kNone);
   CHECK(parse_activation_checkpointing("full") == ActivationCheckpointing::kFull);
