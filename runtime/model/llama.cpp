@@ -72,6 +72,11 @@ struct SinkLinearFn : public torch::autograd::Function<SinkLinearFn> {
   }
 };
 
+// The saved_data key of a sink's `what` in slot `slot`.
+std::string sink_key(const char* what, int slot) {
+  return slot == 0 ? std::string(what) : std::string(what) + std::to_string(slot);
+}
+
 // The weight gradient of slot `slot`'s sink, grad^T x, added into it and reported.
 void sink_product(torch::autograd::AutogradContext* ctx, int slot, const at::Tensor& grad,
                   const at::Tensor& x) {
@@ -95,9 +100,9 @@ at::Tensor attention_bias(const at::Tensor& mask, at::ScalarType dtype) {
 
 // Nodes of several ops for a layer whose linear weights all sink their gradients (replicated fp32
 // groups on the CPU, no bias, no LoRA): the products and fused kernels of the separate nodes, in
-// the same order and on the same operands, so the same bits (model_test compares them with the
-// separate nodes, and every strategy's bit test with the sharded strategies, which do not sink),
-// without a dozen nodes' bookkeeping per layer, their views, and the weights' AccumulateGrad nodes
+// the same order and on the same operands, so the same bits (model_test compares every gradient
+// with the separate nodes' bit for bit), without a dozen nodes' bookkeeping per layer, their
+// views, and the weights' AccumulateGrad nodes
 // (the weights come in detached; their gradients go to the sinks). The input's gradient is summed
 // in the order autograd's engine sums it (it runs the node created last first).
 
@@ -206,11 +211,6 @@ struct SinkAttentionFn : public torch::autograd::Function<SinkAttentionFn> {
 
 // A pointer and an id in the context's saved_data (IValues): the hooks as an integer. Slot n > 0
 // keeps a node's n-th sink under keys of its own.
-namespace {
-std::string sink_key(const char* what, int slot) {
-  return slot == 0 ? std::string(what) : std::string(what) + std::to_string(slot);
-}
-}  // namespace
 
 void save_grad_sink(torch::autograd::AutogradContext* ctx, UnitHooks* hooks,
                     const UnitHooks::GradSink& sink, int slot) {
@@ -520,7 +520,8 @@ at::Tensor LlamaModel::hidden_states(const at::Tensor& input_ids, const at::Tens
   const auto dtype = h.scalar_type();
   at::Tensor cos = rope_cos_sin(position_ids, dtype, false).contiguous();  // [B, T, hd]
   at::Tensor sin = rope_cos_sin(position_ids, dtype, true).contiguous();
-  // Packed sequences: causal within each segment, nothing across segments. [B, 1, T, T] bool.
+  // Packed sequences: causal within each segment, nothing across segments. [B, 1, T, T], bool
+  // (on the CPU 0 / -inf in the compute dtype, below).
   at::Tensor mask;
   if (segment_ids.defined()) {
     at::Tensor same = segment_ids.unsqueeze(2).eq(segment_ids.unsqueeze(1));
