@@ -72,9 +72,19 @@ struct SinkLinearFn : public torch::autograd::Function<SinkLinearFn> {
   }
 };
 
-// The saved_data key of a sink's `what` in slot `slot`.
-std::string sink_key(const char* what, int slot) {
-  return slot == 0 ? std::string(what) : std::string(what) + std::to_string(slot);
+// The saved_data keys of a sink in slot `slot` (0-3): into, hooks, id. Built once, not per call.
+enum SinkField { kSinkInto = 0, kSinkHooks = 1, kSinkId = 2 };
+const std::string& sink_key(SinkField field, int slot) {
+  static const auto* keys = [] {
+    auto* k = new std::array<std::array<std::string, 4>, 3>;
+    const char* names[3] = {"sink_into", "sink_hooks", "sink_id"};
+    for (int f = 0; f < 3; ++f)
+      for (int s = 0; s < 4; ++s)
+        (*k)[f][s] = s == 0 ? std::string(names[f]) : names[f] + std::to_string(s);
+    return k;
+  }();
+  FT_ASSERT(slot >= 0 && slot < 4, "gradient sink slot ", slot, " out of 0-3");
+  return (*keys)[field][slot];
 }
 
 // The weight gradient of slot `slot`'s sink, grad^T x, added into it and reported.
@@ -90,9 +100,8 @@ c10::optional<at::Tensor> optional(const at::Tensor& t) {
 }
 
 // A boolean attention mask as at::scaled_dot_product_attention passes it on: 0 where attended,
-// -inf elsewhere, in the queries' dtype (undefined: none; a mask that is not boolean: itself).
+// -inf elsewhere, in the queries' dtype.
 at::Tensor attention_bias(const at::Tensor& mask, at::ScalarType dtype) {
-  if (!mask.defined() || mask.scalar_type() != at::kBool) return mask;
   return at::where(mask, at::scalar_tensor(0.0, at::TensorOptions().dtype(dtype)),
                    at::scalar_tensor(-std::numeric_limits<double>::infinity(),
                                      at::TensorOptions().dtype(dtype)));
@@ -145,13 +154,13 @@ struct SinkMlpFn : public torch::autograd::Function<SinkMlpFn> {
 
 // o(attention(rope(q(x)), rope(k(x)), v(x))): LibTorch's flash attention for the CPU, as
 // at::scaled_dot_product_attention picks it for these inputs (grouped-query heads included);
-// causal, or under a packed batch's boolean mask turned into 0 / -inf as that function turns it.
+// causal, or under a packed batch's mask in the 0 / -inf form hidden_states makes of it on the CPU.
 // Backward: o, attention, then v, k, q; x's gradient (v's + k's) + q's.
 struct SinkAttentionFn : public torch::autograd::Function<SinkAttentionFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const at::Tensor& wq, const at::Tensor& wk, const at::Tensor& wv,
                             const at::Tensor& wo, const at::Tensor& cos, const at::Tensor& sin,
-                            const at::Tensor* mask, int64_t head_dim, double scale,
+                            const at::Tensor* bias, int64_t head_dim, double scale,
                             UnitHooks* hooks, const std::array<UnitHooks::GradSink, 4>* sinks) {
     const int64_t B = x.size(0), T = x.size(1);
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
@@ -159,14 +168,13 @@ struct SinkAttentionFn : public torch::autograd::Function<SinkAttentionFn> {
     const at::Tensor q = rope_apply(heads(wq), cos, sin, /*backward=*/false);
     const at::Tensor k = rope_apply(heads(wk), cos, sin, /*backward=*/false);
     const at::Tensor v = heads(wv);
-    const bool causal = !mask->defined() && T > 1;
-    const at::Tensor bias = attention_bias(*mask, x.scalar_type());
+    const bool causal = !bias->defined() && T > 1;
     auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), /*dropout_p=*/0.0, causal,
-        optional(bias), scale);
+        optional(*bias), scale);
     const at::Tensor a2 = out.transpose(1, 2).reshape({B * T, -1});
     ctx->save_for_backward({x2, q, k, v, out, lse, a2, wq, wk, wv, wo, cos, sin});
-    if (bias.defined()) ctx->saved_data["bias"] = bias;
+    if (bias->defined()) ctx->saved_data["bias"] = *bias;
     for (int i = 0; i < 4; ++i) save_grad_sink(ctx, hooks, (*sinks)[static_cast<size_t>(i)], i);
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
@@ -215,19 +223,19 @@ struct SinkAttentionFn : public torch::autograd::Function<SinkAttentionFn> {
 void save_grad_sink(torch::autograd::AutogradContext* ctx, UnitHooks* hooks,
                     const UnitHooks::GradSink& sink, int slot) {
   if (!sink.into.defined()) return;
-  ctx->saved_data[sink_key("sink_into", slot)] = sink.into;
-  ctx->saved_data[sink_key("sink_hooks", slot)] =
+  ctx->saved_data[sink_key(kSinkInto, slot)] = sink.into;
+  ctx->saved_data[sink_key(kSinkHooks, slot)] =
       static_cast<int64_t>(reinterpret_cast<intptr_t>(hooks));
-  ctx->saved_data[sink_key("sink_id", slot)] = sink.id;
+  ctx->saved_data[sink_key(kSinkId, slot)] = sink.id;
 }
 
 SavedGradSink saved_grad_sink(torch::autograd::AutogradContext* ctx, int slot) {
-  const auto it = ctx->saved_data.find(sink_key("sink_into", slot));
+  const auto it = ctx->saved_data.find(sink_key(kSinkInto, slot));
   if (it == ctx->saved_data.end()) return {};
   return {it->second.toTensor(),
           reinterpret_cast<UnitHooks*>(
-              static_cast<intptr_t>(ctx->saved_data[sink_key("sink_hooks", slot)].toInt())),
-          ctx->saved_data[sink_key("sink_id", slot)].toInt()};
+              static_cast<intptr_t>(ctx->saved_data[sink_key(kSinkHooks, slot)].toInt())),
+          ctx->saved_data[sink_key(kSinkId, slot)].toInt()};
 }
 
 at::Tensor Linear::forward(const at::Tensor& x, bool training, UnitHooks* hooks) const {
@@ -458,7 +466,8 @@ at::Tensor LlamaModel::layer_forward(const LlamaLayer& L, const at::Tensor& hidd
                           x.scalar_type() == at::kFloat && x.dim() == 3 && x.requires_grad();
   std::array<UnitHooks::GradSink, 4> attention_sinks;
   at::Tensor o;
-  if (node_input && fused_.rope &&
+  // (The mask is in its 0 / -inf form here: the node is CPU-only, and hidden_states made it so.)
+  if (node_input && fused_.rope && (!mask.defined() || mask.scalar_type() != at::kBool) &&
       all_sunk({&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj}, attention_sinks.data())) {
     o = SinkAttentionFn::apply(x, L.q_proj.weight.detach(), L.k_proj.weight.detach(),
                                L.v_proj.weight.detach(), L.o_proj.weight.detach(), cos, sin, &mask,
