@@ -30,7 +30,9 @@ double peak_rss_mib() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ft::core::configure_host_malloc();  // as `ft train` does
+  // As `ft train` does (core::configure_host_malloc), the step pool after the flags.
+  ft::core::limit_malloc_arenas();
+  ft::core::keep_freed_heap();
   CLI::App app{"ft training-step benchmark"};
   int64_t hidden = 256, layers = 2, heads = 4, kv_heads = 0, inter = 688, vocab = 32000, batch = 8,
           seq = 128, steps = 20, warmup = 3, threads = 0;
@@ -52,7 +54,11 @@ int main(int argc, char** argv) {
   bool fused_kernels = true;
   app.add_option("--fused-kernels", fused_kernels,
                  "train.fused_rms_norm, fused_swiglu and fused_rope together");
+  bool step_pool = true;
+  app.add_option("--step-pool", step_pool,
+                 "LibTorch's CPU allocator is ft's step pool (core/host_alloc.h); 0: glibc's");
   CLI11_PARSE(app, argc, argv);
+  if (step_pool) ft::core::install_step_pool();
   if (threads > 0) at::set_num_threads(static_cast<int>(threads));
 
   model::LlamaConfig c;
@@ -80,6 +86,7 @@ int main(int argc, char** argv) {
   for (int64_t i = 0; i < warmup + steps; ++i) {
     at::Tensor ids = at::randint(vocab, {batch, seq}, gen, at::kLong);
     data::Batch b{ids, ids, at::Tensor(), at::Tensor()};
+    const ft::core::StepPoolScope keep_blocks;  // as TrainingRun::step
     auto t0 = std::chrono::steady_clock::now();
     auto st = tr.compute_gradients({b});
     auto t1 = std::chrono::steady_clock::now();

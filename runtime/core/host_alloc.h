@@ -35,7 +35,39 @@ const char* limit_malloc_arenas();
 // set them.
 bool keep_freed_heap();
 
-// Both of the above: first thing in `ft train`, `ft eval` and the step benchmark.
+// LibTorch's CPU allocator in a worker: the step pool. Blocks of kStepPoolMinBytes and more are
+// mapped one by one (page-rounded). One allocated while the pool is keeping (inside a training
+// step: set_step_pool_keeping) stays mapped when freed, whenever and by whichever thread, for the
+// next request of the same size; one allocated outside a step (loading, a checkpoint's snapshot,
+// an evaluation) is unmapped when freed. Smaller requests go to glibc as before.
+//
+// Why. With glibc's heap (above), a sharded CPU job's per-step blocks of 1-32 MiB (activations,
+// gathered units, Gloo's flat copies) were carved from one heap in an order the threads' timing
+// decided; the holes left grew the heap by 100-165 MiB a rank, differently each run, and still
+// growing at step 8 (docs/performance.md). Blocks kept by size are found again whatever the order:
+// a rank's resident set is its blocks' high-water mark per size, the same every run, and no page
+// is faulted in twice. release_step_pool() unmaps the idle blocks (before an evaluation, a
+// checkpoint's snapshot, the final save).
+constexpr size_t kStepPoolMinBytes = size_t{1} << 20;
+void install_step_pool();
+void set_step_pool_keeping(bool on);
+void release_step_pool();
+struct StepPoolStats {
+  size_t live_bytes = 0, idle_bytes = 0;  // the pool's blocks in use / kept
+  size_t peak_bytes = 0;                  // of live + idle, since reset_step_pool_peak()
+  size_t mapped = 0, reused = 0;          // requests served by a new mapping / a kept block
+};
+StepPoolStats step_pool_stats();
+void reset_step_pool_peak();  // peak_bytes from now on
+// Keeping for its lifetime: around a training step (TrainingRun::step, the step benchmark).
+struct StepPoolScope {
+  StepPoolScope() { set_step_pool_keeping(true); }
+  ~StepPoolScope() { set_step_pool_keeping(false); }
+  StepPoolScope(const StepPoolScope&) = delete;
+  StepPoolScope& operator=(const StepPoolScope&) = delete;
+};
+
+// All of the above: first thing in `ft train`, `ft eval` and the step benchmark.
 void configure_host_malloc();
 
 // Keeps the host blocks of a few large per-step tensors between uses. Blocks above glibc's mmap

@@ -37,10 +37,14 @@ constexpr double kDefaultDiskBps = 1e9;
 constexpr double kDefaultInitPerS = 2e8;
 constexpr double kAllocBytesPerS = 5e9;  // zeroing fresh memory
 // A CPU rank once its first step has run, beyond what it held before allocating: the LibTorch
-// kernels' code and the thread pools' and allocator arenas' memory (bench/plan_accuracy.py).
-constexpr int64_t kCpuRuntimeBytes = 140 * kMiB;
-// glibc returns a freed block to the system only above its mmap threshold (at most 32 MiB).
-constexpr int64_t kMmapThresholdMax = 32 * kMiB;
+// kernels' code, the thread pools and glibc's heap of small blocks (bench/plan_accuracy.py, with
+// the step pool of core/host_alloc.h).
+constexpr int64_t kCpuRuntimeBytes = 31 * kMiB;
+// A sharded CPU job's step-pool blocks beyond its live peak, in percent of the gathered units and
+// their local gradients (see allocator_retention below), and of the local gradients again when
+// they are reduced in another dtype than the compute dtype (bench/plan_accuracy.py).
+constexpr int64_t kRetainedPercent = 80;
+constexpr int64_t kCastPercent = 75;
 
 std::string n3(int64_t v) {  // 1,234,567
   std::string s = std::to_string(v < 0 ? -v : v), out;
@@ -199,7 +203,7 @@ struct State {
   int64_t root_bytes = 0, layer_bytes = 0;  // gathered sizes (compute dtype)
   int64_t layer_reduce_bytes = 0, root_reduce_bytes = 0;
   int64_t sharded_bytes = 0;    // all sharded units, gathered (compute dtype)
-  int64_t retained_bytes = 0;   // of those, units below glibc's mmap threshold
+  int64_t retained_bytes = 0;   // the same sum (the retention term's)
   int64_t retained_frozen = 0;  // of those, frozen groups' bytes
   int64_t retained_reduce = 0;  // those units' local gradients before their reduce-scatter
   int64_t trained_sharded = 0;  // padded elements of trained sharded groups
@@ -287,11 +291,9 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
       if (g.trained) trained_padded += g.layout.padded;
     if (u.sharded) {
       st.sharded_bytes += unit_bytes;
-      if (unit_bytes < kMmapThresholdMax) {
-        st.retained_bytes += unit_bytes;
-        st.retained_frozen += unit_bytes - trained_padded * c;
-        if (trained_padded * r < kMmapThresholdMax) st.retained_reduce += trained_padded * r;
-      }
+      st.retained_bytes += unit_bytes;
+      st.retained_frozen += unit_bytes - trained_padded * c;
+      st.retained_reduce += trained_padded * r;
       if (u.model_unit == 0) {
         st.root_bytes = unit_bytes;
         st.root_reduce_bytes = trained_padded * r;
@@ -425,23 +427,31 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
         W > 1 ? "none: gradients are all-reduced in place in their fp32 buckets" : "none: one rank";
   }
   d.push_back({"comm_buckets", "communication buckets", buckets, buckets_from});
-  // On CPU, a sharded job's gathered units and their local gradients are freed and allocated
-  // again every step: glibc keeps the freed blocks below its mmap threshold in its heap (one
-  // arena: core/host_alloc.h), and Gloo's collectives stage flat copies of their buffers. Blocks
-  // of frozen units come back in the same sizes in the same order and are mostly reused (half
-  // counted); trained units' blocks interleave with their gradients' and are counted whole, as
-  // are those gradients (calibrated on the 88 runs of bench/plan_accuracy.py).
+  // On CPU, a sharded job's gathered units and their local gradients are allocated and freed
+  // every step, and Gloo stages a copy of each collective's buffer of the same size (the
+  // all-gather's flat output, the reduce-scatter's input clone). The step pool (core/host_alloc.h)
+  // keeps every freed block for the next request of its size: it holds, per size, the most that
+  // were ever live at once, which is more than the step's live peak by the copies in flight beside
+  // it. Blocks of frozen units come back in the same order and are half counted; trained units'
+  // blocks and their gradients' are counted whole (calibrated on bench/plan_accuracy.py).
   const int64_t retained_trained = st.retained_bytes - st.retained_frozen;
-  const int64_t retained =
-      !gpu && st.sharded ? retained_trained + st.retained_frozen / 2 + st.retained_reduce : 0;
+  const int64_t retained_kept =
+      (retained_trained + st.retained_frozen / 2 + st.retained_reduce) * kRetainedPercent / 100;
+  const int64_t retained_cast = r != c ? st.retained_reduce * kCastPercent / 100 : 0;
+  const int64_t retained = !gpu && st.sharded ? retained_kept + retained_cast : 0;
   if (!gpu)
     d.push_back({"allocator_retention", "host allocator retention", retained,
                  st.sharded
-                     ? fmt::format("gathered units under glibc's {} mmap threshold: trained {} + "
-                                   "half of frozen {} + their local gradients {}: freed blocks "
-                                   "glibc keeps, Gloo's flat copies",
-                                   human_bytes(kMmapThresholdMax), human_bytes(retained_trained),
-                                   human_bytes(st.retained_frozen), human_bytes(st.retained_reduce))
+                     ? fmt::format("step pool blocks beyond the live peak (Gloo's staging copies, "
+                                   "kept by size): {}% of trained units {} + half of frozen {} + "
+                                   "their local gradients {}{}",
+                                   kRetainedPercent, human_bytes(retained_trained),
+                                   human_bytes(st.retained_frozen), human_bytes(st.retained_reduce),
+                                   retained_cast > 0
+                                       ? fmt::format(", and {}% of the gradients again for their "
+                                                     "{} copies",
+                                                     kCastPercent, c10::toString(eo.reduce_dtype))
+                                       : std::string())
                      : std::string("none: nothing is gathered")});
   const Acts acts = activations(mc, s, c, gpu);
   d.push_back(
@@ -451,8 +461,9 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
                acts.checkpointed > 0 ? "one checkpointed layer recomputed with its gradients"
                                      : "the gradients of one layer's intermediate values"});
   const int64_t state_dev = d[0].bytes + d[1].bytes + d[2].bytes + d[3].bytes;
-  const int64_t step_transient = gathered + buckets + retained + acts.kept + acts.outside +
-                                 std::max(acts.logits, acts.backward);
+  const int64_t step_transient =
+      gathered + buckets + retained + acts.kept + acts.outside +
+      (gpu ? std::max(acts.logits, acts.backward) : acts.logits + acts.backward);
   // Rank 0 gathers each whole trained tensor for the final model, one at a time (fp32 master),
   // on its device; LoRA keeps every adapter (in host memory) until they are written.
   const int64_t final_dev = st.largest_tensor * m;
@@ -473,7 +484,7 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
     overhead = (in.budget.process_bytes > 0 ? in.budget.process_bytes : kDefaultProcessBytes) +
                kCpuRuntimeBytes;
     overhead_from = fmt::format(
-        "{} + {} of LibTorch kernels, thread pools and arenas once a step has run",
+        "{} + {} of LibTorch kernels, thread pools and small blocks once a step has run",
         in.budget.process_bytes > 0 ? in.budget.process_from
                                     : "ft's resident memory before it allocates (assumed)",
         human_bytes(kCpuRuntimeBytes));

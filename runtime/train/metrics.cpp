@@ -117,6 +117,8 @@ void MetricsLog::write(const StepRecord& r) {
         {"host_optimizer_bytes", r.memory.host_optimizer_bytes},
         {"gathered_peak_bytes", r.memory.engine.gathered_peak_bytes},
         {"largest_unit_bytes", r.memory.engine.largest_unit_bytes},
+        {"host_pool_bytes", r.memory.host_pool_bytes},
+        {"host_pool_peak_bytes", r.memory.host_pool_peak_bytes},
         {"peak_rss_bytes", r.peak_rss_bytes}}},
       {"comm",
        {{"all_gathers", r.memory.engine.all_gathers},

@@ -408,6 +408,7 @@ void TrainingRun::load_weights() {
   engine_->load(with_progress(run_param_source(*base_, ck_.get(), specs), specs.size()));
   load_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   load_.peak_rss_bytes = peak_rss_bytes();
+  core::reset_step_pool_peak();
   load_.param_bytes = engine_->take_accounting().param_bytes;
   load_.bytes_read = base_->bytes_read();
   // fp32 masters exactly as saved (the compute copies above are their rounding).
@@ -577,6 +578,7 @@ void TrainingRun::measure_peak() {
 // One optimizer step: grad_accum micro-batches forward and backward, the update, and what it
 // cost, part by part (the checkpointer's turn after the update is timed by train()).
 StepRecord TrainingRun::step(ckpt::Checkpointer& checkpointer) {
+  const core::StepPoolScope keep_blocks;  // the step's blocks stay for the next step's
   StepRecord r;
   const auto t0 = Clock::now();
   const double comm0 = engine_->comm_wait_s();
@@ -614,6 +616,9 @@ StepRecord TrainingRun::step(ckpt::Checkpointer& checkpointer) {
     r.memory.gpu_peak_allocated_bytes = m.peak_allocated_bytes;
   }
   r.peak_rss_bytes = peak_rss_bytes();
+  const core::StepPoolStats pool = core::step_pool_stats();
+  r.memory.host_pool_bytes = static_cast<int64_t>(pool.live_bytes + pool.idle_bytes);
+  r.memory.host_pool_peak_bytes = static_cast<int64_t>(pool.peak_bytes);
   r.samples_consumed = source_->samples_consumed();
   return r;
 }

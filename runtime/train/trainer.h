@@ -55,6 +55,10 @@ struct MemoryStats {
   int64_t gpu_allocated_bytes = 0;       // held by tensors at the end of the step
   int64_t gpu_reserved_bytes = 0;        // held from the driver (allocated + cached)
   int64_t gpu_peak_allocated_bytes = 0;  // most allocated at once during the step
+  // The host's step pool (core/host_alloc.h), filled by the run: its blocks at the end of the
+  // step (in use and kept) and at most since the previous record.
+  int64_t host_pool_bytes = 0;
+  int64_t host_pool_peak_bytes = 0;
 };
 
 class Trainer {
@@ -88,7 +92,10 @@ class Trainer {
   AdamW& optimizer() { return *optimizer_; }
   // Frees the host blocks the fused loss keeps between steps (core/host_alloc.h): before work the
   // planner's step peak does not count them in (an evaluation, a checkpoint's snapshot, the end).
-  void release_host_blocks() { loss_blocks_.release(); }
+  void release_host_blocks() {
+    loss_blocks_.release();
+    core::release_step_pool();
+  }
   const core::HostBlockCache& host_blocks() const { return loss_blocks_; }
 
  private:

@@ -1,6 +1,7 @@
 // The planner in one process: model-state bytes against DeepSpeed's published estimator, the time
 // it takes, and the errors bad input gets; the one malloc arena its CPU retention term assumes.
-#include <catch2/catch.hpp>
+#include "support/catch_torch.h"
+// (catch_torch.h first: c10 defines a CHECK macro of its own)
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -9,6 +10,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #include <sys/resource.h>
@@ -311,5 +313,84 @@ TEST_CASE("kept host blocks: reused unfaulted, freed on another size, bounded, r
   }
   CHECK(survivor.sum().item<double>() == 3.0 * 4 * 1024);
   survivor = at::Tensor();
+}
+
+// core's step pool (LibTorch's CPU allocator in a worker): a block of 1 MiB or more allocated
+// inside a step is kept when freed, whoever frees it and whenever, and comes back to the next
+// request of its size without a page faulted in; one allocated outside a step is unmapped when
+// freed; smaller requests never reach it; release_step_pool() unmaps what is kept.
+TEST_CASE("the step pool keeps a step's blocks by size and finds them again unfaulted", "[unit]") {
+  ft::core::install_step_pool();
+  ft::core::release_step_pool();
+  const auto faults = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return u.ru_minflt;
+  };
+  const auto stats = [] { return ft::core::step_pool_stats(); };
+  const int64_t n = int64_t{16} << 18;  // 16 MiB of fp32
+  const size_t bytes = static_cast<size_t>(n) * 4;
+  const size_t live0 = stats().live_bytes;
+  // Small requests: glibc, not the pool.
+  const size_t mapped0 = stats().mapped;
+  { at::Tensor small = at::empty({1000}, at::kFloat); }
+  CHECK(stats().mapped == mapped0);
+  // Outside a step: mapped, and unmapped when freed.
+  {
+    at::Tensor t = at::empty({n}, at::kFloat);
+    CHECK(stats().mapped == mapped0 + 1);
+    CHECK(stats().live_bytes == live0 + bytes);
+  }
+  CHECK(stats().live_bytes == live0);
+  CHECK(stats().idle_bytes == 0);
+  // Inside a step: two blocks of one size and one of another, all kept when freed.
+  void* first = nullptr;
+  {
+    const ft::core::StepPoolScope step;
+    at::Tensor a = at::empty({n}, at::kFloat), b = at::empty({n}, at::kFloat);
+    at::Tensor c = at::empty({n / 2}, at::kFloat);
+    a.fill_(1.0f);
+    b.fill_(1.0f);
+    first = a.data_ptr();
+  }
+  CHECK(stats().idle_bytes == 2 * bytes + bytes / 2);
+  // The next step finds them again, in any order, without faulting their pages in.
+  {
+    const ft::core::StepPoolScope step;
+    const size_t mapped = stats().mapped, reused = stats().reused;
+    const long before = faults();
+    at::Tensor a = at::empty({n}, at::kFloat), b = at::empty({n}, at::kFloat);
+    a.fill_(2.0f);
+    b.fill_(2.0f);
+    CHECK(faults() - before < 500);  // 32 MiB faulted in again would be 8,192 pages
+    CHECK(stats().mapped == mapped);
+    CHECK(stats().reused == reused + 2);
+    CHECK((a.data_ptr() == first || b.data_ptr() == first));
+    CHECK(stats().idle_bytes == bytes / 2);
+    // A size with no kept block of its own is mapped anew (the half-size block stays as it is).
+    at::Tensor d = at::empty({n / 4}, at::kFloat);
+    CHECK(stats().mapped == mapped + 1);
+    CHECK(stats().idle_bytes == bytes / 2);
+  }
+  // A step's block freed after the step, from another thread: kept all the same.
+  at::Tensor late;
+  {
+    const ft::core::StepPoolScope step;
+    late = at::empty({n}, at::kFloat);
+  }
+  const size_t idle = stats().idle_bytes;
+  std::thread([t = std::move(late)]() mutable { t = at::Tensor(); }).join();
+  CHECK(stats().idle_bytes == idle + bytes);
+  // A block from outside a step freed inside one: unmapped, not kept.
+  at::Tensor outside = at::empty({n * 2}, at::kFloat);
+  {
+    const ft::core::StepPoolScope step;
+    outside = at::Tensor();
+  }
+  CHECK(stats().idle_bytes == idle + bytes);
+  CHECK(stats().peak_bytes >= stats().live_bytes + stats().idle_bytes);
+  ft::core::release_step_pool();
+  CHECK(stats().idle_bytes == 0);
+  CHECK(stats().live_bytes == live0);
 }
 #endif

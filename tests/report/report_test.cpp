@@ -1,9 +1,8 @@
 // ft report's reader and page on run directories written here by hand as a resumed, restarted and
 // damaged run leaves them (torn last line, a line that is not JSON, missing files), and
 // TensorBoard's record framing. Real files, no mocks.
-#include "report/report.h"
-
-#include <catch2/catch.hpp>
+#include "support/catch_torch.h"
+// (catch_torch.h first: c10 defines a CHECK macro of its own)
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -12,6 +11,7 @@
 
 #include "ckpt/crc32c.h"
 #include "core/error.h"
+#include "report/report.h"
 #include "report/run_records.h"
 #include "report/svg.h"
 #include "support/subprocess.h"

@@ -1,8 +1,9 @@
 // `ft export` as a user runs it: real `ft train` runs with checkpoints, exported, and the exports
 // evaluated with `ft eval` against the models `ft train` wrote itself.
+#include "support/catch_torch.h"
+// (catch_torch.h first: c10 defines a CHECK macro of its own)
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
