@@ -5,7 +5,7 @@ For each case: `ft plan --json` and a real `ft train` (world size 1) or `ft laun
 (world size W), a few steps of a medium model; compares per rank the model-state bytes (exact) and
 the peak resident memory of the training steps (VmHWM) with the plan's step peak.
 
-    python3 bench/plan_accuracy.py [--ft build/bin/ft] [--quick] [--json out.json]
+    python3 bench/plan_accuracy.py [--ft build/bin/ft] [--quick] [--json out.json] [--extra K=V ...]
 """
 import argparse, itertools, json, os, subprocess, sys, tempfile, time
 
@@ -74,7 +74,7 @@ def replan(a):
     rows, worst = json.load(open(a.replan)), 0.0
     for row in rows:
         sets = case_sets(row["strategy"], row["lora"], row["precision"],
-                         row["activation_checkpointing"])
+                         row["activation_checkpointing"]) + row.get("extra", [])
         r = plan_of(a.ft, row["world"], sets)["rank"]
         row["state_exact"] = all(k[key] == r[key] for k in row["ranks"]
                                  for key in ("param_bytes", "grad_bytes", "optimizer_bytes"))
@@ -98,6 +98,9 @@ def main():
     ap.add_argument("--worlds", default="1,2,4", help="world sizes to run, e.g. 2,4")
     ap.add_argument("--sample", type=int, default=1,
                     help="run one case in N of the selected ones (after the filters)")
+    ap.add_argument("--extra", action="append", default=[], metavar="KEY=VALUE",
+                    help="a --set added to every case after the matrix's own (another model shape, "
+                         "to check the plan out of the sample it was calibrated on); repeatable")
     ap.add_argument("--replan", metavar="JSON",
                     help="re-plan the measured runs of an earlier --json with this ft's plan (the "
                          "measurements are kept; only the prediction changes)")
@@ -123,7 +126,8 @@ def main():
           f"{'pred MiB':>9} {'meas MiB':>9} {'err':>7}")
     for world, strategy, lora, precision, ac in cases:
         with tempfile.TemporaryDirectory() as d:
-            plan, ranks, secs = run_case(a.ft, world, case_sets(strategy, lora, precision, ac), d)
+            plan, ranks, secs = run_case(a.ft, world,
+                                         case_sets(strategy, lora, precision, ac) + a.extra, d)
         r = plan["rank"]
         exact = all(k[r_key] == r[r_key] for k in ranks
                     for r_key in ("param_bytes", "grad_bytes", "optimizer_bytes"))
@@ -132,6 +136,7 @@ def main():
         err = (pred - meas) / meas
         worst = max(worst, abs(err))
         rows.append({"world": world, "strategy": strategy, "lora": lora, "precision": precision,
+                     "extra": a.extra,
                      "activation_checkpointing": ac, "state_exact": exact, "predicted": pred,
                      "measured": meas, "error": err, "ranks": ranks, "seconds": secs})
         print(f"{world:>2} {strategy:<14} {str(lora):<5} {precision:<5} {str(ac):<5} "

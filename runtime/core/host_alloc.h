@@ -1,4 +1,5 @@
-// The host allocator of a worker process: glibc malloc with one arena, and freed blocks kept.
+// The host allocator of a worker process: LibTorch's blocks of 1 MiB and more from the step pool
+// (below), everything else from glibc malloc with one arena and freed blocks kept.
 //
 // Arenas. glibc gives each thread that meets a locked arena an arena of its own, up to 8 per core,
 // and every arena keeps the blocks freed into it for reuse. A training rank allocates from its main
@@ -14,8 +15,8 @@
 // by the kernel) on the next step's first writes. On the overhead-bound model of
 // bench/train_step.sh that was 8% of the main thread's time in the kernel and 9% of the step
 // (docs/performance.md). Blocks under 32 MiB (glibc's own ceiling for that threshold) now always
-// come from the heap, and up to 256 MiB of free heap top stays with the process. Peak resident
-// memory, the planner's figure, does not grow from this: kept pages are reused, not added to.
+// come from the heap, and up to 256 MiB of free heap top stays with the process. (Since the step
+// pool, LibTorch's blocks of 1 MiB and more no longer reach glibc; these settings serve the rest.)
 #pragma once
 
 #include <ATen/ATen.h>
@@ -38,8 +39,9 @@ bool keep_freed_heap();
 // LibTorch's CPU allocator in a worker: the step pool. Blocks of kStepPoolMinBytes and more are
 // mapped one by one (page-rounded). One allocated while the pool is keeping (inside a training
 // step: set_step_pool_keeping) stays mapped when freed, whenever and by whichever thread, for the
-// next request of the same size; one allocated outside a step (loading, a checkpoint's snapshot,
-// an evaluation) is unmapped when freed. Smaller requests go to glibc as before.
+// next request of the same size; one allocated outside a step (loading, a checkpoint's snapshot)
+// is unmapped when freed. An evaluation keeps blocks for the batches of one shape (evaluate.cpp).
+// Smaller requests go to glibc as before.
 //
 // Why. With glibc's heap (above), a sharded CPU job's per-step blocks of 1-32 MiB (activations,
 // gathered units, Gloo's flat copies) were carved from one heap in an order the threads' timing

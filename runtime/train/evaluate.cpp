@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "core/host_alloc.h"
 #include "data/jsonl_source.h"
 #include "model/cpu_math.h"
 #include "model/fused_loss.h"
@@ -158,7 +159,16 @@ EvalResult evaluate(const EvalOptions& o) {
   const auto start = std::chrono::steady_clock::now();
   auto last_told = start;
   for (size_t i = 0; i < set.batches.size(); ++i) {
-    const BatchLoss l = score_batch(model, set.batches[i]);
+    BatchLoss l;
+    {
+      // A forward's layers allocate the same sizes one after another: the step pool hands the
+      // blocks on (core/host_alloc.h); they are unmapped before a batch of another shape.
+      const core::StepPoolScope keep_blocks;
+      l = score_batch(model, set.batches[i]);
+    }
+    if (i + 1 == set.batches.size() ||
+        set.batches[i + 1].input_ids.sizes() != set.batches[i].input_ids.sizes())
+      core::release_step_pool();
     loss_sum += l.sum;
     r.tokens += l.tokens;
     ++r.forwards;
