@@ -60,12 +60,9 @@ class StepPool final : public c10::Allocator {
       return {p, p, &c10::free_cpu, c10::Device(c10::kCPU)};
     }
     const size_t bytes = (n + kPageBytes - 1) / kPageBytes * kPageBytes;
-    void* p = take(bytes);
-    if (!p) p = map(bytes, n);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      blocks_[p] = Block{bytes, keeping_.load(std::memory_order_relaxed)};
-    }
+    const bool keep = keeping_.load(std::memory_order_relaxed);
+    void* p = take(bytes, keep);
+    if (!p) p = map(bytes, n, keep);
     // The context is the pointer itself, as raw_allocate() requires (oneDNN's bf16 kernels
     // allocate their scratch through it).
     return {p, p, &StepPool::give_back, c10::Device(c10::kCPU)};
@@ -107,19 +104,22 @@ class StepPool final : public c10::Allocator {
     bool keep;  // allocated inside a step: kept when freed, whenever that is
   };
 
-  void* take(size_t bytes) {
+  // A kept block of `bytes`, recorded as in use; null if none.
+  void* take(size_t bytes, bool keep) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = idle_.find(bytes);
     if (it == idle_.end() || it->second.empty()) return nullptr;
     void* p = it->second.back();
     it->second.pop_back();
+    blocks_[p] = Block{bytes, keep};
     stats_.idle_bytes -= bytes;
     stats_.live_bytes += bytes;
     stats_.reused++;
     return p;
   }
 
-  void* map(size_t bytes, size_t asked) {
+  // A new mapping of `bytes`, recorded as in use.
+  void* map(size_t bytes, size_t asked, bool keep) {
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {  // idle blocks of other sizes first, then once more
       release();
@@ -129,6 +129,7 @@ class StepPool final : public c10::Allocator {
                      "ft host allocator: not enough memory: you tried to allocate ", asked,
                      " bytes (", std::strerror(errno), ")");
     std::lock_guard<std::mutex> lock(mu_);
+    blocks_[p] = Block{bytes, keep};
     stats_.live_bytes += bytes;
     stats_.mapped++;
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.live_bytes + stats_.idle_bytes);

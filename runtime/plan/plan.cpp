@@ -203,7 +203,6 @@ struct State {
   int64_t root_bytes = 0, layer_bytes = 0;  // gathered sizes (compute dtype)
   int64_t layer_reduce_bytes = 0, root_reduce_bytes = 0;
   int64_t sharded_bytes = 0;    // all sharded units, gathered (compute dtype)
-  int64_t retained_bytes = 0;   // the same sum (the retention term's)
   int64_t retained_frozen = 0;  // of those, frozen groups' bytes
   int64_t retained_reduce = 0;  // those units' local gradients before their reduce-scatter
   int64_t trained_sharded = 0;  // padded elements of trained sharded groups
@@ -291,7 +290,6 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
       if (g.trained) trained_padded += g.layout.padded;
     if (u.sharded) {
       st.sharded_bytes += unit_bytes;
-      st.retained_bytes += unit_bytes;
       st.retained_frozen += unit_bytes - trained_padded * c;
       st.retained_reduce += trained_padded * r;
       if (u.model_unit == 0) {
@@ -434,7 +432,7 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
   // were ever live at once, which is more than the step's live peak by the copies in flight beside
   // it. Blocks of frozen units come back in the same order and are half counted; trained units'
   // blocks and their gradients' are counted whole (calibrated on bench/plan_accuracy.py).
-  const int64_t retained_trained = st.retained_bytes - st.retained_frozen;
+  const int64_t retained_trained = st.sharded_bytes - st.retained_frozen;
   const int64_t retained_kept =
       (retained_trained + st.retained_frozen / 2 + st.retained_reduce) * kRetainedPercent / 100;
   const int64_t retained_cast = r != c ? st.retained_reduce * kCastPercent / 100 : 0;

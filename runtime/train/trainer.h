@@ -56,7 +56,7 @@ struct MemoryStats {
   int64_t gpu_reserved_bytes = 0;        // held from the driver (allocated + cached)
   int64_t gpu_peak_allocated_bytes = 0;  // most allocated at once during the step
   // The host's step pool (core/host_alloc.h), filled by the run: its blocks at the end of the
-  // step (in use and kept) and at most since the previous record.
+  // step (in use and kept) and at most since loading ended (as peak_rss_bytes).
   int64_t host_pool_bytes = 0;
   int64_t host_pool_peak_bytes = 0;
 };
