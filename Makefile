@@ -1,5 +1,5 @@
 # ft — two commands on a fresh machine:
-#   make demo   install dependencies, build, run a real small multi-worker job on CPU
+#   make demo   install what ft needs (no test tools), build only ft, run a real small job on CPU
 #   make test   install dependencies, build, run every test (CTest), then a short fuzz smoke
 #   make fuzz   build the libFuzzer harnesses (build-fuzz/) and run each for FUZZ_SECONDS (60)
 # Everything heavy (LibTorch, the Python venv) lives in $(FT_CACHE), outside the checkout.
@@ -30,7 +30,11 @@ test: build
 fuzz: deps
 	@bash scripts/fuzz.sh $(FUZZ_SECONDS)
 
-demo: build
+# The demo installs and builds only what it runs: `ft` (and the libraries it links), no test
+# binaries, no reference libraries; `make test` adds the rest.
+demo:
+	@FT_SETUP=demo bash scripts/setup.sh
+	@bash scripts/build.sh $(BUILD) ft
 	@bash scripts/demo.sh $(BUILD)
 
 bench: build

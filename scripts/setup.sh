@@ -11,7 +11,9 @@
 #   FT_WITH_REFERENCE=0 skip the reference libraries (transformers, peft, tokenizers, safetensors,
 #                       jinja2, tensorboard), which are otherwise pip-installed into the venv: the
 #                       interop tests and the fixture scripts use them. Default 1, except with
-#                       FT_PYTHON (no downloads)
+#                       FT_PYTHON (no downloads) and FT_SETUP=demo
+#   FT_SETUP=demo       only what building and running `ft` needs (`make demo`): no test tools
+#                       (clang, chromium, iproute2) and no reference libraries
 set -euo pipefail
 FT_TORCH_VERSION=${FT_TORCH_VERSION:-2.11.0}
 FT_CACHE=${FT_CACHE:-$HOME/.cache/ft}
@@ -23,7 +25,8 @@ log() { printf '[setup] %s\n' "$*"; }
 # libpcre2-dev and libicu-dev: the tokenizer's regexes and Unicode normalization / properties.
 # clang and libclang-rt-14-dev (libFuzzer, ASan, UBSan): the fuzz harnesses (scripts/fuzz.sh).
 # chromium: the browser test of `ft report`'s pages (tests/report/browser_check.py).
-pkgs=(cmake g++ ninja-build ccache make git python3 python3-venv libcli11-dev nlohmann-json3-dev catch2 libgloo-dev libpcre2-dev libicu-dev pkg-config iproute2 clang libclang-rt-14-dev chromium)
+pkgs=(cmake g++ ninja-build ccache make git python3 python3-venv libcli11-dev nlohmann-json3-dev catch2 libgloo-dev libpcre2-dev libicu-dev pkg-config)
+[[ "${FT_SETUP:-all}" == demo ]] || pkgs+=(iproute2 clang libclang-rt-14-dev chromium)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -81,7 +84,7 @@ log "torch $tver at $prefix"
 # Pinned: the committed fixtures were generated with these versions (tests/*/fixtures/make_*.py).
 # tensorboard: its own reader checks ft's event files (tests/report/tensorboard_check.py).
 reference_pkgs=(transformers==5.24.0 peft==0.21.2 tokenizers==0.23.3 safetensors==0.8.0 jinja2==3.1.6 tensorboard==2.21.0)
-if [[ -n "${FT_PYTHON:-}" ]]; then FT_WITH_REFERENCE=${FT_WITH_REFERENCE:-0}; fi
+if [[ -n "${FT_PYTHON:-}" || "${FT_SETUP:-all}" == demo ]]; then FT_WITH_REFERENCE=${FT_WITH_REFERENCE:-0}; fi
 if [[ "${FT_WITH_REFERENCE:-1}" != 0 ]]; then
   # find_spec, not import: importing transformers costs seconds on every make.
   if "$py" -c 'import importlib.util as u, sys

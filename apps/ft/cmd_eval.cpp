@@ -2,6 +2,8 @@
 // JSON with the mean token loss, token count and perplexity over the data.
 #include <fmt/format.h>
 
+#include <chrono>
+
 #include "commands.h"
 #include "config/preset.h"
 #include "config/schema.h"
@@ -36,7 +38,19 @@ Run add_eval(CLI::App& app) {
     const config::Settings settings = config::settings_from_json(resolved, "resolved preset");
     opts->data = settings.data;
     opts->eval = settings.eval;
-    fmt::print("{}\n", train::evaluate(*opts).to_json().dump());
+    const auto t0 = std::chrono::steady_clock::now();
+    const train::EvalResult r = train::evaluate(*opts);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // A line to read, then the JSON line last (scripts take the last line).
+    fmt::print(
+        "ft eval: loss {:.4f} (perplexity {:.2f}) over {} tokens of {} records{} in {:.1f} s\n",
+        r.loss, r.perplexity, r.tokens, r.records,
+        r.windowed ? fmt::format(" ({} longer than data.seq_len, split into {} windows)",
+                                 r.windowed, r.windows)
+                   : std::string(),
+        seconds);
+    fmt::print("{}\n", r.to_json().dump());
     return 0;
   };
 }

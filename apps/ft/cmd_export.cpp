@@ -1,6 +1,6 @@
-// `ft export --checkpoint DIR --output DIR [--merge-lora] [--dtype auto|fp32|bf16|fp16]
-// [--max-shard-size BYTES] [--base-model DIR]`: a committed checkpoint as a Hugging Face model
-// directory or a PEFT adapter (runtime/train/export.h).
+// `ft export --checkpoint DIR [--step N] --output DIR [--merge-lora] [--dtype auto|fp32|bf16|fp16]
+// [--max-shard-size BYTES] [--base-model DIR]`: a run's newest state (final/ or a committed
+// checkpoint) as a Hugging Face model directory or a PEFT adapter (runtime/train/export.h).
 #include <fmt/format.h>
 
 #include <limits>
@@ -13,25 +13,33 @@ namespace ft::app {
 
 Run add_export(CLI::App& app) {
   auto* cmd = app.add_subcommand("export",
-                                 "Write a checkpoint as a Hugging Face model directory, a PEFT "
-                                 "adapter, or (--merge-lora) the merged model");
+                                 "Write a run (its final/ or a checkpoint) as a Hugging Face model "
+                                 "directory, a PEFT adapter, or (--merge-lora) the merged model");
   cmd->footer(
-      "A full fine-tune gives config.json, model.safetensors (or shards + "
-      "model.safetensors.index.json) and the tokenizer files; a LoRA checkpoint gives "
+      "Given a run's --output, the newest state is exported: final/ when the run finished and no "
+      "checkpoint is newer, else the newest committed checkpoint; it says which. A full "
+      "fine-tune gives config.json, model.safetensors (or shards + "
+      "model.safetensors.index.json), the tokenizer files and the chat template the data was "
+      "rendered with (chat_template.jinja); a LoRA run gives "
       "adapter_config.json + adapter_model.safetensors (fp32), or with --merge-lora the base "
       "model with the adapters merged in. Nothing is written unless everything checks out; "
       "details in docs/checkpoint-format.md#export.");
   auto opts = std::make_shared<train::ExportOptions>();
   cmd->add_option("--checkpoint", opts->checkpoint,
-                  "A step-N checkpoint directory, or a run's --output (or its checkpoints/): "
-                  "then its newest committed checkpoint")
+                  "A run's --output (its newest state), its final/, its checkpoints/, or a "
+                  "step-N checkpoint directory")
       ->type_name("DIR")
       ->required();
+  cmd->add_option("--step", opts->step,
+                  "With a run's --output: export the committed checkpoint of this step instead "
+                  "of the run's newest state")
+      ->type_name("N")
+      ->check(CLI::NonNegativeNumber.description(""));
   cmd->add_option("--output", opts->output_dir, "Where to write (must not exist, or be empty)")
       ->type_name("DIR")
       ->required();
   cmd->add_flag("--merge-lora", opts->merge_lora,
-                "LoRA checkpoint: write the base model with W += scale * B @ A in every adapted "
+                "LoRA run: write the base model with W += scale * B @ A in every adapted "
                 "projection, instead of the adapter");
   cmd->add_option("--dtype", opts->dtype,
                   "dtype of the weights written: auto = the run's precision.mode (fp32 for "
@@ -54,8 +62,9 @@ Run add_export(CLI::App& app) {
       std::fflush(stdout);
     };
     const train::ExportSummary s = train::export_checkpoint(*opts);
-    fmt::print("ft export: step {} of {} -> {}: {}, {} tensors in {} ({}), {} files\n", s.step,
-               s.checkpoint, opts->output_dir, s.kind, s.tensors, s.dtype,
+    const std::string step = s.step >= 0 ? fmt::format("step {}", s.step) : "step unknown";
+    fmt::print("ft export: {} of {} -> {}: {}, {} tensors in {} ({}), {} files\n", step, s.source,
+               opts->output_dir, s.kind, s.tensors, s.dtype,
                human_bytes(static_cast<int64_t>(s.bytes)), s.files.size());
     return 0;
   };

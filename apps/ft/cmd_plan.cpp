@@ -1,14 +1,17 @@
-// `ft plan --preset NAME|FILE [--model DIR] [--set k=v ...] [--nnodes N] [--nproc-per-node G]
-// [--gpu-memory SIZE] [--host-memory SIZE] [--disk-throughput SIZE] [--output DIR] [--json]`: what
-// the job needs per rank, per node, on disk and on the wire, against what this machine (or the
-// sizes given) has.
+// `ft plan --preset NAME|FILE [every other ft train option] [--nnodes N] [--nproc-per-node G]
+// [--gpu-memory SIZE] [--host-memory SIZE] [--disk-throughput SIZE] [--json]`: what the job needs
+// per rank, per node, on disk and on the wire, against what this machine (or the sizes given) has.
+// It takes ft train's options (train_options.h), so a train command pastes into it.
 #include <fmt/format.h>
+
+#include <filesystem>
 
 #include "commands.h"
 #include "config/settings.h"
 #include "core/error.h"
 #include "cuda/device.h"
 #include "plan/preflight.h"
+#include "train_options.h"
 
 namespace ft::app {
 
@@ -18,17 +21,18 @@ Run add_plan(CLI::App& app) {
       "Show the memory, disk, communication and start-up time a job needs, and whether "
       "it fits (before anything is allocated)");
   struct Args {
-    std::string preset, model, output, gpu_memory, host_memory, disk_throughput;
-    std::vector<std::string> sets;
+    TrainCommandLine train;  // --preset, --model, --data, --output, --set, ... as ft train's
+    std::string gpu_memory, host_memory, disk_throughput;
     int nnodes = 1, nproc = 0;
     bool json = false;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("--preset", a->preset, "Shipped preset name or a preset JSON file")->required();
-  cmd->add_option("--model", a->model,
-                  "Hugging Face model directory: its config.json and safetensors headers are "
-                  "read (never the weights); default: the preset's model shape");
-  cmd->add_option("--set", a->sets, "Override a key: --set train.micro_batch=2 (repeatable)");
+  cmd->footer(
+      "Takes every ft train option, so a train command pastes in: --preset (required), --model "
+      "(its config.json and safetensors headers are read, never the weights; default: the "
+      "preset's model shape), --set, --output (its free disk is checked), --data (must exist), "
+      "--tokenizer, --data-cache and --resume.");
+  a->train.add_to(cmd, /*require=*/false, "Training options (as ft train takes them)");
   cmd->add_option("--nnodes", a->nnodes, "Nodes of the job")->check(CLI::Range(1, 100000));
   cmd->add_option("--nproc-per-node", a->nproc,
                   "Ranks per node (default: the GPUs visible here for a GPU job, else 1)")
@@ -42,16 +46,21 @@ Run add_plan(CLI::App& app) {
   cmd->add_option("--disk-throughput", a->disk_throughput,
                   "Read throughput of the model files per second, e.g. 2GB (default: measured on "
                   "--model's largest file, else 1 GB/s)");
-  cmd->add_option("--output", a->output, "Where the run would write: its free disk is checked");
   cmd->add_flag("--json", a->json, "Print the plan as one JSON object");
   return [a]() -> int {
+    FT_CHECK(!a->train.value("preset").empty(),
+             "--preset is required (a shipped name or a preset JSON file)");
+    const std::string& data = a->train.value("data");
+    FT_CHECK(data.empty() || std::filesystem::is_regular_file(data), "--data ", data,
+             ": no such file");
+    const std::string model = a->train.value("model"), output = a->train.value("output");
     const int64_t gpu_bytes =
         a->gpu_memory.empty() ? 0 : plan::parse_size(a->gpu_memory, "--gpu-memory");
     const int64_t host_bytes =
         a->host_memory.empty() ? 0 : plan::parse_size(a->host_memory, "--host-memory");
     plan::PlanInputs in;
-    in.settings = config::resolve_settings(a->preset, a->sets);
-    in.model_dir = a->model;
+    in.settings = config::resolve_settings(a->train.value("preset"), a->train.values("set"));
+    in.model_dir = model;
     const std::string& dev = in.settings.hardware.device;
     int visible = 0;
     if (dev != "cpu") {
@@ -69,9 +78,9 @@ Run add_plan(CLI::App& app) {
              "--gpu-memory plans for GPUs but hardware.device is cpu; drop one of them");
     in.layout.nnodes = a->nnodes;
     in.layout.nproc_per_node = a->nproc > 0 ? a->nproc : (in.layout.gpu ? std::max(1, visible) : 1);
-    const plan::Machine machine = plan::probe_machine(a->output);
-    in.budget = plan::machine_budget(machine, 0, a->model);
-    if (a->output.empty()) in.budget.disk_bytes = 0;  // checked only where the run would write
+    const plan::Machine machine = plan::probe_machine(output);
+    in.budget = plan::machine_budget(machine, 0, model);
+    if (output.empty()) in.budget.disk_bytes = 0;  // checked only where the run would write
     if (gpu_bytes > 0) {
       in.budget.gpu_bytes = gpu_bytes;
       in.budget.gpu_from = "--gpu-memory";

@@ -457,9 +457,14 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   m.dir = dir;
   const std::string path = (fs::path(dir) / kMetaFile).string();
   std::ifstream in(path);
+  // A step-<N> directory gets its name by the commit's rename, meta.json already in it.
+  const bool named = parse_step(fs::path(dir).lexically_normal().filename().string(), "step-") >= 0;
   FT_CHECK_T(FormatError, in.good(), path,
-             ": missing, so this checkpoint was never committed (a save interrupted before every "
-             "rank finished); use an earlier one");
+             named ? ": missing, though a step directory gets its name only when its save commits "
+                     "(meta.json already in it): it was deleted or lost since, and the checkpoint "
+                     "is damaged; use an earlier one"
+                   : ": missing, so this checkpoint was never committed (a save interrupted before "
+                     "every rank finished); use an earlier one");
   std::stringstream text;
   text << in.rdbuf();
   const std::string meta_text = text.str();

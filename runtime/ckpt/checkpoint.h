@@ -140,8 +140,8 @@ class Checkpoint {
 std::vector<std::string> list_committed(const std::string& root);
 // The meta_crc32c of a meta.json object: the CRC-32C of its dump(1) without that field.
 uint32_t meta_checksum(nlohmann::json meta);
-// The step-N directories under `root` without meta.json (saves that never committed), newest
-// first: resuming skips them, and says so.
+// The step-N directories under `root` without meta.json, newest first: damaged (a step directory
+// gets its name only when its save commits, meta.json in it), so resuming skips them and says so.
 std::vector<std::string> list_uncommitted(const std::string& root);
 
 // "step-000000120" for step 120.

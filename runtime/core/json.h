@@ -8,7 +8,9 @@
 #include <fmt/format.h>
 
 #include <cstddef>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <string_view>
 
@@ -42,6 +44,16 @@ nlohmann::json parse_json(std::string_view text, const std::string& what) {
   } catch (const nlohmann::json::exception& e) {  // parse errors, numbers out of range
     throw E(fmt::format("{}: not valid JSON: {}", what, excerpt(e.what(), 200)));
   }
+}
+
+// The whole of the file at `path`, refused with an E naming it when it cannot be opened.
+template <class E>
+std::string read_text_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f.good()) throw E(fmt::format("{}: cannot be read", path));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
 }
 
 }  // namespace ft

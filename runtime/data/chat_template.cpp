@@ -16,13 +16,7 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-std::string read_text(const fs::path& path) {
-  std::ifstream f(path, std::ios::binary);
-  FT_CHECK_T(FormatError, f.good(), path.string(), ": cannot be read");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string read_text(const fs::path& path) { return read_text_file<FormatError>(path.string()); }
 
 // A special token as tokenizer_config.json writes it: a string or an AddedToken object.
 std::string token_string(const Json& cfg, const char* key, const std::string& file) {
@@ -52,6 +46,12 @@ std::optional<ModelChatTemplate> read_model_chat_template(const std::string& dir
     m.bos_token = token_string(cfg, "bos_token", config.string());
     m.eos_token = token_string(cfg, "eos_token", config.string());
   }
+  // transformers (5.x) reads chat_template.jinja first: it takes priority over the config's entry.
+  if (fs::is_regular_file(jinja_file)) {
+    m.text = read_text(jinja_file);
+    m.origin = jinja_file.string();
+    return m;
+  }
   auto it = cfg.find("chat_template");
   if (it != cfg.end() && !it->is_null()) {
     m.origin = config.string() + " chat_template";
@@ -80,12 +80,87 @@ std::optional<ModelChatTemplate> read_model_chat_template(const std::string& dir
     }
     return m;
   }
-  if (fs::is_regular_file(jinja_file)) {
-    m.text = read_text(jinja_file);
-    m.origin = jinja_file.string();
-    return m;
-  }
   return std::nullopt;
+}
+
+// Llama 2 and Mistral's refusal of a conversation that does not alternate (check_alternating in
+// records.cpp), inside their loop over the messages after the system one.
+constexpr const char* kAlternating =
+    R"({%- if (loop.index0 % 2 == 0 and message['role'] != 'user') or (loop.index0 % 2 == 1 and message['role'] != 'assistant') -%}
+{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/... after an optional system message') -}}
+{%- endif -%}
+)";
+
+std::string builtin_template_jinja(ChatTemplate t) {
+  // Each mirrors its case in records.cpp's render(); data_test renders both over the same
+  // conversations, and the newcomer check has transformers render the file ft writes.
+  switch (t) {
+    case ChatTemplate::kLlama3:
+      return R"({{- '<|begin_of_text|>' -}}
+{%- for message in messages -%}
+{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+{%- endif -%}
+)";
+    case ChatTemplate::kChatml:
+      return R"({%- for message in messages -%}
+{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+{{- '<|im_start|>assistant\n' -}}
+{%- endif -%}
+)";
+    case ChatTemplate::kLlama2:
+      return R"({%- if messages[0]['role'] == 'system' -%}
+{%- set system = messages[0]['content'] | trim -%}
+{%- set loop_messages = messages[1:] -%}
+{%- else -%}
+{%- set system = '' -%}
+{%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+)" + std::string(kAlternating) +
+             R"({%- if message['role'] == 'user' -%}
+{%- if loop.first and system != '' -%}
+{{- '<s>[INST] <<SYS>>\n' + system + '\n<</SYS>>\n\n' + message['content'] | trim + ' [/INST]' -}}
+{%- else -%}
+{{- '<s>[INST] ' + message['content'] | trim + ' [/INST]' -}}
+{%- endif -%}
+{%- else -%}
+{{- ' ' + message['content'] | trim + ' </s>' -}}
+{%- endif -%}
+{%- endfor -%}
+)";
+    case ChatTemplate::kMistral:
+      return R"({%- if messages[0]['role'] == 'system' -%}
+{%- set system = messages[0]['content'] -%}
+{%- set loop_messages = messages[1:] -%}
+{%- else -%}
+{%- set system = '' -%}
+{%- set loop_messages = messages -%}
+{%- endif -%}
+{{- '<s>' -}}
+{%- for message in loop_messages -%}
+)" + std::string(kAlternating) +
+             R"({%- if message['role'] == 'user' -%}
+{%- if loop.first and system != '' -%}
+{{- '[INST] ' + system + '\n\n' + message['content'] + ' [/INST]' -}}
+{%- else -%}
+{{- '[INST] ' + message['content'] + ' [/INST]' -}}
+{%- endif -%}
+{%- else -%}
+{{- message['content'] + '</s>' -}}
+{%- endif -%}
+{%- endfor -%}
+)";
+    case ChatTemplate::kNone:
+    case ChatTemplate::kAuto:
+    case ChatTemplate::kModel:
+      return "";
+  }
+  return "";
 }
 
 ChatTemplate builtin_template_for(const tokenizer::Tokenizer& tok) {

@@ -40,6 +40,12 @@ std::optional<ModelChatTemplate> read_model_chat_template(const std::string& dir
 // mistral where "[INST]" is a token, then llama2), or kNone.
 ChatTemplate builtin_template_for(const tokenizer::Tokenizer& tok);
 
+// The built-in template `t` as Jinja source that transformers' apply_chat_template renders exactly
+// as ft's built-in does (records.h render(): the same text, the same refusals, the generation
+// prompt a served model needs): what a model trained with a built-in carries as
+// chat_template.jinja. "" for kNone, kAuto and kModel.
+std::string builtin_template_jinja(ChatTemplate t);
+
 class JinjaChatTemplate {
  public:
   // Parses the template; throws jinja::TemplateError naming its origin, line and column.

@@ -178,6 +178,12 @@ std::string JsonlSource::template_used() const {
   return name;
 }
 
+std::string JsonlSource::chat_template_source() const {
+  if (model_template_) return model_template_->model().text;
+  const bool conversation = format_ == RecordFormat::kChat || format_ == RecordFormat::kAlpaca;
+  return conversation ? builtin_template_jinja(options_.chat_template) : "";
+}
+
 void JsonlSource::seek(const std::vector<int64_t>& position) {
   FT_CHECK(position.size() == 1 && position[0] >= 0,
            "JSONL data: a position is one record count >= 0; the checkpoint holds another kind");

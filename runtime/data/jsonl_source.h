@@ -110,6 +110,10 @@ class JsonlSource : public BatchSource {
   // The template records are rendered with, for the start-up log: "the model's own chat template
   // (DIR/tokenizer_config.json chat_template)", "llama3 (built-in)", "none".
   std::string template_used() const;
+  // The Jinja source of the chat template records are rendered with (the model's own, or the
+  // built-in's equivalent, builtin_template_jinja), for the saved model's chat_template.jinja; ""
+  // when no record is rendered as a conversation (text and pre-tokenized data, template none).
+  std::string chat_template_source() const;
 
   // The record index at position `position` of epoch `epoch`'s order (for tests and tools).
   int64_t record_at(int64_t epoch, int64_t position);

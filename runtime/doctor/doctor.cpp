@@ -299,8 +299,9 @@ ComputeProbe probe(const config::Settings& s, const model::LlamaConfig& mc,
     p.trained = trained;
     p.optimizer_s = 32.0 * static_cast<double>(trained) / (dev.is_cuda() ? 1e12 : 1e10);
     p.from = fmt::format(
-        "estimated, not measured: probing 2 layers needs about {} and this device has {} free; "
-        "compute at 50% of the measured matmul peak",
+        "estimated, not measured: probing 2 layers needs about {}, more than half of the {} this "
+        "device has free (the probe's limit, so the job's own use of the device is not "
+        "disturbed); compute at 50% of the measured matmul peak",
         human_bytes(static_cast<int64_t>(probe_bytes)),
         human_bytes(static_cast<int64_t>(free_bytes)));
     return p;

@@ -152,6 +152,11 @@ Prediction predict(const Job& job, const Measured& m) {
   return p;
 }
 
+namespace {
+// The least gain in efficiency (a fraction) a larger grad_accum must bring to be advised.
+constexpr double kMinGain = 0.01;
+}  // namespace
+
 std::vector<Alternative> alternatives(const Job& job, const Measured& m) {
   std::vector<Alternative> out;
   auto attempt = [&](const std::string& what, Job variant) {
@@ -164,7 +169,10 @@ std::vector<Alternative> alternatives(const Job& job, const Measured& m) {
   const config::Settings& s = job.settings;
   const int W = job.layout.world();
   if (W == 1) return out;
-  // More micro-batches per optimizer step: the same communication over more compute.
+  // More micro-batches per optimizer step: the same communication over more compute. Offered
+  // only while each doubling raises the efficiency by a point or more: where communication is not
+  // what limits the step, a larger batch buys nothing and is not advice.
+  double best = predict(job, m).efficiency;
   for (int k : {2, 4, 8, 16, 32}) {
     Job v = job;
     v.settings.train.grad_accum = s.train.grad_accum * k;
@@ -172,8 +180,15 @@ std::vector<Alternative> alternatives(const Job& job, const Measured& m) {
         "train.grad_accum={} ({}x the global batch per optimizer step: lower the step count or "
         "raise the learning rate to match)",
         v.settings.train.grad_accum, k);
+    const size_t before = out.size();
     attempt(what, v);
-    if (!out.empty() && out.back().prediction.efficiency >= 0.7) break;
+    if (out.size() == before) break;
+    if (out.back().prediction.efficiency < best + kMinGain) {
+      out.pop_back();
+      break;
+    }
+    best = out.back().prediction.efficiency;
+    if (best >= 0.7) break;
   }
   // Fewer GPUs: the ranks of one node, or one device.
   if (job.layout.nnodes > 1 && job.layout.nproc_per_node > 1) {

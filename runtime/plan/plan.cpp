@@ -559,14 +559,18 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
   p.disk.push_back({"checkpoint", "one checkpoint", ckpt_bytes,
                     fmt::format("{} trained elements x (master + exp_avg + exp_avg_sq) x {} B",
                                 n3(p.trained_parameters), m)});
-  p.disk.push_back({"checkpoints", "checkpoints kept", saves ? (keep + 1) * ckpt_bytes : 0,
+  // Without scheduled saves a SIGTERM or Ctrl-C still writes one checkpoint, and the resumed run
+  // writes final/ beside it.
+  const int64_t kept = saves ? (keep + 1) * ckpt_bytes : ckpt_bytes;
+  p.disk.push_back({"checkpoints", "checkpoints kept", kept,
                     saves ? fmt::format("output.keep_last {} + the one being written", keep)
-                          : "none: output.save_every and save_every_minutes are 0"});
+                          : "one: none is scheduled (output.save_every and save_every_minutes "
+                            "are 0), but a SIGTERM or Ctrl-C writes one"});
   p.disk.push_back({"final", "final model", final_bytes,
                     fmt::format("{} {} elements x {} B", s.lora.enabled ? "adapter" : "model",
                                 n3(s.lora.enabled ? p.trained_parameters : p.parameters),
                                 s.lora.enabled ? 4 : c)});
-  p.disk_need = (saves ? (keep + 1) * ckpt_bytes : 0) + final_bytes;
+  p.disk_need = kept + final_bytes;
 
   // ---- communication per rank per step ----
   const int64_t micro = s.train.grad_accum;

@@ -228,6 +228,7 @@ std::string timeline_chart(const RunRecords& r) {
     int row = 0;
     switch (e.kind) {
       case Event::Kind::kStart:
+      case Event::Kind::kStartOver:
       case Event::Kind::kResume:
         row = 0;
         break;
@@ -238,6 +239,7 @@ std::string timeline_chart(const RunRecords& r) {
         row = 2;
         break;
       case Event::Kind::kCheckpointFailed:
+      case Event::Kind::kCheckpointDamaged:
         row = 3;
         break;
       case Event::Kind::kPreempted:
@@ -291,10 +293,13 @@ std::string events_table(const RunRecords& r) {
   if (r.events.empty()) return "<p class=\"note\">No events recorded.</p>";
   std::string s = "<table class=\"events\"><tr><th>step</th><th>event</th><th>detail</th></tr>";
   for (const auto& e : r.events)
-    s += fmt::format(
-        "<tr class=\"ev-{}\"><td>{}</td><td>{}</td><td>{}</td></tr>",
-        e.kind == Event::Kind::kCheckpointFailed || e.kind == Event::Kind::kRestart ? "bad" : "ok",
-        e.step, escape(event_name(e.kind)), escape(e.detail));
+    s += fmt::format("<tr class=\"ev-{}\"><td>{}</td><td>{}</td><td>{}</td></tr>",
+                     e.kind == Event::Kind::kCheckpointFailed ||
+                             e.kind == Event::Kind::kCheckpointDamaged ||
+                             e.kind == Event::Kind::kRestart || e.kind == Event::Kind::kStartOver
+                         ? "bad"
+                         : "ok",
+                     e.step, escape(event_name(e.kind)), escape(e.detail));
   return s + "</table>";
 }
 

@@ -20,6 +20,10 @@ const char* event_name(Event::Kind kind) {
   switch (kind) {
     case Event::Kind::kStart:
       return "start";
+    case Event::Kind::kStartOver:
+      return "started over";
+    case Event::Kind::kCheckpointDamaged:
+      return "checkpoint damaged";
     case Event::Kind::kResume:
       return "resume";
     case Event::Kind::kRestart:
@@ -205,16 +209,30 @@ void add_event(const json& e, RunRecords& r) {
     else if (e.value("restart_count", 0) > 0)
       r.events.push_back({Event::Kind::kRestart, step,
                           fmt::format("launcher round {}", e.value("restart_count", 0))});
+    // A start from step 0 after another start: the attempt before committed no checkpoint.
+    const bool over =
+        step == 0 && (e.value("started_over", false) ||
+                      std::any_of(r.events.begin(), r.events.end(), [](const Event& x) {
+                        return x.kind == Event::Kind::kStart || x.kind == Event::Kind::kResume;
+                      }));
     r.events.push_back(
-        {step > 0 ? Event::Kind::kResume : Event::Kind::kStart, step,
-         fmt::format("{} rank(s) on {} node(s), {}{}", e.value("world_size", 1),
-                     e.value("nnodes", 1), e.value("device", "?"),
+        {step > 0 ? Event::Kind::kResume
+         : over   ? Event::Kind::kStartOver
+                  : Event::Kind::kStart,
+         step,
+         fmt::format("{}{} rank(s) on {} node(s), {}{}",
+                     over ? "the attempt before ended without a checkpoint, its steps lost; " : "",
+                     e.value("world_size", 1), e.value("nnodes", 1), e.value("device", "?"),
                      step > 0 ? fmt::format(", from the checkpoint of step {}", step) : "")});
     r.environment = e;
     r.finished = false;
   } else if (kind == "preempted") {
     r.events.push_back({Event::Kind::kPreempted, step,
                         fmt::format("{}: checkpoint written, stopped", e.value("signal", "?"))});
+  } else if (kind == "checkpoint_damaged") {
+    r.events.push_back({Event::Kind::kCheckpointDamaged, step,
+                        fmt::format("{}: {}; skipped when resuming", e.value("dir", "?"),
+                                    e.value("reason", "?"))});
   } else if (kind == "finished") {
     r.events.push_back({Event::Kind::kFinished, step, "final model saved"});
     r.finished = true;
@@ -302,7 +320,10 @@ RunRecords read_run(const std::string& dir_name) {
   const auto phase = [](Event::Kind k) {
     switch (k) {
       case Event::Kind::kStart:
+      case Event::Kind::kStartOver:
         return 0;
+      case Event::Kind::kCheckpointDamaged:
+        return 3;
       case Event::Kind::kCheckpoint:
       case Event::Kind::kCheckpointFailed:
       case Event::Kind::kSkipped:

@@ -42,10 +42,12 @@ struct StepPoint {
 struct Event {
   enum class Kind {
     kStart,
+    kStartOver,  // a start from step 0 after an attempt that committed no checkpoint
     kResume,
     kRestart,
     kCheckpoint,
     kCheckpointFailed,
+    kCheckpointDamaged,  // found unusable (meta.json lost, a chunk's checksum) when resuming
     kPreempted,
     kFinished,
     kSkipped

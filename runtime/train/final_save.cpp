@@ -67,7 +67,7 @@ void save_final(parallel::Engine& engine, const FinalSaveOptions& o) {
   if (rank0 && error.empty()) {
     try {
       // The saved model is usable on its own: the tokenizer it was trained with goes beside it.
-      copy_files_into(o.tokenizer_files, final_dir);
+      write_tokenizer_files(o.tokenizer_files, o.chat_template, final_dir);
     } catch (const Error& e) {
       error = e.what();
     }
@@ -104,6 +104,7 @@ void save_final(parallel::Engine& engine, const FinalSaveOptions& o) {
   }
   if (!rank0) return;
   record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  record.step = o.steps;
   record.peak_rss_bytes = peak_rss_bytes();
   for (const auto& d : final_tensors) {
     int64_t n = 1;

@@ -25,6 +25,9 @@ struct FinalSaveOptions {
   at::ScalarType dtype = at::kFloat;        // a full model's stored dtype (the compute dtype)
   // Copied beside the model (the tokenizer it was trained with), by rank 0.
   std::vector<std::string> tokenizer_files;
+  // The chat template the data was rendered with (Jinja source), written as chat_template.jinja;
+  // "" when none was (write_tokenizer_files).
+  std::string chat_template;
   // For the message of a failed save: the newest committed checkpoint ("" if none) and its step.
   std::string last_checkpoint;
   int64_t last_checkpoint_step = 0, steps = 0;

@@ -60,7 +60,7 @@ void write_load_record(const std::string& path, const LoadRecord& r, int rank, i
 }
 
 void write_final_save_record(const std::string& path, const FinalSaveRecord& r) {
-  nlohmann::json j = {{"seconds", r.seconds}, {"bytes", r.bytes}};
+  nlohmann::json j = {{"step", r.step}, {"seconds", r.seconds}, {"bytes", r.bytes}};
   add_peak(j, r.rss_before_bytes, r.peak_rss_bytes, r.peak_reset);
   write_json(path, j);
 }
@@ -149,16 +149,27 @@ void MetricsLog::write(const StepRecord& r) {
   FT_CHECK(out_.good(), "writing ", path_, " failed (disk full?)");
 }
 
-Progress::Progress(int64_t total_steps, int64_t log_every)
+Progress::Progress(int64_t total_steps, int64_t log_every, int64_t from_step)
     : total_(total_steps),
       every_(std::max<int64_t>(1, log_every)),
+      from_(from_step),
       tty_(::isatty(STDOUT_FILENO) == 1),
       start_(std::chrono::steady_clock::now()) {}
+
+double Progress::eta(double elapsed_s, int64_t step) {
+  recent_.emplace_back(elapsed_s, step);
+  if (recent_.size() > kPaceWindow + 1) recent_.pop_front();
+  // The pace over the window; over this process's own steps until the window has two points.
+  const auto [t0, s0] =
+      recent_.size() >= 2 ? recent_.front() : std::pair<double, int64_t>{0, from_};
+  if (step <= s0) return 0;
+  return (elapsed_s - t0) / static_cast<double>(step - s0) * static_cast<double>(total_ - step);
+}
 
 void Progress::update(const StepRecord& r) {
   const auto& s = r.stats;
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  double eta = s.step > 0 ? elapsed / s.step * (total_ - s.step) : 0;
+  const double eta = this->eta(elapsed, s.step);
   std::string text = fmt::format(
       "step {}/{} loss {:.4f} lr {:.2e} grad_norm {:.3f} {:.0f} tok/s MFU {:.1f}% comm {:.0f}%{}",
       s.step, total_, s.loss, s.lr, s.grad_norm, r.tokens_per_s, 100 * r.mfu(),

@@ -5,8 +5,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <fstream>
 #include <string>
+#include <utility>
 
 #include "train/trainer.h"
 
@@ -68,16 +70,24 @@ class MetricsLog {
   std::string path_;
 };
 
+// The progress line (a bar on a terminal). Its ETA is the remaining steps at the pace of the last
+// kPaceWindow steps of this process: a resumed run counts only the steps it ran itself, and the
+// first steps' warm-up fades out of it.
 class Progress {
  public:
-  Progress(int64_t total_steps, int64_t log_every);
+  static constexpr size_t kPaceWindow = 20;
+  // `from_step`: the step the run resumed from (0 for a fresh start).
+  Progress(int64_t total_steps, int64_t log_every, int64_t from_step = 0);
   void update(const StepRecord& r);
   void finish();
+  // Seconds left after `step` at the recent pace, from the elapsed seconds at each update.
+  double eta(double elapsed_s, int64_t step);
 
  private:
-  int64_t total_, every_;
+  int64_t total_, every_, from_;
   bool tty_;
   std::chrono::steady_clock::time_point start_;
+  std::deque<std::pair<double, int64_t>> recent_;  // (elapsed seconds, step) of recent updates
 };
 
 // Peak resident set size of this process (VmHWM), bytes.
@@ -103,6 +113,7 @@ void write_load_record(const std::string& path, const LoadRecord& r, int rank, i
 
 // How rank 0 wrote the final model: final_save.json in the output directory.
 struct FinalSaveRecord {
+  int64_t step = 0;  // the step final/ holds (ft export compares it with the checkpoints')
   double seconds = 0;
   int64_t bytes = 0;             // tensor data written
   int64_t rss_before_bytes = 0;  // rank 0's resident set just before

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -94,7 +95,20 @@ struct OutputPlan {
   std::string ckpt_root;                // OUTPUT/checkpoints
   std::vector<std::string> candidates;  // checkpoints to resume from, newest first
   bool finished = false;                // the run is already finished: nothing to do
+  bool started_over = false;            // an interrupted run without a checkpoint, begun anew
+  std::vector<nlohmann::json> damage;   // events.jsonl records of damaged checkpoints found
 };
+
+// A step-<N> directory appears only when its save commits (the temporary directory, meta.json
+// included, is renamed into place), so one without meta.json lost it afterwards: damage, not a
+// save that never finished.
+nlohmann::json damaged_checkpoint(const std::string& dir, const std::string& reason) {
+  const std::string name = fs::path(dir).filename().string();
+  return {{"event", "checkpoint_damaged"},
+          {"step", std::stoll(name.substr(5))},
+          {"dir", dir},
+          {"reason", reason}};
+}
 
 OutputPlan plan_output(const RunOptions& o, const comm::DistEnv& env) {
   FT_CHECK(!o.output_dir.empty(), "--output is required");
@@ -103,11 +117,21 @@ OutputPlan plan_output(const RunOptions& o, const comm::DistEnv& env) {
   out.ckpt_root = (fs::path(o.output_dir) / "checkpoints").string();
   if (o.resume == "auto") {
     out.candidates = ckpt::list_committed(out.ckpt_root);
-    // Newer step directories that never committed are skipped, by name (rank 0 says it).
-    for (const auto& dir : ckpt::list_uncommitted(out.ckpt_root))
-      if (env.rank == 0 && (out.candidates.empty() || dir > out.candidates.front()))
-        fmt::print(stderr, "ft train: skipping {}: it has no {}, so that save never committed\n",
-                   dir, ckpt::kMetaFile);
+    // Newer step directories without meta.json are damaged: skipped, said, and recorded.
+    for (const auto& dir : ckpt::list_uncommitted(out.ckpt_root)) {
+      if (!out.candidates.empty() && dir < out.candidates.front()) continue;
+      out.damage.push_back(damaged_checkpoint(
+          dir, fmt::format("{} is missing (deleted or lost after the save committed)",
+                           ckpt::kMetaFile)));
+      if (env.rank == 0)
+        fmt::print(stderr,
+                   "ft train: {} is damaged: it has no {}, which its save wrote before the "
+                   "directory got its name (a step directory appears only when its save "
+                   "commits), so it was deleted or lost since; skipped, resuming from {}\n",
+                   dir, ckpt::kMetaFile,
+                   out.candidates.empty() ? std::string("the beginning (no other checkpoint)")
+                                          : out.candidates.front());
+    }
   } else if (o.resume != "none") {
     FT_CHECK(fs::is_regular_file(fs::path(o.resume) / ckpt::kMetaFile), "--resume ", o.resume,
              ": not a committed checkpoint (no ", ckpt::kMetaFile,
@@ -129,6 +153,7 @@ OutputPlan plan_output(const RunOptions& o, const comm::DistEnv& env) {
   // checkpoint was committed (it has preset.json but no final model): nothing there can be resumed.
   const bool interrupted_run = auto_fresh && fs::exists(fs::path(o.output_dir) / "preset.json") &&
                                !fs::exists(fs::path(o.output_dir) / "final");
+  out.started_over = interrupted_run;
   if (interrupted_run && env.rank == 0)
     fmt::print(stderr,
                "ft train: {} holds an interrupted run without a committed checkpoint: starting it "
@@ -184,6 +209,21 @@ double fault_delay(int rank) {
   }
 }
 
+// This process's command line as a shell would take it back (arguments with spaces or quotes
+// single-quoted), from /proc/self/cmdline; "" where that cannot be read.
+std::string command_line() {
+  std::ifstream f("/proc/self/cmdline", std::ios::binary);
+  std::string out, arg;
+  while (std::getline(f, arg, '\0')) {
+    const bool plain =
+        !arg.empty() && arg.find_first_of(" \t\n'\"\\$`*?;&|<>()") == std::string::npos;
+    std::string quoted = "'";
+    for (char c : arg) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    out += (out.empty() ? "" : " ") + (plain ? arg : quoted + "'");
+  }
+  return out;
+}
+
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -228,7 +268,9 @@ class TrainingRun {
   void print_start() const;
   StepRecord step(ckpt::Checkpointer& checkpointer);
   double step_flops(const std::vector<data::Batch>& mbs);
-  void measure_peak();
+  void measure_peak(bool quiet = false);
+  void remeasure_peak();
+  void keep_mfu_at_most_one(StepRecord& r);
   void compare_ranks(StepRecord& r, StragglerWatch& watch);
   bool eval_due(const StepRecord& r) const;
   void evaluate_step(StepRecord& r);
@@ -238,7 +280,7 @@ class TrainingRun {
   const RunOptions& o_;
   const config::Settings& s_;
   const comm::DistEnv env_;
-  const OutputPlan out_;
+  OutputPlan out_;
   const bool rank0_;
 
   cuda::DeviceChoice device_choice_;
@@ -252,6 +294,7 @@ class TrainingRun {
   std::unique_ptr<data::BatchSource> source_;
   std::unique_ptr<EvalSet> eval_set_;  // eval.data, batched once; null without it
   int64_t rows_per_epoch_ = 0;         // --data counted for train.epochs; 0 otherwise
+  std::string chat_template_;  // the records' chat template (Jinja), "" when none is rendered
   int64_t total_steps_ = 0;
   std::unique_ptr<comm::ProcessGroup> world_, shard_group_, replica_group_;
   parallel::Groups groups_;
@@ -261,6 +304,8 @@ class TrainingRun {
   LoadRecord load_;
   std::unique_ptr<Trainer> trainer_;
   PeakFlops peak_;            // the device's matmul peak MFU is measured against
+  bool peak_raised_ = false;  // a step ran faster than peak_ (keep_mfu_at_most_one)
+  static constexpr int64_t kRemeasurePeakStep = 3;
   double fault_delay_s_ = 0;  // FT_FAULT_STEP_DELAY: a test's straggler (fault_delay())
   std::chrono::steady_clock::time_point next_progress_ = std::chrono::steady_clock::now();
 };
@@ -330,6 +375,7 @@ void TrainingRun::open_data() {
   jo.model_dir = o_.model_dir;
   auto jsonl = std::make_unique<data::JsonlSource>(jo);
   if (rank0_) fmt::print("ft train: data {}: template {}\n", o_.data_path, jsonl->template_used());
+  chat_template_ = jsonl->chat_template_source();
   if (rank0_)
     fmt::print(stderr, "ft train: data: {}\n",
                jsonl->cache_path().empty()
@@ -396,7 +442,9 @@ void TrainingRun::load_weights() {
   auto specs = parallel::param_specs(*model_, lora);
   engine_ = std::make_unique<parallel::Engine>(*model_, specs, plan_.engine, groups_);
   held_ = engine_->pieces(false);
-  ck_ = choose_checkpoint(out_.candidates, held_, *engine_, o_.resume);
+  std::vector<std::pair<std::string, std::string>> unusable;
+  ck_ = choose_checkpoint(out_.candidates, held_, *engine_, o_.resume, &unusable);
+  for (const auto& [dir, why] : unusable) out_.damage.push_back(damaged_checkpoint(dir, why));
   load_.source = base_->from_files() ? "files" : "random init";
   // The first zeros, copy and read run libtorch code never run before in this process, whose
   // pages then fault in (several MiB, the same for any model): warm them so the peak measured
@@ -563,7 +611,7 @@ double TrainingRun::step_flops(const std::vector<data::Batch>& mbs) {
 
 // The device's peak, measured by every rank at once (a barrier first, so that ranks sharing a
 // CPU measure their share of it, as they will train).
-void TrainingRun::measure_peak() {
+void TrainingRun::measure_peak(bool quiet) {
   if (env_.world_size > 1) engine_->sum_over_ranks(0);
   const BuildInfo info = build_info(device_.is_cuda());
   const std::string name =
@@ -571,8 +619,42 @@ void TrainingRun::measure_peak() {
           ? info.gpu_names[device_.index()]
           : "";
   peak_ = device_peak(device_, dtype_, name);
-  if (rank0_)
+  if (rank0_ && !quiet)
     fmt::print("ft train: MFU against {:.3g} TFLOP/s ({})\n", peak_.flops_per_s / 1e12, peak_.from);
+}
+
+// A peak measured at start can come out low when another process was busy in those 0.15 s (MFU
+// of 173% and 355% were seen on a loaded machine): measured again once the run is steady, the
+// higher figure kept.
+void TrainingRun::remeasure_peak() {
+  if (peak_.from.rfind("measured", 0) != 0) return;  // a data sheet's figure stands
+  const PeakFlops before = peak_;
+  measure_peak(/*quiet=*/true);
+  if (peak_.flops_per_s < before.flops_per_s) {
+    peak_ = before;
+    return;
+  }
+  peak_.from += fmt::format(" (again after {} steps: {:.3g} TFLOP/s at start)", kRemeasurePeakStep,
+                            before.flops_per_s / 1e12);
+  if (rank0_)
+    fmt::print("ft train: MFU now against {:.3g} TFLOP/s ({})\n", peak_.flops_per_s / 1e12,
+               peak_.from);
+}
+
+// A step that ran faster than the peak proves the peak low: its own rate becomes the peak (said
+// once), so no MFU above 100% is ever shown or recorded.
+void TrainingRun::keep_mfu_at_most_one(StepRecord& r) {
+  const double achieved = r.flops / std::max(r.step_time_s, 1e-12);
+  if (achieved <= peak_.flops_per_s) return;
+  if (rank0_ && !peak_raised_)
+    fmt::print(stderr,
+               "ft train: step {} ran at {:.3g} TFLOP/s, above the peak measured at start "
+               "({:.3g}; the machine was busier then?): MFU is against the fastest step's rate "
+               "from now on\n",
+               r.stats.step, achieved / 1e12, peak_.flops_per_s / 1e12);
+  peak_raised_ = true;
+  peak_.flops_per_s = achieved;
+  r.peak_flops_s = achieved;
 }
 
 // One optimizer step: grad_accum micro-batches forward and backward, the update, and what it
@@ -704,20 +786,30 @@ RunSummary TrainingRun::train() {
   MetricsLog rank_log(
       env_.world_size > 1 ? (out / fmt::format("metrics.rank{}.jsonl", env_.rank)).string() : "",
       keep_through);
-  Progress progress(rank0_ ? total_steps_ : 0, s_.train.log_every);
-  append_event(events_path(),
-               start_event(env_, ck_ ? ck_->step() : 0, device_.str(),
-                           env_.world_size > 1 ? world_->backend_name() : "", plan_.label));
+  Progress progress(rank0_ ? total_steps_ : 0, s_.train.log_every, trainer_->steps());
+  for (const auto& d : out_.damage) append_event(events_path(), d);
+  nlohmann::json start =
+      start_event(env_, ck_ ? ck_->step() : 0, device_.str(),
+                  env_.world_size > 1 ? world_->backend_name() : "", plan_.label);
+  // What the run was given: the report's environment table shows it.
+  start.update({{"model", o_.model_dir},
+                {"data", o_.data_path},
+                {"tokenizer", o_.tokenizer_path},
+                {"command", command_line()},
+                {"started_over", out_.started_over}});
+  append_event(events_path(), start);
   std::unique_ptr<EventWriter> tensorboard;
   if (rank0_ && s_.output.tensorboard)
     tensorboard =
         std::make_unique<EventWriter>((out / "tensorboard").string(), trainer_->steps() + 1);
-  const RunRecord record{s_.resolved, s_.lora.enabled, o_.model_dir,
-                         s_.data.synthetic() ? "" : o_.tokenizer_path, plan_.label};
+  const RunRecord record{s_.resolved,  s_.lora.enabled,
+                         o_.model_dir, s_.data.synthetic() ? "" : o_.tokenizer_path,
+                         plan_.label,  chat_template_};
   RunSummary sum;
   StepProfiler profiler(trainer_->steps() + 4, rank0_ ? s_.output.profile_steps : 0, total_steps_,
                         device_.is_cuda(), o_.output_dir);
   measure_peak();
+  int64_t steps_here = 0;  // steps this process ran (a resumed run starts past 0)
   StragglerWatch stragglers;
   while (trainer_->steps() < total_steps_) {
     const auto t0 = Clock::now();
@@ -756,6 +848,7 @@ RunSummary TrainingRun::train() {
     r.times.other_s = r.step_time_s - r.times.data_s - r.times.compute_s - r.times.comm_s -
                       r.times.optimizer_s - r.times.checkpoint_s;
     r.tokens_per_s = static_cast<double>(r.input_tokens) / std::max(r.step_time_s, 1e-9);
+    keep_mfu_at_most_one(r);
     if (eval_due(r)) {
       trainer_->release_host_blocks();
       evaluate_step(r);
@@ -764,6 +857,7 @@ RunSummary TrainingRun::train() {
     rank_log.write(r);
     if (tensorboard && !r.stats.skipped) tensorboard->write(r.stats.step, tensorboard_scalars(r));
     if (rank0_) progress.update(r);
+    if (++steps_here == kRemeasurePeakStep) remeasure_peak();
     if (!r.stats.skipped) {
       if (sum.steps == 0) sum.first_loss = r.stats.loss;
       sum.last_loss = r.stats.loss;
@@ -799,6 +893,7 @@ void TrainingRun::save_final() {
   fo.tokenizer_files = tokenizer_files_of(o_.model_dir);
   if (!s_.data.synthetic() && !o_.tokenizer_path.empty())
     fo.tokenizer_files.push_back(o_.tokenizer_path);
+  fo.chat_template = chat_template_;
   fo.steps = trainer_->steps();
   if (rank0_) {
     const std::vector<std::string> committed = ckpt::list_committed(out_.ckpt_root);

@@ -1,8 +1,13 @@
 #include "train/saved_model.h"
 
+#include <fmt/format.h>
+
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "io/durable_file.h"
 
 namespace ft::train {
@@ -87,6 +92,50 @@ std::vector<std::string> tokenizer_files_of(const std::string& model_dir) {
   for (const char* f : kTokenizerFiles)
     if (fs::exists(fs::path(model_dir) / f)) out.push_back((fs::path(model_dir) / f).string());
   return out;
+}
+
+namespace {
+
+// A JSON file with its keys in the file's order (nlohmann::json would sort them).
+nlohmann::ordered_json read_ordered_json(const std::string& path) {
+  const std::string text = read_text_file<FormatError>(path);
+  FT_CHECK_T(FormatError, json_too_deep_at(text) == std::string_view::npos, path,
+             ": JSON nested deeper than ", kMaxJsonDepth, " levels; refused");
+  try {
+    return nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(fmt::format("{}: not valid JSON: {}", path, excerpt(e.what(), 200)));
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> write_tokenizer_files(const std::vector<std::string>& files,
+                                               const std::string& chat_template,
+                                               const std::string& dir) {
+  std::vector<std::string> written;
+  for (const auto& src : files) {
+    const std::string name = fs::path(src).filename().string();
+    if (!chat_template.empty() && name == kChatTemplateFile) continue;  // ours replaces it
+    const std::string dst = (fs::path(dir) / name).string();
+    if (!chat_template.empty() && name == "tokenizer_config.json") {
+      // ordered_json keeps the file's key order; only the template entry goes.
+      nlohmann::ordered_json j = read_ordered_json(src);
+      if (j.is_object() && j.contains("chat_template")) {
+        j.erase("chat_template");
+        write_text_atomic(dst, j.dump(2) + "\n");
+        written.push_back(name);
+        continue;
+      }
+    }
+    io::copy_file_durably(src, dst);
+    written.push_back(name);
+  }
+  if (!chat_template.empty()) {
+    write_text_atomic((fs::path(dir) / kChatTemplateFile).string(), chat_template);
+    written.push_back(kChatTemplateFile);
+  }
+  return written;
 }
 
 void copy_files_into(const std::vector<std::string>& files, const std::string& dir) {

@@ -17,8 +17,11 @@
 namespace ft::train {
 
 // The files a model directory's tokenizer consists of, copied beside a saved model when present.
-inline constexpr const char* kTokenizerFiles[] = {
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"};
+// chat_template.jinja is where transformers 5 keeps a chat template (and reads it first).
+inline constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json",
+                                                  "special_tokens_map.json",
+                                                  "generation_config.json", "chat_template.jinja"};
+inline constexpr const char* kChatTemplateFile = "chat_template.jinja";
 
 // The model shape a preset describes (used when no model directory is given).
 model::LlamaConfig model_config_from_preset(const config::ModelSettings& model);
@@ -48,6 +51,14 @@ void save_peft_adapter(const model::LoraConfig& lora, const io::NamedTensors& te
 // Copies `files` into `dir`, each replacing its namesake durably (io::copy_file_durably);
 // SystemError naming the file that failed.
 void copy_files_into(const std::vector<std::string>& files, const std::string& dir);
+// The tokenizer files copied into `dir`, and the chat template the run rendered its data with
+// (`chat_template`, Jinja source; "" when none was rendered) written as chat_template.jinja, so
+// that transformers' apply_chat_template on the saved model renders what training rendered:
+// transformers reads that file before tokenizer_config.json's `chat_template`, which is dropped
+// from the copy as save_pretrained drops it. Returns the names of the files written.
+std::vector<std::string> write_tokenizer_files(const std::vector<std::string>& files,
+                                               const std::string& chat_template,
+                                               const std::string& dir);
 // The tokenizer files (kTokenizerFiles) that `model_dir` holds, as paths; none for "".
 std::vector<std::string> tokenizer_files_of(const std::string& model_dir);
 

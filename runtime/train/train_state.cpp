@@ -28,7 +28,8 @@ std::string rng_tensor(const ckpt::Checkpoint& ck, int rank, int world_size,
 
 std::unique_ptr<ckpt::Checkpoint> choose_checkpoint(
     const std::vector<std::string>& candidates, const std::vector<parallel::Engine::Piece>& held,
-    parallel::Engine& engine, const std::string& resume) {
+    parallel::Engine& engine, const std::string& resume,
+    std::vector<std::pair<std::string, std::string>>* unusable) {
   for (size_t i = 0; i < candidates.size(); ++i) {
     std::unique_ptr<ckpt::Checkpoint> c;
     std::string why;
@@ -55,6 +56,11 @@ std::unique_ptr<ckpt::Checkpoint> choose_checkpoint(
                  candidates[i], why);
     FT_CHECK_T(FormatError, resume == "auto", "--resume ", resume,
                ": the checkpoint is unusable (see above); pass an earlier one, or --resume auto");
+    if (unusable)
+      unusable->emplace_back(candidates[i],
+                             why.empty() ? "another rank found its chunks damaged (its output "
+                                           "says which)"
+                                         : why);
     if (engine.rank() == 0)
       fmt::print(stderr, "ft train: {}\n",
                  i + 1 < candidates.size()
@@ -154,7 +160,8 @@ ckpt::Snapshot make_snapshot(parallel::Engine& engine, Trainer& trainer,
              {"lora", record.lora},
              {"base_model", record.base_model},
              {"tokenizer", record.tokenizer},
-             {"strategy", record.strategy}};
+             {"strategy", record.strategy},
+             {"chat_template", record.chat_template}};
   s.rank_state = {{"data", source.position()}, {"samples_consumed", source.samples_consumed()}};
   return s;
 }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ckpt/checkpoint.h"
@@ -26,6 +27,9 @@ struct RunRecord {
   std::string base_model;  // the --model directory, "" for a random init
   std::string tokenizer;   // the --tokenizer file that final/ copies, "" when none
   std::string strategy;    // the strategy's label
+  // The chat template the data was rendered with (Jinja source), "" when none was: what an export
+  // writes as chat_template.jinja (saved_model.h write_tokenizer_files).
+  std::string chat_template;
 };
 
 // This rank's share of the training state at the trainer's current step. Host tensors are handed
@@ -36,10 +40,12 @@ ckpt::Snapshot make_snapshot(parallel::Engine& engine, Trainer& trainer,
 // The newest of `candidates` (committed step directories, newest first) whose every chunk this
 // rank reads (`held`: its pieces) reads back whole, agreed by every rank through a collective;
 // null when none is left. With `resume` "auto" a damaged one is named and the previous one tried;
-// with an explicit directory it is an error.
+// with an explicit directory it is an error. `unusable` gets each one passed over and why (this
+// rank's reason, or that another rank found it damaged), for events.jsonl.
 std::unique_ptr<ckpt::Checkpoint> choose_checkpoint(
     const std::vector<std::string>& candidates, const std::vector<parallel::Engine::Piece>& held,
-    parallel::Engine& engine, const std::string& resume);
+    parallel::Engine& engine, const std::string& resume,
+    std::vector<std::pair<std::string, std::string>>* unusable = nullptr);
 
 // Optimizer state, loop counters, generator states and data position from `ck`, after the
 // parameters were loaded from it. At the same world size every rank continues its own streams; at

@@ -173,7 +173,7 @@ TEST_CASE("truncated, bit-flipped, deleted and uncommitted checkpoints are named
   {
     const std::string dir = fresh();
     fs::remove(dir + "/meta.json");
-    CHECK_THAT(verify(dir), Catch::Contains("meta.json") && Catch::Contains("never committed"));
+    CHECK_THAT(verify(dir), Catch::Contains("meta.json") && Catch::Contains("damaged"));
     CHECK(list_committed(fs::path(dir).parent_path().string()).empty());
   }
 }

@@ -544,15 +544,24 @@ TEST_CASE("a changed meta.json is refused by its checksum, and an uncommitted st
   CHECK_THAT(bad.output, Catch::Contains("checksum mismatch"));
   CHECK_FALSE(fs::exists(out2 + "/metrics.jsonl"));
 
-  // No meta.json in the newest step directory: skipped, and said.
+  // No meta.json in the newest step directory: damage (a step directory is named only when its
+  // save commits), skipped, said, and recorded for the report's timeline.
   const std::string out3 = make_temp_dir() + "/run3";
   fs::remove(prepare(out3));
   Finished skip = run(train_argv(1, out3, {}));
   INFO(skip.output);
   REQUIRE(skip.code == 0);
-  CHECK_THAT(skip.output, Catch::Contains("skipping") && Catch::Contains("step-000000008") &&
-                              Catch::Contains("never committed"));
+  CHECK_THAT(skip.output, Catch::Contains("step-000000008 is damaged") &&
+                              Catch::Contains("resuming from") &&
+                              Catch::Contains("step-000000004"));
   CHECK(same_file(ref + "/final/model.safetensors", out3 + "/final/model.safetensors"));
+  bool recorded = false;
+  for (const auto& e : read_jsonl(out3 + "/events.jsonl"))
+    recorded |= e.value("event", "") == "checkpoint_damaged" && e.value("step", 0) == 8 &&
+                e.value("reason", "").find("meta.json is missing") != std::string::npos;
+  CHECK(recorded);
+  CHECK_THAT(read_file(out3 + "/report.html"),
+             Catch::Contains("checkpoint damaged") && Catch::Contains("meta.json is missing"));
 }
 
 // `ft train` run by itself (no launcher): a signal mid-step is answered at once with what happens

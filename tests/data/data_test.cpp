@@ -769,21 +769,25 @@ TEST_CASE("the model's chat template is read from tokenizer_config.json or chat_
   TempDir dir;
   const std::string d = dir.path.string();
   CHECK_FALSE(read_model_chat_template(d).has_value());
-  dir.write("chat_template.jinja", "{{ messages[0].content }}\n");
-  auto m = read_model_chat_template(d);
-  REQUIRE(m.has_value());
-  CHECK(m->text == "{{ messages[0].content }}\n");
-  CHECK(m->origin == d + "/chat_template.jinja");
-  // tokenizer_config.json wins; bos / eos as strings or AddedToken objects.
+  // tokenizer_config.json's entry; bos / eos as strings or AddedToken objects.
   dir.write("tokenizer_config.json",
             R"({"chat_template": "T", "bos_token": {"content": "<s>", "lstrip": false},
                 "eos_token": "</s>"})");
-  m = read_model_chat_template(d);
+  auto m = read_model_chat_template(d);
   REQUIRE(m.has_value());
   CHECK(m->text == "T");
   CHECK(m->origin == d + "/tokenizer_config.json chat_template");
   CHECK(m->bos_token == "<s>");
   CHECK(m->eos_token == "</s>");
+  // chat_template.jinja wins over the config's entry, as in transformers 5 (its from_pretrained:
+  // "independent chat template file(s) ... take priority"); bos / eos still come from the config.
+  dir.write("chat_template.jinja", "{{ messages[0].content }}\n");
+  m = read_model_chat_template(d);
+  REQUIRE(m.has_value());
+  CHECK(m->text == "{{ messages[0].content }}\n");
+  CHECK(m->origin == d + "/chat_template.jinja");
+  CHECK(m->bos_token == "<s>");
+  fs::remove(dir.path / "chat_template.jinja");
   dir.write("tokenizer_config.json",
             R"({"chat_template": [{"name": "tool_use", "template": "A"},
                                   {"name": "default", "template": "B"}]})");
@@ -799,6 +803,76 @@ TEST_CASE("the model's chat template is read from tokenizer_config.json or chat_
                     Catch::Contains("chat_template must be a string or a list, got number"));
   dir.write("tokenizer_config.json", "{not json");
   CHECK_THROWS_WITH(read_model_chat_template(d), Catch::Contains("tokenizer_config.json"));
+}
+
+TEST_CASE("each built-in template's Jinja source renders and masks as the built-in does") {
+  // What a model trained with a built-in carries as chat_template.jinja must render what training
+  // rendered: the same text, the same trained turns, the same refusals.
+  auto chat = [](std::vector<Message> m) {
+    Record r;
+    r.format = RecordFormat::kChat;
+    r.messages = std::move(m);
+    return r;
+  };
+  Record alpaca;
+  alpaca.format = RecordFormat::kAlpaca;
+  alpaca.instruction = "Add the numbers.";
+  alpaca.input = " 2 and 3 ";
+  alpaca.output = "5";
+  const std::vector<Record> records = {
+      chat({{"user", "Hi"}, {"assistant", "Hello."}}),
+      chat({{"system", "  Be brief.\n"},
+            {"user", " What is 2+2? "},
+            {"assistant", "4.\n"},
+            {"user", "And 3+3?"},
+            {"assistant", "  6."}}),
+      chat({{"system", "   "}, {"user", "x"}, {"assistant", "y"}}),
+      chat({{"user", "tab\tand\nnewline"}, {"assistant", "ok"}, {"user", "bye"}}), alpaca};
+  auto joined = [](const std::vector<Segment>& segs) {
+    std::string text, trained;
+    for (const Segment& s : segs) {
+      text += s.text;
+      if (s.trained) trained += s.text;
+    }
+    return std::pair{text, trained};
+  };
+  for (ChatTemplate t : {ChatTemplate::kLlama3, ChatTemplate::kChatml, ChatTemplate::kLlama2,
+                         ChatTemplate::kMistral}) {
+    const JinjaChatTemplate jinja({builtin_template_jinja(t), "built-in", "", "", std::nullopt});
+    for (size_t i = 0; i < records.size(); ++i) {
+      INFO(name_of(t) << " record " << i);
+      const std::vector<Message> m =
+          records[i].format == RecordFormat::kChat
+              ? records[i].messages
+              : std::vector<Message>{{"user", "Add the numbers.\n\n 2 and 3 "}, {"assistant", "5"}};
+      for (bool prompt : {false, true}) {
+        const auto builtin = joined(render(records[i], t, prompt, "r"));
+        const auto from_jinja = joined(jinja.render(m, prompt, "r"));
+        CHECK(from_jinja.first == builtin.first);
+        CHECK(from_jinja.second == builtin.second);
+      }
+    }
+    // A conversation the built-in refuses, the Jinja form refuses too (Llama 2 and Mistral).
+    const Record bad = chat({{"assistant", "first"}, {"user", "then"}});
+    const bool builtin_refuses = [&] {
+      try {
+        render(bad, t, false, "r");
+        return false;
+      } catch (const ft::FormatError&) {
+        return true;
+      }
+    }();
+    const bool jinja_refuses = [&] {
+      try {
+        jinja.render(bad.messages, false, "r");
+        return false;
+      } catch (const ft::Error&) {
+        return true;
+      }
+    }();
+    CHECK(jinja_refuses == builtin_refuses);
+  }
+  CHECK(builtin_template_jinja(ChatTemplate::kNone).empty());
 }
 
 TEST_CASE("the model's template renders as transformers and trains only the assistant turns") {

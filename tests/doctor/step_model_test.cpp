@@ -1,6 +1,9 @@
 // The step-time model (doctor/step_model.h) on figures given by hand.
 #include "doctor/step_model.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "config/settings.h"
 #include "model/flops.h"
 #include "support/catch_torch.h"
@@ -102,6 +105,18 @@ TEST_CASE("step model: ddp over a 200 Mbit/s link, by hand") {
     }
   }
   CHECK(accum);
+  // Each larger grad_accum offered raises the efficiency (a point or more) over the one before.
+  double last = p.efficiency;
+  std::vector<const Alternative*> accums;
+  for (const auto& a : alts)
+    if (a.what.rfind("train.grad_accum=", 0) == 0) accums.push_back(&a);
+  std::sort(accums.begin(), accums.end(), [](const Alternative* x, const Alternative* y) {
+    return x->prediction.efficiency < y->prediction.efficiency;
+  });
+  for (const Alternative* a : accums) {
+    CHECK(a->prediction.efficiency >= last + 0.01);
+    last = a->prediction.efficiency;
+  }
   CHECK(one_device);
   CHECK(lora);
   // Best first.

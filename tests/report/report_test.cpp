@@ -134,6 +134,35 @@ TEST_CASE("a resumed run's records read as one curve and damage is named, not fa
   CHECK(lost_node);
 }
 
+TEST_CASE("a start over after an attempt without a checkpoint, and damage found at a resume",
+          "[unit]") {
+  const std::string dir = make_temp_dir() + "/run";
+  fs::create_directories(dir);
+  std::string m;
+  for (int s = 1; s <= 6; ++s) m += step_line(s, 5.0 - 0.1 * s);
+  write(dir + "/metrics.jsonl", m);
+  write(dir + "/events.jsonl",
+        "{\"event\":\"start\",\"step\":0,\"device\":\"cpu\",\"model\":\"/m/base\","
+        "\"data\":\"/d/chat.jsonl\",\"command\":\"ft train --model /m/base\"}\n"
+        "{\"event\":\"start\",\"step\":0,\"device\":\"cpu\",\"started_over\":true,"
+        "\"model\":\"/m/base\",\"data\":\"/d/chat.jsonl\"}\n"
+        "{\"event\":\"checkpoint_damaged\",\"step\":4,\"dir\":\"run/checkpoints/step-4\","
+        "\"reason\":\"meta.json is missing\"}\n"
+        "{\"event\":\"start\",\"step\":2,\"device\":\"cpu\",\"model\":\"/m/base\","
+        "\"data\":\"/d/chat.jsonl\",\"command\":\"ft train --model /m/base\"}\n");
+  const report::RunRecords r = report::read_run(dir);
+  std::vector<std::string> kinds;
+  for (const auto& e : r.events) kinds.push_back(report::event_name(e.kind));
+  const std::vector<std::string> expected = {"start", "started over", "resume",
+                                             "checkpoint damaged"};
+  CHECK(kinds == expected);
+  const std::string html = report::render_report(r);
+  CHECK_THAT(html, Catch::Contains("started over") && Catch::Contains("its steps lost") &&
+                       Catch::Contains("meta.json is missing"));
+  // What the run was given is in the environment table.
+  CHECK_THAT(html, Catch::Contains("/d/chat.jsonl") && Catch::Contains("ft train --model /m/base"));
+}
+
 TEST_CASE("the page draws every figure with its points, lists the damage, loads nothing",
           "[unit]") {
   const std::string dir = resumed_run_dir();

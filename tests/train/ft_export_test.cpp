@@ -96,9 +96,11 @@ TEST_CASE("ft export of a full fine-tune checkpoint is the model ft train wrote"
   const double final_loss = b.loss(b / "run/final");
   CHECK(b.loss(b / "e6") == final_loss);
 
-  // The output directory names its newest committed checkpoint; step 3 is another model.
+  // The output directory names its newest state: final/ of the finished run (step 6, as new as
+  // the newest checkpoint); step 3 is another model.
   REQUIRE(b.export_({"--checkpoint", b / "run", "--output", b / "newest"}, "newest.log") == 0);
-  CHECK_THAT(b.log("newest.log"), Catch::Contains("step 6 of"));
+  CHECK_THAT(b.log("newest.log"), Catch::Contains("final/ of the finished run (step 6)") &&
+                                      Catch::Contains("step 6 of " + b / "run/final"));
   CHECK(read_file(b / "newest/model.safetensors") == read_file(b / "e6/model.safetensors"));
   REQUIRE(b.export_({"--checkpoint", b / "run/checkpoints/step-000000003", "--output", b / "e3"},
                     "e3.log") == 0);
@@ -199,8 +201,11 @@ TEST_CASE("ft export reads checkpoints that several ranks saved in pieces", "[mu
             std::string("output.save_every=3")})
         a.insert(a.end(), {"--set", set});
       REQUIRE(run_ft(a, out + ".log") == 0);
-      REQUIRE(b.export_({"--checkpoint", out, "--output", out + "-export"},
+      // --step: the checkpoint's pieces, not final/ (the run's newest state).
+      REQUIRE(b.export_({"--checkpoint", out, "--step", "3", "--output", out + "-export"},
                         std::string(preset) + "-export.log") == 0);
+      CHECK_THAT(b.log(std::string(preset) + "-export.log"),
+                 Catch::Contains("checkpoint step 3 (asked for with --step)"));
       const std::string file =
           std::string(preset) == "tiny-lora" ? "adapter_model.safetensors" : "model.safetensors";
       CHECK(read_file(out + "-export/" + file) == read_file(out + "/final/" + file));
@@ -246,15 +251,21 @@ TEST_CASE("ft export refuses bad input with exit 2 and writes nothing", "[multip
   std::ofstream(meta, std::ios::trunc) << m.dump(1);
   fs::create_directories(b / "full");
   std::ofstream(b / "full/keep.txt") << "mine";
+  fs::create_directories(b / "notes");
+  std::ofstream(b / "notes/todo.txt") << "not a run";
 
   const std::vector<Case> cases = {
       {{"--checkpoint", b / "nowhere"}, b / "nowhere: no such directory"},
-      {{"--checkpoint", b / "plain"}, "not a checkpoint"},
+      {{"--checkpoint", b / "notes"}, "nothing to export"},
+      {{"--checkpoint", b / "plain", "--step", "1"},
+       "holds no committed checkpoint of step 1 (committed: none; final/ holds step 1)"},
       {{"--checkpoint", b / "run/checkpoints/step-000000009"}, "not a committed checkpoint"},
-      {{"--checkpoint", step, "--merge-lora"}, "is a full fine-tune checkpoint"},
-      {{"--checkpoint", b / "damaged"}, damaged},
-      {{"--checkpoint", b / "edited"}, "meta.json: checksum mismatch"},
-      {{"--checkpoint", b / "partial"}, "holds no param/model.norm.weight"},
+      {{"--checkpoint", step, "--merge-lora"}, "is a full fine-tune"},
+      {{"--checkpoint", b / "run/final", "--merge-lora"}, "is a full fine-tune"},
+      {{"--checkpoint", step, "--step", "2"}, "is one saved state already"},
+      {{"--checkpoint", b / "damaged", "--step", "2"}, damaged},
+      {{"--checkpoint", b / "edited", "--step", "2"}, "meta.json: checksum mismatch"},
+      {{"--checkpoint", b / "partial", "--step", "2"}, "holds no model.norm.weight"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     INFO(cases[i].says);
@@ -275,4 +286,26 @@ TEST_CASE("ft export refuses bad input with exit 2 and writes nothing", "[multip
   fs::create_directories(b / "empty");
   CHECK(b.export_({"--checkpoint", step, "--output", b / "empty"}, "empty.log") == 0);
   CHECK(exists(b / "empty/model.safetensors"));
+}
+
+TEST_CASE("ft export of a finished run takes final/: the model, in another dtype, sharded",
+          "[multiproc]") {
+  Bench b;
+  // No output.save_every: a finished run without a single checkpoint.
+  b.train("run", "tiny-demo", {"train.max_steps=3"});
+  REQUIRE(b.export_({"--checkpoint", b / "run", "--output", b / "e"}, "e.log") == 0);
+  CHECK_THAT(b.log("e.log"), Catch::Contains("final/ of the finished run (step 3)"));
+  CHECK(read_file(b / "e/model.safetensors") == read_file(b / "run/final/model.safetensors"));
+  CHECK(read_file(b / "e/config.json") == read_file(b / "run/final/config.json"));
+  REQUIRE(b.export_({"--checkpoint", b / "run/final", "--output", b / "bf16", "--dtype", "bf16",
+                     "--max-shard-size", "150000"},
+                    "bf16.log") == 0);
+  CHECK(nlohmann::json::parse(read_file(b / "bf16/config.json"))["torch_dtype"] == "bfloat16");
+  CHECK(exists(b / "bf16/model.safetensors.index.json"));
+  // A final/ copied away from its run still exports: its own config.json says what it is.
+  fs::create_directories(b / "elsewhere");
+  fs::copy(b / "run/final", b / "elsewhere/model", fs::copy_options::recursive);
+  REQUIRE(b.export_({"--checkpoint", b / "elsewhere/model", "--output", b / "e2"}, "e2.log") == 0);
+  CHECK_THAT(b.log("e2.log"), Catch::Contains("step unknown"));
+  CHECK(read_file(b / "e2/model.safetensors") == read_file(b / "run/final/model.safetensors"));
 }

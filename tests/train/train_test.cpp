@@ -2,6 +2,8 @@
 // overflow skipping), and the built-in synthetic task.
 #include <ATen/Parallel.h>
 
+#include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "core/error.h"
@@ -11,7 +13,10 @@
 #include "parallel/strategy.h"
 #include "support/catch_torch.h"
 #include "support/numerics.h"
+#include "support/subprocess.h"
 #include "train/device_peak.h"
+#include "train/export.h"
+#include "train/metrics.h"
 #include "train/optimizer.h"
 #include "train/run.h"
 #include "train/schedule.h"
@@ -383,4 +388,73 @@ TEST_CASE("device peaks: known GPUs by the driver's name, dense bf16, others mea
   const auto p = ft::train::measure_matmul(at::kCPU, at::kFloat, 128, 0.02);
   CHECK(p.flops_per_s > 1e8);  // any CPU of this decade
   CHECK_THAT(p.from, Catch::Contains("128^3 fp32 matmuls on cpu"));
+}
+
+TEST_CASE("the ETA counts the steps this process ran, at their recent pace") {
+  // Resumed at step 5 of 20: 40 s of loading and a first step, then 2 s a step. The old ETA
+  // (elapsed / step * remaining) said 42 / 6 * 14 = 98 s after step 6.
+  train::Progress resumed(20, 1, /*from_step=*/5);
+  CHECK(resumed.eta(42, 6) == Approx(42.0 / 1 * 14));  // one point: this process's own pace
+  CHECK(resumed.eta(44, 7) == Approx(2.0 * 13));       // then the window's: 2 s a step
+  CHECK(resumed.eta(46, 8) == Approx(2.0 * 12));
+  // A fresh run whose pace changes: the window forgets the old pace.
+  train::Progress fresh(100, 1);
+  double t = 0;
+  for (int64_t step = 1; step <= 30; ++step) {
+    t += 1;
+    fresh.eta(t, step);
+  }
+  for (int64_t step = 31; step <= 60; ++step) {
+    t += 3;
+    const double eta = fresh.eta(t, step);
+    if (step > 31 + static_cast<int64_t>(train::Progress::kPaceWindow))
+      CHECK(eta == Approx(3.0 * (100 - step)));
+  }
+}
+
+TEST_CASE("ft export takes a run's newest state: final/ unless a checkpoint is newer, or --step") {
+  namespace fs = std::filesystem;
+  const fs::path run = ft::test::make_temp_dir();
+  auto write = [](const fs::path& p, const std::string& text) {
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+  };
+  // (Only which directories hold which files matters here: nothing is opened.)
+  CHECK_THROWS_WITH(train::choose_export_source(run.string()),
+                    Catch::Contains("nothing to export"));
+  write(run / "checkpoints/step-000000004/meta.json", "{}");
+  auto c = train::choose_export_source(run.string());
+  CHECK((!c.final && c.step == 4));
+  CHECK_THAT(c.why, Catch::Contains("the run has not finished: no final/"));
+  // Resumed and finished at step 20: final/, though the only checkpoint is step 4's.
+  write(run / "final/adapter_config.json", "{}");
+  write(run / "final_save.json", R"({"step": 20, "seconds": 1})");
+  c = train::choose_export_source(run.string());
+  CHECK((c.final && c.step == 20 && c.dir == (run / "final").string()));
+  CHECK_THAT(c.why, Catch::Contains("final/ of the finished run (step 20); older: checkpoints "
+                                    "of steps 4"));
+  // A run that finished at step 3 and went on to a checkpoint at 4: the checkpoint.
+  write(run / "final_save.json", R"({"step": 3})");
+  c = train::choose_export_source(run.string());
+  CHECK((!c.final && c.step == 4));
+  CHECK_THAT(c.why, Catch::Contains("newer than final/ (step 3)"));
+  // Without final_save.json the events say the step final/ holds.
+  fs::remove(run / "final_save.json");
+  write(run / "events.jsonl",
+        "{\"event\": \"start\", \"step\": 0}\n{\"event\": \"finished\", \"step\": 9}\n");
+  c = train::choose_export_source(run.string());
+  CHECK((c.final && c.step == 9));
+  // --step: that checkpoint, or a refusal that lists what there is.
+  c = train::choose_export_source(run.string(), 4);
+  CHECK((!c.final && c.step == 4));
+  CHECK_THROWS_WITH(train::choose_export_source(run.string(), 5),
+                    Catch::Contains("committed: 4; final/ holds step 9"));
+  CHECK_THROWS_WITH(train::choose_export_source((run / "final").string(), 4),
+                    Catch::Contains("is one saved state already"));
+  // A step directory whose meta.json is gone is damage, named as such.
+  fs::remove(run / "checkpoints/step-000000004/meta.json");
+  CHECK_THROWS_WITH(
+      train::choose_export_source((run / "checkpoints/step-000000004").string()),
+      Catch::Contains("not a committed checkpoint") && Catch::Contains("meta.json was lost"));
+  fs::remove_all(run);
 }
