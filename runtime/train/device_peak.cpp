@@ -99,6 +99,14 @@ PeakFlops measure_matmul(const at::Device& device, at::ScalarType dtype, int64_t
   return p;
 }
 
+bool raise_peak(PeakFlops& peak, double achieved, int64_t step) {
+  if (!(achieved > peak.flops_per_s)) return false;
+  peak.from = fmt::format("step {}'s own rate, above the {:.3g} TFLOP/s {}", step,
+                          peak.flops_per_s / 1e12, peak.from);
+  peak.flops_per_s = achieved;
+  return true;
+}
+
 PeakFlops device_peak(const at::Device& device, at::ScalarType dtype, const std::string& gpu_name) {
   if (device.is_cuda()) {
     if (const double peak = known_gpu_peak(gpu_name, dtype); peak > 0)

@@ -26,6 +26,11 @@ double known_gpu_peak(const std::string& name, at::ScalarType dtype);
 PeakFlops measure_matmul(const at::Device& device, at::ScalarType dtype, int64_t n,
                          double min_seconds);
 
+// A step that ran at `achieved` FLOP/s, above `peak`, proves the peak low (measured while another
+// process held the cores): the peak becomes that rate, so that no MFU exceeds 1, and `from` says
+// so. Returns whether it was raised.
+bool raise_peak(PeakFlops& peak, double achieved, int64_t step);
+
 // The peak MFU is computed against on `device` (`gpu_name`: the driver's name of a GPU; "" on CPU):
 // the table's figure, else measured (n = 512 on a CPU, 4096 on a GPU; 0.15 s).
 PeakFlops device_peak(const at::Device& device, at::ScalarType dtype,

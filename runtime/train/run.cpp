@@ -645,16 +645,16 @@ void TrainingRun::remeasure_peak() {
 // once), so no MFU above 100% is ever shown or recorded.
 void TrainingRun::keep_mfu_at_most_one(StepRecord& r) {
   const double achieved = r.flops / std::max(r.step_time_s, 1e-12);
-  if (achieved <= peak_.flops_per_s) return;
+  const double before = peak_.flops_per_s;
+  if (!raise_peak(peak_, achieved, r.stats.step)) return;
   if (rank0_ && !peak_raised_)
     fmt::print(stderr,
                "ft train: step {} ran at {:.3g} TFLOP/s, above the peak measured at start "
                "({:.3g}; the machine was busier then?): MFU is against the fastest step's rate "
                "from now on\n",
-               r.stats.step, achieved / 1e12, peak_.flops_per_s / 1e12);
+               r.stats.step, achieved / 1e12, before / 1e12);
   peak_raised_ = true;
-  peak_.flops_per_s = achieved;
-  r.peak_flops_s = achieved;
+  r.peak_flops_s = peak_.flops_per_s;
 }
 
 // One optimizer step: grad_accum micro-batches forward and backward, the update, and what it

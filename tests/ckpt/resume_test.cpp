@@ -555,11 +555,17 @@ TEST_CASE("a changed meta.json is refused by its checksum, and an uncommitted st
                               Catch::Contains("resuming from") &&
                               Catch::Contains("step-000000004"));
   CHECK(same_file(ref + "/final/model.safetensors", out3 + "/final/model.safetensors"));
-  bool recorded = false;
-  for (const auto& e : read_jsonl(out3 + "/events.jsonl"))
+  bool recorded = false, inputs = false;
+  for (const auto& e : read_jsonl(out3 + "/events.jsonl")) {
     recorded |= e.value("event", "") == "checkpoint_damaged" && e.value("step", 0) == 8 &&
                 e.value("reason", "").find("meta.json is missing") != std::string::npos;
+    // Each start records what the run was given.
+    inputs |= e.value("event", "") == "start" && e.contains("model") && e.contains("data") &&
+              e.value("command", "").find(" train --preset tiny-demo --output " + out3) !=
+                  std::string::npos;
+  }
   CHECK(recorded);
+  CHECK(inputs);
   CHECK_THAT(read_file(out3 + "/report.html"),
              Catch::Contains("checkpoint damaged") && Catch::Contains("meta.json is missing"));
 }

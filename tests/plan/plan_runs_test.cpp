@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "support/runs.h"
@@ -343,6 +344,7 @@ TEST_CASE("ft plan prints every section, --json the same as one object, and bad 
       {{"--disk-throughput", "fastGB"}, "--disk-throughput fastGB: not a size"},
       {{"--model", dir + "/nowhere"}, "config.json"},
       {{"--set", "train.micro_batch=0"}, "train.micro_batch"},
+      {{"--data", dir + "/missing.jsonl"}, "missing.jsonl: no such file"},
   };
   for (const auto& b : bad) {
     std::vector<std::string> argv = {ft_bin(), "plan", "--preset", "tiny-demo"};
@@ -353,4 +355,31 @@ TEST_CASE("ft plan prints every section, --json the same as one object, and bad 
     CHECK_THAT(f.output, Catch::Contains(b.says));
     CHECK(f.output.find("terminate") == std::string::npos);
   }
+}
+
+TEST_CASE("an ft train command pastes into ft plan, and its disk need counts a SIGTERM checkpoint",
+          "[multiproc]") {
+  const std::string dir = make_temp_dir();
+  std::ofstream(dir + "/d.jsonl") << "{\"text\": \"hello\"}\n";
+  // Every option of ft train (the one table), as a user copies the command.
+  const Finished f = run_to_end(
+      {ft_bin(), "plan", "--preset", "tiny-demo", "--data", dir + "/d.jsonl", "--tokenizer",
+       dir + "/tokenizer.json", "--data-cache", dir + "/cache", "--output", dir + "/run",
+       "--resume", "auto", "--set", "data.format=auto", "--json"},
+      {}, dir + "/p.txt", 30);
+  INFO(f.output);
+  REQUIRE(f.code == 0);
+  const json j = json::parse(f.output);
+  // tiny-demo schedules no checkpoint, yet a SIGTERM writes one: the need is one checkpoint plus
+  // the final model.
+  int64_t one = 0, kept = 0, final_bytes = 0;
+  for (const auto& i : j["disk"]["items"]) {
+    if (i["key"] == "checkpoint") one = i["bytes"].get<int64_t>();
+    if (i["key"] == "checkpoints") kept = i["bytes"].get<int64_t>();
+    if (i["key"] == "final") final_bytes = i["bytes"].get<int64_t>();
+  }
+  CHECK(one > 0);
+  CHECK(kept == one);
+  CHECK(j["disk"]["need_bytes"].get<int64_t>() == one + final_bytes);
+  CHECK_FALSE(exists(dir + "/run"));  // a plan writes nothing
 }

@@ -267,6 +267,9 @@ TEST_CASE("ft eval reports loss, tokens and perplexity of a trained model and of
     return std::stod(json.substr(at + key.size() + 3));
   };
   CHECK(num(e1, "records") == 16);
+  // A line to read first, the JSON line last (what scripts take).
+  CHECK_THAT(e1, Catch::Contains("ft eval: loss ") && Catch::Contains(" tokens of 16 records in "));
+  CHECK(e1.rfind("{\"") > e1.find("ft eval: loss "));
   CHECK(num(e1, "tokens") > 16);
   CHECK(num(e1, "tokens") == num(e2, "tokens"));   // the same records and masks
   CHECK(num(e2, "loss") < num(e1, "loss") - 0.5);  // training on the data lowered its loss

@@ -388,6 +388,14 @@ TEST_CASE("device peaks: known GPUs by the driver's name, dense bf16, others mea
   const auto p = ft::train::measure_matmul(at::kCPU, at::kFloat, 128, 0.02);
   CHECK(p.flops_per_s > 1e8);  // any CPU of this decade
   CHECK_THAT(p.from, Catch::Contains("128^3 fp32 matmuls on cpu"));
+  // A peak measured low (a busy machine at start): a faster step raises it, so MFU stays <= 1.
+  ft::train::PeakFlops low{1e9, "measured: ..."};
+  CHECK_FALSE(ft::train::raise_peak(low, 0.5e9, 3));
+  CHECK(low.flops_per_s == 1e9);
+  CHECK(ft::train::raise_peak(low, 3.55e9, 4));  // the 355% seen on a loaded machine
+  CHECK(low.flops_per_s == 3.55e9);
+  CHECK_THAT(low.from, Catch::Contains("step 4's own rate"));
+  CHECK(3.55e9 / low.flops_per_s <= 1.0);
 }
 
 TEST_CASE("the ETA counts the steps this process ran, at their recent pace") {
