@@ -17,6 +17,7 @@
 #include "core/worker_contract.h"
 #include "failure.h"
 #include "fingerprint.h"
+#include "grace.h"
 #include "rendezvous.h"
 #include "signals.h"
 #include "supervisor.h"
@@ -117,6 +118,8 @@ struct Round {
   // the round waits up to `peer_loss_wait` from then for the cause to show itself elsewhere.
   std::optional<Clock::time_point> peer_loss_seen;
   std::optional<WorkerExit> peer_loss_worker;
+  // How long stopping the workers waits before SIGKILL, decided (and told) when a signal arrives.
+  std::optional<StopWait> stop_wait;
 };
 
 class Agent {
@@ -146,6 +149,9 @@ class Agent {
   int silent_node(Round& r);
   double peer_loss_wait_s(const Round& r) const;
   RoundState fail(const Round& r, const Failure& failure);
+  std::vector<RankEstimate> read_estimates(const Round& r);
+  void stop_workers(Round& r, RoundState state);
+  bool kill_now(Round& r);
   void publish_failure(int round, const Failure& failure);
   void print_summary(const Failure& failure) const;
   void mark_stopped(int round);
@@ -160,6 +166,8 @@ class Agent {
   std::unique_ptr<Rendezvous> rdzv_;
   int node_rank_ = -1;
   int stop_signal_ = 0;
+  bool kill_now_ = false;  // a terminating signal came while the workers were being stopped
+  double last_wait_s_ = kMinTermGrace;  // the wait of the last stop, for the other nodes' stops
   Failure failure_;  // the last round's first failure, as published (ours if the store is gone)
 };
 
@@ -257,7 +265,7 @@ RoundState Agent::run_round(const RoundResult& rr) {
   RoundState state = supervise(r);
   // A failure is told at once: stopping the workers may take --term-grace.
   if (state == RoundState::kFailed) print_summary(failure_);
-  if (state != RoundState::kSucceeded) group.stop(cfg_.term_grace_s);
+  if (state != RoundState::kSucceeded) stop_workers(r, state);
   if (state == RoundState::kStopped && group.all_exited_with(kExitPreempted))
     state = RoundState::kPreempted;
   mark_stopped(rr.round);
@@ -273,8 +281,9 @@ RoundState Agent::supervise(Round& r) {
       if (state != RoundState::kRunning) return state;
     }
   } catch (const BackendError&) {
+    // Without the store the ranks cannot commit a checkpoint together: no reason to wait long.
     log("lost the rendezvous store; stopping this node's workers");
-    r.group.stop(cfg_.term_grace_s);
+    r.group.stop(cfg_.term_grace_s.value_or(kMinTermGrace));
     throw;
   }
 }
@@ -370,8 +379,11 @@ RoundState Agent::watch_signals(Round& r) {
     r.group.signal_all(sig);  // forward first, so workers see exactly what we saw
     if (SignalPipe::terminates(sig) && !stop_signal_) {
       stop_signal_ = sig;
-      log(fmt::format("received {}: stopping this node's workers (grace {:.0f} s)",
-                      signal_name(sig), cfg_.term_grace_s));
+      r.stop_wait = stop_wait(cfg_.term_grace_s, read_estimates(r), /*checkpointing=*/true);
+      log(fmt::format(
+          "received {}: stopping this node's workers; {}; send it again to stop at once",
+          signal_name(sig), stop_wait_text(*r.stop_wait)));
+      if (r.stop_wait->too_short()) log(too_short_text(*r.stop_wait));
       publish_failure(r.rr.round,
                       make_failure(FailureKind::kSignal, node_rank_, hostname(),
                                    fmt::format("launcher received {}", signal_name(sig))));
@@ -452,6 +464,73 @@ RoundState Agent::watch_completion(Round& r) {
   if (r.marked_done && store.add(Rendezvous::key(r.rr.round, "done"), 0) >= r.layout.nnodes)
     return RoundState::kSucceeded;
   return RoundState::kRunning;
+}
+
+// The StopEstimates of this node's ranks and of rank 0 (which alone knows of a checkpoint it
+// committed in the background), as published; none from programs that publish none or when the
+// store is gone.
+std::vector<RankEstimate> Agent::read_estimates(const Round& r) {
+  std::vector<int> ranks;
+  for (int lr = 0; lr < cfg_.nproc_per_node; ++lr) ranks.push_back(r.layout.global_rank(lr));
+  if (ranks.front() != 0) ranks.push_back(0);
+  std::vector<RankEstimate> out;
+  try {
+    for (int rank : ranks) {
+      const auto text = rdzv_->store().try_get(contract::full_stop_estimate_key(r.rr.round, rank));
+      if (!text) continue;
+      if (auto e = contract::parse_stop_estimate(*text)) out.push_back({rank, *e});
+    }
+  } catch (const BackendError&) {
+  }
+  return out;
+}
+
+// Stops the round's workers: SIGTERM, then SIGKILL after the wait grace.h sets (a second signal
+// cuts it short). When the workers were to checkpoint (a signal, a node joining) the wait covers
+// what they said finishing a step and a checkpoint takes, and a kill says what it lost.
+void Agent::stop_workers(Round& r, RoundState state) {
+  const bool checkpointing = state == RoundState::kStopped ||
+                             failure_.kind == FailureKind::kSignal ||
+                             failure_.kind == FailureKind::kRejoin;
+  if (!r.stop_wait) {
+    r.stop_wait =
+        stop_wait(cfg_.term_grace_s,
+                  checkpointing ? read_estimates(r) : std::vector<RankEstimate>{}, checkpointing);
+    if (checkpointing && r.stop_wait->known) {
+      log(fmt::format("stopping this node's workers for a checkpoint; {}",
+                      stop_wait_text(*r.stop_wait)));
+      if (r.stop_wait->too_short()) log(too_short_text(*r.stop_wait));
+    }
+  }
+  last_wait_s_ = r.stop_wait->seconds;
+  kill_now_ = false;
+  const std::vector<int> killed = r.group.stop(r.stop_wait->seconds, [&] { return kill_now(r); });
+  if (killed.empty()) return;
+  const std::vector<RankEstimate> now =
+      checkpointing ? read_estimates(r) : std::vector<RankEstimate>{};
+  StopWait told = *r.stop_wait;
+  if (!checkpointing) told.known = false;  // a failure: no checkpoint was coming
+  log(lost_text(told, killed, now, kill_now_));
+}
+
+// While the workers stop: a terminating signal stops the job (no restart) and, once one has,
+// another ends the wait at once; other signals are forwarded.
+bool Agent::kill_now(Round& r) {
+  for (int sig : signals_.drain()) {
+    if (!SignalPipe::terminates(sig)) {
+      r.group.signal_all(sig);
+    } else if (!stop_signal_) {
+      stop_signal_ = sig;
+      log(
+          fmt::format("received {} while stopping the workers: the job will not go on; send it "
+                      "again to stop at once",
+                      signal_name(sig)));
+    } else if (!kill_now_) {
+      kill_now_ = true;
+      log(fmt::format("received {} again: killing this node's workers now", signal_name(sig)));
+    }
+  }
+  return kill_now_;
 }
 
 void Agent::mark_stopped(int round) {
@@ -579,7 +658,7 @@ int Agent::finish_job(const RoundResult& rr) {
 bool Agent::starts_new_round(int& restarts) {
   switch (failure_.kind) {
     case FailureKind::kRejoin:
-      return true;
+      return !stop_signal_;
     case FailureKind::kWorker:
     case FailureKind::kNode:
     case FailureKind::kHang:
@@ -603,7 +682,7 @@ int Agent::exit_after_failure(const RoundResult& rr, RoundState state) {
     std::vector<int> nodes = node_ranks(rr.nnodes);
     if (failure_.kind == FailureKind::kNode)
       nodes.erase(std::remove(nodes.begin(), nodes.end(), failure_.node_rank), nodes.end());
-    rdzv_->wait_stopped(rr.round, nodes, cfg_.term_grace_s + 5.0);
+    rdzv_->wait_stopped(rr.round, nodes, last_wait_s_ + 5.0);
   }
   if (state == RoundState::kPreempted) {
     log(

@@ -65,8 +65,10 @@ const std::vector<OptionSpec>& launch_option_specs() {
       {"advertise-addr", "ADDR", "",
        "Address other nodes should use for this node. Default: the local address that reaches the store.",
        {"FT_ADVERTISE_ADDR"}, {}},
-      {"term-grace", "SECONDS", "15",
-       "Seconds between SIGTERM and SIGKILL when stopping workers.",
+      {"term-grace", "SECONDS|auto", "auto",
+       "Seconds between SIGTERM and SIGKILL when stopping workers. auto: 15, or, when the workers "
+       "are to checkpoint (a signal, a node joining), as long as ft train's workers report that "
+       "finishing their step and saving a checkpoint takes, with margin.",
        {"FT_TERM_GRACE"}, {}},
       {"heartbeat-timeout", "SECONDS", "10",
        "A node whose launcher sends no heartbeat through the store for this long is declared lost: "
@@ -149,11 +151,14 @@ int to_int(const Resolved& r, const std::string& name, long lo, long hi) {
   return static_cast<int>(v);
 }
 
-double to_seconds(const Resolved& r, const std::string& name, double lo) {
+// `word`: another value the option takes besides a number ("auto"), for the message.
+double to_seconds(const Resolved& r, const std::string& name, double lo,
+                  const std::string& word = "") {
   char* end = nullptr;
   double v = std::strtod(r.value.c_str(), &end);
   FT_CHECK(end && *end == '\0' && !r.value.empty() && std::isfinite(v) && v >= lo, "--", name,
-           " must be a number of seconds >= ", lo, ", got '", r.value, "' (from ", r.source, ")");
+           " must be a number of seconds >= ", lo, word.empty() ? "" : " or " + word, ", got '",
+           r.value, "' (from ", r.source, ")");
   return v;
 }
 
@@ -268,7 +273,8 @@ LaunchConfig make_launch_config(const std::map<std::string, Resolved>& r,
   c.rdzv_last_call_s = to_seconds(get("rdzv-last-call"), "rdzv-last-call", 0);
   c.max_restarts = to_int(get("max-restarts"), "max-restarts", 0, 1000000);
   c.monitor_interval_s = to_seconds(get("monitor-interval"), "monitor-interval", 0.001);
-  c.term_grace_s = to_seconds(get("term-grace"), "term-grace", 0);
+  if (get("term-grace").value != "auto")  // auto: grace.h sizes the wait when it comes
+    c.term_grace_s = to_seconds(get("term-grace"), "term-grace", 0, "auto");
   c.heartbeat_timeout_s = to_seconds(get("heartbeat-timeout"), "heartbeat-timeout", 0.5);
   c.hang_timeout_s = to_seconds(get("hang-timeout"), "hang-timeout", 0);
   c.log_dir = get("log-dir").value;

@@ -59,7 +59,7 @@ struct LaunchConfig {
   double monitor_interval_s = 0.1;
   std::string log_dir;         // "" = console only
   std::string advertise_addr;  // "" = the address this node uses to reach the store
-  double term_grace_s = 15;
+  std::optional<double> term_grace_s;  // --term-grace as a number; unset: auto (grace.h)
   double heartbeat_timeout_s = 10;  // a node silent this long is lost
   double hang_timeout_s = 600;      // a worker whose progress stops this long is hung (0: off)
   bool dry_run = false;

@@ -247,18 +247,23 @@ void WorkerGroup::signal_all(int sig) {
     if (w->pid > 0 && !w->exited) ::killpg(w->pid, sig);
 }
 
-void WorkerGroup::stop(double grace_s) {
+std::vector<int> WorkerGroup::stop(double grace_s, const std::function<bool()>& kill_now) {
   reap();
   signal_all(SIGTERM);
   auto deadline = Clock::now() + std::chrono::duration<double>(grace_s);
-  while (!all_exited() && Clock::now() < deadline) poll(std::chrono::milliseconds(20));
+  while (!all_exited() && Clock::now() < deadline && !(kill_now && kill_now()))
+    poll(std::chrono::milliseconds(20));
+  std::vector<int> killed;
   if (!all_exited()) {
+    for (auto& w : workers_)
+      if (w->pid > 0 && !w->exited) killed.push_back(w->spec.global_rank);
     signal_all(SIGKILL);
     while (!all_exited()) poll(std::chrono::milliseconds(20));
   }
   // Children the workers left behind in their process groups go too: only our own groups.
   for (auto& w : workers_)
     if (w->pid > 0) ::killpg(w->pid, SIGKILL);
+  return killed;
 }
 
 bool WorkerGroup::all_exited() const {

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,8 +58,10 @@ class WorkerGroup {
   // Sends `sig` to every running worker's process group.
   void signal_all(int sig);
 
-  // SIGTERM to all, keep pumping output, SIGKILL after `grace_s`, reap all. Idempotent.
-  void stop(double grace_s);
+  // SIGTERM to all, keep pumping output, SIGKILL after `grace_s` or as soon as `kill_now()`
+  // says so (polled every 20 ms), reap all. Returns the global ranks that were still running and
+  // got SIGKILL. Idempotent.
+  std::vector<int> stop(double grace_s, const std::function<bool()>& kill_now = {});
 
   bool all_exited() const;
   bool all_succeeded() const;  // all exited with code 0

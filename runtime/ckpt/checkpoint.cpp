@@ -121,7 +121,9 @@ struct Saver::Impl {
   std::thread worker;
   std::exception_ptr error;
   std::atomic<bool> finished{true};  // the background save (if any) has ended; `error` is set
-  double write_s = 0;
+  // Read by the caller's thread while a background save runs (the stop estimate).
+  std::atomic<double> write_s{0};
+  std::atomic<int64_t> committed{-1};  // rank 0: the step of the last checkpoint it committed
   std::mutex mu;
   std::condition_variable cv;
   bool captured = true;  // the save in flight (if any) holds its own copy of the state
@@ -159,7 +161,9 @@ Saver::~Saver() {
   }
 }
 
-double Saver::last_write_s() const { return impl_->write_s; }
+double Saver::last_write_s() const { return impl_->write_s.load(); }
+
+int64_t Saver::committed_step() const { return impl_->committed.load(); }
 
 void Saver::wait() {
   impl_->join();
@@ -296,6 +300,7 @@ void Saver::Impl::commit(const Snapshot& s, const std::string& tmp, const std::s
   }
   std::string verdict;
   if (failed.empty()) {
+    committed.store(s.step);
     tidy_up(s);
   } else {
     // Every rank is done with the directory: nothing of this save is left to be mistaken for a

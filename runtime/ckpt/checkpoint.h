@@ -92,8 +92,11 @@ class Saver {
   // committed, else the error naming every rank that failed (what its wait() threw).
   std::string verdict(int64_t step);
   // Seconds the last completed write took (what a save stalls its caller is the caller's to
-  // measure: the Checkpointer records it).
+  // measure: the Checkpointer records it); 0 before one completed. Any thread, at any time.
   double last_write_s() const;
+  // Rank 0: the step of the newest checkpoint this Saver committed, as soon as it has (a
+  // background save included); -1 before one, and always on other ranks. Any thread.
+  int64_t committed_step() const;
 
  private:
   struct Impl;

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
@@ -110,6 +111,15 @@ void Checkpointer::running(int64_t step) { g_step.store(step); }
 
 const char* Checkpointer::stop_signal() { return g_signal == SIGINT ? "SIGINT" : "SIGTERM"; }
 
+int64_t Checkpointer::committed_step() const {
+  return std::max(committed_, saver_.committed_step());
+}
+
+double Checkpointer::last_save_s() const {
+  const double write_s = saver_.last_write_s();
+  return write_s > 0 ? snapshot_s_ + write_s : 0;
+}
+
 void Checkpointer::log(const json& record) {
   if (!rank0_) return;
   log_ << record.dump() << "\n";
@@ -157,8 +167,10 @@ bool Checkpointer::after_step(int64_t step, int64_t total_steps,
     const bool async = options_.async_save && !stop;
     const auto s0 = std::chrono::steady_clock::now();
     settle(/*stopping=*/false);  // the previous save has ended on every rank
+    const auto snap0 = std::chrono::steady_clock::now();
     Snapshot snap = snapshot();
     warn_if_no_room(step, snap);
+    snapshot_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - snap0).count();
     std::string error;  // of a synchronous save; a background one keeps its own for wait()
     try {
       saver_.save(std::move(snap), async);
@@ -199,7 +211,10 @@ bool Checkpointer::settle(bool stopping, std::string error) {
   const bool failed = agree_max(error.empty() ? 0 : 1) >= 1;
   const int64_t step = in_flight_;
   in_flight_ = -1;
-  if (!failed) return true;
+  if (!failed) {
+    committed_ = std::max(committed_, step);
+    return true;
+  }
   // Every rank reports rank 0's account, which names each rank that failed and why.
   if (!rank0_) {
     const std::string verdict = saver_.verdict(step);

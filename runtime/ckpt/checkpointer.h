@@ -71,6 +71,14 @@ class Checkpointer {
 
   // The optimizer step now running, for the message a signal prints.
   void running(int64_t step);
+  // What stopping costs, for the launcher (contract::StopEstimate). The newest checkpoint known
+  // committed: `resumed_from` (the checkpoint the run started from), a save every rank agreed
+  // succeeded, or on rank 0 one its background save committed; -1 when none.
+  void resumed_from(int64_t step) { committed_ = step; }
+  int64_t committed_step() const;
+  // Seconds the last save took on this rank, from its snapshot to its write (and on rank 0 its
+  // commit); 0 before one has completed.
+  double last_save_s() const;
   // The signal that stopped the run: "SIGTERM" or "SIGINT".
   static const char* stop_signal();
 
@@ -91,6 +99,8 @@ class Checkpointer {
   std::chrono::steady_clock::time_point last_save_;
   std::optional<nlohmann::json> pending_;  // an async save's record, completed at the next update
   int64_t in_flight_ = -1;  // the step of the save whose outcome the ranks have not agreed on yet
+  int64_t committed_ = -1;  // the newest save the ranks agreed on (or resumed_from)
+  double snapshot_s_ = 0;   // what the last save's snapshot took, before its write
   std::vector<int64_t> failed_steps_;  // saves that failed (output.on_save_error=continue)
 };
 

@@ -34,6 +34,26 @@ std::optional<std::string> peer_failure(const std::exception& e) {
   return std::nullopt;
 }
 
+c10::intrusive_ptr<c10d::Store> connect_launcher_store(const DistEnv& env,
+                                                       std::chrono::milliseconds timeout) {
+  FT_CHECK(env.agent_store || env.world_size == 1,
+           "ft workers attach to their launcher's store: TORCHELASTIC_USE_AGENT_STORE must be "
+           "True (run under `ft launch` or torchrun)");
+  c10d::TCPStoreOptions so;
+  so.port = env.master_port;
+  so.isServer = false;
+  so.waitWorkers = false;
+  so.timeout = timeout;
+  try {
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+    return c10::make_intrusive<c10d::PrefixStore>(worker_store_prefix(env.restart_count), tcp);
+  } catch (const c10::Error& e) {
+    throw BackendError(fmt::format("rank {}/{}: cannot reach the launcher's store at {}:{}: {}",
+                                   env.rank, env.world_size, env.master_addr, env.master_port,
+                                   e.what_without_backtrace()));
+  }
+}
+
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;      // this group's store (subgroups prefix it further)
   c10::intrusive_ptr<c10d::Backend> backend;  // Gloo or NCCL
@@ -67,17 +87,7 @@ ProcessGroup::ProcessGroup(const DistEnv& env, const ProcessGroupOptions& opts)
   const std::string endpoint = fmt::format("{}:{}", env.master_addr, env.master_port);
   try {
     if (env.launched()) {
-      FT_CHECK(env.agent_store || env.world_size == 1,
-               "ft workers attach to their launcher's store: TORCHELASTIC_USE_AGENT_STORE must be "
-               "True (run under `ft launch` or torchrun)");
-      c10d::TCPStoreOptions so;
-      so.port = env.master_port;
-      so.isServer = false;
-      so.waitWorkers = false;
-      so.timeout = opts.timeout;
-      auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
-      impl_->store =
-          c10::make_intrusive<c10d::PrefixStore>(worker_store_prefix(env.restart_count), tcp);
+      impl_->store = connect_launcher_store(env, opts.timeout);
     } else {
       impl_->store = c10::make_intrusive<c10d::HashStore>();
     }

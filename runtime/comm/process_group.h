@@ -8,6 +8,7 @@
 #pragma once
 
 #include <c10/core/Device.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
 #include <exception>
@@ -31,6 +32,13 @@ namespace ft::comm {
 // failure usually follows a peer's death; `ft train` exits with contract::kExitPeerLost for it, so
 // that the launcher looks for the peer's own failure before blaming this rank.
 std::optional<std::string> peer_failure(const std::exception& e);
+
+// The launcher's store as this worker's restart round sees it: a TCPStore client on
+// MASTER_ADDR:MASTER_PORT under worker_store_prefix(restart_count). Every launched ProcessGroup
+// forms on it; a world-size-1 `ft train` under `ft launch`, which forms none, reports its progress
+// through it. Throws BackendError naming the endpoint when the store cannot be reached.
+c10::intrusive_ptr<c10d::Store> connect_launcher_store(const DistEnv& env,
+                                                       std::chrono::milliseconds timeout);
 
 struct ProcessGroupOptions {
   static constexpr std::chrono::seconds kDefaultTimeout{300};

@@ -1,8 +1,11 @@
 // The contract between `ft launch` (launcher/) and the workers it starts (`ft train`, runtime/):
-// the worker exit codes the launcher interprets and the store keys both sides name. The launcher
-// hosts the store and only reads the workers' keys; the workers write them. Pure; thread-safe.
+// the worker exit codes the launcher interprets and the store keys and records both sides name.
+// The launcher hosts the store and only reads the workers' keys; the workers write them. Pure;
+// thread-safe.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 
 namespace ft::contract {
@@ -38,5 +41,26 @@ inline std::string progress_key(int rank) { return "ft_progress/" + std::to_stri
 inline std::string full_progress_key(int restart_count, int rank) {
   return worker_store_prefix(restart_count) + "/" + progress_key(rank);
 }
+
+// What stopping a rank costs, as ft train last measured it: on SIGTERM it finishes the step it is
+// in, then saves a checkpoint. The launcher reads it on a terminating signal to size its wait
+// before SIGKILL (--term-grace auto) and, when it kills anyway, to say what was lost.
+struct StopEstimate {
+  int64_t step = 0;             // the last step this rank finished (its resume step before any)
+  double step_s = 0;            // the slowest of its recent steps; 0: no step finished yet
+  int64_t committed_step = -1;  // the newest checkpoint committed as this rank knows it; -1: none
+  double save_s = 0;            // expected seconds of one checkpoint save
+  bool save_measured = false;   // save_s was measured on a save of this run (else estimated)
+};
+
+// Rank `rank`'s StopEstimate as JSON, relative to its round's prefix: ft train rewrites it at most
+// once a second while it steps and whenever a checkpoint commits.
+inline std::string stop_estimate_key(int rank) { return "ft_stop/" + std::to_string(rank); }
+inline std::string full_stop_estimate_key(int restart_count, int rank) {
+  return worker_store_prefix(restart_count) + "/" + stop_estimate_key(rank);
+}
+std::string to_json(const StopEstimate& e);
+// nullopt for anything that is not a StopEstimate's JSON (another program may use the key).
+std::optional<StopEstimate> parse_stop_estimate(const std::string& text);
 
 }  // namespace ft::contract

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -275,6 +277,8 @@ class TrainingRun {
   bool eval_due(const StepRecord& r) const;
   void evaluate_step(StepRecord& r);
   void report_progress();
+  c10d::Store* launcher_store();
+  void publish_stop_estimate(const ckpt::Checkpointer& checkpointer, double iteration_s);
   parallel::ParamSource with_progress(parallel::ParamSource inner, size_t tensors) const;
 
   const RunOptions& o_;
@@ -297,6 +301,8 @@ class TrainingRun {
   std::string chat_template_;  // the records' chat template (Jinja), "" when none is rendered
   int64_t total_steps_ = 0;
   std::unique_ptr<comm::ProcessGroup> world_, shard_group_, replica_group_;
+  // World size 1 under a launcher: its store, for progress and stop estimates (no group forms).
+  c10::intrusive_ptr<c10d::Store> launcher_store_;
   parallel::Groups groups_;
   std::unique_ptr<parallel::Engine> engine_;
   std::vector<parallel::Engine::Piece> held_;  // this rank's pieces of the trained tensors
@@ -308,6 +314,11 @@ class TrainingRun {
   static constexpr int64_t kRemeasurePeakStep = 3;
   double fault_delay_s_ = 0;  // FT_FAULT_STEP_DELAY: a test's straggler (fault_delay())
   std::chrono::steady_clock::time_point next_progress_ = std::chrono::steady_clock::now();
+  // The launcher's stop estimate (publish_stop_estimate): recent iterations, what was published.
+  std::deque<double> recent_iterations_s_;
+  std::optional<contract::StopEstimate> published_stop_;
+  double assumed_save_s_ = -1;  // a save's guessed seconds before one is measured
+  std::chrono::steady_clock::time_point next_stop_publish_;
 };
 
 // The device, before LibTorch is asked anything about CUDA: a GPU run opens libft_cuda.so now.
@@ -418,7 +429,12 @@ void TrainingRun::open_eval_data() {
 // Every rank has validated its inputs; forming the process group waits for all of them, so no
 // rank writes into the output directory while another still checks that it is empty.
 void TrainingRun::form_groups() {
-  if (env_.world_size == 1) return;
+  if (env_.world_size == 1) {
+    if (env_.launched() && env_.agent_store)
+      launcher_store_ =
+          comm::connect_launcher_store(env_, comm::ProcessGroupOptions::kDefaultTimeout);
+    return;
+  }
   comm::ProcessGroupOptions pgo;
   pgo.device = device_;  // Gloo on CPU, NCCL on the rank's GPU
   world_ = std::make_unique<comm::ProcessGroup>(env_, pgo);
@@ -769,11 +785,57 @@ void TrainingRun::evaluate_step(StepRecord& r) {
                r.stats.step, r.eval_loss, r.eval_tokens, s_.eval.data, r.eval_s);
 }
 
+// The launcher's store under this round's prefix; null when not launched.
+c10d::Store* TrainingRun::launcher_store() {
+  return world_ ? &world_->store() : launcher_store_.get();
+}
+
 // Progress for the launcher's hang detection (--hang-timeout): at most once a second.
 void TrainingRun::report_progress() {
-  if (!world_ || std::chrono::steady_clock::now() < next_progress_) return;
-  world_->store().add(contract::progress_key(env_.rank), 1);
+  c10d::Store* store = launcher_store();
+  if (!store || std::chrono::steady_clock::now() < next_progress_) return;
+  store->add(contract::progress_key(env_.rank), 1);
   next_progress_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+}
+
+// A save not measured yet is guessed from this rank's share of a checkpoint (an fp32 master and
+// Adam's two moments per trained element) at a write rate slow shared storage still reaches.
+constexpr double kAssumedSaveBytesPerS = 200e6;
+constexpr double kAssumedSaveFixedS = 2;  // fsync, meta.json, the commit's rename
+
+// What stopping this rank costs, for the launcher's wait between SIGTERM and SIGKILL: the
+// slowest of its last 8 iterations (`iteration_s`, checkpoint stalls left out; 0 before the
+// first), its checkpoint's save and the newest committed step. At most once a second, and at once
+// when a checkpoint commits.
+void TrainingRun::publish_stop_estimate(const ckpt::Checkpointer& checkpointer,
+                                        double iteration_s) {
+  c10d::Store* store = launcher_store();
+  if (!store) return;
+  if (iteration_s > 0) recent_iterations_s_.push_back(iteration_s);
+  if (recent_iterations_s_.size() > 8) recent_iterations_s_.pop_front();
+  contract::StopEstimate e;
+  e.step = trainer_->steps();
+  for (double t : recent_iterations_s_) e.step_s = std::max(e.step_s, t);
+  e.committed_step = checkpointer.committed_step();
+  e.save_s = checkpointer.last_save_s();
+  e.save_measured = e.save_s > 0;
+  if (!e.save_measured) {
+    if (assumed_save_s_ < 0) {
+      int64_t elements = 0;
+      for (const auto& p : engine_->pieces(/*to_write=*/true)) elements += p.end - p.begin;
+      assumed_save_s_ =
+          static_cast<double>(elements) * 12 / kAssumedSaveBytesPerS + kAssumedSaveFixedS;
+    }
+    e.save_s = assumed_save_s_;
+  }
+  const auto now = std::chrono::steady_clock::now();
+  const bool committed = published_stop_ && e.committed_step != published_stop_->committed_step;
+  if (published_stop_ && !committed && now < next_stop_publish_) return;
+  const std::string text = contract::to_json(e);
+  store->set(contract::stop_estimate_key(env_.rank),
+             std::vector<uint8_t>(text.begin(), text.end()));
+  published_stop_ = e;
+  next_stop_publish_ = now + std::chrono::seconds(1);
 }
 
 RunSummary TrainingRun::train() {
@@ -806,6 +868,8 @@ RunSummary TrainingRun::train() {
                          o_.model_dir, s_.data.synthetic() ? "" : o_.tokenizer_path,
                          plan_.label,  chat_template_};
   RunSummary sum;
+  if (ck_) checkpointer.resumed_from(ck_->step());
+  publish_stop_estimate(checkpointer, 0);
   StepProfiler profiler(trainer_->steps() + 4, rank0_ ? s_.output.profile_steps : 0, total_steps_,
                         device_.is_cuda(), o_.output_dir);
   measure_peak();
@@ -857,6 +921,7 @@ RunSummary TrainingRun::train() {
     rank_log.write(r);
     if (tensorboard && !r.stats.skipped) tensorboard->write(r.stats.step, tensorboard_scalars(r));
     if (rank0_) progress.update(r);
+    publish_stop_estimate(checkpointer, seconds_since(t0) - r.times.checkpoint_s);
     if (++steps_here == kRemeasurePeakStep) remeasure_peak();
     if (!r.stats.skipped) {
       if (sum.steps == 0) sum.first_loss = r.stats.loss;

@@ -599,10 +599,10 @@ TEST_CASE("a single-node job on a busy port says so instead of joining it", "[mu
 namespace {
 // `ft launch ARGS` with no `--`: the form that runs ft train on every worker.
 Child launch_train(const std::string& dir, const std::string& name,
-                   const std::vector<std::string>& args) {
+                   const std::vector<std::string>& args,
+                   std::map<std::string, std::string> env = {}) {
   std::vector<std::string> argv = {ft_bin(), "launch"};
   argv.insert(argv.end(), args.begin(), args.end());
-  std::map<std::string, std::string> env;
   for (const char* k : {"SLURM_JOB_ID", "SLURM_NNODES", "NNODES", "NODE_RANK", "MASTER_ADDR",
                         "MASTER_PORT", "PET_NNODES", "NPROC_PER_NODE", "WORLD_SIZE", "RANK"})
     env.emplace(k, "\x01");
@@ -676,4 +676,91 @@ TEST_CASE("ft launch --preset: two workers train together, and bad forms are ref
   REQUIRE(wait_for(help, 20) == 0);
   CHECK_THAT(help.output(), Catch::Contains("ft launch [options] --preset NAME|FILE --output DIR"));
   CHECK_THAT(help.output(), Catch::Contains("--set KEY=VALUE"));
+}
+
+namespace {
+// `ft launch --standalone` of a small ft train job on `nproc` workers into `out`, with `sets`
+// after the small-run ones and `extra` launcher options.
+std::vector<std::string> small_launch(int nproc, const std::string& out,
+                                      const std::vector<std::string>& sets,
+                                      const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args = {"--standalone",
+                                   "--nproc-per-node",
+                                   std::to_string(nproc),
+                                   "--preset",
+                                   "tiny-demo",
+                                   "--output",
+                                   out};
+  args.insert(args.end(), extra.begin(), extra.end());
+  for (const auto& s : with(small_run_sets(), sets)) args.insert(args.end(), {"--set", s});
+  return args;
+}
+// The number in the launcher's "waiting up to N s" line; -1 when there is none.
+double waited_up_to(const std::string& output) {
+  std::smatch m;
+  if (!std::regex_search(output, m, std::regex("waiting up to ([0-9.]+) s"))) return -1;
+  return std::stod(m[1]);
+}
+}  // namespace
+
+// Issue 28 item 4: with steps longer than the old fixed 15 s grace, a SIGTERM lost the run. Now
+// the workers publish what a step and a checkpoint take and --term-grace auto waits for them.
+TEST_CASE(
+    "SIGTERM with steps longer than 15 s: the launcher waits for the step and its "
+    "checkpoint, exit 75, and the next start resumes",
+    "[multiproc]") {
+  const std::string dir = make_temp_dir(), out = dir + "/run";
+  const std::vector<std::string> args =
+      small_launch(2, out, {"train.max_steps=4", "output.save_every=0"});
+  // Rank 1 sleeps 16 s in each step (the other waits for it in the step's collectives).
+  Child c = launch_train(dir, "slow", args, {{"FT_FAULT_STEP_DELAY", "1:16"}});
+  wait_for_steps(out, 1, Clock::now() + std::chrono::seconds(150));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // both ranks have published
+  ::kill(c.pid, SIGTERM);
+  const auto code = wait_for(c, 120);
+  INFO(c.output());
+  REQUIRE(code == 75);
+  // Said at the signal: how long and why (step 2 of ~16 s, its checkpoint); beyond the old 15 s.
+  CHECK_THAT(c.output(), Catch::Contains("received SIGTERM: stopping this node's workers; waiting "
+                                         "up to") &&
+                             Catch::Contains("(--term-grace auto); send it again to stop at once"));
+  CHECK(std::regex_search(c.output(), std::regex("finish step 2 \\(~1[6-9] s a step\\) and save "
+                                                 "its checkpoint \\(~[0-9.]+ s, estimated\\)")));
+  CHECK(waited_up_to(c.output()) >= 16 * 1.25 + 5);
+  CHECK(c.output().find("got SIGKILL") == std::string::npos);
+  CHECK(read_file(out + "/checkpoints/latest") == "step-000000002\n");
+  // The same command, without the slow steps, continues from step 2 and finishes.
+  Child again = launch_train(dir, "again", args);
+  REQUIRE(wait_for(again, 120) == 0);
+  INFO(again.output());
+  CHECK_THAT(again.output(), Catch::Contains("resuming from") && Catch::Contains("(step 2,"));
+  CHECK(read_metrics(out).size() == 4);
+}
+
+TEST_CASE(
+    "a --term-grace too short for the step and its checkpoint: the launcher says so at the "
+    "signal, then what the kill lost and which --term-grace would have saved it",
+    "[multiproc]") {
+  const std::string dir = make_temp_dir(), out = dir + "/run";
+  // One rank (it reports through the launcher's store without a process group): steps of ~1.5 s,
+  // a checkpoint every 2 steps, a grace of half a second.
+  Child c = launch_train(
+      dir, "short",
+      small_launch(1, out, {"train.max_steps=40", "output.save_every=2"}, {"--term-grace", "0.5"}),
+      {{"FT_FAULT_STEP_DELAY", "0:1.5"}});
+  wait_for_steps(out, 3, Clock::now() + std::chrono::seconds(120));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // step 3's estimate is published
+  ::kill(c.pid, SIGTERM);
+  const auto code = wait_for(c, 60);
+  INFO(c.output());
+  CHECK(code == 128 + SIGTERM);
+  CHECK_THAT(c.output(), Catch::Contains("warning: --term-grace 0.5 s is shorter than the ~") &&
+                             Catch::Contains("the workers need to finish step 4"));
+  CHECK_THAT(c.output(),
+             Catch::Contains("rank 0 did not exit within 0.5 s of SIGTERM and got SIGKILL before "
+                             "its checkpoint committed: lost 1 step(s) since the checkpoint of "
+                             "step 2; the next start continues from step 2; --term-grace "));
+  CHECK(
+      std::regex_search(c.output(), std::regex("--term-grace [0-9]+ would have given them time")));
+  CHECK(read_file(out + "/checkpoints/latest") == "step-000000002\n");
 }

@@ -124,6 +124,18 @@ TEST_CASE("rdzv endpoint, standalone and nnodes ranges", "[unit]") {
   CHECK_THROWS_WITH(config({{"term-grace", "-1"}}, {}), Catch::Contains("--term-grace"));
 }
 
+TEST_CASE("--term-grace is auto unless a number is given", "[unit]") {
+  CHECK_FALSE(config({}, {}).term_grace_s.has_value());
+  CHECK(config({}, {}).sources.at("term-grace").value == "auto");
+  CHECK(config({{"term-grace", "auto"}}, {}).term_grace_s == std::nullopt);
+  CHECK(config({{"term-grace", "40"}}, {}).term_grace_s == 40.0);
+  CHECK(config({}, {{"FT_TERM_GRACE", "0.5"}}).term_grace_s == 0.5);
+  CHECK(config({{"term-grace", "auto"}}, {{"FT_TERM_GRACE", "9"}}).term_grace_s == std::nullopt);
+  CHECK_THROWS_WITH(config({}, {{"FT_TERM_GRACE", "long"}}),
+                    Catch::Contains("--term-grace must be a number of seconds >= 0 or auto, got "
+                                    "'long' (from env FT_TERM_GRACE)"));
+}
+
 TEST_CASE("a program is required", "[unit]") {
   CHECK_THROWS_WITH(make_launch_config(resolve_options({}, {}), {}, 0, 1),
                     Catch::Contains("no program to run"));
