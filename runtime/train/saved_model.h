@@ -20,7 +20,8 @@ namespace ft::train {
 inline constexpr const char* kTokenizerFiles[] = {
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"};
 
-// The model shape a preset describes (used when no model directory is given).
+// The model shape a preset describes (used when no model directory is given); ConfigError when the
+// preset has model.require_dir (its model must come from --model).
 model::LlamaConfig model_config_from_preset(const config::ModelSettings& model);
 // The adapters a preset's lora section asks for, on the base `base_model` ("" = random init),
 // validated.
