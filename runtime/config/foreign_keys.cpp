@@ -47,7 +47,7 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"chat_template", "data.template", kAx, ""},
       {"lora_rank", "lora.r", kLf, ""},
       {"lora_r", "lora.r", kAx, ""},
-      {"rank", "lora.r", "PEFT (r) and LLaMA-Factory (lora_rank)", ""},
+      {"rank", "lora.r", "common speech (PEFT says r, LLaMA-Factory lora_rank)", ""},
       {"lora_alpha", "lora.alpha", kPeft, ""},
       {"lora_dropout", "lora.dropout", kPeft, ""},
       {"lora_target", "lora.target_modules", kLf,

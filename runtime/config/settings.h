@@ -25,8 +25,7 @@ struct ModelSettings {
   double rope_theta = 0;
   bool tie_embeddings = false;
   int64_t max_seq_len = 0;
-  bool require_dir =
-      false;  // the shape only from --model DIR (train/saved_model.h refuses without)
+  bool require_dir = false;  // the shape only from --model (train/saved_model.h refuses without)
 };
 
 struct DataSettings {

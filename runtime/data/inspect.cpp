@@ -32,6 +32,12 @@ std::string mark(const std::string& text, bool trained, bool color) {
   return trained ? "⟦" + text + "⟧" : text;
 }
 
+// "3 optimizer steps of 2 rows", singular where it is one.
+std::string steps_of(int64_t steps, int64_t rows) {
+  return fmt::format("{} optimizer step{} of {} row{}", steps, steps == 1 ? "" : "s", rows,
+                     rows == 1 ? "" : "s");
+}
+
 }  // namespace
 
 DataStats data_stats(JsonlSource& source, const std::function<void(int64_t, int64_t)>& progress) {
@@ -100,8 +106,8 @@ std::string format_stats(const DataStats& s) {
       "trained     {} tokens carry the loss ({:.1f}%)\n"
       "truncated   {} records longer than data.seq_len={} ({} tokens cut off and not trained)\n"
       "packing     {} rows of {} tokens per epoch, {:.1f}% tokens, {:.1f}% padding\n"
-      "steps       one epoch is {} optimizer steps of {} rows on one rank (train.micro_batch x "
-      "train.grad_accum); N ranks take 1/N as many\n"
+      "steps       one epoch is {} on one rank (train.micro_batch x train.grad_accum); N ranks "
+      "take 1/N as many\n"
       "lengths     tokens per record:\n",
       s.seq_len, s.micro_batch, s.grad_accum,
       s.settings_from.empty() ? "" : " (" + s.settings_from + ")", records, s.tokens,
@@ -109,7 +115,7 @@ std::string format_stats(const DataStats& s) {
       s.median, s.longest, s.trained,
       s.tokens > 0 ? 100.0 * static_cast<double>(s.trained) / static_cast<double>(s.tokens) : 0.0,
       s.truncated, s.seq_len, s.cut_tokens, s.rows, s.seq_len, 100.0 * s.packing_efficiency(),
-      100.0 * (1 - s.packing_efficiency()), (s.rows + per_step - 1) / per_step, per_step);
+      100.0 * (1 - s.packing_efficiency()), steps_of((s.rows + per_step - 1) / per_step, per_step));
   int64_t most = 1;
   for (const auto& [lo, n] : s.histogram) most = std::max(most, n);
   for (const auto& [lo, n] : s.histogram) {

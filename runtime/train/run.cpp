@@ -551,8 +551,10 @@ void TrainingRun::print_start() const {
       rows_per_epoch_ > 0 ? fmt::format(" ({} of {} sequences)", epochs_text(), rows_per_epoch_)
                           : "",
       o_.output_dir);
-  if (const std::string w = warmup_warning(s_.train, total_steps_); !w.empty())
+  if (const std::string w = warmup_warning(s_.train, total_steps_); !w.empty()) {
+    std::fflush(stdout);  // after the start line it is about
     fmt::print(stderr, "ft train: warning: {}\n", w);
+  }
   fmt::print("ft train: strategy {}\n", plan_.label);
   fmt::print("ft train: device {} ({}){}\n", device_.str(), device_choice_.reason,
              env_.world_size > 1 ? fmt::format(", {} between ranks", world_->backend_name()) : "");

@@ -415,7 +415,7 @@ TEST_CASE("ft data show prints records as the trainer sees them, and the file's 
   CHECK_THAT(out, Catch::Contains("settings    data.seq_len 2048, train.micro_batch 1, "
                                   "train.grad_accum 1 (no --preset: the defaults and --set; give "
                                   "the --preset you train with)") &&
-                      Catch::Contains("steps       one epoch is 1 optimizer steps of 1 rows"));
+                      Catch::Contains("steps       one epoch is 1 optimizer step of 1 row"));
   // seq_len 16 cuts every record: said per record and in the statistics.
   auto [rc2, cut] = show({"-n", "1", "--set", "data.on_bad_record=skip", "--set", "data.seq_len=16",
                           "--set", "data.pack=false", "--set", "train.grad_accum=2"},
