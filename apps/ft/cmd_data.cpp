@@ -13,6 +13,7 @@
 #include "config/preset.h"
 #include "config/schema.h"
 #include "config/settings.h"
+#include "core/error.h"
 #include "data/inspect.h"
 #include "data/token_cache.h"
 #include "model/config.h"
@@ -94,9 +95,20 @@ Run add_data(CLI::App& app) {
     if (!color && o->count > 0) fmt::print("(tokens that carry the loss are between ⟦ and ⟧)\n");
     for (int64_t i = 0; i < std::min<int64_t>(o->count, source.num_records()); ++i)
       fmt::print("{}", data::show_record(source, i, color));
-    const data::DataStats stats = data::data_stats(source, progress("tokenized"));
+    data::DataStats stats = data::data_stats(source, progress("tokenized"));
+    stats.micro_batch = s.train.micro_batch;
+    stats.grad_accum = s.train.grad_accum;
+    const std::string with_sets = o->sets.empty() ? "" : " and --set";
+    stats.settings_from = o->preset.empty() ? "no --preset: the defaults" + with_sets +
+                                                  "; give the --preset you train with"
+                                            : "preset " + o->preset + with_sets;
     fmt::print("--- {}: template {}, format {}\n{}", o->data, source.template_used(),
                data::name_of(source.format()), data::format_stats(stats));
+    std::fflush(stdout);
+    FT_CHECK_T(FormatError, stats.stopped_error.empty(), stats.stopped_error,
+               "; the statistics above cover the ", stats.covered,
+               " records before it. Fix that line, or read the file without such lines (skipped "
+               "and counted, in ft train too) with --set data.on_bad_record=skip");
     return 0;
   };
 }

@@ -49,6 +49,22 @@ json parse_text(const std::string& text, const std::string& where) {
   return j;
 }
 
+// train.warmup_steps and train.warmup_ratio are one setting written two ways. A layer (a preset
+// file, or all the --set given) that writes either states it whole: the other becomes 0 in
+// `target`, whatever an earlier layer gave it. A layer that writes both non-zero is refused.
+void take_warmup(const json& layer_train, json& target, const std::string& where) {
+  const char* const keys[] = {"warmup_steps", "warmup_ratio"};
+  auto nonzero = [&](const char* k) { return layer_train.contains(k) && layer_train[k] != 0; };
+  FT_CHECK(!(nonzero(keys[0]) && nonzero(keys[1])), where, ": train.warmup_steps (",
+           layer_train.value(keys[0], json()).dump(), ") and train.warmup_ratio (",
+           layer_train.value(keys[1], json()).dump(),
+           ") are both set, but warm-up is one or the other: keep one (or set the other to 0)");
+  if (!layer_train.contains(keys[0]) && !layer_train.contains(keys[1])) return;
+  for (const char* k : keys)
+    if (!layer_train.contains(k))
+      target["train"][k] = find_setting(std::string("train.") + k)->default_value;
+}
+
 // Loads one layer and, recursively, its bases; returns the merged object (without defaults).
 json load_layer(const std::string& ref, const std::string& relative_to,
                 std::vector<std::string>& chain) {
@@ -70,8 +86,8 @@ json load_layer(const std::string& ref, const std::string& relative_to,
   } else {
     std::vector<std::string> names;
     for (const auto& p : shipped_presets()) names.push_back(p.name);
-    throw ConfigError(fmt::format("no preset named '{}' and no such file; shipped presets: {}", ref,
-                                  fmt::join(names, ", ")));
+    throw ConfigError(fmt::format("no preset named '{}' and no such file; shipped presets: {}",
+                                  excerpt(ref), fmt::join(names, ", ")));
   }
   FT_CHECK(std::find(chain.begin(), chain.end(), where) == chain.end(),
            "preset base cycle: ", fmt::format("{}", fmt::join(chain, " -> ")), " -> ", where);
@@ -84,6 +100,7 @@ json load_layer(const std::string& ref, const std::string& relative_to,
     merged = load_layer(layer["base"].get<std::string>(), is_file(path) ? path : "", chain);
   }
   layer.erase("base");
+  if (layer.contains("train")) take_warmup(layer["train"], merged, where);
   merge_into(merged, layer);
   return merged;
 }
@@ -122,9 +139,11 @@ std::map<std::string, std::string> user_settings(const std::string& name_or_file
 }
 
 void apply_sets(json& resolved, const std::vector<std::string>& sets) {
+  json warmup = json::object();  // the warm-up the --set give, as a layer's train section
   for (const auto& set : sets) {
     size_t eq = set.find('=');
-    FT_CHECK(eq != std::string::npos && eq > 0, "--set expects key.path=value, got '", set, "'");
+    FT_CHECK(eq != std::string::npos && eq > 0, "--set expects key.path=value, got '", excerpt(set),
+             "'");
     std::string key = set.substr(0, eq);
     const Setting* s = find_setting(key);
     if (!s) {
@@ -140,12 +159,15 @@ void apply_sets(json& resolved, const std::vector<std::string>& sets) {
       }
       *at = 0;
       validate_preset(probe, "--set");
-      throw ConfigError(fmt::format("--set: \"{}\" is a section, not a setting", key));
+      throw ConfigError(fmt::format("--set: \"{}\" is a section, not a setting", excerpt(key)));
     }
     std::string pointer = "/" + key;
     std::replace(pointer.begin(), pointer.end(), '.', '/');
     resolved[json::json_pointer(pointer)] = parse_setting_value(*s, set.substr(eq + 1), "--set");
+    if (key == "train.warmup_steps" || key == "train.warmup_ratio")
+      warmup[key.substr(6)] = resolved[json::json_pointer(pointer)];
   }
+  take_warmup(warmup, resolved, "--set");
 }
 
 json resolve_preset(const std::string& name_or_file, const std::vector<std::string>& sets) {

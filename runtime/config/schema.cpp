@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "config/foreign_keys.h"
 #include "core/error.h"
 #include "core/json.h"
 #include "core/strings.h"
@@ -80,15 +81,21 @@ std::string kind_name(const Setting& s) {
   return "?";
 }
 
+// The suggestion for an unknown key: ft's name for another tool's key (foreign_keys.h), else the
+// nearest schema key by edit distance.
 std::string did_you_mean(const std::string& key) {
+  if (std::string hint = foreign_key_hint(key); !hint.empty()) return hint;
   std::string best;
   size_t best_d = std::max<size_t>(3, key.size() / 4);
+  const std::string key_leaf = key.substr(key.rfind('.') + 1);
   for (const auto& s : preset_schema()) {
-    size_t d = edit_distance(key, s.key);
     // A right leaf under the wrong section ("lr" vs "train.lr") is a good guess too.
-    std::string leaf = s.key.substr(s.key.rfind('.') + 1);
-    std::string key_leaf = key.substr(key.rfind('.') + 1);
-    if (leaf == key_leaf) d = std::min<size_t>(d, 1);
+    const std::string leaf = s.key.substr(s.key.rfind('.') + 1);
+    size_t d = leaf == key_leaf ? 1 : best_d;
+    // The distance is at least the difference in length: a key far longer than any setting (a
+    // 10 MB one) is not compared letter by letter.
+    const size_t longer = std::max(key.size(), s.key.size()) - std::min(key.size(), s.key.size());
+    if (longer < best_d) d = std::min(d, edit_distance(key, s.key));
     if (d < best_d) {
       best_d = d;
       best = s.key;
@@ -164,8 +171,9 @@ void walk(const json& node, const std::string& prefix, const std::string& where)
     }
     // A section: some setting lives below it.
     bool is_section = false;
+    const std::string section = key + ".";
     for (const auto& s : preset_schema())
-      if (s.key.rfind(key + ".", 0) == 0) is_section = true;
+      if (s.key.rfind(section, 0) == 0) is_section = true;
     if (is_section && v.is_object()) {
       walk(v, key, where);
       continue;
@@ -173,7 +181,8 @@ void walk(const json& node, const std::string& prefix, const std::string& where)
     if (is_section)
       throw ConfigError(
           fmt::format("{}: \"{}\" is a section: set its keys (see `ft presets show`)", where, key));
-    throw ConfigError(fmt::format("{}: unknown key \"{}\"{}", where, key, did_you_mean(key)));
+    throw ConfigError(
+        fmt::format("{}: unknown key \"{}\"{}", where, excerpt(key), did_you_mean(key)));
   }
 }
 
@@ -192,6 +201,10 @@ const std::vector<Setting>& preset_schema() {
     F(KEY(model.rope_theta), 10000.0, 1, kInf, "Rotary base."),
     B(KEY(model.tie_embeddings), false, "Share the embedding and the LM head."),
     I(KEY(model.max_seq_len), 4096, 1, 16777216, "Longest sequence the model is used with."),
+    B(KEY(model.require_dir), false,
+      "The model is the user's own: its shape comes only from --model DIR (config.json), and "
+      "ft train, launch, plan and doctor refuse to start without one (the model.* keys above are "
+      "then unused). Set by the lora and full presets."),
     // data
     C(KEY(data.format), "auto", {"auto", "text", "alpaca", "chat", "tokenized", "synthetic"},
       "Record format of the JSONL data; auto detects it from the first record."),
@@ -209,7 +222,13 @@ const std::vector<Setting>& preset_schema() {
     F(KEY(train.epochs), 1.0, 0, kInf, "Passes over the data when max_steps is 0."),
     F(KEY(train.lr), 2e-5, 0, kInf, "Peak learning rate."),
     F(KEY(train.min_lr_ratio), 0.1, 0, 1, "Final learning rate as a fraction of the peak."),
-    I(KEY(train.warmup_steps), 0, 0, kMaxCount, "Linear warmup steps."),
+    I(KEY(train.warmup_steps), 0, 0, kMaxCount,
+      "Linear warmup steps (0: train.warmup_ratio decides). With warmup_ratio, one setting "
+      "written two ways: a preset file (or the --set list) that sets one resets the other to 0; "
+      "one that sets both non-zero is refused."),
+    F(KEY(train.warmup_ratio), 0.0, 0, 1,
+      "Linear warmup as a fraction of the run's optimizer steps, rounded up (HF's warmup_ratio); "
+      "used when train.warmup_steps is 0."),
     C(KEY(train.schedule), "cosine", {"cosine", "linear", "constant"}, "Decay after warmup."),
     F(KEY(train.weight_decay), 0.0, 0, kInf, "AdamW decoupled weight decay (never on norms and biases)."),
     F(KEY(train.beta1), 0.9, 0, 0.999999, "AdamW beta1."),

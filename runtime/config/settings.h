@@ -4,6 +4,8 @@
 // Settings is immutable by convention and safe to share between threads.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -23,6 +25,7 @@ struct ModelSettings {
   double rope_theta = 0;
   bool tie_embeddings = false;
   int64_t max_seq_len = 0;
+  bool require_dir = false;  // the shape only from --model (train/saved_model.h refuses without)
 };
 
 struct DataSettings {
@@ -44,6 +47,7 @@ struct TrainSettings {
   double lr = 0;
   double min_lr_ratio = 0;
   int64_t warmup_steps = 0;
+  double warmup_ratio = 0;  // used when warmup_steps is 0 (never both: config/preset.cpp)
   std::string schedule;  // cosine | linear | constant
   double weight_decay = 0;
   double beta1 = 0, beta2 = 0, eps = 0;
@@ -56,6 +60,17 @@ struct TrainSettings {
   bool fused_rms_norm = true;  // model/fused_ops.h
   bool fused_swiglu = true;
   bool fused_rope = true;
+
+  // The warm-up of a run of `total_steps` optimizer steps: warmup_steps, else warmup_ratio of the
+  // run rounded up, as HF's Trainer rounds it, except that a product within rounding of a whole
+  // number is that number (0.1 x 30 is 3, where the doubles give 3.0000000000000004).
+  int64_t warmup_for(int64_t total_steps) const {
+    if (warmup_steps > 0) return warmup_steps;
+    const double steps = warmup_ratio * static_cast<double>(total_steps);
+    const double nearest = std::round(steps);
+    return static_cast<int64_t>(
+        std::abs(steps - nearest) <= 1e-9 * std::max(1.0, steps) ? nearest : std::ceil(steps));
+  }
 };
 
 struct PrecisionSettings {

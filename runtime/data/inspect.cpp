@@ -32,12 +32,21 @@ std::string mark(const std::string& text, bool trained, bool color) {
   return trained ? "⟦" + text + "⟧" : text;
 }
 
+// "3 optimizer steps of 2 rows", singular where it is one.
+std::string steps_of(int64_t steps, int64_t rows) {
+  return fmt::format("{} optimizer step{} of {} row{}", steps, steps == 1 ? "" : "s", rows,
+                     rows == 1 ? "" : "s");
+}
+
 }  // namespace
 
 DataStats data_stats(JsonlSource& source, const std::function<void(int64_t, int64_t)>& progress) {
-  const JsonlSource::EpochScan scan = source.scan_epoch(progress);
+  const JsonlSource::EpochScan scan = source.scan_epoch(progress, JsonlSource::AtMalformed::kStop);
   DataStats s;
   s.records = source.num_records();
+  s.covered = static_cast<int64_t>(scan.tokens.size());
+  s.stopped_origin = scan.stopped_origin;
+  s.stopped_error = scan.stopped_error;
   s.seq_len = source.seq_len();
   s.rows = scan.rows;
   s.row_tokens = scan.row_tokens;
@@ -80,20 +89,33 @@ DataStats data_stats(JsonlSource& source, const std::function<void(int64_t, int6
 }
 
 std::string format_stats(const DataStats& s) {
-  const int64_t usable = s.records - s.malformed - s.empty;
+  const int64_t usable = s.covered - s.malformed - s.empty;
+  const std::string records =
+      s.stopped_origin.empty()
+          ? fmt::format("{} ({} usable, {} malformed and skipped, {} empty)", s.records, usable,
+                        s.malformed, s.empty)
+          : fmt::format(
+                "{} before the malformed record {} ({} usable, {} empty); the statistics "
+                "stop there, the file has {}",
+                s.covered, s.stopped_origin, usable, s.empty, s.records);
+  const int64_t per_step = s.micro_batch * s.grad_accum;
   std::string out = fmt::format(
-      "records     {} ({} usable, {} malformed and skipped, {} empty)\n"
+      "settings    data.seq_len {}, train.micro_batch {}, train.grad_accum {}{}\n"
+      "records     {}\n"
       "tokens      {} ({:.1f} per record; shortest {}, median {}, longest {})\n"
       "trained     {} tokens carry the loss ({:.1f}%)\n"
       "truncated   {} records longer than data.seq_len={} ({} tokens cut off and not trained)\n"
       "packing     {} rows of {} tokens per epoch, {:.1f}% tokens, {:.1f}% padding\n"
+      "steps       one epoch is {} on one rank (train.micro_batch x train.grad_accum); N ranks "
+      "take 1/N as many\n"
       "lengths     tokens per record:\n",
-      s.records, usable, s.malformed, s.empty, s.tokens,
+      s.seq_len, s.micro_batch, s.grad_accum,
+      s.settings_from.empty() ? "" : " (" + s.settings_from + ")", records, s.tokens,
       usable > 0 ? static_cast<double>(s.tokens) / static_cast<double>(usable) : 0.0, s.shortest,
       s.median, s.longest, s.trained,
       s.tokens > 0 ? 100.0 * static_cast<double>(s.trained) / static_cast<double>(s.tokens) : 0.0,
       s.truncated, s.seq_len, s.cut_tokens, s.rows, s.seq_len, 100.0 * s.packing_efficiency(),
-      100.0 * (1 - s.packing_efficiency()));
+      100.0 * (1 - s.packing_efficiency()), steps_of((s.rows + per_step - 1) / per_step, per_step));
   int64_t most = 1;
   for (const auto& [lo, n] : s.histogram) most = std::max(most, n);
   for (const auto& [lo, n] : s.histogram) {

@@ -14,7 +14,8 @@
 namespace ft::data {
 
 struct DataStats {
-  int64_t records = 0;     // lines in the file
+  int64_t records = 0;     // records in the file
+  int64_t covered = 0;     // records the statistics cover: all, or those before stopped_origin
   int64_t malformed = 0;   // skipped under data.on_bad_record=skip
   int64_t empty = 0;       // records that give no token
   int64_t tokens = 0;      // of the usable records, whole
@@ -27,12 +28,20 @@ struct DataStats {
   int64_t shortest = 0, longest = 0, median = 0;
   // Records per length bucket: [1, 2), [2, 4), ... [2^k, 2^(k+1)), as (lower bound, count).
   std::vector<std::pair<int64_t, int64_t>> histogram;
+  // Under data.on_bad_record=error, the first malformed record ("FILE:LINE") and its error: the
+  // statistics cover the records before it. Empty when there is none.
+  std::string stopped_origin, stopped_error;
+  // Set by the caller: the settings an optimizer step has, and where they come from ("preset
+  // lora-7b"), for the steps an epoch makes.
+  int64_t micro_batch = 1, grad_accum = 1;
+  std::string settings_from;
   double packing_efficiency() const {
     return rows > 0 ? static_cast<double>(row_tokens) / static_cast<double>(rows * seq_len) : 0;
   }
 };
 
-// Statistics of every record (tokenized once, on all cores; `progress` as scan_epoch's).
+// Statistics of every record (tokenized once, on all cores; `progress` as scan_epoch's); under
+// data.on_bad_record=error, of the records before the first malformed one (named in the result).
 DataStats data_stats(JsonlSource& source, const std::function<void(int64_t, int64_t)>& progress);
 std::string format_stats(const DataStats& stats);
 

@@ -15,6 +15,10 @@ namespace ft::data {
 namespace {
 
 constexpr int64_t kPad = 0, kIgnore = -100;
+// What a malformed record's error adds under data.on_bad_record=error.
+constexpr const char* kSkipHint =
+    "; fix that line, or train without such lines (skipped and counted) with --set "
+    "data.on_bad_record=skip";
 
 // splitmix64, as the synthetic task uses: the order of an epoch depends on (seed, epoch) only.
 uint64_t mix(uint64_t x) {
@@ -252,8 +256,9 @@ TokenizedRecord JsonlSource::next_record() {
     bool truncated = false;
     try {
       r = tokenize_at(record_at(g / n, g % n), &truncated);
-    } catch (const FormatError&) {
-      if (options_.on_bad_record == BadRecordPolicy::kError) throw;
+    } catch (const FormatError& e) {
+      if (options_.on_bad_record == BadRecordPolicy::kError)
+        throw FormatError(detail::cat(e.what(), kSkipHint));
       ++skipped_;
       continue;
     }
@@ -266,13 +271,14 @@ TokenizedRecord JsonlSource::next_record() {
 }
 
 JsonlSource::EpochScan JsonlSource::scan_epoch(
-    const std::function<void(int64_t, int64_t)>& progress) {
+    const std::function<void(int64_t, int64_t)>& progress, AtMalformed at_malformed) {
   const int64_t n = index_.size(), T = options_.seq_len;
   EpochScan scan;
   scan.tokens.assign(static_cast<size_t>(n), 0);
   scan.trained.assign(static_cast<size_t>(n), 0);
   constexpr int64_t kChunk = 4096;  // file order: reads stay sequential
-  for (int64_t begin = 0; begin < n; begin += kChunk) {
+  int64_t covered = n;
+  for (int64_t begin = 0; begin < n && covered == n; begin += kChunk) {
     const int64_t end = std::min(n, begin + kChunk);
     at::parallel_for(begin, end, 16, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
@@ -290,18 +296,38 @@ JsonlSource::EpochScan JsonlSource::scan_epoch(
         }
       }
     });
-    if (options_.on_bad_record == BadRecordPolicy::kError) {
-      for (int64_t i = begin; i < end; ++i) {
-        // Again on this thread, so the error is the first bad record's, as next() throws it.
-        if (scan.tokens[static_cast<size_t>(i)] == EpochScan::kMalformed) tokenize_whole(i);
+    for (int64_t i = begin; i < end && options_.on_bad_record == BadRecordPolicy::kError; ++i) {
+      if (scan.tokens[static_cast<size_t>(i)] != EpochScan::kMalformed) continue;
+      // Again on this thread, so the error is the first bad record's, as next() throws it.
+      if (at_malformed == AtMalformed::kThrow) throw_bad_record(i);
+      covered = i;
+      scan.stopped_at = i;
+      try {
+        (void)tokenize_whole(i, &scan.stopped_origin);
+      } catch (const FormatError& e) {
+        scan.stopped_error = e.what();
       }
+      break;
     }
-    if (progress) progress(end, n);
+    if (progress) progress(covered == n ? end : covered, n);
   }
-  // Place them as next() does: a record that does not fit the current row starts the next one.
+  scan.tokens.resize(static_cast<size_t>(covered));
+  scan.trained.resize(static_cast<size_t>(covered));
+  place_rows(scan, covered);
+  FT_CHECK_T(FormatError, scan.rows > 0 || scan.stopped_at >= 0, options_.path,
+             ": no usable record in the file (",
+             std::count(scan.tokens.begin(), scan.tokens.end(), EpochScan::kMalformed),
+             " malformed records skipped)");
+  return scan;
+}
+
+void JsonlSource::place_rows(EpochScan& scan, int64_t records) {
+  // As next() does: a record that does not fit the current row starts the next one.
+  const int64_t T = options_.seq_len;
   int64_t filled = 0;
   bool open = false;
   for (const int64_t record : order_of(0)) {
+    if (record >= records) continue;
     const int64_t len = std::min<int64_t>(scan.tokens[static_cast<size_t>(record)], T);
     if (len <= 0) continue;
     if (open && (!options_.pack || filled + len > T)) {
@@ -313,10 +339,15 @@ JsonlSource::EpochScan JsonlSource::scan_epoch(
     open = true;
   }
   if (open) ++scan.rows;
-  FT_CHECK_T(FormatError, scan.rows > 0, options_.path, ": no usable record in the file (",
-             std::count(scan.tokens.begin(), scan.tokens.end(), EpochScan::kMalformed),
-             " malformed records skipped)");
-  return scan;
+}
+
+void JsonlSource::throw_bad_record(int64_t record) const {
+  try {
+    (void)tokenize_whole(record);
+  } catch (const FormatError& e) {
+    throw FormatError(detail::cat(e.what(), kSkipHint));
+  }
+  FT_ASSERT(false, "record ", record, " was malformed and then was not");
 }
 
 Batch JsonlSource::next() {

@@ -126,8 +126,10 @@ class JsonlSource : public BatchSource {
   // One epoch as next() lays it out: every record tokenized once (in parallel, calling
   // `progress(records_done, num_records())` between chunks) and placed in epoch 0's order into
   // rows of [seq_len] tokens. Counts as one rank reading every record, whatever this source's
-  // rank. A malformed record is the FormatError next() would throw (the first in file order), or
-  // is counted under BadRecordPolicy::kSkip. Leaves the source's position unchanged.
+  // rank. A malformed record is counted under BadRecordPolicy::kSkip; under kError the first one
+  // in file order is next()'s FormatError (kThrow), or ends the scan (kStop: it then covers the
+  // records before that one and names it). Leaves the source's position unchanged.
+  enum class AtMalformed { kThrow, kStop };
   struct EpochScan {
     static constexpr int32_t kEmpty = -1, kMalformed = -2;
     // Per record, in file order: its tokens whole (or kEmpty / kMalformed), and the tokens that
@@ -135,8 +137,13 @@ class JsonlSource : public BatchSource {
     std::vector<int32_t> tokens, trained;
     int64_t rows = 0;        // rows of epoch 0 (what train.epochs counts in)
     int64_t row_tokens = 0;  // tokens placed in them (after truncation): the rest is padding
+    // kStop: the malformed record the scan stopped at (tokens/trained then hold the records before
+    // it), "FILE:LINE", and its error; -1 and "" when the scan covered the file.
+    int64_t stopped_at = -1;
+    std::string stopped_origin, stopped_error;
   };
-  EpochScan scan_epoch(const std::function<void(int64_t, int64_t)>& progress = {});
+  EpochScan scan_epoch(const std::function<void(int64_t, int64_t)>& progress = {},
+                       AtMalformed at_malformed = AtMalformed::kThrow);
   // Rows of [seq_len] tokens that one epoch gives (scan_epoch's rows). Later epochs pack another
   // order and may give a row or so more or fewer.
   int64_t rows_per_epoch(const std::function<void(int64_t, int64_t)>& progress = {}) {
@@ -149,6 +156,12 @@ class JsonlSource : public BatchSource {
   void resolve_template();
   // The next usable record on this rank, tokenized and truncated (skips bad ones if allowed).
   TokenizedRecord next_record();
+  // Under BadRecordPolicy::kError: the FormatError of malformed record `record`, saying how to
+  // skip such records instead.
+  [[noreturn]] void throw_bad_record(int64_t record) const;
+  // Places the records [0, records) (file indices; malformed and empty ones take no room) in
+  // epoch 0's order into `scan`'s rows, as next() packs them.
+  void place_rows(EpochScan& scan, int64_t records);
   // Record `record` (a file index) parsed, tokenized and truncated to seq_len; throws FormatError
   // naming file:line for a malformed one. Thread-safe.
   TokenizedRecord tokenize_at(int64_t record, bool* truncated) const;

@@ -238,7 +238,7 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
   const int64_t c = static_cast<int64_t>(c10::elementSize(compute));
   FT_CHECK(s.data.seq_len <= mc.max_position_embeddings, "data.seq_len ", s.data.seq_len,
            " exceeds the model's max_position_embeddings ", mc.max_position_embeddings, " (",
-           shape.from, ")");
+           shape.from, "): --set data.seq_len=", mc.max_position_embeddings, " or less");
 
   comm::DistEnv env;
   env.world_size = L.world();

@@ -69,7 +69,8 @@ int64_t steps_for_epochs(double epochs, int64_t rows_per_epoch, int64_t micro_ba
 namespace {
 
 // The rows of one epoch of --data, with a progress line when counting takes a while (each record
-// is tokenized once).
+// is tokenized once, or read from the tokenized cache); a malformed record is its FormatError
+// under data.on_bad_record=error.
 int64_t count_epoch_rows(data::JsonlSource& source, const std::string& path) {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
@@ -81,7 +82,7 @@ int64_t count_epoch_rows(data::JsonlSource& source, const std::string& path) {
     const double since_start = std::chrono::duration<double>(now - start).count();
     const double since_last = std::chrono::duration<double>(now - last).count();
     if (since_start < 2 || (!tty && since_last < 10 && done < total)) return;
-    fmt::print("{}ft train: counting the sequences of one epoch of {}: {}/{} records ({:.0f} s)",
+    fmt::print("{}ft train: checking every record of {} and counting an epoch: {}/{} ({:.0f} s)",
                tty ? "\r" : "", path, done, total, since_start);
     if (!tty) fmt::print("\n");
     std::fflush(stdout);
@@ -268,6 +269,7 @@ class TrainingRun {
   void build_trainer();
   ckpt::CheckpointerOptions checkpointer_options();
   void print_start() const;
+  std::string epochs_text() const;
   StepRecord step(ckpt::Checkpointer& checkpointer);
   double step_flops(const std::vector<data::Batch>& mbs);
   void measure_peak(bool quiet = false);
@@ -337,7 +339,8 @@ void TrainingRun::build_model() {
                                         static_cast<uint64_t>(s_.train.seed));
   dtype_ = parse_dtype(s_.precision.mode);
   FT_CHECK(s_.data.seq_len <= mc_.max_position_embeddings, "data.seq_len ", s_.data.seq_len,
-           " exceeds the model's max_position_embeddings ", mc_.max_position_embeddings);
+           " exceeds the model's max_position_embeddings ", mc_.max_position_embeddings,
+           ": --set data.seq_len=", mc_.max_position_embeddings, " or less");
   const auto checkpointing =
       model::parse_activation_checkpointing(s_.train.activation_checkpointing);
   plan_ = parallel::plan_strategy(s_.strategy, s_.precision.mode, env_, device_);
@@ -393,11 +396,12 @@ void TrainingRun::open_data() {
                    ? jsonl->cache_note() + "; every record is tokenized as it is read"
                    : "records read from the tokenized cache " + jsonl->cache_path() +
                          " (ft data prepare)");
-  if (total_steps_ == 0) {
-    rows_per_epoch_ = count_epoch_rows(*jsonl, o_.data_path);
+  // Every record is read now, before the weights load and anything is written: a malformed line
+  // stops the run here, and the rows of an epoch give the run's length in epochs.
+  rows_per_epoch_ = count_epoch_rows(*jsonl, o_.data_path);
+  if (total_steps_ == 0)
     total_steps_ = steps_for_epochs(s_.train.epochs, rows_per_epoch_, jo.micro_batch,
                                     s_.train.grad_accum, env_.world_size);
-  }
   source_ = std::move(jsonl);
 }
 
@@ -591,6 +595,14 @@ ckpt::CheckpointerOptions TrainingRun::checkpointer_options() {
   return co;
 }
 
+// The run's length in passes over --data: train.epochs, or what train.max_steps comes to.
+std::string TrainingRun::epochs_text() const {
+  if (s_.train.max_steps == 0) return fmt::format("{:g} epochs", s_.train.epochs);
+  const double rows = static_cast<double>(total_steps_ * s_.train.micro_batch *
+                                          s_.train.grad_accum * env_.world_size);
+  return fmt::format("about {:.3g} epochs", rows / static_cast<double>(rows_per_epoch_));
+}
+
 void TrainingRun::print_start() const {
   if (!rank0_) return;
   fmt::print(
@@ -600,10 +612,13 @@ void TrainingRun::print_start() const {
       mc_.hidden_size, s_.precision.mode, s_.train.grad_accum, s_.train.micro_batch,
       s_.data.seq_len,
       env_.world_size > 1 ? fmt::format(" on each of {} ranks", env_.world_size) : "", total_steps_,
-      rows_per_epoch_ > 0
-          ? fmt::format(" ({:g} epochs of {} sequences)", s_.train.epochs, rows_per_epoch_)
-          : "",
+      rows_per_epoch_ > 0 ? fmt::format(" ({} of {} sequences)", epochs_text(), rows_per_epoch_)
+                          : "",
       o_.output_dir);
+  if (const std::string w = warmup_warning(s_.train, total_steps_); !w.empty()) {
+    std::fflush(stdout);  // after the start line it is about
+    fmt::print(stderr, "ft train: warning: {}\n", w);
+  }
   fmt::print("ft train: strategy {}\n", plan_.label);
   fmt::print("ft train: device {} ({}){}\n", device_.str(), device_choice_.reason,
              env_.world_size > 1 ? fmt::format(", {} between ranks", world_->backend_name()) : "");

@@ -16,6 +16,10 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 model::LlamaConfig model_config_from_preset(const config::ModelSettings& m) {
+  FT_CHECK(!m.require_dir,
+           "this preset trains your own model (model.require_dir is true): give its Hugging Face "
+           "directory with --model DIR (config.json, *.safetensors, tokenizer.json); the model's "
+           "shape comes from there. To try ft without a model, use --preset tiny-demo");
   model::LlamaConfig c;
   c.vocab_size = m.vocab_size;
   c.hidden_size = m.hidden_size;

@@ -23,7 +23,8 @@ inline constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_c
                                                   "generation_config.json", "chat_template.jinja"};
 inline constexpr const char* kChatTemplateFile = "chat_template.jinja";
 
-// The model shape a preset describes (used when no model directory is given).
+// The model shape a preset describes (used when no model directory is given); ConfigError when the
+// preset has model.require_dir (its model must come from --model).
 model::LlamaConfig model_config_from_preset(const config::ModelSettings& model);
 // The adapters a preset's lora section asks for, on the base `base_model` ("" = random init),
 // validated.

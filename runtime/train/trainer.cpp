@@ -25,13 +25,28 @@ TrainOptions train_options(const config::TrainSettings& train,
                            const config::PrecisionSettings& precision, int64_t total_steps) {
   TrainOptions o;
   o.precision = precision.mode;
-  o.schedule = {train.lr, train.warmup_steps, total_steps, train.min_lr_ratio, train.schedule};
+  o.schedule = {train.lr, train.warmup_for(total_steps), total_steps, train.min_lr_ratio,
+                train.schedule};
   o.adamw = {train.beta1, train.beta2, train.eps, train.weight_decay};
   o.grad_clip = train.grad_clip;
   o.loss_scale_init = precision.loss_scale_init;
   o.loss_scale_window = precision.loss_scale_window;
   o.fused_loss = train.fused_loss;
   return o;
+}
+
+std::string warmup_warning(const config::TrainSettings& train, int64_t total_steps) {
+  const int64_t warmup = train.warmup_for(total_steps);
+  if (warmup < total_steps || warmup == 0) return "";
+  const std::string setting = train.warmup_steps > 0
+                                  ? fmt::format("train.warmup_steps={}", train.warmup_steps)
+                                  : fmt::format("train.warmup_ratio={:g}", train.warmup_ratio);
+  return fmt::format(
+      "the learning-rate warm-up ({}: {} steps) lasts the whole run of {} steps: the rate reaches "
+      "train.lr={:g} {} and no step follows train.schedule={}; warm up for a part of the run "
+      "(--set train.warmup_ratio=0.03, which replaces train.warmup_steps), or train longer",
+      setting, warmup, total_steps, train.lr,
+      warmup == total_steps ? "only at the last step" : "at no step", train.schedule);
 }
 
 model::FusedOps fused_ops(const config::TrainSettings& train) {

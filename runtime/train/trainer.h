@@ -115,6 +115,10 @@ class Trainer {
 TrainOptions train_options(const config::TrainSettings& train,
                            const config::PrecisionSettings& precision, int64_t total_steps);
 
+// A warning when the warm-up of a run of `total_steps` steps reaches its end (the learning rate
+// would rise all run and never decay), naming the setting and the fix; "" when it does not.
+std::string warmup_warning(const config::TrainSettings& train, int64_t total_steps);
+
 // The fused kernels the model uses (train.fused_rms_norm, train.fused_swiglu, train.fused_rope).
 model::FusedOps fused_ops(const config::TrainSettings& train);
 

@@ -1,8 +1,11 @@
 // Preset schema and resolution: shipped presets validate, inheritance and --set work, and every bad
 // input names its file / key with a suggestion.
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <fstream>
+#include <regex>
 
+#include "config/foreign_keys.h"
 #include "config/preset.h"
 #include "config/schema.h"
 #include "core/error.h"
@@ -15,7 +18,8 @@ using nlohmann::json;
 TEST_CASE("every shipped preset resolves and validates", "[unit]") {
   std::vector<std::string> names;
   for (const auto& p : shipped_presets()) names.push_back(p.name);
-  for (const char* want : {"tiny-demo", "tiny-lora", "lora-7b", "full-7b", "lora-70b", "full-70b"})
+  for (const char* want :
+       {"tiny-demo", "tiny-lora", "lora-7b", "full-7b", "lora-70b", "full-70b", "lora", "full"})
     CHECK(std::find(names.begin(), names.end(), want) != names.end());
   for (const auto& n : names) {
     INFO(n);
@@ -68,7 +72,8 @@ TEST_CASE("bad presets are refused naming file and key", "[unit]") {
   };
   std::string f = file("typo.json", R"({"base": "tiny-demo", "train": {"learning_rate": 1}})");
   CHECK_THROWS_WITH(resolve_preset(f, {}),
-                    Catch::Contains("typo.json: unknown key \"train.learning_rate\""));
+                    Catch::Contains("typo.json: unknown key \"train.learning_rate\" (did you mean "
+                                    "\"train.lr\"?"));
   f = file("typo2.json", R"({"train": {"micro_bach": 2}})");
   CHECK_THROWS_WITH(resolve_preset(f, {}), Catch::Contains("did you mean \"train.micro_batch\"?"));
   f = file("type.json", R"({"train": {"micro_batch": "8"}})");
@@ -174,4 +179,172 @@ TEST_CASE("hostile presets and --set values are refused with short messages", "[
   } catch (const ft::ConfigError& e) {
     CHECK(std::string(e.what()).size() < 1000);
   }
+}
+
+namespace {
+// The error message resolving tiny-demo with `sets` gives ("" when it resolves).
+std::string error_of(const std::string& preset, const std::vector<std::string>& sets) {
+  try {
+    resolve_preset(preset, sets);
+  } catch (const ft::ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+// Issue 28: the names users bring from HF TrainingArguments, LLaMA-Factory and axolotl got
+// "unknown key" with no suggestion (the docs' own example among them).
+TEST_CASE("other tools' names for ft's settings are answered with ft's key", "[unit]") {
+  const std::vector<std::pair<std::string, std::string>> named = {
+      {"train.learning_rate", "train.lr"},
+      {"learning_rate", "train.lr"},
+      {"micro_batch_size", "train.micro_batch"},
+      {"per_device_train_batch_size", "train.micro_batch"},
+      {"train.per_device_train_batch_size", "train.micro_batch"},
+      {"gradient_accumulation_steps", "train.grad_accum"},
+      {"num_train_epochs", "train.epochs"},
+      {"lora.rank", "lora.r"},
+      {"lora_alpha", "lora.alpha"},
+      {"lora.lora_alpha", "lora.alpha"},
+      {"warmup_ratio", "train.warmup_ratio"},
+      {"lr_scheduler_type", "train.schedule"},
+      {"cutoff_len", "data.seq_len"},
+      {"sequence_len", "data.seq_len"},
+      {"lora_r", "lora.r"},
+      {"max_grad_norm", "train.grad_clip"},
+  };
+  const std::string dir = ft::test::make_temp_dir();
+  for (const auto& [foreign, ours] : named) {
+    INFO(foreign);
+    const std::string want = "(did you mean \"" + ours + "\"?";
+    CHECK_THAT(error_of("tiny-demo", {foreign + "=1"}),
+               Catch::Contains("--set: unknown key \"" + foreign + "\" " + want));
+    // The same name in a preset file, nested by its dots.
+    json layer = {{"base", "tiny-demo"}};
+    layer[json::json_pointer("/" + std::regex_replace(foreign, std::regex("\\."), "/"))] = 1;
+    const std::string path = dir + "/foreign.json";
+    std::ofstream(path) << layer.dump();
+    CHECK_THAT(error_of(path, {}),
+               Catch::Contains("foreign.json: unknown key \"" + foreign + "\" " + want));
+  }
+  CHECK_THAT(error_of("tiny-demo", {"learning_rate=1e-4"}),
+             Catch::Contains("\"learning_rate\" is the name in HF TrainingArguments, "
+                             "LLaMA-Factory and axolotl)"));
+  CHECK_THAT(error_of("tiny-demo", {"bf16=true"}),
+             Catch::Contains("(did you mean \"precision.mode\"?") &&
+                 Catch::Contains("true is precision.mode=bf16"));
+  // Names of what ft takes on its command line, not in a preset.
+  CHECK_THAT(error_of("tiny-demo", {"output_dir=runs/x"}),
+             Catch::Contains("ft takes it on the command line: --output DIR"));
+  CHECK_THAT(error_of("tiny-demo", {"model_name_or_path=m"}),
+             Catch::Contains("ft takes it on the command line: --model DIR"));
+  // A plain typo still gets the nearest key.
+  CHECK_THAT(error_of("tiny-demo", {"train.micro_bach=1"}),
+             Catch::Contains("(did you mean \"train.micro_batch\"?)"));
+  // Every row names a setting of the schema or one of ft train's options.
+  for (const ForeignKey& k : foreign_keys()) {
+    INFO(k.name);
+    const std::string target(k.ft);
+    CHECK((target.rfind("--", 0) == 0 || find_setting(target) != nullptr));
+    CHECK(find_setting(std::string(k.name)) == nullptr);
+  }
+}
+
+TEST_CASE("docs/presets.md quotes the unknown-key error ft gives", "[unit]") {
+  std::ifstream in(std::string(FT_TEST_DIR) + "/../docs/presets.md");
+  const std::string doc((std::istreambuf_iterator<char>(in)), {});
+  std::string message = error_of("tiny-demo", {"train.learning_rate=1e-4"});
+  REQUIRE(message.rfind("--set: ", 0) == 0);
+  message = message.substr(7);
+  INFO(message);
+  CHECK(doc.find(message) != std::string::npos);
+}
+
+// Issue 28: a 10 MB unknown key was echoed whole into the error (and compared letter by letter
+// with every setting for the suggestion).
+TEST_CASE("a huge unknown key is quoted short, in preset files and --set", "[unit]") {
+  const std::string dir = ft::test::make_temp_dir();
+  const std::string huge(10 * 1024 * 1024, 'k');
+  const auto t0 = std::chrono::steady_clock::now();
+  std::ofstream(dir + "/huge.json")
+      << R"({"base": "tiny-demo", "train": {")" << huge << R"(": 1}})";
+  for (const std::string& message :
+       {error_of(dir + "/huge.json", {}), error_of("tiny-demo", {"train." + huge + "=1"}),
+        error_of("tiny-demo", {huge + "=1"}), error_of("tiny-demo", {huge}), error_of(huge, {})}) {
+    INFO(message.substr(0, 300));
+    CHECK_FALSE(message.empty());
+    CHECK(message.size() < 1000);
+    CHECK_THAT(message, Catch::Contains("characters)"));
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
+}
+
+TEST_CASE("train.warmup_ratio and train.warmup_steps: one warm-up, the nearest layer's", "[unit]") {
+  const std::string dir = ft::test::make_temp_dir();
+  auto file = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  // tiny-demo warms up for 20 steps; a --set of the ratio replaces that.
+  json p = resolve_preset("tiny-demo", {"train.warmup_ratio=0.03"});
+  CHECK(p["train"]["warmup_steps"] == 0);
+  CHECK(p["train"]["warmup_ratio"] == 0.03);
+  CHECK(resolve_preset("tiny-demo", {"train.lr=1e-3"})["train"]["warmup_steps"] == 20);
+  // Both non-zero in one layer: refused, in --set and in a file.
+  CHECK_THAT(error_of("tiny-demo", {"train.warmup_steps=5", "train.warmup_ratio=0.1"}),
+             Catch::Contains("--set: train.warmup_steps (5) and train.warmup_ratio (0.1) are both "
+                             "set, but warm-up is one or the other"));
+  CHECK_THAT(error_of(file("both.json", R"({"base": "tiny-demo", "train": {"warmup_steps": 5,
+                                          "warmup_ratio": 0.1}})"),
+                      {}),
+             Catch::Contains("both.json: train.warmup_steps (5) and train.warmup_ratio (0.1)"));
+  // Setting the other to 0 in the same layer is allowed.
+  CHECK(resolve_preset("tiny-demo", {"train.warmup_steps=0",
+                                     "train.warmup_ratio=0.1"})["train"]["warmup_ratio"] == 0.1);
+  // A file over a base: its ratio replaces the base's steps; a file that sets neither keeps them;
+  // --set steps over a file's ratio replaces the ratio.
+  const std::string ratio =
+      file("ratio.json", R"({"base": "tiny-demo", "train": {"warmup_ratio": 0.05}})");
+  p = resolve_preset(ratio, {});
+  CHECK(p["train"]["warmup_steps"] == 0);
+  CHECK(p["train"]["warmup_ratio"] == 0.05);
+  p = resolve_preset(file("child.json", R"({"base": "ratio.json", "train": {"lr": 1e-3}})"), {});
+  CHECK(p["train"]["warmup_ratio"] == 0.05);
+  p = resolve_preset(ratio, {"train.warmup_steps=7"});
+  CHECK(p["train"]["warmup_steps"] == 7);
+  CHECK(p["train"]["warmup_ratio"] == 0.0);
+  CHECK_THAT(error_of("tiny-demo", {"train.warmup_ratio=1.5"}),
+             Catch::Contains("\"train.warmup_ratio\" must be in [0, 1]"));
+
+  // The steps of a run's warm-up.
+  ft::config::TrainSettings t;
+  t.warmup_steps = 20;
+  CHECK(t.warmup_for(20) == 20);
+  CHECK(t.warmup_for(1000) == 20);
+  t.warmup_steps = 0;
+  t.warmup_ratio = 0.03;
+  CHECK(t.warmup_for(20) == 1);     // 0.6, rounded up
+  CHECK(t.warmup_for(1000) == 30);  // within rounding of 30: not 31
+  t.warmup_ratio = 0.1;
+  CHECK(t.warmup_for(30) == 3);  // 0.1 x 30 is 3.0000000000000004 in doubles
+  t.warmup_ratio = 0;
+  CHECK(t.warmup_for(100) == 0);
+}
+
+TEST_CASE("the lora and full presets take the model from --model", "[unit]") {
+  for (const char* name : {"lora", "full"}) {
+    INFO(name);
+    const json p = resolve_preset(name, {});
+    CHECK(p["model"]["require_dir"] == true);
+    CHECK(p["train"]["warmup_ratio"] == 0.03);
+    CHECK(p["train"]["warmup_steps"] == 0);
+    CHECK(p["train"]["schedule"] == "cosine");
+    CHECK(p["data"]["seq_len"] == 2048);
+  }
+  CHECK(resolve_preset("lora", {})["train"]["lr"] == 2e-4);
+  CHECK(resolve_preset("lora", {})["lora"]["enabled"] == true);
+  CHECK(resolve_preset("full", {})["train"]["lr"] == 1e-5);
+  CHECK(resolve_preset("full", {})["lora"]["enabled"] == false);
+  CHECK(resolve_preset("tiny-demo", {})["model"]["require_dir"] == false);
 }

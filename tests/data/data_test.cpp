@@ -668,10 +668,26 @@ TEST_CASE("rows_per_epoch: a malformed record is next()'s error, or not counted 
   JsonlOptions o = options_for(path);
   o.pack = false;
   JsonlSource strict(o);
-  CHECK_THROWS_WITH(strict.rows_per_epoch(), Catch::StartsWith(path + ":3: "));
+  CHECK_THROWS_WITH(strict.rows_per_epoch(), Catch::StartsWith(path + ":3: ") &&
+                                                 Catch::EndsWith("--set data.on_bad_record=skip"));
+  // kStop: the scan covers the records before the first bad one, and names it (ft data show).
+  const JsonlSource::EpochScan before = strict.scan_epoch({}, JsonlSource::AtMalformed::kStop);
+  CHECK(before.tokens.size() == 2);
+  CHECK(before.rows == 2);
+  CHECK(before.stopped_at == 2);
+  CHECK(before.stopped_origin == path + ":3");
+  CHECK_THAT(before.stopped_error, Catch::StartsWith(path + ":3: "));
+  // next() says the same when it meets a bad line (a batch of 5 rows takes the whole epoch).
+  o.micro_batch = 5;
+  JsonlSource reader(o);
+  CHECK_THROWS_WITH(reader.next(), Catch::StartsWith(path + ":") &&
+                                       Catch::EndsWith("--set data.on_bad_record=skip"));
   o.on_bad_record = BadRecordPolicy::kSkip;
   JsonlSource lenient(o);
   CHECK(lenient.rows_per_epoch() == 3);
+  const JsonlSource::EpochScan all = lenient.scan_epoch({}, JsonlSource::AtMalformed::kStop);
+  CHECK(all.stopped_at == -1);
+  CHECK(all.tokens.size() == 5);
 }
 
 TEST_CASE("the tokenized cache holds every record as tokenizing gives it, for these inputs only") {

@@ -414,9 +414,14 @@ TEST_CASE("ft data show prints records as the trainer sees them, and the file's 
                       Catch::Contains("trained     25 tokens carry the loss (20.0%)") &&
                       Catch::Contains("packing     1 rows of 2048 tokens per epoch") &&
                       Catch::Contains("16 - 31               5  ####"));
+  // Without --preset the statistics are at the defaults, and say so (issue 28).
+  CHECK_THAT(out, Catch::Contains("settings    data.seq_len 2048, train.micro_batch 1, "
+                                  "train.grad_accum 1 (no --preset: the defaults and --set; give "
+                                  "the --preset you train with)") &&
+                      Catch::Contains("steps       one epoch is 1 optimizer step of 1 row"));
   // seq_len 16 cuts every record: said per record and in the statistics.
   auto [rc2, cut] = show({"-n", "1", "--set", "data.on_bad_record=skip", "--set", "data.seq_len=16",
-                          "--set", "data.pack=false"},
+                          "--set", "data.pack=false", "--set", "train.grad_accum=2"},
                          "cut.log");
   INFO(cut);
   REQUIRE(rc2 == 0);
@@ -425,11 +430,22 @@ TEST_CASE("ft data show prints records as the trainer sees them, and the file's 
                       Catch::Contains("[cut: ") &&
                       Catch::Contains("truncated   5 records longer than data.seq_len=16 (45 "
                                       "tokens cut off") &&
-                      Catch::Contains("packing     5 rows of 16 tokens per epoch, 100.0% tokens"));
-  // The default policy stops at the bad line, naming it.
-  auto [rc3, bad] = show({"-n", "0"}, "bad.log");
+                      Catch::Contains("packing     5 rows of 16 tokens per epoch, 100.0% tokens") &&
+                      Catch::Contains("steps       one epoch is 3 optimizer steps of 2 rows"));
+  // The default policy stops at the bad line, naming it, with the statistics of the records before
+  // it and the setting that skips such lines (issue 28).
+  auto [rc3, bad] = show({"-n", "0", "--preset", "tiny-demo"}, "bad.log");
+  INFO(bad);
   CHECK(rc3 == 2);
-  CHECK_THAT(bad, Catch::Contains("chat.jsonl:6"));
+  CHECK_THAT(bad, Catch::Contains("records     5 before the malformed record ") &&
+                      Catch::Contains("chat.jsonl:6 (5 usable, 0 empty); the statistics stop "
+                                      "there, the file has 6") &&
+                      Catch::Contains("tokens      125 (25.0 per record") &&
+                      Catch::Contains("settings    data.seq_len 128, train.micro_batch 8, "
+                                      "train.grad_accum 1 (preset tiny-demo and --set)") &&
+                      Catch::Contains("ft: error: ") &&
+                      Catch::Contains("the statistics above cover the 5 records before it") &&
+                      Catch::Contains("--set data.on_bad_record=skip"));
   // Pre-tokenized data without a tokenizer: the ids only.
   std::ofstream(dir + "/ids.jsonl") << R"({"input_ids": [5, 6, 7]})"
                                     << "\n";
