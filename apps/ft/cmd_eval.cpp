@@ -36,6 +36,7 @@ Run add_eval(CLI::App& app) {
     const config::Settings settings = config::settings_from_json(resolved, "resolved preset");
     opts->data = settings.data;
     opts->eval = settings.eval;
+    opts->fused = train::eval_fused_ops(settings.train, settings.eval);
     fmt::print("{}\n", train::evaluate(*opts).to_json().dump());
     return 0;
   };
