@@ -1,6 +1,6 @@
 // What ft's forward computes, layer by layer, for comparison with transformers'
-// (bench/eval_fidelity.py --layers-out): each record of a pre-tokenized JSONL alone ([1, T], as
-// transformers scores it), or ft eval's sorted batches (--batched), through ft eval's model code.
+// (bench/eval_fidelity.py --layers-bin): each record of a pre-tokenized JSONL alone ([1, T], as
+// transformers scores it), through ft eval's model code.
 //   ft_bench_eval_layers --model DIR --data records.jsonl --out layers.safetensors
 //       [--dtype fp32|fp64] [--fused-rms-norm|--fused-swiglu|--fused-rope 0|1] [--flash 0|1]
 // Writes, per record r: "r.hidden.<i>" for i = 0 (the embeddings) to L (after the last layer),
