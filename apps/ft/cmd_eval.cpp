@@ -38,6 +38,7 @@ Run add_eval(CLI::App& app) {
     const config::Settings settings = config::settings_from_json(resolved, "resolved preset");
     opts->data = settings.data;
     opts->eval = settings.eval;
+    opts->fused = train::eval_fused_ops(settings.train, settings.eval);
     const auto t0 = std::chrono::steady_clock::now();
     const train::EvalResult r = train::evaluate(*opts);
     const double seconds =

@@ -136,10 +136,11 @@ struct OutputSettings {
 };
 
 struct EvalSettings {
-  std::string long_records;  // "window" | "refuse": a record longer than data.seq_len in ft eval
-  int64_t batch_tokens = 0;  // tokens per evaluation forward, padding included
-  std::string data;          // ft train: held-out JSONL evaluated during training; "" = none
-  int64_t every = 0;         // ft train: evaluate every this many steps (0: at the end only)
+  std::string long_records;    // "window" | "refuse": a record longer than data.seq_len in ft eval
+  int64_t batch_tokens = 0;    // tokens per evaluation forward, padding included
+  std::string data;            // ft train: held-out JSONL evaluated during training; "" = none
+  int64_t every = 0;           // ft train: evaluate every this many steps (0: at the end only)
+  bool fused_kernels = false;  // the forward through train.fused_*'s kernels (else transformers')
 };
 
 struct Settings {

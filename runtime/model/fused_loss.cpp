@@ -22,6 +22,7 @@ struct ChunkResult {
 ChunkResult run_chunks(const at::Tensor& h2, const at::Tensor& w, const at::Tensor& labels,
                        int64_t chunk_tokens, bool grad_hidden, bool grad_weight,
                        core::HostBlockCache* blocks) {
+  const bool grads = grad_hidden || grad_weight;
   const at::ScalarType acc = h2.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const int64_t N = h2.size(0);
   if (!h2.is_cpu()) blocks = nullptr;
@@ -31,6 +32,11 @@ ChunkResult run_chunks(const at::Tensor& h2, const at::Tensor& w, const at::Tens
   };
   ChunkResult r;
   r.loss = at::zeros({}, h2.options().dtype(acc));
+  // The fp32 CPU chunks' row losses come as fp64 sums (cross_entropy_rows); they are added here in
+  // fp64 and rounded once at the end. Added chunk by chunk into the fp32 loss, each chunk's sum
+  // had been rounded to the running total's ulp (2e-8 to 6e-8 of an evaluation's loss: issue 28).
+  double host_sum = 0;
+  bool on_host = false;
   if (grad_hidden) r.grad_hidden = empty(h2.sizes(), acc);
   if (grad_weight) r.grad_weight = empty(w.sizes(), acc);
   // fp32 on the CPU: one buffer for every chunk's logits. A chunk (128 MiB at the default size) is
@@ -54,11 +60,11 @@ ChunkResult run_chunks(const at::Tensor& h2, const at::Tensor& w, const at::Tens
     } else {
       logits = at::linear(h, w).to(acc);
     }
-    const bool grads = grad_hidden || grad_weight;
     if (acc == at::kFloat && logits.is_cpu() && logits.is_contiguous()) {
       // fp32 on the CPU: the loss and d(sum loss)/d(logits) in three passes over each row
       // (model/fused_ops.h), in place of the logits.
-      r.loss.add_(cross_entropy_rows(logits, y, grads));
+      host_sum += cross_entropy_rows(logits, y, grads);
+      on_host = true;
     } else {
       const at::Tensor valid = y.ne(kIgnoreIndex);
       const at::Tensor target = y.masked_fill(valid.logical_not(), 0);
@@ -96,6 +102,8 @@ ChunkResult run_chunks(const at::Tensor& h2, const at::Tensor& w, const at::Tens
     }
   }
   if (grad_weight && N == 0) r.grad_weight.zero_();
+  // Without gradients (evaluation) the sum stays fp64: nothing downstream needs it in fp32.
+  if (on_host) r.loss = at::scalar_tensor(host_sum, h2.options().dtype(grads ? acc : at::kDouble));
   return r;
 }
 
@@ -162,7 +170,8 @@ LossSum chunked_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& weight,
   const int64_t V = weight.size(0);
   // The shift of causal_lm_loss_sum: position t predicts label t+1, the last predicts nothing.
   const at::Tensor shift_labels =
-      at::cat({labels.slice(1, 1), at::full({labels.size(0), 1}, kIgnoreIndex, labels.options())}, 1)
+      at::cat({labels.slice(1, 1), at::full({labels.size(0), 1}, kIgnoreIndex, labels.options())},
+              1)
           .reshape({-1});
   const at::Tensor h2 = hidden.reshape({-1, hidden.size(2)});
   const int64_t chunk_tokens = std::max<int64_t>(1, chunk_elements / std::max<int64_t>(V, 1));

@@ -24,7 +24,9 @@ inline constexpr int64_t kLossChunkElements = int64_t{1} << 25;
 // gradients' buffers come from, so that a training loop reuses the same host blocks every step
 // instead of mapping and faulting in fresh ones (core/host_alloc.h). `hooks` (optional): asked for
 // the head weight's gradient sink (UnitHooks::grad_sink); with one, the backward adds the scaled
-// gradient into it in one pass instead of handing it to autograd.
+// gradient into it in one pass instead of handing it to autograd. The sum: fp32 (fp64 for fp64
+// inputs), summed in fp64 on the CPU and rounded once; fp64 for fp32 CPU inputs without gradients
+// (evaluation), where the rounding would only lose digits.
 LossSum chunked_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& weight,
                             const at::Tensor& labels, bool count_tokens = true,
                             int64_t chunk_elements = kLossChunkElements,

@@ -194,7 +194,7 @@ at::Tensor rope_inv_freq(const LlamaConfig& config);
 // Sum of next-token cross-entropy over positions whose shifted label is not -100, in fp32, and the
 // number of such tokens. logits [B, T, V], labels [B, T] int64 (the shift happens here, as in HF).
 struct LossSum {
-  at::Tensor sum;      // [] fp32 (fp64 for fp64 logits)
+  at::Tensor sum;      // [] fp32 (fp64 for fp64 logits; chunked_lm_loss_sum: see there)
   int64_t tokens = 0;  // 0 when not counted
 };
 // count_tokens=false leaves `tokens` 0: counting reads a value back, which on a GPU makes the host

@@ -15,6 +15,7 @@
 #include "model/fused_loss.h"
 #include "model/llama.h"
 #include "model/lora.h"
+#include "train/trainer.h"
 #include "train/weights.h"
 
 namespace ft::train {
@@ -125,6 +126,11 @@ BatchLoss score_batch(const model::LlamaModel& model, const data::Batch& b) {
   return {ls.sum.item<double>(), ls.tokens};
 }
 
+model::FusedOps eval_fused_ops(const config::TrainSettings& train,
+                               const config::EvalSettings& eval) {
+  return eval.fused_kernels ? fused_ops(train) : model::FusedOps{false, false, false};
+}
+
 EvalResult evaluate(const EvalOptions& o) {
   model::prime_cpu_math();  // see model/cpu_math.h
   FT_CHECK(!o.model_dir.empty(), "ft eval needs --model DIR");
@@ -136,6 +142,7 @@ EvalResult evaluate(const EvalOptions& o) {
   model::LlamaConfig mc = model::load_llama_config(o.model_dir + "/config.json");
   BaseWeights weights(o.model_dir, mc, model_param_shapes(mc), /*seed=*/0);
   model::LlamaModel model(mc, at::TensorOptions().dtype(at::kFloat));
+  model.set_fused_ops(o.fused);
   model.load([&](const std::string& name, at::Tensor& dst) { weights.copy_to(name, dst); });
   if (!o.adapter_dir.empty()) {
     model::LoraConfig lc = model::load_lora_config(o.adapter_dir + "/adapter_config.json");

@@ -24,6 +24,7 @@ struct EvalOptions {
   std::string adapter_dir;     // PEFT adapter directory, or ""
   std::string data_path;       // JSONL
   std::string tokenizer_path;  // default: <model_dir>/tokenizer.json
+  model::FusedOps fused;       // eval_fused_ops
 };
 
 struct EvalResult {
@@ -65,6 +66,12 @@ struct BatchLoss {
   int64_t tokens = 0;
 };
 BatchLoss score_batch(const model::LlamaModel& model, const data::Batch& batch);
+
+// The fused CPU kernels an evaluation's forward runs: train.fused_*'s with eval.fused_kernels,
+// else none, so that the forward is transformers' op sequence and its bits (the fused RMSNorm sums
+// its squares in another order than ATen's mean; docs/training.md "Fidelity of ft eval").
+model::FusedOps eval_fused_ops(const config::TrainSettings& train,
+                               const config::EvalSettings& eval);
 
 // Every record once, tokenized whole (in parallel), sorted by length and batched up to
 // eval.batch_tokens with padding only to the longest record of its batch (causal attention, no

@@ -780,6 +780,9 @@ void TrainingRun::evaluate_step(StepRecord& r) {
   const auto n = static_cast<int64_t>(eval_set_->batches.size());
   const int64_t world = env_.world_size;
   double sum = 0, tokens = 0;
+  // ft eval's forward (eval.fused_kernels), so that eval_loss is what ft eval would print.
+  const model::FusedOps training_ops = model_->fused_ops();
+  model_->set_fused_ops(eval_fused_ops(s_.train, s_.eval));
   for (int64_t k = 0; k < (n + world - 1) / world; ++k) {
     const int64_t i = k * world + env_.rank;
     const BatchLoss l = score_batch(*model_, eval_set_->batches[i < n ? i : 0].to(device_));
@@ -787,6 +790,7 @@ void TrainingRun::evaluate_step(StepRecord& r) {
     sum += l.sum;
     tokens += static_cast<double>(l.tokens);
   }
+  model_->set_fused_ops(training_ops);
   if (world > 1) {
     sum = engine_->sum_over_ranks(sum);
     tokens = engine_->sum_over_ranks(tokens);
