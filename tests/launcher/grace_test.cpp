@@ -28,7 +28,7 @@ RankEstimate rank_at(int rank, int64_t step, double step_s, double save_s, int64
 
 }  // namespace
 
-TEST_CASE("a StopEstimate goes through the store as JSON; anything else is no estimate", "[unit]") {
+TEST_CASE("a StopEstimate goes through the store as JSON and anything else is no estimate", "[unit]") {
   const contract::StopEstimate e = rank_at(0, 6, 28.5, 30.25, 4).estimate;
   const auto back = contract::parse_stop_estimate(contract::to_json(e));
   REQUIRE(back.has_value());
@@ -49,7 +49,7 @@ TEST_CASE("a StopEstimate goes through the store as JSON; anything else is no es
     CHECK_FALSE(contract::parse_stop_estimate(bad).has_value());
 }
 
-TEST_CASE("--term-grace auto covers the step and its checkpoint, with margin, at least 15 s",
+TEST_CASE("term-grace auto covers the step and its checkpoint, with margin, at least 15 s",
           "[unit]") {
   // The issue's case: steps of ~28 s, a checkpoint of ~30 s; the old fixed 15 s killed them.
   StopWait w = stop_wait(std::nullopt, {rank_at(0, 6, 28, 30, 4), rank_at(1, 6, 27, 29, -1)},

@@ -124,7 +124,7 @@ TEST_CASE("rdzv endpoint, standalone and nnodes ranges", "[unit]") {
   CHECK_THROWS_WITH(config({{"term-grace", "-1"}}, {}), Catch::Contains("--term-grace"));
 }
 
-TEST_CASE("--term-grace is auto unless a number is given", "[unit]") {
+TEST_CASE("term-grace is auto unless a number is given", "[unit]") {
   CHECK_FALSE(config({}, {}).term_grace_s.has_value());
   CHECK(config({}, {}).sources.at("term-grace").value == "auto");
   CHECK(config({{"term-grace", "auto"}}, {}).term_grace_s == std::nullopt);
