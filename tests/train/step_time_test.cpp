@@ -56,14 +56,20 @@ TEST_CASE("metrics.jsonl: the step's parts add up to its time, and MFU is the FL
     CHECK(r["flops"].get<double>() == 2850816.0 * r["input_tokens"].get<double>());
     CHECK(r["mfu"].get<double>() > 0);
   }
-  // The same figure from the peak the run printed: mfu = flops / step time / peak.
-  std::smatch peak;
-  REQUIRE(std::regex_search(log, peak, std::regex(R"(MFU against ([0-9.e+]+) TFLOP/s)")));
-  const double peak_flops = std::stod(peak[1]) * 1e12;
+  // The same figure from the peak the run printed last (at the start, or measured again after 3
+  // steps): mfu = flops / step time / peak. Never above 1: a step faster than the peak raises it.
+  double peak_flops = 0;
+  const std::regex printed(R"(MFU (?:now )?against ([0-9.e+]+) TFLOP/s)");
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), printed);
+       it != std::sregex_iterator(); ++it)
+    peak_flops = std::stod((*it)[1]) * 1e12;
+  REQUIRE(peak_flops > 0);
+  for (const auto& r : m) CHECK(r["mfu"].get<double>() <= 1.0);
   const auto& last = m.back();
-  CHECK(last["mfu"].get<double>() ==
-        Approx(last["flops"].get<double>() / last["step_time_s"].get<double>() / peak_flops)
-            .epsilon(0.01));
+  if (log.find("above the peak measured at start") == std::string::npos)
+    CHECK(last["mfu"].get<double>() ==
+          Approx(last["flops"].get<double>() / last["step_time_s"].get<double>() / peak_flops)
+              .epsilon(0.01));
   // The console line shows MFU and the exposed communication's share.
   CHECK(std::regex_search(log, std::regex(R"(step 8/8 .* tok/s MFU [0-9.]+% comm 0%)")));
   // A step that saved a checkpoint spent time there.
