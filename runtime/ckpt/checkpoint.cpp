@@ -79,6 +79,10 @@ uint32_t meta_checksum(json meta) {
   return crc32c(text.data(), text.size());
 }
 
+int64_t step_of_dir(const std::string& dir) {
+  return parse_step(fs::path(dir).lexically_normal().filename().string(), "step-");
+}
+
 std::string step_dir_name(int64_t step) { return fmt::format("step-{:09d}", step); }
 
 namespace {
@@ -463,7 +467,7 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   const std::string path = (fs::path(dir) / kMetaFile).string();
   std::ifstream in(path);
   // A step-<N> directory gets its name by the commit's rename, meta.json already in it.
-  const bool named = parse_step(fs::path(dir).lexically_normal().filename().string(), "step-") >= 0;
+  const bool named = step_of_dir(dir) >= 0;
   FT_CHECK_T(FormatError, in.good(), path,
              named ? ": missing, though a step directory gets its name only when its save commits "
                      "(meta.json already in it): it was deleted or lost since, and the checkpoint "

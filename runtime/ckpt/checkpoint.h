@@ -149,5 +149,7 @@ std::vector<std::string> list_uncommitted(const std::string& root);
 
 // "step-000000120" for step 120.
 std::string step_dir_name(int64_t step);
+// The step of a step-<N> directory (its path or name), -1 for any other name.
+int64_t step_of_dir(const std::string& dir);
 
 }  // namespace ft::ckpt

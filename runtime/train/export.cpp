@@ -88,15 +88,10 @@ int64_t final_step(const fs::path& run_dir) {
   return step;
 }
 
-int64_t step_of(const std::string& step_dir) {
-  // list_committed gives step-<N> directories only.
-  return std::stoll(fs::path(step_dir).filename().string().substr(5));
-}
-
 std::string steps_list(const std::vector<std::string>& committed) {
   std::string out;
   for (auto it = committed.rbegin(); it != committed.rend(); ++it)
-    out += (out.empty() ? "" : ", ") + std::to_string(step_of(*it));
+    out += (out.empty() ? "" : ", ") + std::to_string(ckpt::step_of_dir(*it));
   return out.empty() ? "none" : out;
 }
 
@@ -114,7 +109,7 @@ ExportChoice choose_in_run(const fs::path& p, int64_t step) {
   const int64_t fstep = finished ? final_step(run) : -1;
   if (step >= 0) {
     for (const auto& c : committed)
-      if (step_of(c) == step)
+      if (ckpt::step_of_dir(c) == step)
         return {c, false, step, fmt::format("checkpoint step {} (asked for with --step)", step)};
     throw ConfigError(fmt::format(
         "--step {}: {} holds no committed checkpoint of step {} (committed: {}{}); drop --step to "
@@ -122,7 +117,7 @@ ExportChoice choose_in_run(const fs::path& p, int64_t step) {
         step, p.string(), step, steps_list(committed),
         finished ? fmt::format("; final/ holds step {}", fstep) : std::string()));
   }
-  const int64_t newest = committed.empty() ? -1 : step_of(committed.front());
+  const int64_t newest = committed.empty() ? -1 : ckpt::step_of_dir(committed.front());
   if (finished && (fstep < 0 || fstep >= newest)) {
     const std::string at =
         fstep < 0 ? "its step unknown: no final_save.json" : fmt::format("step {}", fstep);

@@ -106,9 +106,8 @@ struct OutputPlan {
 // included, is renamed into place), so one without meta.json lost it afterwards: damage, not a
 // save that never finished.
 nlohmann::json damaged_checkpoint(const std::string& dir, const std::string& reason) {
-  const std::string name = fs::path(dir).filename().string();
   return {{"event", "checkpoint_damaged"},
-          {"step", std::stoll(name.substr(5))},
+          {"step", ckpt::step_of_dir(dir)},
           {"dir", dir},
           {"reason", reason}};
 }
@@ -984,8 +983,7 @@ void TrainingRun::save_final() {
     if (!committed.empty()) {
       fo.last_checkpoint = committed.front();
       // list_committed gives step-<N> directories only.
-      fo.last_checkpoint_step =
-          std::stoll(fs::path(committed.front()).filename().string().substr(5));
+      fo.last_checkpoint_step = ckpt::step_of_dir(committed.front());
     }
   }
   train::save_final(*engine_, fo);
