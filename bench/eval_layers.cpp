@@ -21,8 +21,8 @@
 #include "io/safetensors_writer.h"
 #include "model/config.h"
 #include "model/cpu_math.h"
+#include "model/decoder.h"
 #include "model/fused_loss.h"
-#include "model/llama.h"
 #include "train/weights.h"
 
 using namespace ft;
@@ -63,9 +63,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   model::prime_cpu_math();
   at::globalContext().setSDPUseFlash(flash);
-  const model::LlamaConfig mc = model::load_llama_config(model_dir + "/config.json");
+  const model::ModelConfig mc = model::load_model_config(model_dir + "/config.json");
   train::BaseWeights weights(model_dir, mc, train::model_param_shapes(mc), 0);
-  model::LlamaModel model(mc, at::TensorOptions().dtype(parse_dtype(dtype)));
+  model::DecoderModel model(mc, at::TensorOptions().dtype(parse_dtype(dtype)));
   model.load([&](const std::string& name, at::Tensor& dst) { weights.copy_to(name, dst); });
   model.set_fused_ops({fused_norm, fused_swiglu, fused_rope});
   Recorder rec;
@@ -80,7 +80,9 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < rec.outputs.size(); ++i)
       tensors.emplace_back(fmt::format("{}.hidden.{}", r, i), rec.outputs[i]);
     tensors.emplace_back(fmt::format("{}.norm", r), h);
-    const auto fused = model::chunked_lm_loss_sum(h, model.lm_head(), ids);
+    const auto fused =
+        model::chunked_lm_loss_sum(h, model.lm_head(), ids, true, model::kLossChunkElements,
+                                   nullptr, nullptr, model.logit_map());
     tensors.emplace_back(fmt::format("{}.loss_sum.fused", r), fused.sum.to(at::kDouble));
     const auto aten = model::causal_lm_loss_sum(at::linear(h, model.lm_head()), ids);
     tensors.emplace_back(fmt::format("{}.loss_sum.aten", r), aten.sum.to(at::kDouble));

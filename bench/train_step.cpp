@@ -14,7 +14,7 @@
 #include <chrono>
 
 #include "core/host_alloc.h"
-#include "model/llama.h"
+#include "model/decoder.h"
 #include "parallel/strategy.h"
 #include "train/trainer.h"
 
@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
   if (step_pool) ft::core::install_step_pool();
   if (threads > 0) at::set_num_threads(static_cast<int>(threads));
 
-  model::LlamaConfig c;
+  model::ModelConfig c;
   c.vocab_size = vocab;
   c.hidden_size = hidden;
   c.intermediate_size = inter;
@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
   c.num_key_value_heads = kv_heads > 0 ? kv_heads : heads;
   c.head_dim = hidden / heads;
   c.max_position_embeddings = seq;
-  model::LlamaModel m(c, at::TensorOptions().dtype(ft::parse_dtype(precision)));
+  model::DecoderModel m(c, at::TensorOptions().dtype(ft::parse_dtype(precision)));
   m.init_random(0);
   m.set_fused_ops({fused_kernels, fused_kernels, fused_kernels});
   train::TrainOptions to;

@@ -68,7 +68,7 @@ Run add_data(CLI::App& app) {
     jo.tokenizer_path = data::tokenizer_path_of(o->tokenizer, o->model);
     const int64_t vocab = o->model.empty()
                               ? s.model.vocab_size
-                              : model::load_llama_config(o->model + "/config.json").vocab_size;
+                              : model::load_model_config(o->model + "/config.json").vocab_size;
     if (!jo.tokenizer_path.empty())
       jo.tokenizer = data::open_tokenizer(jo.tokenizer_path, vocab, "");
     jo.vocab_size = vocab;

@@ -47,7 +47,8 @@ Setting B(std::string key, Field<bool> f, bool def, std::string help) {
   return {std::move(key), Kind::kBool, def, std::move(help), kNoRange, kNoRangeMax, {}, binder(f)};
 }
 Setting S(std::string key, Field<std::string> f, std::string def, std::string help) {
-  return {std::move(key), Kind::kString, def, std::move(help), kNoRange, kNoRangeMax, {}, binder(f)};
+  return {std::move(key), Kind::kString, def, std::move(help),
+          kNoRange,       kNoRangeMax,   {},  binder(f)};
 }
 Setting C(std::string key, Field<std::string> f, std::string def, std::vector<std::string> choices,
           std::string help) {
@@ -62,6 +63,10 @@ Setting L(std::string key, Field<std::vector<std::string>> f, std::vector<std::s
 
 const std::vector<std::string> kProjections = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                "gate_proj", "up_proj", "down_proj"};
+// Phi-3's fused projections too (model/lora.h: fit_lora_targets maps the default per family).
+const std::vector<std::string> kAdaptable = {"q_proj",   "k_proj",       "v_proj",
+                                             "qkv_proj", "o_proj",       "gate_proj",
+                                             "up_proj",  "gate_up_proj", "down_proj"};
 
 std::string kind_name(const Setting& s) {
   switch (s.kind) {
@@ -267,7 +272,7 @@ const std::vector<Setting>& preset_schema() {
     I(KEY(lora.r), 16, 1, 4096, "Adapter rank."),
     F(KEY(lora.alpha), 32.0, 1e-6, kInf, "Adapter scale numerator (alpha/r, or alpha/sqrt(r) with rslora)."),
     F(KEY(lora.dropout), 0.05, 0, 0.99, "Dropout on the adapter input."),
-    L(KEY(lora.target_modules), kProjections, kProjections, "Projections that get adapters (PEFT names)."),
+    L(KEY(lora.target_modules), kProjections, kAdaptable, "Projections that get adapters (PEFT names). The default, all seven, means every projection the model has: Phi-3's qkv_proj o_proj gate_up_proj down_proj."),
     B(KEY(lora.rslora), false, "Rank-stabilised scaling alpha/sqrt(r)."),
     // hardware
     C(KEY(hardware.device), "auto", {"auto", "cpu", "cuda"},

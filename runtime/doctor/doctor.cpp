@@ -19,8 +19,8 @@
 #include "cuda/loader.h"
 #include "doctor/step_model.h"
 #include "io/durable_file.h"
+#include "model/decoder.h"
 #include "model/flops.h"
-#include "model/llama.h"
 #include "model/lora.h"
 #include "parallel/strategy.h"
 #include "plan/resources.h"
@@ -222,15 +222,14 @@ struct ProbeRun {
   int64_t trained = 0;
 };
 
-ProbeRun probe_layers(const config::Settings& s, const model::LlamaConfig& base,
+ProbeRun probe_layers(const config::Settings& s, const model::ModelConfig& base,
                       const std::string& model_dir, int64_t layers, const at::Device& dev) {
-  model::LlamaConfig c = base;
-  c.num_hidden_layers = layers;
+  const model::ModelConfig c = base.with_layers(layers);
   const at::ScalarType dtype = parse_dtype(s.precision.mode);
-  model::LlamaModel m(c, at::TensorOptions().dtype(dtype).device(dev));
+  model::DecoderModel m(c, at::TensorOptions().dtype(dtype).device(dev));
   m.init_random(static_cast<uint64_t>(s.train.seed));
   if (s.lora.enabled)
-    model::attach_lora(m, train::lora_config_from_preset(s.lora, model_dir),
+    model::attach_lora(m, train::lora_config_from_preset(s.lora, model_dir, &c),
                        static_cast<uint64_t>(s.train.seed) + 1);
   m.set_activation_checkpointing(
       model::parse_activation_checkpointing(s.train.activation_checkpointing),
@@ -266,7 +265,7 @@ ProbeRun probe_layers(const config::Settings& s, const model::LlamaConfig& base,
 
 // The whole model's figures from probes of 1 and 2 layers (or the model itself when it has at
 // most 2): the head and embedding cost what 1 layer's probe costs beyond a layer.
-ComputeProbe probe(const config::Settings& s, const model::LlamaConfig& mc,
+ComputeProbe probe(const config::Settings& s, const model::ModelConfig& mc,
                    const std::string& model_dir, const at::Device& dev, double matmul_flops_s) {
   ComputeProbe p;
   const int64_t L = mc.num_hidden_layers;
@@ -279,8 +278,7 @@ ComputeProbe probe(const config::Settings& s, const model::LlamaConfig& mc,
   // state (about 20 B per parameter) and one micro-batch's activations: where that would take
   // more than half of what this device has free, compute is estimated from the matmul peak
   // instead (at 50% of it, a typical training MFU), and says so.
-  model::LlamaConfig probed = mc;
-  probed.num_hidden_layers = std::min<int64_t>(L, 2);
+  const model::ModelConfig probed = mc.with_layers(std::min<int64_t>(L, 2));
   const double probe_bytes = 20.0 * static_cast<double>(probed.num_parameters()) +
                              4.0 * static_cast<double>(s.train.micro_batch * s.data.seq_len) *
                                  static_cast<double>(mc.vocab_size + 16 * mc.hidden_size);
@@ -624,9 +622,9 @@ int run_doctor(const DoctorOptions& o) {
   // ---- the step-time model ----
   if (settings) {
     ctx.say(fmt::format("probing one device's training step of preset {}", settings->name));
-    const model::LlamaConfig mc = o.model_dir.empty()
+    const model::ModelConfig mc = o.model_dir.empty()
                                       ? train::model_config_from_preset(settings->model)
-                                      : model::load_llama_config(o.model_dir + "/config.json");
+                                      : model::load_model_config(o.model_dir + "/config.json");
     measured.probe = probe(*settings, mc, o.model_dir, ctx.device, mm.flops_per_s);
     if (ctx.world) {
       // The median rank's figures (ranks sharing a CPU probed at once, as they will train).

@@ -31,9 +31,9 @@ double Curve::time(int64_t size) const {
 
 namespace {
 
-model::LlamaConfig model_of(const Job& job) {
+model::ModelConfig model_of(const Job& job) {
   return job.model_dir.empty() ? train::model_config_from_preset(job.settings.model)
-                               : model::load_llama_config(job.model_dir + "/config.json");
+                               : model::load_model_config(job.model_dir + "/config.json");
 }
 
 int64_t comm_bytes(const plan::Plan& p, const std::string& key) {
@@ -56,7 +56,7 @@ Prediction predict(const Job& job, const Measured& m) {
   in.model_dir = job.model_dir;
   in.layout = job.layout;
   const plan::Plan plan = plan::make_plan(in, /*suggest=*/false);
-  const model::LlamaConfig mc = model_of(job);
+  const model::ModelConfig mc = model_of(job);
   const int W = job.layout.world();
   comm::DistEnv env;
   env.world_size = W;

@@ -1,23 +1,32 @@
-// The architecture of a Llama-family model (Llama 2, Llama 3/3.1, Mistral), read from a Hugging
-// Face config.json or built from a preset's shape. Plain data; thread-safe.
+// The architecture of a decoder-only model of one of ft's families (model/family.h: Llama, Mistral,
+// Qwen2/3, Gemma 2/3, Phi-3/4, OLMo 2, Granite), read from a Hugging Face config.json or built
+// from a preset's shape: the family's row resolved against the file into plain numbers per
+// piece (which norm, which window on which layer, which scales). Plain data; thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "model/family.h"
 
 namespace ft::model {
 
 struct RopeConfig {
-  std::string type = "default";  // default | linear | llama3
+  std::string type = "default";  // default | linear | llama3 | longrope
   double theta = 10000.0;
   double factor = 1.0;                              // linear, llama3
   double low_freq_factor = 1.0;                     // llama3
   double high_freq_factor = 4.0;                    // llama3
-  int64_t original_max_position_embeddings = 8192;  // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3, longrope
+  // longrope: one factor per rotated pair; the long set when a sequence's largest position + 1
+  // exceeds original_max_position_embeddings (transformers' dynamic_rope_update), else the short.
+  std::vector<double> short_factor, long_factor;
+  double attention_factor = 1.0;  // longrope: cos and sin are multiplied by it
 };
 
-struct LlamaConfig {
-  std::string model_type = "llama";  // llama | mistral
+struct ModelConfig {
+  std::string model_type = "llama";  // a model/family.h row
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
   int64_t intermediate_size = 11008;
@@ -29,11 +38,37 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-5;
   double initializer_range = 0.02;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;
+  bool qkv_bias = false;  // q, k, v projections (attention_bias; always in Qwen2)
+  bool o_bias = false;    // o projection (attention_bias)
   bool mlp_bias = false;
-  RopeConfig rope;
+  Activation activation = Activation::kSilu;
+  RopeConfig rope;        // every layer but Gemma 3's sliding ones
+  RopeConfig local_rope;  // sliding layers when has_local_rope (Gemma 3)
+  bool has_local_rope = false;
+  double partial_rotary_factor = 1.0;     // the first head_dim x this of each head rotates
+  std::vector<int64_t> layer_windows;     // per layer: 0 full causal; W: query i sees i-W < j <= i
+  double attn_softcap = 0;                // scores -> tanh(s / c) * c before the mask; 0 none
+  double final_softcap = 0;               // the same on the logits
+  double attention_scale = 0;             // softmax scale; 0: 1 / sqrt(head_dim)
+  double embedding_scale = 1;             // embeddings x this (Gemma: sqrt(hidden); Granite)
+  bool embedding_scale_in_dtype = false;  // Gemma rounds the scale to the model dtype first
+  double residual_multiplier = 1;         // Granite: each block's output x this before the add
+  double logits_divisor = 1;              // Granite: logits / logits_scaling
   int64_t bos_token_id = 1;
   int64_t eos_token_id = 2;
+  // The embedding row that gets no gradient (nn.Embedding's padding_idx, which transformers sets
+  // to pad_token_id in every family); -1: none.
+  int64_t pad_token_id = -1;
+  // The config.json this was read from (empty for a preset's shape): an export writes it back, so
+  // keys ft does not use (generation settings, quantization hints, auto_map) survive.
+  std::string source_json;
+
+  const Family& family() const;         // the row of model_type
+  int64_t rotary_dim() const;           // head_dim x partial_rotary_factor (even)
+  double softmax_scale() const;         // attention_scale or 1 / sqrt(head_dim)
+  int64_t window(int64_t layer) const;  // layer_windows[layer], 0 when none listed
+  // The same model with `n` layers (a probe's): the window pattern repeats.
+  ModelConfig with_layers(int64_t n) const;
 
   // Parameter count of the full model (embeddings and head included, tied counted once).
   int64_t num_parameters() const;
@@ -41,12 +76,13 @@ struct LlamaConfig {
   void validate(const std::string& where) const;
 };
 
-// Reads config.json; throws FormatError naming the file and key for missing or wrong-typed keys and
-// for features ft does not implement (refused, never silently ignored).
-LlamaConfig load_llama_config(const std::string& path);
+// Reads config.json; throws FormatError naming the file and key for missing or wrong-typed keys,
+// for model types ft does not train (naming those it does) and for features of a family ft does
+// not implement (refused, never silently ignored or approximated).
+ModelConfig load_model_config(const std::string& path);
 
-// The config.json ft writes next to exported weights (round-trips through load_llama_config and
-// loads in transformers).
-std::string llama_config_json(const LlamaConfig& c);
+// The config.json ft writes next to exported weights: source_json when there is one, else one
+// built from the fields (round-trips through load_model_config and loads in transformers).
+std::string model_config_json(const ModelConfig& c);
 
 }  // namespace ft::model

@@ -1,5 +1,7 @@
 #include "model/flops.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace ft::model {
@@ -7,7 +9,7 @@ namespace ft::model {
 namespace {
 
 // Input and output width of one of a layer's projections.
-std::pair<int64_t, int64_t> projection_shape(const LlamaConfig& c, const std::string& name) {
+std::pair<int64_t, int64_t> projection_shape(const ModelConfig& c, const std::string& name) {
   const int64_t d = c.hidden_size, q = c.num_attention_heads * c.head_dim,
                 kv = c.num_key_value_heads * c.head_dim, i = c.intermediate_size;
   if (name == "q_proj") return {d, q};
@@ -15,6 +17,8 @@ std::pair<int64_t, int64_t> projection_shape(const LlamaConfig& c, const std::st
   if (name == "o_proj") return {q, d};
   if (name == "gate_proj" || name == "up_proj") return {d, i};
   if (name == "down_proj") return {i, d};
+  if (name == "qkv_proj") return {d, q + 2 * kv};
+  if (name == "gate_up_proj") return {d, 2 * i};
   throw ConfigError("FLOP count: unknown projection '" + name + "'");
 }
 
@@ -23,7 +27,7 @@ constexpr const char* kProjections[] = {"q_proj",    "k_proj",  "v_proj",   "o_p
 
 }  // namespace
 
-FlopCount training_flops(const LlamaConfig& c, int64_t context,
+FlopCount training_flops(const ModelConfig& c, int64_t context,
                          const std::vector<std::string>& lora_targets, int64_t lora_r) {
   FlopCount f;
   int64_t layer = 0;
@@ -36,10 +40,15 @@ FlopCount training_flops(const LlamaConfig& c, int64_t context,
     const auto [in, out] = projection_shape(c, t);
     f.adapter_weights += c.num_hidden_layers * lora_r * (in + out);
   }
-  // Q K^T and scores x V: 2 x heads x head_dim x context FLOPs each, per token and layer.
-  const double attn_forward = 4.0 * static_cast<double>(c.num_hidden_layers) *
-                              static_cast<double>(c.num_attention_heads * c.head_dim) *
-                              static_cast<double>(context);
+  // Q K^T and scores x V: 2 x heads x head_dim x context FLOPs each, per token and layer; a
+  // windowed layer's context is its window where that is shorter.
+  double contexts = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const int64_t w = c.window(l);
+    contexts += static_cast<double>(w > 0 ? std::min(w, context) : context);
+  }
+  const double attn_forward =
+      4.0 * static_cast<double>(c.num_attention_heads * c.head_dim) * contexts;
   const double n = static_cast<double>(f.matmul_weights),
                a = static_cast<double>(f.adapter_weights);
   const bool lora = !lora_targets.empty();

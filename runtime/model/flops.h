@@ -1,12 +1,13 @@
-// The model FLOPs of training a Llama-family model, per token: what MFU (model FLOPs utilisation)
-// divides by the device's peak. PaLM's convention (Chowdhury et al. 2022, appendix B): every
-// matrix multiply of the forward pass is 2 FLOPs per weight per token; the backward pass is twice
-// the forward (the input's gradient and the weight's); attention's two products (Q K^T and the
-// scores times V) count 2 x heads x head_dim x context each, over the whole context (causal
-// masking is not halved); recomputation by activation checkpointing is not model work and is not
-// counted; embedding lookups, norms, rotary embeddings and softmax are not counted. With LoRA the
-// frozen weights get no weight gradient: their backward is one product (the input's gradient),
-// each adapter's three. Pure; thread-safe.
+// The model FLOPs of training a decoder of any of ft's families, per token: what MFU (model FLOPs
+// utilisation) divides by the device's peak. PaLM's convention (Chowdhury et al. 2022, appendix B):
+// every matrix multiply of the forward pass is 2 FLOPs per weight per token; the backward pass is
+// twice the forward (the input's gradient and the weight's); attention's two products (Q K^T and
+// the scores times V) count 2 x heads x head_dim x context each, over the whole context (causal
+// masking is not halved), or over the window of a sliding-window layer where it is shorter;
+// recomputation by activation checkpointing is not model work and is not counted; embedding
+// lookups, norms, rotary embeddings and softmax are not counted. With LoRA the frozen weights get
+// no weight gradient: their backward is one product (the input's gradient), each adapter's three.
+// Pure; thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -27,8 +28,8 @@ struct FlopCount {
 };
 
 // Per token of a sequence of `context` tokens. `lora_targets` empty: full fine-tuning; else the
-// LoRA target modules (q_proj ... down_proj) with rank `lora_r`.
-FlopCount training_flops(const LlamaConfig& c, int64_t context,
+// LoRA target modules (q_proj ... down_proj; Phi-3's qkv_proj, gate_up_proj) with rank `lora_r`.
+FlopCount training_flops(const ModelConfig& c, int64_t context,
                          const std::vector<std::string>& lora_targets = {}, int64_t lora_r = 0);
 
 }  // namespace ft::model

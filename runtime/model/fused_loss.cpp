@@ -19,9 +19,25 @@ struct ChunkResult {
   at::Tensor loss, grad_hidden, grad_weight;
 };
 
+// The family's map of the logits (in place), returning tanh(l / cap) for the chain rule when
+// capped (undefined otherwise).
+at::Tensor map_logits(at::Tensor& logits, const LogitMap& map) {
+  if (map.divisor != 1) logits.div_(map.divisor);
+  if (map.softcap <= 0) return {};
+  at::Tensor t = logits.div(map.softcap).tanh_();
+  logits.copy_(t).mul_(map.softcap);
+  return t;
+}
+
+// d loss / d raw logits from d loss / d mapped logits `g` (in place).
+void unmap_gradient(at::Tensor& g, const at::Tensor& capped, const LogitMap& map) {
+  if (capped.defined()) g.mul_(capped.mul_(capped).neg_().add_(1));
+  if (map.divisor != 1) g.div_(map.divisor);
+}
+
 ChunkResult run_chunks(const at::Tensor& h2, const at::Tensor& w, const at::Tensor& labels,
                        int64_t chunk_tokens, bool grad_hidden, bool grad_weight,
-                       core::HostBlockCache* blocks) {
+                       core::HostBlockCache* blocks, const LogitMap& map) {
   const bool grads = grad_hidden || grad_weight;
   const at::ScalarType acc = h2.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const int64_t N = h2.size(0);
@@ -60,6 +76,7 @@ ChunkResult run_chunks(const at::Tensor& h2, const at::Tensor& w, const at::Tens
     } else {
       logits = at::linear(h, w).to(acc);
     }
+    at::Tensor capped = map.identity() ? at::Tensor() : map_logits(logits, map);
     if (acc == at::kFloat && logits.is_cpu() && logits.is_contiguous()) {
       // fp32 on the CPU: the loss and d(sum loss)/d(logits) in three passes over each row
       // (model/fused_ops.h), in place of the logits.
@@ -79,6 +96,7 @@ ChunkResult run_chunks(const at::Tensor& h2, const at::Tensor& w, const at::Tens
       logits.mul_(valid.unsqueeze(1).to(acc));
     }
     if (!grads) continue;
+    if (!map.identity()) unmap_gradient(logits, capped, map);
     // Cast to the compute dtype as the unfused path's upcast passes its gradient back.
     const at::Tensor& g = logits;
     const at::Tensor gc = g.to(h2.scalar_type());
@@ -110,9 +128,9 @@ ChunkResult run_chunks(const at::Tensor& h2, const at::Tensor& w, const at::Tens
 struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h2, const at::Tensor& w,
                             const at::Tensor& labels, int64_t chunk_tokens,
-                            core::HostBlockCache* blocks, UnitHooks* hooks) {
+                            core::HostBlockCache* blocks, UnitHooks* hooks, const LogitMap* map) {
     const bool gh = h2.requires_grad(), gw = w.requires_grad();
-    ChunkResult r = run_chunks(h2, w, labels, chunk_tokens, gh, gw, blocks);
+    ChunkResult r = run_chunks(h2, w, labels, chunk_tokens, gh, gw, blocks, *map);
     ctx->saved_data["gh"] = gh;
     ctx->saved_data["gw"] = gw;
     UnitHooks::GradSink sink;
@@ -153,7 +171,7 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
       gw = t.mul_(go.to(t.scalar_type()))
                .to(static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt()));
     }
-    return {gh, gw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {gh, gw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -161,7 +179,7 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
 
 LossSum chunked_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& weight,
                             const at::Tensor& labels, bool count_tokens, int64_t chunk_elements,
-                            core::HostBlockCache* blocks, UnitHooks* hooks) {
+                            core::HostBlockCache* blocks, UnitHooks* hooks, LogitMap map) {
   FT_CHECK(hidden.dim() == 3 && labels.dim() == 2 && hidden.size(0) == labels.size(0) &&
                hidden.size(1) == labels.size(1) && weight.dim() == 2 &&
                weight.size(1) == hidden.size(2),
@@ -178,8 +196,9 @@ LossSum chunked_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& weight,
   LossSum out;
   const bool grads = at::GradMode::is_enabled() && (h2.requires_grad() || weight.requires_grad());
   out.sum =
-      grads ? FusedLinearCrossEntropy::apply(h2, weight, shift_labels, chunk_tokens, blocks, hooks)
-            : run_chunks(h2, weight, shift_labels, chunk_tokens, false, false, blocks).loss;
+      grads ? FusedLinearCrossEntropy::apply(h2, weight, shift_labels, chunk_tokens, blocks, hooks,
+                                             &map)
+            : run_chunks(h2, weight, shift_labels, chunk_tokens, false, false, blocks, map).loss;
   if (count_tokens) out.tokens = shift_labels.ne(kIgnoreIndex).sum().item<int64_t>();
   return out;
 }

@@ -11,7 +11,7 @@
 #include <ATen/ATen.h>
 
 #include "core/host_alloc.h"
-#include "model/llama.h"
+#include "model/decoder.h"
 
 namespace ft::model {
 
@@ -27,9 +27,12 @@ inline constexpr int64_t kLossChunkElements = int64_t{1} << 25;
 // gradient into it in one pass instead of handing it to autograd. The sum: fp32 (fp64 for fp64
 // inputs), summed in fp64 on the CPU and rounded once; fp64 for fp32 CPU inputs without gradients
 // (evaluation), where the rounding would only lose digits.
+// `map`: the family's transform of the head's product (DecoderModel::logit_map), applied to each
+// chunk's logits in fp32 and chained into their gradient.
 LossSum chunked_lm_loss_sum(const at::Tensor& hidden, const at::Tensor& weight,
                             const at::Tensor& labels, bool count_tokens = true,
                             int64_t chunk_elements = kLossChunkElements,
-                            core::HostBlockCache* blocks = nullptr, UnitHooks* hooks = nullptr);
+                            core::HostBlockCache* blocks = nullptr, UnitHooks* hooks = nullptr,
+                            LogitMap map = {});
 
 }  // namespace ft::model

@@ -42,7 +42,7 @@ at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 // The SwiGLU and rotary kernels without autograd, for a node that runs several of the model's ops
-// in one forward and one backward of its own (model/llama.cpp): the same bits as fused_swiglu and
+// in one forward and one backward of its own (model/decoder.cpp): the same bits as fused_swiglu and
 // fused_rope and their backwards. swiglu_backward returns {d gate, d up} (undefined where not
 // wanted); rope_apply with `backward` maps a gradient of its output to one of its input; both
 // return contiguous tensors.

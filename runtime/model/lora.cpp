@@ -1,6 +1,7 @@
 #include "model/lora.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,15 +18,25 @@ namespace ft::model {
 using nlohmann::json;
 
 namespace {
-const std::set<std::string> kModules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                        "gate_proj", "up_proj", "down_proj"};
+const std::set<std::string> kModules = {"q_proj",   "k_proj",       "v_proj",
+                                        "qkv_proj", "o_proj",       "gate_proj",
+                                        "up_proj",  "gate_up_proj", "down_proj"};
+const std::vector<std::string> kSeparate = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                            "gate_proj", "up_proj", "down_proj"};
+const std::vector<std::string> kFused = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"};
 
-// (module path, projection) pairs of a layer, in PEFT's key order.
-std::vector<std::pair<std::string, Linear*>> projections(LlamaLayer& L) {
-  return {{"self_attn.q_proj", &L.q_proj}, {"self_attn.k_proj", &L.k_proj},
-          {"self_attn.v_proj", &L.v_proj}, {"self_attn.o_proj", &L.o_proj},
-          {"mlp.gate_proj", &L.gate_proj}, {"mlp.up_proj", &L.up_proj},
-          {"mlp.down_proj", &L.down_proj}};
+// (module path, projection) pairs of a layer, in PEFT's key order; those the family has.
+std::vector<std::pair<std::string, Linear*>> projections(DecoderLayer& L) {
+  std::vector<std::pair<std::string, Linear*>> all = {
+      {"self_attn.q_proj", &L.q_proj}, {"self_attn.k_proj", &L.k_proj},
+      {"self_attn.v_proj", &L.v_proj}, {"self_attn.qkv_proj", &L.qkv_proj},
+      {"self_attn.o_proj", &L.o_proj}, {"mlp.gate_proj", &L.gate_proj},
+      {"mlp.up_proj", &L.up_proj},     {"mlp.gate_up_proj", &L.gate_up_proj},
+      {"mlp.down_proj", &L.down_proj}};
+  std::vector<std::pair<std::string, Linear*>> out;
+  for (auto& p : all)
+    if (p.second->weight.defined()) out.push_back(p);
+  return out;
 }
 
 std::string leaf(const std::string& path) { return path.substr(path.rfind('.') + 1); }
@@ -43,7 +54,25 @@ void LoraConfig::validate(const std::string& where) const {
   for (const auto& m : target_modules)
     FT_CHECK(
         kModules.count(m), where, ": lora target module '", m,
-        "' is not a Llama projection (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj)");
+        "' is not a projection ft adapts (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj; "
+        "qkv_proj gate_up_proj in Phi-3)");
+}
+
+const std::vector<std::string>& lora_modules_of(const ModelConfig& model) {
+  return model.family().fused_projections ? kFused : kSeparate;
+}
+
+void fit_lora_targets(LoraConfig& config, const ModelConfig& model) {
+  const std::vector<std::string>& has = lora_modules_of(model);
+  std::vector<std::string> sorted = config.target_modules;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<std::string> all = kSeparate;
+  std::sort(all.begin(), all.end());
+  if (sorted == all) config.target_modules = has;  // the default: every projection there is
+  for (const auto& m : config.target_modules)
+    FT_CHECK(std::find(has.begin(), has.end(), m) != has.end(), "lora.target_modules: '", m,
+             "' is not a projection of a ", model.model_type, " model (it has ",
+             fmt::format("{}", fmt::join(has, " ")), ")");
 }
 
 std::string peft_key(const std::string& module, char which) {
@@ -143,8 +172,13 @@ std::string lora_config_json(const LoraConfig& c) {
   return j.dump(2) + "\n";
 }
 
-void attach_lora(LlamaModel& model, const LoraConfig& config, uint64_t seed, bool shapes_only) {
+void attach_lora(DecoderModel& model, const LoraConfig& config, uint64_t seed, bool shapes_only) {
   config.validate("lora");
+  const std::vector<std::string>& has = lora_modules_of(model.config());
+  for (const auto& m : config.target_modules)
+    FT_CHECK(std::find(has.begin(), has.end(), m) != has.end(), "lora target module '", m,
+             "' is not a projection of a ", model.config().model_type, " model (it has ",
+             fmt::format("{}", fmt::join(has, " ")), ")");
   at::NoGradGuard no_grad;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const std::set<std::string> targets(config.target_modules.begin(), config.target_modules.end());
@@ -175,7 +209,7 @@ void attach_lora(LlamaModel& model, const LoraConfig& config, uint64_t seed, boo
   }
 }
 
-std::vector<NamedTensor> lora_parameters(LlamaModel& model) {
+std::vector<NamedTensor> lora_parameters(DecoderModel& model) {
   std::vector<NamedTensor> out;
   auto& layers = model.layers();
   for (size_t i = 0; i < layers.size(); ++i) {

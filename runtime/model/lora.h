@@ -1,4 +1,4 @@
-// LoRA adapters on a LlamaModel's projections, in PEFT's format: adapter_config.json and
+// LoRA adapters on a DecoderModel's projections, in PEFT's format: adapter_config.json and
 // adapter_model.safetensors keys "base_model.model.<module>.lora_A.weight" [r, in] and
 // "...lora_B.weight" [out, r]; scale alpha/r, or alpha/sqrt(r) with rsLoRA. The base stays frozen.
 // Not thread-safe (mutates the model).
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "model/llama.h"
+#include "model/decoder.h"
 
 namespace ft::model {
 
@@ -26,6 +26,14 @@ struct LoraConfig {
   void validate(const std::string& where) const;
 };
 
+// The projections a model of `model`'s family has, in PEFT's names: q/k/v/o/gate/up/down, or
+// Phi-3's qkv_proj o_proj gate_up_proj down_proj.
+const std::vector<std::string>& lora_modules_of(const ModelConfig& model);
+// Makes `config` name what the model has: the default list (all seven separate projections)
+// becomes lora_modules_of(model); a named module the model lacks is refused (ConfigError), as
+// PEFT refuses a target that matches nothing.
+void fit_lora_targets(LoraConfig& config, const ModelConfig& model);
+
 // Reads a PEFT adapter_config.json; refuses (FormatError naming the file and key) what ft does not
 // implement: peft_type other than LORA, bias != "none", modules_to_save, per-layer rank patterns.
 LoraConfig load_lora_config(const std::string& path);
@@ -34,11 +42,11 @@ std::string lora_config_json(const LoraConfig& c);
 // Adds adapters to every targeted projection: lora_A ~ PEFT's kaiming-uniform (bound 1/sqrt(in))
 // from a CPU generator seeded with `seed`, lora_B = 0. Freezes nothing by itself; the trainer
 // decides what requires grad. `shapes_only`: meta tensors, nothing drawn (the planner's model).
-void attach_lora(LlamaModel& model, const LoraConfig& config, uint64_t seed,
+void attach_lora(DecoderModel& model, const LoraConfig& config, uint64_t seed,
                  bool shapes_only = false);
 
 // The adapter tensors with their PEFT names, in a fixed order.
-std::vector<NamedTensor> lora_parameters(LlamaModel& model);
+std::vector<NamedTensor> lora_parameters(DecoderModel& model);
 
 // The PEFT key of a module's adapter matrix: peft_key("model.layers.0.self_attn.q_proj", 'A').
 std::string peft_key(const std::string& module, char which);

@@ -126,7 +126,7 @@ c10d::Backend& backend(comm::ProcessGroup* g) { return g->backend(); }
 
 }  // namespace
 
-Engine::Engine(model::LlamaModel& model, std::vector<ParamSpec> specs, EngineOptions options,
+Engine::Engine(model::DecoderModel& model, std::vector<ParamSpec> specs, EngineOptions options,
                Groups groups)
     : model_(model), specs_(std::move(specs)), options_(std::move(options)), groups_(groups) {
   rank_ = groups_.world ? groups_.world->rank() : 0;
@@ -409,7 +409,7 @@ void Engine::on_param_grad(int ui, int gi, int mi, const at::Tensor& param) {
   // a gradient: grad_sunk has counted it.
   if (!grad.defined() && sink_of_.count(param.unsafeGetTensorImpl())) return;
   FT_ASSERT(grad.defined(), "gradient hook without a gradient for ", m.name);
-  // A sparse gradient (the embedding's rows, LlamaModel::set_sparse_embedding_grad on the CPU)
+  // A sparse gradient (the embedding's rows, DecoderModel::set_sparse_embedding_grad on the CPU)
   // adds its rows, in token order, where a dense one adds the whole [vocab, hidden] tensor.
   auto add_into = [&](at::Tensor dst) {
     if (!grad.is_sparse()) {

@@ -23,7 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "model/llama.h"
+#include "model/decoder.h"
 
 namespace c10d {
 class Work;
@@ -116,7 +116,7 @@ class Engine : public model::UnitHooks {
  public:
   // Lays the specs out (nothing is allocated until load). `specs` must list every parameter of
   // the model that the forward reads, in the order a ParamSource is read.
-  Engine(model::LlamaModel& model, std::vector<ParamSpec> specs, EngineOptions options,
+  Engine(model::DecoderModel& model, std::vector<ParamSpec> specs, EngineOptions options,
          Groups groups);
   ~Engine() override;
   Engine(const Engine&) = delete;
@@ -226,7 +226,7 @@ class Engine : public model::UnitHooks {
   void issued(c10d::Work& work);
   double scalar_collective(double v, bool max);
 
-  model::LlamaModel& model_;
+  model::DecoderModel& model_;
   std::vector<ParamSpec> specs_;
   EngineOptions options_;
   Groups groups_;

@@ -136,7 +136,7 @@ StrategyPlan plan_strategy(const config::StrategySettings& strategy,
   return plan;
 }
 
-std::vector<ParamSpec> param_specs(model::LlamaModel& model, bool lora) {
+std::vector<ParamSpec> param_specs(model::DecoderModel& model, bool lora) {
   std::vector<ParamSpec> specs;
   auto decays = [](const std::string& n) {
     const bool bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
@@ -156,7 +156,7 @@ ParamSource current_values(const std::vector<ParamSpec>& specs) {
   };
 }
 
-std::unique_ptr<Engine> single_process_engine(model::LlamaModel& model, bool lora,
+std::unique_ptr<Engine> single_process_engine(model::DecoderModel& model, bool lora,
                                               at::ScalarType compute_dtype) {
   EngineOptions o;
   o.kind = "single";

@@ -32,7 +32,7 @@ StrategyPlan plan_strategy(const config::StrategySettings& strategy,
 
 // Every parameter of `model` in file order (base, then LoRA adapters when `lora`), trained: the
 // adapters for LoRA, every base weight otherwise. AdamW decays neither norms nor biases.
-std::vector<ParamSpec> param_specs(model::LlamaModel& model, bool lora);
+std::vector<ParamSpec> param_specs(model::DecoderModel& model, bool lora);
 
 // A ParamSource reading the values the specs' tensors hold right now (a materialised model, or
 // the CPU adapters of a meta model): copies nothing until asked.
@@ -40,7 +40,7 @@ ParamSource current_values(const std::vector<ParamSpec>& specs);
 
 // A loaded engine for one process (world size 1, no communication) over a materialised model:
 // what tests and benchmarks use.
-std::unique_ptr<Engine> single_process_engine(model::LlamaModel& model, bool lora,
+std::unique_ptr<Engine> single_process_engine(model::DecoderModel& model, bool lora,
                                               at::ScalarType compute_dtype);
 
 }  // namespace ft::parallel

@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "model/llama.h"
+#include "model/decoder.h"
 
 namespace ft::parallel {
 
@@ -80,7 +80,7 @@ UnitsPlan plan_units(const std::vector<UnitParam>& params, const UnitsOptions& o
         add_member(group_in(persistent, p.trained, p.decay), i);
         continue;
       }
-      const int mu = model::LlamaModel::unit_of(p.name);
+      const int mu = model::DecoderModel::unit_of(p.name);
       FT_ASSERT(mu >= 0 && mu < n_model_units, "parameter ", p.name, " has no unit");
       add_member(group_in(plan.units[plan.unit_of_model[mu]], p.trained, p.decay), i);
     }

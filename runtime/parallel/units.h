@@ -13,7 +13,7 @@ namespace ft::parallel {
 
 // A parameter as the layout sees it.
 struct UnitParam {
-  std::string name;  // HF (or PEFT) name: decides the model unit (LlamaModel::unit_of)
+  std::string name;  // HF (or PEFT) name: decides the model unit (DecoderModel::unit_of)
   int64_t numel = 0;
   bool trained = false;
   bool decay = true;

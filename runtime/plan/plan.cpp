@@ -12,8 +12,8 @@
 #include "core/strings.h"
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "model/decoder.h"
 #include "model/fused_loss.h"
-#include "model/llama.h"
 #include "model/lora.h"
 #include "parallel/strategy.h"
 #include "parallel/units.h"
@@ -56,7 +56,7 @@ std::string n3(int64_t v) {  // 1,234,567
 }
 
 struct Shape {
-  model::LlamaConfig mc;
+  model::ModelConfig mc;
   std::string from;
   int64_t file_bytes = 0;    // the model files (0: random init)
   int64_t file_element = 0;  // bytes per element in the files
@@ -70,7 +70,7 @@ Shape model_shape(const PlanInputs& in) {
     return s;
   }
   const std::string cfg = (fs::path(in.model_dir) / "config.json").string();
-  s.mc = model::load_llama_config(cfg);
+  s.mc = model::load_model_config(cfg);
   s.from = cfg;
   // The headers only: the files are mapped, never read.
   const io::SafetensorsIndex index = io::SafetensorsIndex::open(in.model_dir);
@@ -89,7 +89,7 @@ struct LayerActs {
   int64_t transient = 0;  // gradients alive while one layer's backward runs
 };
 
-LayerActs layer_activations(const model::LlamaConfig& mc, const config::Settings& s, int64_t N,
+LayerActs layer_activations(const model::ModelConfig& mc, const config::Settings& s, int64_t N,
                             int64_t c, bool gpu) {
   const int64_t h = mc.hidden_size, I = mc.intermediate_size;
   const int64_t hq = mc.num_attention_heads * mc.head_dim;
@@ -142,7 +142,7 @@ struct Acts {
   std::string logits_formula;
 };
 
-Acts activations(const model::LlamaConfig& mc, const config::Settings& s, int64_t c, bool gpu) {
+Acts activations(const model::ModelConfig& mc, const config::Settings& s, int64_t c, bool gpu) {
   const int64_t B = s.train.micro_batch, T = s.data.seq_len, N = B * T;
   const int64_t h = mc.hidden_size, V = mc.vocab_size, L = mc.num_hidden_layers;
   const LayerActs la = layer_activations(mc, s, N, c, gpu);
@@ -158,7 +158,7 @@ Acts activations(const model::LlamaConfig& mc, const config::Settings& s, int64_
   // The embedding's output, the final norm (fp32 copy, normalised value, the head's input), RoPE's
   // cos and sin, and a packed batch's [B, 1, T, T] bool mask with the [B, T, T] comparison it is
   // built from; on the CPU also the mask's 0 / -inf form in the compute dtype, made once and kept
-  // by every layer's attention (model/llama.cpp).
+  // by every layer's attention (model/decoder.cpp).
   // Fused, the final norm keeps its input and a scale per token instead of the fp32 copy.
   const bool fused_norm = !gpu && s.train.fused_rms_norm && s.precision.mode != "fp64";
   const int64_t final_norm = fused_norm ? c * N * h + 4 * N + c * N * h : 4 * N * h + 2 * c * N * h;
@@ -233,7 +233,7 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
   const Layout& L = in.layout;
   FT_CHECK(L.nnodes >= 1 && L.nproc_per_node >= 1, "--nnodes and --nproc-per-node must be >= 1");
   const Shape shape = model_shape(in);
-  const model::LlamaConfig& mc = shape.mc;
+  const model::ModelConfig& mc = shape.mc;
   const at::ScalarType compute = parse_dtype(s.precision.mode);
   const int64_t c = static_cast<int64_t>(c10::elementSize(compute));
   FT_CHECK(s.data.seq_len <= mc.max_position_embeddings, "data.seq_len ", s.data.seq_len,
@@ -252,10 +252,10 @@ Plan make_plan(const PlanInputs& in, bool suggest) {
   const int64_t r = static_cast<int64_t>(c10::elementSize(eo.reduce_dtype));
 
   // The parameters as the run lays them out: a meta model (shapes only) with LoRA attached.
-  model::LlamaModel meta(mc, at::TensorOptions().dtype(compute), /*materialize=*/false);
+  model::DecoderModel meta(mc, at::TensorOptions().dtype(compute), /*materialize=*/false);
   model::LoraConfig lc;
   if (s.lora.enabled) {
-    lc = train::lora_config_from_preset(s.lora, in.model_dir);
+    lc = train::lora_config_from_preset(s.lora, in.model_dir, &mc);
     model::attach_lora(meta, lc, 0, /*shapes_only=*/true);
   }
   const auto specs = parallel::param_specs(meta, s.lora.enabled);

@@ -12,8 +12,8 @@
 #include "core/host_alloc.h"
 #include "data/jsonl_source.h"
 #include "model/cpu_math.h"
+#include "model/decoder.h"
 #include "model/fused_loss.h"
-#include "model/llama.h"
 #include "model/lora.h"
 #include "train/trainer.h"
 #include "train/weights.h"
@@ -117,12 +117,13 @@ EvalSet make_eval_set(const data::JsonlSource& source, const config::EvalSetting
   return set;
 }
 
-BatchLoss score_batch(const model::LlamaModel& model, const data::Batch& b) {
+BatchLoss score_batch(const model::DecoderModel& model, const data::Batch& b) {
   at::NoGradGuard no_grad;
   // The head and the loss chunk by chunk: a batch of eval.batch_tokens never holds its logits.
   model::LossSum ls = model::chunked_lm_loss_sum(
       model.hidden_states(b.input_ids, b.position_ids, /*training=*/false, b.attention_segments()),
-      model.lm_head(), b.labels);
+      model.lm_head(), b.labels, /*count_tokens=*/true, model::kLossChunkElements,
+      /*blocks=*/nullptr, /*hooks=*/nullptr, model.logit_map());
   return {ls.sum.item<double>(), ls.tokens};
 }
 
@@ -139,9 +140,9 @@ EvalResult evaluate(const EvalOptions& o) {
            "data.format synthetic cannot be evaluated from a file; set "
            "data.format to auto, text, alpaca, chat or tokenized");
 
-  model::LlamaConfig mc = model::load_llama_config(o.model_dir + "/config.json");
+  model::ModelConfig mc = model::load_model_config(o.model_dir + "/config.json");
   BaseWeights weights(o.model_dir, mc, model_param_shapes(mc), /*seed=*/0);
-  model::LlamaModel model(mc, at::TensorOptions().dtype(at::kFloat));
+  model::DecoderModel model(mc, at::TensorOptions().dtype(at::kFloat));
   model.set_fused_ops(o.fused);
   model.load([&](const std::string& name, at::Tensor& dst) { weights.copy_to(name, dst); });
   if (!o.adapter_dir.empty()) {

@@ -13,7 +13,7 @@
 #include "config/settings.h"
 #include "data/batch.h"
 #include "data/jsonl_source.h"
-#include "model/llama.h"
+#include "model/decoder.h"
 
 namespace ft::train {
 
@@ -65,7 +65,7 @@ struct BatchLoss {
   double sum = 0;
   int64_t tokens = 0;
 };
-BatchLoss score_batch(const model::LlamaModel& model, const data::Batch& batch);
+BatchLoss score_batch(const model::DecoderModel& model, const data::Batch& batch);
 
 // The fused CPU kernels an evaluation's forward runs: train.fused_*'s with eval.fused_kernels,
 // else none, so that the forward is transformers' op sequence and its bits (the fused RMSNorm sums

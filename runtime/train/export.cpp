@@ -17,7 +17,7 @@
 #include "core/json.h"
 #include "core/strings.h"
 #include "io/durable_file.h"
-#include "model/llama.h"
+#include "model/decoder.h"
 #include "model/lora.h"
 #include "train/saved_model.h"
 #include "train/trainer.h"
@@ -185,7 +185,7 @@ struct RunState {
   // checkpoint from before checkpoints recorded it (then the model's own file is copied).
   std::optional<std::string> chat_template;
   std::optional<model::LoraConfig> lora_config;  // a final/'s adapter_config.json
-  std::optional<model::LlamaConfig> config;      // a full final/'s config.json
+  std::optional<model::ModelConfig> config;      // a full final/'s config.json
   std::vector<std::string> own_files;            // a final/'s tokenizer files
 };
 
@@ -261,7 +261,7 @@ RunState final_state(const fs::path& dir, Trained& trained) {
     trained.adapter = std::make_unique<io::SafetensorsFile>(
         io::SafetensorsFile::open((dir / "adapter_model.safetensors").string()));
   } else {
-    r.config = model::load_llama_config((dir / "config.json").string());
+    r.config = model::load_model_config((dir / "config.json").string());
     trained.model =
         std::make_unique<io::SafetensorsIndex>(io::SafetensorsIndex::open(dir.string()));
   }
@@ -284,7 +284,7 @@ struct ExportPlan {
   bool base_here = false;
   bool adapter_only = false;
   at::ScalarType dtype = at::kFloat, compute = at::kFloat;
-  std::optional<model::LlamaConfig> mc;
+  std::optional<model::ModelConfig> mc;
   model::LoraConfig lc;
   ParamShapes params;
   std::vector<std::string> held;
@@ -342,12 +342,13 @@ void resolve_model(ExportPlan& p) {
   } else if (p.base.empty()) {
     if (p.run.settings) p.mc = model_config_from_preset(p.run.settings->model);
   } else if (p.base_here) {
-    p.mc = model::load_llama_config((fs::path(p.base) / "config.json").string());
+    p.mc = model::load_model_config((fs::path(p.base) / "config.json").string());
   }
   if (p.mc) p.params = model_param_shapes(*p.mc);
   if (p.run.lora)
-    p.lc = p.run.lora_config ? *p.run.lora_config
-                             : lora_config_from_preset(p.run.settings->lora, p.base);
+    p.lc = p.run.lora_config
+               ? *p.run.lora_config
+               : lora_config_from_preset(p.run.settings->lora, p.base, p.mc ? &*p.mc : nullptr);
 }
 
 void check_full(ExportPlan& p) {

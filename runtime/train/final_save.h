@@ -20,7 +20,7 @@ namespace ft::train {
 
 struct FinalSaveOptions {
   std::string output_dir;                   // final/ and final_save.json go here
-  model::LlamaConfig config;                // written as config.json for a full model
+  model::ModelConfig config;                // written as config.json for a full model
   const model::LoraConfig* lora = nullptr;  // a PEFT adapter (fp32) when set
   at::ScalarType dtype = at::kFloat;        // a full model's stored dtype (the compute dtype)
   // Copied beside the model (the tokenizer it was trained with), by rank 0.

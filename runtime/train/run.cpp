@@ -27,8 +27,8 @@
 #include "data/jsonl_source.h"
 #include "data/synthetic.h"
 #include "model/cpu_math.h"
+#include "model/decoder.h"
 #include "model/flops.h"
-#include "model/llama.h"
 #include "model/lora.h"
 #include "parallel/strategy.h"
 #include "train/device_peak.h"
@@ -291,10 +291,10 @@ class TrainingRun {
   cuda::DeviceChoice device_choice_;
   at::Device device_{at::kCPU};
   at::ScalarType dtype_ = at::kFloat;  // compute dtype (precision.mode)
-  model::LlamaConfig mc_;
+  model::ModelConfig mc_;
   std::unique_ptr<BaseWeights> base_;
   parallel::StrategyPlan plan_;
-  std::unique_ptr<model::LlamaModel> model_;  // shapes only: the engine holds the storage
+  std::unique_ptr<model::DecoderModel> model_;  // shapes only: the engine holds the storage
   model::LoraConfig lora_config_;
   std::unique_ptr<data::BatchSource> source_;
   std::unique_ptr<EvalSet> eval_set_;  // eval.data, batched once; null without it
@@ -333,7 +333,7 @@ void TrainingRun::choose_device() {
 // source checked against it, and the strategy's plan; the model holds no storage yet.
 void TrainingRun::build_model() {
   mc_ = o_.model_dir.empty() ? model_config_from_preset(s_.model)
-                             : model::load_llama_config(o_.model_dir + "/config.json");
+                             : model::load_model_config(o_.model_dir + "/config.json");
   base_ = std::make_unique<BaseWeights>(o_.model_dir, mc_, model_param_shapes(mc_),
                                         static_cast<uint64_t>(s_.train.seed));
   dtype_ = parse_dtype(s_.precision.mode);
@@ -343,12 +343,12 @@ void TrainingRun::build_model() {
   const auto checkpointing =
       model::parse_activation_checkpointing(s_.train.activation_checkpointing);
   plan_ = parallel::plan_strategy(s_.strategy, s_.precision.mode, env_, device_);
-  model_ = std::make_unique<model::LlamaModel>(
+  model_ = std::make_unique<model::DecoderModel>(
       mc_, at::TensorOptions().dtype(dtype_).device(device_), /*materialize=*/false);
   model_->set_activation_checkpointing(checkpointing, s_.train.checkpoint_every_n_layers);
   model_->set_fused_ops(fused_ops(s_.train));
   if (s_.lora.enabled) {
-    lora_config_ = lora_config_from_preset(s_.lora, o_.model_dir);
+    lora_config_ = lora_config_from_preset(s_.lora, o_.model_dir, &mc_);
     model::attach_lora(*model_, lora_config_, s_.train.seed + 1);
   }
 }

@@ -15,12 +15,12 @@ namespace ft::train {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-model::LlamaConfig model_config_from_preset(const config::ModelSettings& m) {
+model::ModelConfig model_config_from_preset(const config::ModelSettings& m) {
   FT_CHECK(!m.require_dir,
            "this preset trains your own model (model.require_dir is true): give its Hugging Face "
            "directory with --model DIR (config.json, *.safetensors, tokenizer.json); the model's "
            "shape comes from there. To try ft without a model, use --preset tiny-demo");
-  model::LlamaConfig c;
+  model::ModelConfig c;
   c.vocab_size = m.vocab_size;
   c.hidden_size = m.hidden_size;
   c.intermediate_size = m.intermediate_size;
@@ -39,7 +39,8 @@ model::LlamaConfig model_config_from_preset(const config::ModelSettings& m) {
 }
 
 model::LoraConfig lora_config_from_preset(const config::LoraSettings& l,
-                                          const std::string& base_model) {
+                                          const std::string& base_model,
+                                          const model::ModelConfig* model) {
   model::LoraConfig c;
   c.r = l.r;
   c.alpha = l.alpha;
@@ -48,6 +49,7 @@ model::LoraConfig lora_config_from_preset(const config::LoraSettings& l,
   c.use_rslora = l.rslora;
   c.base_model_name_or_path = base_model;
   c.validate("preset lora");
+  if (model) model::fit_lora_targets(c, *model);
   return c;
 }
 
@@ -55,7 +57,7 @@ void write_text_atomic(const std::string& path, const std::string& text) {
   io::write_file_durably(path, text);
 }
 
-std::vector<std::string> save_hf_model(const model::LlamaConfig& config,
+std::vector<std::string> save_hf_model(const model::ModelConfig& config,
                                        const io::DeferredTensors& tensors, const std::string& dir,
                                        uint64_t max_shard_bytes,
                                        const io::ShardWritten& on_written) {
@@ -66,7 +68,7 @@ std::vector<std::string> save_hf_model(const model::LlamaConfig& config,
   // Hugging Face layout: config.json + model.safetensors (sharded past max_shard_bytes).
   std::vector<std::string> files =
       io::write_sharded_deferred(dir, tensors, max_shard_bytes, {{"format", "pt"}}, on_written);
-  json cj = json::parse(model::llama_config_json(config));
+  json cj = json::parse(model::model_config_json(config));
   const auto st = tensors.front().dtype;
   cj["torch_dtype"] = st == at::kBFloat16 ? "bfloat16" : st == at::kHalf ? "float16" : "float32";
   write_text_atomic(dir + "/config.json", cj.dump(2) + "\n");
@@ -84,7 +86,7 @@ void save_peft_adapter(const model::LoraConfig& lora, const io::NamedTensors& te
   write_text_atomic(dir + "/adapter_config.json", model::lora_config_json(lora));
 }
 
-void save_final_model(const model::LlamaConfig& config, const model::LoraConfig* lora,
+void save_final_model(const model::ModelConfig& config, const model::LoraConfig* lora,
                       const io::NamedTensors& tensors, const std::string& dir) {
   if (lora) return save_peft_adapter(*lora, tensors, dir);
   save_hf_model(config, io::defer(tensors), dir);

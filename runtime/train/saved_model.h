@@ -25,23 +25,24 @@ inline constexpr const char* kChatTemplateFile = "chat_template.jinja";
 
 // The model shape a preset describes (used when no model directory is given); ConfigError when the
 // preset has model.require_dir (its model must come from --model).
-model::LlamaConfig model_config_from_preset(const config::ModelSettings& model);
+model::ModelConfig model_config_from_preset(const config::ModelSettings& model);
 // The adapters a preset's lora section asks for, on the base `base_model` ("" = random init),
-// validated.
+// validated; with `model`, fitted to the projections its family has (model::fit_lora_targets).
 model::LoraConfig lora_config_from_preset(const config::LoraSettings& lora,
-                                          const std::string& base_model);
+                                          const std::string& base_model,
+                                          const model::ModelConfig* model = nullptr);
 
 // Writes the trained model to `dir`: a PEFT adapter (`tensors` are the adapters) when `lora` is
 // given, else HF-format safetensors + config.json (`tensors` are every weight, in the dtype to
 // store, `torch_dtype` in config.json). Every file is written to a temporary name and renamed into
 // place.
-void save_final_model(const model::LlamaConfig& config, const model::LoraConfig* lora,
+void save_final_model(const model::ModelConfig& config, const model::LoraConfig* lora,
                       const io::NamedTensors& tensors, const std::string& dir);
 
 // A Hugging Face model directory: config.json (`torch_dtype` from the first tensor's dtype) and
 // the weights, sharded past `max_shard_bytes` as save_pretrained does, each tensor made as its
 // shard is written (io::write_sharded_deferred). Returns the files written.
-std::vector<std::string> save_hf_model(const model::LlamaConfig& config,
+std::vector<std::string> save_hf_model(const model::ModelConfig& config,
                                        const io::DeferredTensors& tensors, const std::string& dir,
                                        uint64_t max_shard_bytes = io::kDefaultMaxShardBytes,
                                        const io::ShardWritten& on_written = {});

@@ -53,7 +53,7 @@ model::FusedOps fused_ops(const config::TrainSettings& train) {
   return {train.fused_rms_norm, train.fused_swiglu, train.fused_rope};
 }
 
-Trainer::Trainer(model::LlamaModel& model, TrainOptions options, parallel::Engine& engine)
+Trainer::Trainer(model::DecoderModel& model, TrainOptions options, parallel::Engine& engine)
     : model_(model), options_(std::move(options)), engine_(engine) {
   compute_dtype_ = parse_dtype(options_.precision);
   std::vector<AdamW::Param> params;
@@ -120,7 +120,7 @@ StepStats Trainer::compute_gradients(const std::vector<data::Batch>& micro_batch
                   model_.hidden_states(b.input_ids, b.position_ids,
                                        /*training=*/true, b.attention_segments()),
                   model_.lm_head(), b.labels, /*count_tokens=*/false, model::kLossChunkElements,
-                  &loss_blocks_, model_.unit_hooks())
+                  &loss_blocks_, model_.unit_hooks(), model_.logit_map())
             : model::causal_lm_loss_sum(model_.forward(b.input_ids, b.position_ids,
                                                        /*training=*/true, b.attention_segments()),
                                         b.labels, /*count_tokens=*/false);

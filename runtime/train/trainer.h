@@ -14,7 +14,7 @@
 #include "core/dtype.h"
 #include "core/host_alloc.h"
 #include "data/batch.h"
-#include "model/llama.h"
+#include "model/decoder.h"
 #include "parallel/engine.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
@@ -65,7 +65,7 @@ class Trainer {
  public:
   // `engine` has been loaded (it holds the model's parameters); the trainer builds AdamW over its
   // masters.
-  Trainer(model::LlamaModel& model, TrainOptions options, parallel::Engine& engine);
+  Trainer(model::DecoderModel& model, TrainOptions options, parallel::Engine& engine);
 
   // One optimizer step: compute_gradients, then apply_update.
   StepStats step(const std::vector<data::Batch>& micro_batches);
@@ -99,7 +99,7 @@ class Trainer {
   const core::HostBlockCache& host_blocks() const { return loss_blocks_; }
 
  private:
-  model::LlamaModel& model_;
+  model::DecoderModel& model_;
   TrainOptions options_;
   parallel::Engine& engine_;
   at::ScalarType compute_dtype_;

@@ -12,19 +12,19 @@
 
 namespace ft::train {
 
-ParamShapes model_param_shapes(const model::LlamaConfig& config) {
-  model::LlamaModel shapes(config, at::TensorOptions().dtype(at::kFloat), /*materialize=*/false);
+ParamShapes model_param_shapes(const model::ModelConfig& config) {
+  model::DecoderModel shapes(config, at::TensorOptions().dtype(at::kFloat), /*materialize=*/false);
   ParamShapes out;
   for (const auto& p : shapes.parameters()) out.emplace_back(p.name, p.tensor->sizes().vec());
   return out;
 }
 
-BaseWeights::BaseWeights(const std::string& model_dir, const model::LlamaConfig& config,
+BaseWeights::BaseWeights(const std::string& model_dir, const model::ModelConfig& config,
                          const ParamShapes& params, uint64_t seed)
     : params_(params), gen_(at::make_generator<at::CPUGeneratorImpl>(seed)) {
   for (size_t i = 0; i < params_.size(); ++i) index_[params_[i].first] = i;
   if (model_dir.empty()) {
-    shapes_ = std::make_unique<model::LlamaModel>(config, at::TensorOptions().dtype(at::kFloat),
+    shapes_ = std::make_unique<model::DecoderModel>(config, at::TensorOptions().dtype(at::kFloat),
                                                   /*materialize=*/false);
     return;
   }
@@ -95,7 +95,7 @@ void BaseWeights::warm_up(at::ScalarType dtype) {
   files_->read_range(first, 0, n, at::zeros({n}, at::TensorOptions().dtype(dtype)));
 }
 
-void load_adapter(model::LlamaModel& model, const std::string& adapter_dir) {
+void load_adapter(model::DecoderModel& model, const std::string& adapter_dir) {
   auto adapter = io::SafetensorsFile::open(adapter_dir + "/adapter_model.safetensors");
   for (auto& t : model::lora_parameters(model)) {
     FT_CHECK_T(FormatError, adapter.has(t.name), adapter_dir, "/adapter_model.safetensors: \"",

@@ -16,7 +16,7 @@
 
 #include "io/safetensors.h"
 #include "model/config.h"
-#include "model/llama.h"
+#include "model/decoder.h"
 #include "parallel/engine.h"
 
 namespace ft::ckpt {
@@ -29,14 +29,14 @@ namespace ft::train {
 using ParamShapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 
 // Every parameter `config` gives the model, in file order (a tied head is the embedding).
-ParamShapes model_param_shapes(const model::LlamaConfig& config);
+ParamShapes model_param_shapes(const model::ModelConfig& config);
 
 class BaseWeights {
  public:
   // `model_dir`: its safetensors files, FormatError naming the file and the weight unless every
   // parameter of `params` is there with its shape. "": transformers' random init of `config`
   // drawn from `seed`, in parameter order, one tensor at a time.
-  BaseWeights(const std::string& model_dir, const model::LlamaConfig& config,
+  BaseWeights(const std::string& model_dir, const model::ModelConfig& config,
               const ParamShapes& params, uint64_t seed);
 
   bool from_files() const { return files_ != nullptr; }
@@ -63,7 +63,7 @@ class BaseWeights {
   std::unique_ptr<io::SafetensorsIndex> files_;
   ParamShapes params_;
   std::map<std::string, size_t> index_;
-  std::unique_ptr<model::LlamaModel> shapes_;  // meta model: init_value
+  std::unique_ptr<model::DecoderModel> shapes_;  // meta model: init_value
   at::Generator gen_;
   size_t next_ = 0;                 // the parameter gen_ draws next
   std::vector<at::Tensor> states_;  // generator state before parameter i, for i < next_
@@ -72,7 +72,7 @@ class BaseWeights {
 
 // Loads a PEFT adapter directory (adapter_model.safetensors) into the LoRA tensors attached to
 // `model`; FormatError naming the file and the tensor when one is missing.
-void load_adapter(model::LlamaModel& model, const std::string& adapter_dir);
+void load_adapter(model::DecoderModel& model, const std::string& adapter_dir);
 
 // What a training run's engine loads each rank's slices from: trained parameters from the
 // checkpoint it resumes (`ck`, may be null), LoRA adapters from their fresh init (the values

@@ -3,13 +3,13 @@
 
 #include <catch2/catch.hpp>
 
-using ft::model::LlamaConfig;
+using ft::model::ModelConfig;
 using ft::model::training_flops;
 
 namespace {
 // d 8, 2 heads of 4, 1 KV head (GQA), MLP 16, 2 layers, vocabulary 32.
-LlamaConfig small() {
-  LlamaConfig c;
+ModelConfig small() {
+  ModelConfig c;
   c.hidden_size = 8;
   c.num_attention_heads = 2;
   c.num_key_value_heads = 1;
@@ -45,7 +45,7 @@ TEST_CASE("training FLOPs per token, LoRA: frozen weights get only the input's g
 }
 
 TEST_CASE("training FLOPs per token: Llama 2 7B at 4096 is PaLM's 6N + 12 L H Q T") {
-  LlamaConfig c;  // the defaults are Llama 2 7B's shape
+  ModelConfig c;  // the defaults are Llama 2 7B's shape
   const auto f = training_flops(c, 4096);
   // 32 layers x (4 x 4096^2 + 3 x 4096 x 11008) + 4096 x 32000 = 6,607,077,376 weights.
   CHECK(f.matmul_weights == 6607077376LL);

@@ -8,7 +8,7 @@
 #include <ATen/Parallel.h>
 
 #include "core/error.h"
-#include "model/llama.h"
+#include "model/decoder.h"
 #include "support/catch_torch.h"
 #include "support/numerics.h"
 
@@ -193,7 +193,7 @@ TEST_CASE("a model with every fused kernel equals the unfused model: loss and ev
   for (const auto dtype : {at::kFloat, at::kDouble}) {
     for (const bool packed : {false, true}) {
       INFO("dtype " << dtype << ", packed " << packed);
-      ft::model::LlamaConfig c;
+      ft::model::ModelConfig c;
       c.vocab_size = 97;
       c.hidden_size = 48;
       c.intermediate_size = 88;
@@ -203,7 +203,7 @@ TEST_CASE("a model with every fused kernel equals the unfused model: loss and ev
       c.head_dim = 12;
       c.max_position_embeddings = 64;
       auto run = [&](bool fused) {
-        ft::model::LlamaModel m(c, at::TensorOptions().dtype(dtype));
+        ft::model::DecoderModel m(c, at::TensorOptions().dtype(dtype));
         m.init_random(3);
         for (auto& p : m.parameters()) p.tensor->requires_grad_(true);
         m.set_fused_ops({fused, fused, fused});

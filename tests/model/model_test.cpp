@@ -5,7 +5,9 @@
 #include <c10/core/CPUAllocator.h>
 #include <torch/csrc/autograd/function.h>
 
+#include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
@@ -14,7 +16,8 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "model/config.h"
-#include "model/llama.h"
+#include "model/decoder.h"
+#include "model/fused_loss.h"
 #include "model/lora.h"
 #include "support/catch_torch.h"
 #include "support/numerics.h"
@@ -35,8 +38,8 @@ double rel_err(const at::Tensor& a, const at::Tensor& b) {
   return test::rel_error(a, b);
 }
 
-LlamaModel load_model(const std::string& dir) {
-  LlamaModel m(load_llama_config(dir + "/config.json"), at::TensorOptions().dtype(at::kFloat));
+DecoderModel load_model(const std::string& dir) {
+  DecoderModel m(load_model_config(dir + "/config.json"), at::TensorOptions().dtype(at::kFloat));
   auto files = io::SafetensorsIndex::open(dir);
   m.load([&](const std::string& name, at::Tensor& dst) {
     REQUIRE(files.has(name));
@@ -49,13 +52,38 @@ void require_grad(std::vector<NamedTensor> params) {
   for (auto& p : params) p.tensor->requires_grad_(true);
 }
 
+// The fixture directories holding a file `marker` (model.safetensors: a model transformers saved;
+// adapter_config.json: a PEFT adapter), sorted: every family's, as make_fixtures.py and
+// make_family_fixtures.py wrote them.
+std::vector<std::string> fixtures_with(const std::string& marker) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(fixture("")))
+    if (std::filesystem::exists(e.path() / marker) &&
+        std::filesystem::exists(e.path() / "expected.safetensors"))
+      out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 }  // namespace
 
+TEST_CASE("every family's fixtures are here", "[unit]") {
+  const auto models = fixtures_with("model.safetensors");
+  std::set<std::string> types;
+  for (const auto& name : models)
+    types.insert(load_model_config(fixture(name) + "/config.json").model_type);
+  for (const char* t : {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3",
+                        "olmo2", "granite"}) {
+    INFO(t);
+    CHECK(types.count(t) == 1);
+  }
+}
+
 TEST_CASE("logits, loss and gradients equal transformers' (fp32)", "[unit]") {
-  for (const char* name : {"llama2_mha_linear", "llama3_gqa_tied", "mistral_gqa"}) {
+  for (const std::string& name : fixtures_with("model.safetensors")) {
     DYNAMIC_SECTION(name) {
       std::string dir = fixture(name);
-      LlamaModel m = load_model(dir);
+      DecoderModel m = load_model(dir);
       auto expected = io::SafetensorsFile::open(dir + "/expected.safetensors");
       require_grad(m.parameters());
       at::Tensor ids = expected.tensor("input_ids").clone();
@@ -72,17 +100,34 @@ TEST_CASE("logits, loss and gradients equal transformers' (fp32)", "[unit]") {
         REQUIRE(expected.has("grad." + p.name));
         CHECK(rel_err(p.tensor->grad(), expected.tensor("grad." + p.name)) < 1e-4);
       }
+      // The trainer's path: the head and the loss chunk by chunk (5 tokens a chunk), with the
+      // family's map of the logits (Gemma 2's cap, Granite's divisor) inside.
+      for (auto& p : m.parameters()) p.tensor->mutable_grad() = at::Tensor();
+      const at::Tensor hidden = m.hidden_states(ids, {}, false);
+      LossSum chunked =
+          chunked_lm_loss_sum(hidden, m.lm_head(), labels, true, 5 * m.config().vocab_size, nullptr,
+                              nullptr, m.logit_map());
+      REQUIRE(chunked.tokens == ls.tokens);
+      at::Tensor closs = chunked.sum / static_cast<double>(chunked.tokens);
+      CHECK(std::abs(closs.item<double>() - ref_loss) / ref_loss < 1e-5);
+      closs.backward();
+      for (auto& p : m.parameters()) {
+        INFO("chunked: " << p.name);
+        CHECK(rel_err(p.tensor->grad(), expected.tensor("grad." + p.name)) < 1e-4);
+      }
     }
   }
 }
 
 TEST_CASE("LoRA forward and adapter gradients equal PEFT's, PEFT files load, merged weights too",
           "[unit]") {
-  for (auto [name, base] : {std::pair{"lora_llama3", "llama3_gqa_tied"},
-                            std::pair{"rslora_llama2", "llama2_mha_linear"}}) {
+  for (const std::string& name : fixtures_with("adapter_config.json")) {
     DYNAMIC_SECTION(name) {
       std::string dir = fixture(name);
-      LlamaModel m = load_model(fixture(base));
+      // make_fixtures.py writes "../<base fixture>".
+      const std::string base =
+          load_lora_config(dir + "/adapter_config.json").base_model_name_or_path.substr(3);
+      DecoderModel m = load_model(fixture(base));
       LoraConfig lc = load_lora_config(dir + "/adapter_config.json");
       CHECK(lc.r == 4);
       attach_lora(m, lc, 0);
@@ -112,7 +157,7 @@ TEST_CASE("LoRA forward and adapter gradients equal PEFT's, PEFT files load, mer
 
       // merge_lora folds each adapter into its projection (PEFT's merge_and_unload): the plain
       // model with merged weights gives PEFT's logits too.
-      LlamaModel merged = load_model(fixture(base));
+      DecoderModel merged = load_model(fixture(base));
       int folded = 0;
       for (auto& p : merged.parameters()) {
         const std::string module = lora_module_of(p.name, lc);
@@ -154,7 +199,7 @@ TEST_CASE("config.json: both rope formats, refusals name the file and key", "[un
       R"("vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
          "num_attention_heads": 8, "num_key_value_heads": 2, "rms_norm_eps": 1e-5)";
   // Llama 3.1's own file format: rope_theta + rope_scaling with rope_type.
-  auto c = load_llama_config(write("{" + base + R"(, "rope_theta": 500000.0, "rope_scaling":
+  auto c = load_model_config(write("{" + base + R"(, "rope_theta": 500000.0, "rope_scaling":
       {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
        "original_max_position_embeddings": 8192, "rope_type": "llama3"}})"));
   CHECK(c.rope.type == "llama3");
@@ -162,54 +207,82 @@ TEST_CASE("config.json: both rope formats, refusals name the file and key", "[un
   CHECK(c.head_dim == 8);
   CHECK(c.num_key_value_heads == 2);
   // Older "type" spelling.
-  c = load_llama_config(
+  c = load_model_config(
       write("{" + base + R"(, "rope_scaling": {"type": "linear", "factor": 4}})"));
   CHECK(c.rope.type == "linear");
   CHECK(c.rope.factor == 4.0);
   // The config ft writes reads back the same.
-  c = load_llama_config(write(llama_config_json(c)));
+  c = load_model_config(write(model_config_json(c)));
   CHECK(c.rope.factor == 4.0);
   // The count the config gives is the model's (shapes only: nothing allocated).
-  LlamaModel shapes(c, at::kFloat, /*materialize=*/false);
+  DecoderModel shapes(c, at::kFloat, /*materialize=*/false);
   int64_t elements = 0;
   for (const auto& p : shapes.parameters()) elements += p.tensor->numel();
   CHECK(c.num_parameters() == elements);
 
-  CHECK_THROWS_WITH(load_llama_config(write(R"({"vocab_size": 10})")),
+  CHECK_THROWS_WITH(load_model_config(write(R"({"vocab_size": 10})")),
                     Catch::Contains("config.json: required key \"hidden_size\" is missing"));
-  CHECK_THROWS_WITH(load_llama_config(write(std::string(100000, '[') + std::string(100000, ']'))),
+  CHECK_THROWS_WITH(load_model_config(write(std::string(100000, '[') + std::string(100000, ']'))),
                     Catch::Contains("config.json: JSON nested deeper than 256 levels"));
   CHECK_THROWS_WITH(
-      load_llama_config(
+      load_model_config(
           write("{" + base + R"(, "rope_scaling": {"rope_type": "dynamic", "factor": 2}})")),
       Catch::Contains("\"rope_scaling\" type 'dynamic' is not supported"));
-  CHECK_THROWS_WITH(load_llama_config(write("{" + base + R"(, "model_type": "gpt2"})")),
+  CHECK_THROWS_WITH(load_model_config(write("{" + base + R"(, "model_type": "gpt2"})")),
                     Catch::Contains("model_type \"gpt2\""));
-  CHECK_THROWS_WITH(load_llama_config(write("{" + base + R"(, "hidden_size": "64"})")),
+  CHECK_THROWS_WITH(load_model_config(write("{" + base + R"(, "hidden_size": "64"})")),
                     Catch::Contains("key \"hidden_size\" has the wrong type"));
-  CHECK_THROWS_WITH(load_llama_config(write(R"({"vocab_size": 100, "hidden_size": 64,
+  CHECK_THROWS_WITH(load_model_config(write(R"({"vocab_size": 100, "hidden_size": 64,
       "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 8,
       "num_key_value_heads": 3})")),
                     Catch::Contains("multiple of num_key_value_heads"));
+  // Mistral's window is computed now, on every layer.
+  c = load_model_config(write(
+      "{" + base +
+      R"(, "model_type": "mistral", "sliding_window": 4096, "max_position_embeddings": 32768})"));
+  CHECK(c.layer_windows == std::vector<int64_t>{4096, 4096});
+  // Families ft knows but does not train are refused by name, with the reason.
   CHECK_THROWS_WITH(
-      load_llama_config(write(
-          "{" + base +
-          R"(, "model_type": "mistral", "sliding_window": 4096, "max_position_embeddings": 32768})")),
-      Catch::Contains("sliding_window 4096"));
-  CHECK_THROWS_AS(load_llama_config(write("{not json")), FormatError);
-  CHECK_THROWS_AS(load_llama_config(dir + "/missing.json"), FormatError);
+      load_model_config(write("{" + base + R"(, "model_type": "qwen3_moe"})")),
+      Catch::Contains("config.json: model_type \"qwen3_moe\" is a mixture-of-experts"));
+  CHECK_THROWS_WITH(load_model_config(write("{" + base + R"(, "model_type": "qwen3_next"})")),
+                    Catch::Contains("linear-attention layers"));
+  CHECK_THROWS_WITH(load_model_config(write("{" + base + R"(, "model_type": "gemma3"})")),
+                    Catch::Contains("multimodal Gemma 3"));
+  // A layer kind ft does not implement, a rope type it lacks: refused naming the key.
+  CHECK_THROWS_WITH(
+      load_model_config(write("{" + base +
+                              R"(, "model_type": "qwen3", "layer_types": ["full_attention",
+                                 "linear_attention"]})")),
+      Catch::Contains("layer_types[1] is \"linear_attention\""));
+  CHECK_THROWS_WITH(load_model_config(write("{" + base + R"(, "model_type": "qwen2", "rope_scaling":
+          {"rope_type": "yarn", "factor": 4.0}})")),
+                    Catch::Contains("\"rope_scaling\" type 'yarn' is not supported"));
+  CHECK_THROWS_WITH(
+      load_model_config(write("{" + base + R"(, "model_type": "phi3", "resid_pdrop": 0.1})")),
+      Catch::Contains("resid_pdrop 0.1 is not supported"));
+  CHECK_THROWS_WITH(load_model_config(write("{" + base +
+                                            R"(, "model_type": "gemma2", "hidden_activation":
+                                               "relu"})")),
+                    Catch::Contains("hidden_activation \"relu\" is not supported"));
+  CHECK_THROWS_WITH(load_model_config(write("{" + base +
+                                            R"(, "model_type": "llama",
+                                               "partial_rotary_factor": 0.5})")),
+                    Catch::Contains("partial_rotary_factor 0.5 is not supported"));
+  CHECK_THROWS_AS(load_model_config(write("{not json")), FormatError);
+  CHECK_THROWS_AS(load_model_config(dir + "/missing.json"), FormatError);
 }
 
 TEST_CASE("a weight of the wrong shape is refused naming the tensor", "[unit]") {
   std::string dir = test::make_temp_dir();
-  auto c = load_llama_config(fixture("mistral_gqa") + "/config.json");
-  LlamaModel m(c, at::kFloat);
+  auto c = load_model_config(fixture("mistral_gqa") + "/config.json");
+  DecoderModel m(c, at::kFloat);
   m.init_random(1);
   io::NamedTensors ts;
   for (auto& p : m.parameters()) ts.push_back({p.name, *p.tensor});
   ts[1].second = at::zeros({3, 3});  // input_layernorm of layer 0
   io::write_safetensors(dir + "/model.safetensors", ts);
-  std::ofstream(dir + "/config.json") << llama_config_json(c);
+  std::ofstream(dir + "/config.json") << model_config_json(c);
   try {
     load_model(dir);
     FAIL("expected an error");
@@ -220,8 +293,8 @@ TEST_CASE("a weight of the wrong shape is refused naming the tensor", "[unit]") 
 }
 
 TEST_CASE("random init is deterministic and transformers-shaped", "[unit]") {
-  auto c = load_llama_config(fixture("llama3_gqa_tied") + "/config.json");
-  LlamaModel a(c, at::kFloat), b(c, at::kFloat), other(c, at::kFloat);
+  auto c = load_model_config(fixture("llama3_gqa_tied") + "/config.json");
+  DecoderModel a(c, at::kFloat), b(c, at::kFloat), other(c, at::kFloat);
   a.init_random(5);
   b.init_random(5);
   other.init_random(6);
@@ -238,8 +311,8 @@ namespace {
 
 // The llama3 fixture's shape (vocabulary 96, hidden 32, GQA 4/2, llama3 RoPE, tied) with `layers`
 // layers, for random models small enough to compare every gradient quickly.
-LlamaConfig tiny_config(int64_t layers) {
-  LlamaConfig c = load_llama_config(fixture("llama3_gqa_tied") + "/config.json");
+ModelConfig tiny_config(int64_t layers) {
+  ModelConfig c = load_model_config(fixture("llama3_gqa_tied") + "/config.json");
   c.num_hidden_layers = layers;
   c.initializer_range = 0.1;
   return c;
@@ -253,7 +326,7 @@ struct Pass {
 // One training forward + backward with the model's current checkpointing; gradients are taken
 // from (and then cleared on) `params`.
 // The labels are the ids unless given.
-Pass train_pass(LlamaModel& m, const std::vector<NamedTensor>& params, const at::Tensor& ids,
+Pass train_pass(DecoderModel& m, const std::vector<NamedTensor>& params, const at::Tensor& ids,
                 const at::Tensor& segment_ids, const at::Tensor& labels = {}) {
   at::Tensor logits = m.forward(ids, {}, /*training=*/true, segment_ids);
   LossSum ls = causal_lm_loss_sum(logits, labels.defined() ? labels : ids);
@@ -273,7 +346,7 @@ Pass train_pass(LlamaModel& m, const std::vector<NamedTensor>& params, const at:
 // (UnitHooks::grad_sink), as the engine does into its accumulator.
 class SinkAll final : public UnitHooks {
  public:
-  explicit SinkAll(LlamaModel& m) {
+  explicit SinkAll(DecoderModel& m) {
     for (auto& L : m.layers())
       for (Linear* l :
            {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj}) {
@@ -342,7 +415,7 @@ TEST_CASE("one record per row: causal attention gives the segment mask's loss an
   for (auto dtype : {at::kFloat, at::kDouble}) {
     DYNAMIC_SECTION(c10::toString(dtype)) {
       const double tol = dtype == at::kFloat ? 1e-6 : 1e-12;
-      LlamaModel m(tiny_config(2), at::TensorOptions().dtype(dtype));
+      DecoderModel m(tiny_config(2), at::TensorOptions().dtype(dtype));
       m.init_random(5);
       auto params = m.parameters();
       require_grad(params);
@@ -376,7 +449,7 @@ TEST_CASE("activation checkpointing: loss and every gradient equal the plain for
     for (bool packed : {false, true}) {
       DYNAMIC_SECTION(c10::toString(dtype) << (packed ? " packed" : " causal")) {
         const double tol = dtype == at::kFloat ? 1e-6 : 1e-12;
-        LlamaModel m(tiny_config(3), at::TensorOptions().dtype(dtype));
+        DecoderModel m(tiny_config(3), at::TensorOptions().dtype(dtype));
         m.init_random(3);
         auto params = m.parameters();
         require_grad(params);
@@ -414,7 +487,7 @@ TEST_CASE("activation checkpointing: loss and every gradient equal the plain for
 
 TEST_CASE("activation checkpointing replays LoRA dropout and feeds adapters behind a frozen base",
           "[unit]") {
-  LlamaModel m(tiny_config(3), at::kFloat);
+  DecoderModel m(tiny_config(3), at::kFloat);
   m.init_random(3);
   LoraConfig lc;
   lc.r = 4;
@@ -479,7 +552,7 @@ bool has_node(const std::set<std::string>& names, const std::string& part) {
   return false;
 }
 
-// Every layer's attention block and MLP each run as one node (model/llama.cpp: SinkAttentionFn,
+// Every layer's attention block and MLP each run as one node (model/decoder.cpp: SinkAttentionFn,
 // SinkMlpFn), with grouped-query attention (the fixture's config) or as many key/value heads as
 // query heads, causal or under a packed batch's mask.
 TEST_CASE("linear weights' gradients sunk into a strategy's buffers: autograd's bits, once each",
@@ -488,10 +561,10 @@ TEST_CASE("linear weights' gradients sunk into a strategy's buffers: autograd's 
   const bool packed = GENERATE(false, true);
   INFO((gqa ? "grouped-query attention" : "as many key/value heads as query heads")
        << (packed ? ", packed" : ", causal"));
-  LlamaConfig config = tiny_config(2);
+  ModelConfig config = tiny_config(2);
   if (!gqa) config.num_key_value_heads = config.num_attention_heads;
   REQUIRE((config.num_key_value_heads != config.num_attention_heads) == gqa);
-  LlamaModel m(config, at::kFloat);
+  DecoderModel m(config, at::kFloat);
   m.init_random(3);
   auto params = m.parameters();
   require_grad(params);
@@ -566,7 +639,7 @@ TEST_CASE("linear weights' gradients sunk into a strategy's buffers: autograd's 
 }
 
 TEST_CASE("activation checkpointing keeps less between forward and backward", "[unit]") {
-  LlamaModel m(tiny_config(4), at::kFloat);
+  DecoderModel m(tiny_config(4), at::kFloat);
   m.init_random(3);
   auto params = m.parameters();
   require_grad(params);
@@ -600,7 +673,7 @@ TEST_CASE("activation checkpointing keeps less between forward and backward", "[
 // flash attention keep, one per layer).
 TEST_CASE("a packed batch's attention mask is held once, not once per layer", "[unit]") {
   constexpr int64_t kLayers = 6, B = 2, T = 256;
-  LlamaModel m(tiny_config(kLayers), at::kFloat);
+  DecoderModel m(tiny_config(kLayers), at::kFloat);
   m.init_random(3);
   auto params = m.parameters();
   require_grad(params);
@@ -632,7 +705,7 @@ TEST_CASE("activation checkpointing settings are checked", "[unit]") {
   CHECK_THROWS_AS(parse_activation_checkpointing("partial"), ConfigError);
   CHECK_THROWS_WITH(parse_activation_checkpointing("partial"),
                     Catch::Contains("none, full or every_n, got 'partial'"));
-  LlamaModel m(tiny_config(3), at::kFloat);
+  DecoderModel m(tiny_config(3), at::kFloat);
   CHECK_THROWS_WITH(m.set_activation_checkpointing(ActivationCheckpointing::kEveryN, 0),
                     Catch::Contains("train.checkpoint_every_n_layers must be >= 1, got 0"));
   m.set_activation_checkpointing(ActivationCheckpointing::kEveryN, 2);

@@ -26,7 +26,7 @@
 #include "data/synthetic.h"
 #include "comm/dist_env.h"
 #include "comm/process_group.h"
-#include "model/llama.h"
+#include "model/decoder.h"
 #include "parallel/engine.h"
 #include "parallel/strategy.h"
 #include "store.h"  // launcher/: the store `ft launch` hosts for its workers
@@ -69,10 +69,10 @@ struct RankRun {
 // the ranks' micro_batch) and the initial values.
 struct Setup {
   config::Settings settings;
-  model::LlamaConfig model;
+  model::ModelConfig model;
   at::ScalarType dtype = at::kFloat;
   // A materialised model seeded with train.seed: the values every engine starts from.
-  std::unique_ptr<model::LlamaModel> initial_model;
+  std::unique_ptr<model::DecoderModel> initial_model;
   parallel::ParamSource initial;
   std::map<std::string, at::Tensor> initial_values;
 };
@@ -82,7 +82,7 @@ Setup make_setup(const std::vector<std::string>& sets) {
   s.settings = config::resolve_settings("tiny-demo", with(kBase, sets));
   s.model = train::model_config_from_preset(s.settings.model);
   s.dtype = parse_dtype(s.settings.precision.mode);
-  s.initial_model = std::make_unique<model::LlamaModel>(s.model, at::TensorOptions(s.dtype));
+  s.initial_model = std::make_unique<model::DecoderModel>(s.model, at::TensorOptions(s.dtype));
   s.initial_model->init_random(static_cast<uint64_t>(s.settings.train.seed));
   auto specs = parallel::param_specs(*s.initial_model, false);
   s.initial = parallel::current_values(specs);
@@ -107,7 +107,7 @@ data::SyntheticSource source_for(const config::Settings& s, int64_t vocab, int r
 
 // kSteps optimizer steps of grad_accum micro-batches each, then every parameter gathered in full
 // on rank 0 (a collective: every rank calls it for every name in the same order).
-void train_steps(const config::Settings& s, model::LlamaModel& m, parallel::Engine& engine,
+void train_steps(const config::Settings& s, model::DecoderModel& m, parallel::Engine& engine,
                  data::SyntheticSource& source, RankRun& run) {
   train::Trainer trainer(m, train::train_options(s.train, s.precision, kSteps), engine);
   for (int64_t i = 0; i < kSteps; ++i) {
@@ -153,7 +153,7 @@ RankRun train_rank(const Setup& s, int rank, int world, uint16_t port) {
   comm::ProcessGroupOptions po;
   po.timeout = kTimeout;
   comm::ProcessGroup group(env, po);
-  model::LlamaModel m(s.model, at::TensorOptions(s.dtype), /*materialize=*/false);
+  model::DecoderModel m(s.model, at::TensorOptions(s.dtype), /*materialize=*/false);
   parallel::Engine engine(m, parallel::param_specs(m, false), plan.engine,
                           {&group, shard > 1 ? &group : nullptr, nullptr});
   engine.load(s.initial);
@@ -209,7 +209,7 @@ std::vector<RankRun> run_ranks(const Setup& s, int world) {
 // the ranks' micro_batch rows per micro-batch.
 RankRun run_single(const Setup& s, int world) {
   at::set_num_threads(1);
-  model::LlamaModel m(s.model, at::TensorOptions(s.dtype));
+  model::DecoderModel m(s.model, at::TensorOptions(s.dtype));
   m.load([&](const std::string& name, at::Tensor& dst) { dst.copy_(s.initial_values.at(name)); });
   auto engine = parallel::single_process_engine(m, false, s.dtype);
   data::SyntheticSource source =

@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "data/synthetic.h"
-#include "model/llama.h"
+#include "model/decoder.h"
 #include "model/lora.h"
 #include "parallel/strategy.h"
 #include "support/catch_torch.h"
@@ -27,8 +27,8 @@ using namespace ft;
 
 namespace {
 
-model::LlamaConfig tiny() {
-  model::LlamaConfig c;
+model::ModelConfig tiny() {
+  model::ModelConfig c;
   c.vocab_size = 80;
   c.hidden_size = 32;
   c.intermediate_size = 64;
@@ -73,7 +73,7 @@ TEST_CASE("4 x 2 micro-batches give the gradient and update of 1 x 8", "[unit]")
   for (const char* precision : {"fp32", "fp64"}) {
     DYNAMIC_SECTION(precision) {
       auto dtype = ft::parse_dtype(precision);
-      model::LlamaModel a(tiny(), dtype), b(tiny(), dtype);
+      model::DecoderModel a(tiny(), dtype), b(tiny(), dtype);
       a.init_random(3);
       b.init_random(3);
       train::TrainOptions to;
@@ -161,7 +161,7 @@ TEST_CASE("the synthetic task is deterministic, packed and masked", "[unit]") {
 TEST_CASE("fp32, bf16 and fp16 train the synthetic task and fp16 overflow is skipped and counted",
           "[unit]") {
   // tiny-demo's model and data.
-  model::LlamaConfig c = tiny();
+  model::ModelConfig c = tiny();
   c.vocab_size = 320;
   c.hidden_size = 128;
   c.intermediate_size = 352;
@@ -170,7 +170,7 @@ TEST_CASE("fp32, bf16 and fp16 train the synthetic task and fp16 overflow is ski
   for (const char* precision : {"fp32", "bf16", "fp16"}) {
     DYNAMIC_SECTION(precision) {
       const bool fp16 = std::string(precision) == "fp16";
-      model::LlamaModel m(c, at::TensorOptions().dtype(ft::parse_dtype(precision)));
+      model::DecoderModel m(c, at::TensorOptions().dtype(ft::parse_dtype(precision)));
       m.init_random(11);
       train::TrainOptions to;
       to.precision = precision;
@@ -208,7 +208,7 @@ TEST_CASE("fp32, bf16 and fp16 train the synthetic task and fp16 overflow is ski
 }
 
 TEST_CASE("LoRA trains only the adapters", "[unit]") {
-  model::LlamaModel m(tiny(), at::kFloat);
+  model::DecoderModel m(tiny(), at::kFloat);
   m.init_random(1);
   model::LoraConfig lc;
   lc.r = 4;

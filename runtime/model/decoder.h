@@ -1,17 +1,23 @@
-// Llama-family decoder (Llama 2, Llama 3/3.1, Mistral) on ATen with autograd: RMSNorm, rotary
-// embeddings (rotate-half on HF's q/k layout, linear and llama3 scaling), grouped-query attention
-// through scaled_dot_product_attention, SwiGLU MLP. Parameters carry Hugging Face names so weight
-// files map one to one. The model owns its parameter tensors; a strategy (later) may replace their
-// storage with shards. Layers may run under activation checkpointing (recomputed in backward).
-// Not thread-safe: one training thread per model.
+// The decoder of every model family ft trains (model/family.h), on ATen with autograd, assembled
+// from the family's row: RMSNorm in its three styles and three placements, optional q/k norms,
+// rotary embeddings (rotate-half on HF's q/k layout; partial; linear, llama3 and longrope scaling;
+// a local theta for sliding layers), grouped-query attention through scaled_dot_product_attention
+// (an explicit softmax where scores are soft-capped), sliding windows computed chunk by chunk,
+// SwiGLU or GeGLU MLPs, fused qkv / gate_up projections, and the families' scales. Parameters
+// carry the family's Hugging Face names so weight files map one to one. The model owns its
+// parameter tensors; a strategy (later) may replace their storage with shards. Layers may run under
+// activation checkpointing (recomputed in backward). Not thread-safe: one training thread per
+// model.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <array>
 #include <functional>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/config.h"
@@ -22,6 +28,14 @@ struct AutogradContext;
 }
 
 namespace ft::model {
+
+// logits -> tanh(logits / divisor / softcap) * softcap (softcap 0: logits / divisor).
+struct LogitMap {
+  double divisor = 1;
+  double softcap = 0;
+  bool identity() const { return divisor == 1 && softcap == 0; }
+  at::Tensor apply(const at::Tensor& logits) const;
+};
 
 struct NamedTensor {
   std::string name;  // Hugging Face parameter name, e.g. "model.layers.0.self_attn.q_proj.weight"
@@ -43,13 +57,19 @@ struct Linear {
   bool requires_grad() const;  // some tensor of it (base or adapter) requires grad
 };
 
-struct LlamaLayer {
-  at::Tensor input_layernorm;  // [hidden]
+// A layer's tensors; those its family lacks stay undefined.
+struct DecoderLayer {
+  at::Tensor input_layernorm;  // [hidden]; none in post-norm families
   Linear q_proj, k_proj, v_proj,
-      o_proj;  // [heads*hd, hidden], [kv*hd, hidden] x2, [hidden, heads*hd]
-  at::Tensor post_attention_layernorm;   // [hidden]
-  Linear gate_proj, up_proj, down_proj;  // [inter, hidden] x2, [hidden, inter]
-  bool requires_grad() const;            // some parameter of the layer requires grad
+      o_proj;                 // [heads*hd, hidden], [kv*hd, hidden] x2, [hidden, heads*hd]
+  Linear qkv_proj;            // fused families: [(heads + 2 kv) * hd, hidden], rows q, k, v
+  at::Tensor q_norm, k_norm;  // [head_dim] per head, or [heads*hd] / [kv*hd] whole
+  at::Tensor post_attention_layernorm;    // [hidden]: before the MLP (pre), on attention's output
+  at::Tensor pre_feedforward_layernorm;   // [hidden] sandwich
+  at::Tensor post_feedforward_layernorm;  // [hidden] sandwich, post
+  Linear gate_proj, up_proj, down_proj;   // [inter, hidden] x2, [hidden, inter]
+  Linear gate_up_proj;                    // fused families: [2 inter, hidden], rows gate, up
+  bool requires_grad() const;             // some parameter of the layer requires grad
 };
 
 // Called by the forward pass around its shard units, so a distributed strategy can gather a unit's
@@ -101,14 +121,14 @@ enum class ActivationCheckpointing { kNone, kFull, kEveryN };
 // otherwise.
 ActivationCheckpointing parse_activation_checkpointing(const std::string& name);
 
-class LlamaModel {
+class DecoderModel {
  public:
   // Allocates every parameter (uninitialised) with `options` (dtype, device). With
   // `materialize` false the parameters are shapes only (meta device): a strategy gives them
   // storage.
-  LlamaModel(const LlamaConfig& config, at::TensorOptions options, bool materialize = true);
+  DecoderModel(const ModelConfig& config, at::TensorOptions options, bool materialize = true);
 
-  const LlamaConfig& config() const { return config_; }
+  const ModelConfig& config() const { return config_; }
 
   // Every base parameter with its HF name, in file order: embeddings, layers, final norm, head.
   // A tied head is not listed (it is the embedding).
@@ -124,7 +144,7 @@ class LlamaModel {
 
   // input_ids: [B, T] int64. position_ids: [B, T] int64 or undefined (0..T-1). segment_ids:
   // [B, T] int64 or undefined; with packed sequences, tokens attend only within their segment.
-  // Returns logits [B, T, vocab] in the parameters' dtype.
+  // Returns logits [B, T, vocab] in the parameters' dtype (logit_map applied).
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& position_ids = {},
                      bool training = false, const at::Tensor& segment_ids = {}) const;
 
@@ -134,8 +154,10 @@ class LlamaModel {
   const at::Tensor& lm_head() const {
     return config_.tie_word_embeddings ? embed_tokens_ : lm_head_;
   }
+  // What the family does to the head's product before the loss (Granite's divisor, Gemma 2's cap).
+  LogitMap logit_map() const { return {config_.logits_divisor, config_.final_softcap}; }
 
-  std::vector<LlamaLayer>& layers() { return layers_; }
+  std::vector<DecoderLayer>& layers() { return layers_; }
   // Installs (or with nullptr removes) the hooks the forward calls around its units. Not owned.
   void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
   UnitHooks* unit_hooks() const { return hooks_; }
@@ -165,22 +187,38 @@ class LlamaModel {
   const FusedOps& fused_ops() const { return fused_; }
 
  private:
-  at::Tensor rope_cos_sin(const at::Tensor& position_ids, at::ScalarType dtype, bool sin) const;
+  // cos and sin [B, T, rotary_dim] in `dtype` for the global (or, `local`, the sliding layers')
+  // rotary table, longrope's short or long set picked from the positions.
+  std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& position_ids,
+                                                 at::ScalarType dtype, bool local) const;
   bool fuses_norm(const at::Tensor& x, const at::Tensor& weight) const;
   at::Tensor norm(const at::Tensor& x, const at::Tensor& weight) const;
+  // q, k, v [B, T, heads, head_dim] of a layer's projections (fused or not), q/k-normed.
+  std::array<at::Tensor, 3> qkv(const DecoderLayer& layer, const at::Tensor& x,
+                                bool training) const;
+  at::Tensor attention(const DecoderLayer& layer, const at::Tensor& x, const at::Tensor& cos,
+                       const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& segment_ids,
+                       int64_t window, bool training) const;
+  at::Tensor mlp(const DecoderLayer& layer, const at::Tensor& x, bool training) const;
+  // Whether the single-node attention / MLP (one autograd node, gradients into sinks) can run
+  // this layer: the family's pieces there are Llama's.
+  bool plain_attention(int64_t window, int64_t T) const;
+  bool plain_mlp() const;
   // One decoder layer: hidden [B, T, hidden] -> [B, T, hidden]; cos, sin [B, T, head_dim]; mask
   // [B, 1, T, T] bool or undefined (causal).
   // Whether every one of `linears` gives its weight's gradient to a sink and has nothing else
   // trained (no bias, no LoRA); their sinks, in order, into `sinks`. Needs hooks_.
   bool all_sunk(std::initializer_list<const Linear*> linears, UnitHooks::GradSink* sinks) const;
-  at::Tensor layer_forward(const LlamaLayer& layer, const at::Tensor& hidden, const at::Tensor& cos,
-                           const at::Tensor& sin, const at::Tensor& mask, bool training) const;
-  LlamaConfig config_;
+  // in: {hidden, cos, sin, mask, segment_ids} (model/activation_checkpoint.h's block inputs).
+  at::Tensor layer_forward(int64_t index, const std::vector<at::Tensor>& in, bool training) const;
+  ModelConfig config_;
   at::Tensor embed_tokens_;  // [vocab, hidden]
-  std::vector<LlamaLayer> layers_;
-  at::Tensor norm_;      // [hidden]
-  at::Tensor lm_head_;   // [vocab, hidden], undefined when tied
-  at::Tensor inv_freq_;  // [head_dim/2] fp32, rotary inverse frequencies (with scaling)
+  std::vector<DecoderLayer> layers_;
+  at::Tensor norm_;            // [hidden]
+  at::Tensor lm_head_;         // [vocab, hidden], undefined when tied
+  at::Tensor inv_freq_;        // [rotary_dim/2] fp32, rotary inverse frequencies (with scaling)
+  at::Tensor long_inv_freq_;   // longrope: the long set (inv_freq_ is the short one)
+  at::Tensor local_inv_freq_;  // Gemma 3's sliding layers
   UnitHooks* hooks_ = nullptr;
   ActivationCheckpointing checkpointing_ = ActivationCheckpointing::kNone;
   int64_t checkpoint_every_n_ = 1;
@@ -188,8 +226,9 @@ class LlamaModel {
   bool sparse_embedding_grad_ = false;
 };
 
-// Rotary inverse frequencies exactly as transformers computes them (fp32).
-at::Tensor rope_inv_freq(const LlamaConfig& config);
+// Rotary inverse frequencies exactly as transformers computes them (fp32), [rotary_dim / 2], for
+// `rope` (config.rope or config.local_rope); longrope's `long_factor` set with `long_set`.
+at::Tensor rope_inv_freq(const ModelConfig& config, const RopeConfig& rope, bool long_set = false);
 
 // Sum of next-token cross-entropy over positions whose shifted label is not -100, in fp32, and the
 // number of such tokens. logits [B, T, V], labels [B, T] int64 (the shift happens here, as in HF).

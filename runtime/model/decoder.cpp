@@ -1,4 +1,4 @@
-#include "model/llama.h"
+#include "model/decoder.h"
 
 #include <fmt/format.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "model/activation_checkpoint.h"
+#include "model/attention.h"
 #include "model/host_blas.h"
 
 namespace ft::model {
@@ -259,10 +260,19 @@ bool Linear::requires_grad() const {
   return false;
 }
 
-bool LlamaLayer::requires_grad() const {
-  for (const Linear* l : {&q_proj, &k_proj, &v_proj, &o_proj, &gate_proj, &up_proj, &down_proj})
+bool DecoderLayer::requires_grad() const {
+  for (const Linear* l : {&q_proj, &k_proj, &v_proj, &o_proj, &qkv_proj, &gate_proj, &up_proj,
+                          &down_proj, &gate_up_proj})
     if (l->requires_grad()) return true;
-  return input_layernorm.requires_grad() || post_attention_layernorm.requires_grad();
+  for (const at::Tensor* t : {&input_layernorm, &q_norm, &k_norm, &post_attention_layernorm,
+                              &pre_feedforward_layernorm, &post_feedforward_layernorm})
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+at::Tensor LogitMap::apply(const at::Tensor& logits) const {
+  at::Tensor l = divisor == 1 ? logits : logits / divisor;
+  return softcap > 0 ? at::tanh(l / softcap) * softcap : l;
 }
 
 ActivationCheckpointing parse_activation_checkpointing(const std::string& name) {
@@ -273,18 +283,24 @@ ActivationCheckpointing parse_activation_checkpointing(const std::string& name) 
   return ActivationCheckpointing::kNone;
 }
 
-at::Tensor rope_inv_freq(const LlamaConfig& c) {
-  const int64_t dim = c.head_dim;
+at::Tensor rope_inv_freq(const ModelConfig& c, const RopeConfig& rope, bool long_set) {
+  const int64_t dim = c.rotary_dim();
   auto f32 = at::TensorOptions().dtype(at::kFloat);
   // 1 / base^(arange(0, dim, 2) / dim), in fp32 as transformers does.
   at::Tensor exponent = at::arange(0, dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) /
                         static_cast<double>(dim);
-  at::Tensor inv_freq = 1.0 / at::pow(at::scalar_tensor(c.rope.theta, f32), exponent);
-  if (c.rope.type == "linear") {
-    inv_freq = inv_freq / c.rope.factor;
-  } else if (c.rope.type == "llama3") {
-    const double factor = c.rope.factor, lo = c.rope.low_freq_factor, hi = c.rope.high_freq_factor;
-    const double old_ctx = static_cast<double>(c.rope.original_max_position_embeddings);
+  at::Tensor base = at::pow(at::scalar_tensor(rope.theta, f32), exponent);
+  if (rope.type == "longrope") {
+    // _compute_longrope_parameters: 1 / (ext_factors * base^(...)).
+    const std::vector<double>& ext = long_set ? rope.long_factor : rope.short_factor;
+    return (1.0 / (at::tensor(ext, at::kDouble).to(at::kFloat) * base)).contiguous();
+  }
+  at::Tensor inv_freq = 1.0 / base;
+  if (rope.type == "linear") {
+    inv_freq = inv_freq / rope.factor;
+  } else if (rope.type == "llama3") {
+    const double factor = rope.factor, lo = rope.low_freq_factor, hi = rope.high_freq_factor;
+    const double old_ctx = static_cast<double>(rope.original_max_position_embeddings);
     const double low_freq_wavelen = old_ctx / lo, high_freq_wavelen = old_ctx / hi;
     at::Tensor wavelen = 2 * M_PI / inv_freq;
     at::Tensor llama = at::where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq);
@@ -297,7 +313,7 @@ at::Tensor rope_inv_freq(const LlamaConfig& c) {
   return inv_freq.contiguous();
 }
 
-LlamaModel::LlamaModel(const LlamaConfig& config, at::TensorOptions options, bool materialize)
+DecoderModel::DecoderModel(const ModelConfig& config, at::TensorOptions options, bool materialize)
     : config_(config) {
   config_.validate("model config");
   const auto& c = config_;
@@ -310,42 +326,72 @@ LlamaModel::LlamaModel(const LlamaConfig& config, at::TensorOptions options, boo
     if (bias) l.bias = make({out});
     return l;
   };
+  const Family& f = c.family();
+  const bool pre = f.placement != NormPlacement::kPost, fused = f.fused_projections;
   embed_tokens_ = make({c.vocab_size, c.hidden_size});
   layers_.resize(c.num_hidden_layers);
   for (auto& L : layers_) {
-    L.input_layernorm = make({c.hidden_size});
-    L.q_proj = linear(q, c.hidden_size, c.attention_bias);
-    L.k_proj = linear(kv, c.hidden_size, c.attention_bias);
-    L.v_proj = linear(kv, c.hidden_size, c.attention_bias);
-    L.o_proj = linear(c.hidden_size, q, c.attention_bias);
+    if (pre) L.input_layernorm = make({c.hidden_size});
+    if (fused) {
+      L.qkv_proj = linear(q + 2 * kv, c.hidden_size, c.qkv_bias);
+    } else {
+      L.q_proj = linear(q, c.hidden_size, c.qkv_bias);
+      L.k_proj = linear(kv, c.hidden_size, c.qkv_bias);
+      L.v_proj = linear(kv, c.hidden_size, c.qkv_bias);
+    }
+    L.o_proj = linear(c.hidden_size, q, c.o_bias);
+    if (f.qk_norm != QkNorm::kNone) {
+      L.q_norm = make({f.qk_norm == QkNorm::kPerHead ? c.head_dim : q});
+      L.k_norm = make({f.qk_norm == QkNorm::kPerHead ? c.head_dim : kv});
+    }
     L.post_attention_layernorm = make({c.hidden_size});
-    L.gate_proj = linear(c.intermediate_size, c.hidden_size, c.mlp_bias);
-    L.up_proj = linear(c.intermediate_size, c.hidden_size, c.mlp_bias);
+    if (f.placement == NormPlacement::kSandwich)
+      L.pre_feedforward_layernorm = make({c.hidden_size});
+    if (f.placement != NormPlacement::kPre) L.post_feedforward_layernorm = make({c.hidden_size});
+    if (fused) {
+      L.gate_up_proj = linear(2 * c.intermediate_size, c.hidden_size, c.mlp_bias);
+    } else {
+      L.gate_proj = linear(c.intermediate_size, c.hidden_size, c.mlp_bias);
+      L.up_proj = linear(c.intermediate_size, c.hidden_size, c.mlp_bias);
+    }
     L.down_proj = linear(c.hidden_size, c.intermediate_size, c.mlp_bias);
   }
   norm_ = make({c.hidden_size});
   if (!c.tie_word_embeddings) lm_head_ = make({c.vocab_size, c.hidden_size});
-  inv_freq_ = rope_inv_freq(c).to(options.device());
+  inv_freq_ = rope_inv_freq(c, c.rope).to(options.device());
+  if (c.rope.type == "longrope")
+    long_inv_freq_ = rope_inv_freq(c, c.rope, true).to(options.device());
+  if (c.has_local_rope) local_inv_freq_ = rope_inv_freq(c, c.local_rope).to(options.device());
 }
 
-std::vector<NamedTensor> LlamaModel::parameters() {
+std::vector<NamedTensor> DecoderModel::parameters() {
   std::vector<NamedTensor> out;
   out.push_back({"model.embed_tokens.weight", &embed_tokens_});
   for (size_t i = 0; i < layers_.size(); ++i) {
     auto& L = layers_[i];
     std::string p = fmt::format("model.layers.{}.", i);
     auto lin = [&](const std::string& name, Linear& l) {
+      if (!l.weight.defined()) return;
       out.push_back({p + name + ".weight", &l.weight});
       if (l.bias.defined()) out.push_back({p + name + ".bias", &l.bias});
     };
-    out.push_back({p + "input_layernorm.weight", &L.input_layernorm});
+    auto norm = [&](const std::string& name, at::Tensor& t) {
+      if (t.defined()) out.push_back({p + name + ".weight", &t});
+    };
+    norm("input_layernorm", L.input_layernorm);
     lin("self_attn.q_proj", L.q_proj);
     lin("self_attn.k_proj", L.k_proj);
     lin("self_attn.v_proj", L.v_proj);
+    lin("self_attn.qkv_proj", L.qkv_proj);
     lin("self_attn.o_proj", L.o_proj);
-    out.push_back({p + "post_attention_layernorm.weight", &L.post_attention_layernorm});
+    norm("self_attn.q_norm", L.q_norm);
+    norm("self_attn.k_norm", L.k_norm);
+    norm("post_attention_layernorm", L.post_attention_layernorm);
+    norm("pre_feedforward_layernorm", L.pre_feedforward_layernorm);
+    norm("post_feedforward_layernorm", L.post_feedforward_layernorm);
     lin("mlp.gate_proj", L.gate_proj);
     lin("mlp.up_proj", L.up_proj);
+    lin("mlp.gate_up_proj", L.gate_up_proj);
     lin("mlp.down_proj", L.down_proj);
   }
   out.push_back({"model.norm.weight", &norm_});
@@ -353,11 +399,14 @@ std::vector<NamedTensor> LlamaModel::parameters() {
   return out;
 }
 
-at::Tensor LlamaModel::init_value(const std::string& name, at::IntArrayRef shape,
-                                  at::Generator& gen) const {
+at::Tensor DecoderModel::init_value(const std::string& name, at::IntArrayRef shape,
+                                    at::Generator& gen) const {
   const bool is_norm = name.find("norm") != std::string::npos;
   const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-  if (is_norm) return at::ones(shape, at::kFloat);
+  // transformers' init: ones for x * w norms, zeros for Gemma's x * (1 + w).
+  if (is_norm)
+    return config_.family().norm == NormStyle::kOffset ? at::zeros(shape, at::kFloat)
+                                                       : at::ones(shape, at::kFloat);
   if (is_bias) return at::zeros(shape, at::kFloat);
   // Drawn on CPU in fp32 so the values do not depend on the device or the storage dtype.
   at::Tensor cpu = at::empty(shape, at::kFloat);
@@ -365,13 +414,13 @@ at::Tensor LlamaModel::init_value(const std::string& name, at::IntArrayRef shape
   return cpu;
 }
 
-void LlamaModel::init_random(uint64_t seed) {
+void DecoderModel::init_random(uint64_t seed) {
   at::NoGradGuard no_grad;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   for (auto& p : parameters()) p.tensor->copy_(init_value(p.name, p.tensor->sizes(), gen));
 }
 
-int LlamaModel::unit_of(const std::string& name) {
+int DecoderModel::unit_of(const std::string& name) {
   // HF "model.layers.<i>." or PEFT "base_model.model.model.layers.<i>."
   const std::string key = "model.layers.";
   const auto at = name.find(key);
@@ -379,18 +428,18 @@ int LlamaModel::unit_of(const std::string& name) {
   return 1 + std::stoi(name.substr(at + key.size()));
 }
 
-void LlamaModel::load(const std::function<void(const std::string&, at::Tensor&)>& fill) {
+void DecoderModel::load(const std::function<void(const std::string&, at::Tensor&)>& fill) {
   at::NoGradGuard no_grad;
   for (auto& p : parameters()) fill(p.name, *p.tensor);
 }
 
-void LlamaModel::set_activation_checkpointing(ActivationCheckpointing mode, int64_t every_n) {
+void DecoderModel::set_activation_checkpointing(ActivationCheckpointing mode, int64_t every_n) {
   FT_CHECK(every_n >= 1, "train.checkpoint_every_n_layers must be >= 1, got ", every_n);
   checkpointing_ = mode;
   checkpoint_every_n_ = every_n;
 }
 
-bool LlamaModel::checkpoints_layer(int64_t index) const {
+bool DecoderModel::checkpoints_layer(int64_t index) const {
   switch (checkpointing_) {
     case ActivationCheckpointing::kNone:
       return false;
@@ -403,46 +452,48 @@ bool LlamaModel::checkpoints_layer(int64_t index) const {
   return false;
 }
 
-at::Tensor LlamaModel::rope_cos_sin(const at::Tensor& position_ids, at::ScalarType dtype,
-                                    bool sin) const {
-  at::Tensor freqs = position_ids.unsqueeze(-1).to(at::kFloat) * inv_freq_;  // [B, T, hd/2]
+std::pair<at::Tensor, at::Tensor> DecoderModel::rope_cos_sin(const at::Tensor& position_ids,
+                                                             at::ScalarType dtype,
+                                                             bool local) const {
+  const RopeConfig& rope = local ? config_.local_rope : config_.rope;
+  at::Tensor inv_freq = local ? local_inv_freq_ : inv_freq_;
+  double scaling = 1.0;
+  if (rope.type == "longrope") {
+    // dynamic_rope_update: the long set when the batch's largest position + 1 passes the
+    // original context (a host read; longrope models only).
+    if (position_ids.max().item<int64_t>() + 1 > rope.original_max_position_embeddings)
+      inv_freq = long_inv_freq_;
+    scaling = rope.attention_factor;
+  }
+  at::Tensor freqs = position_ids.unsqueeze(-1).to(at::kFloat) * inv_freq;  // [B, T, rd/2]
   at::Tensor emb = at::cat({freqs, freqs}, -1);
-  return (sin ? emb.sin() : emb.cos()).to(dtype);
+  at::Tensor cos = emb.cos(), sin = emb.sin();
+  if (scaling != 1.0) {
+    cos = cos * scaling;
+    sin = sin * scaling;
+  }
+  return {cos.to(dtype).contiguous(), sin.to(dtype).contiguous()};
 }
-
-namespace {
-
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  // On a GPU, LibTorch's fused kernel (one pass forward, one backward; fp32 inside, rounded once
-  // at the end rather than before the weight). Elsewhere transformers' exact sequence of ops.
-  if (x.is_cuda()) return at::rms_norm(x, {x.size(-1)}, weight, eps);
-  at::Tensor h = x.to(at::kFloat);
-  at::Tensor var = h.pow(2).mean(-1, /*keepdim=*/true);
-  h = h * at::rsqrt(var + eps);
-  return weight * h.to(x.scalar_type());
-}
-
-at::Tensor rotate_half(const at::Tensor& x) {
-  int64_t half = x.size(-1) / 2;
-  return at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
-}
-
-}  // namespace
 
 // The fused RMSNorm runs wherever it equals transformers' within rounding: on CPU tensors of one
-// dtype, except fp64, whose norm transformers computes in fp32 (the unfused path does the same).
-bool LlamaModel::fuses_norm(const at::Tensor& x, const at::Tensor& weight) const {
+// dtype, except fp64, whose norm transformers computes in fp32 (the unfused path does the same);
+// for the fp32-weighted styles (OLMo 2, Gemma) in fp32 only, where they round as Llama's does.
+bool DecoderModel::fuses_norm(const at::Tensor& x, const at::Tensor& weight) const {
   return fused_.rms_norm && x.is_cpu() && weight.scalar_type() == x.scalar_type() &&
-         x.scalar_type() != at::kDouble;
+         x.scalar_type() != at::kDouble &&
+         (config_.family().norm == NormStyle::kScale || x.scalar_type() == at::kFloat);
 }
 
-at::Tensor LlamaModel::norm(const at::Tensor& x, const at::Tensor& weight) const {
-  if (fuses_norm(x, weight)) return fused_rms_norm(x, weight, config_.rms_norm_eps);
-  return rms_norm(x, weight, config_.rms_norm_eps);
+at::Tensor DecoderModel::norm(const at::Tensor& x, const at::Tensor& weight) const {
+  const NormStyle style = config_.family().norm;
+  if (fuses_norm(x, weight))
+    return fused_rms_norm(x, style == NormStyle::kOffset ? weight + 1.0 : weight,
+                          config_.rms_norm_eps);
+  return rms_norm(x, weight, config_.rms_norm_eps, style);
 }
 
-bool LlamaModel::all_sunk(std::initializer_list<const Linear*> linears,
-                          UnitHooks::GradSink* sinks) const {
+bool DecoderModel::all_sunk(std::initializer_list<const Linear*> linears,
+                            UnitHooks::GradSink* sinks) const {
   for (const Linear* l : linears)
     if (l->bias.defined() || l->lora_a.defined() || !l->weight.requires_grad()) return false;
   for (const Linear* l : linears) {
@@ -453,84 +504,171 @@ bool LlamaModel::all_sunk(std::initializer_list<const Linear*> linears,
   return true;
 }
 
-at::Tensor LlamaModel::layer_forward(const LlamaLayer& L, const at::Tensor& hidden,
-                                     const at::Tensor& cos, const at::Tensor& sin,
-                                     const at::Tensor& mask, bool training) const {
+bool DecoderModel::plain_attention(int64_t window, int64_t T) const {
   const auto& c = config_;
-  const int64_t B = hidden.size(0), T = hidden.size(1);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
-  at::Tensor h = hidden;
-  at::Tensor x = norm(h, L.input_layernorm);
-  // One node for the attention block and one for the MLP where every weight sinks its gradient.
+  const Family& f = c.family();
+  return !f.fused_projections && f.qk_norm == QkNorm::kNone && c.rotary_dim() == c.head_dim &&
+         c.attn_softcap == 0 && (window == 0 || window >= T);
+}
+
+bool DecoderModel::plain_mlp() const {
+  return !config_.family().fused_projections && config_.activation == Activation::kSilu;
+}
+
+std::array<at::Tensor, 3> DecoderModel::qkv(const DecoderLayer& L, const at::Tensor& x,
+                                            bool training) const {
+  const auto& c = config_;
+  const int64_t B = x.size(0), T = x.size(1);
+  const int64_t nq = c.num_attention_heads * c.head_dim, nkv = c.num_key_value_heads * c.head_dim;
+  at::Tensor q, k, v;
+  if (L.qkv_proj.weight.defined()) {
+    const at::Tensor y = L.qkv_proj.forward(x, training, hooks_);
+    q = y.narrow(-1, 0, nq);
+    k = y.narrow(-1, nq, nkv);
+    v = y.narrow(-1, nq + nkv, nkv);
+  } else {
+    q = L.q_proj.forward(x, training, hooks_);
+    k = L.k_proj.forward(x, training, hooks_);
+    v = L.v_proj.forward(x, training, hooks_);
+  }
+  if (c.family().qk_norm == QkNorm::kWhole) {  // OLMo 2: over the whole projection
+    q = norm(q, L.q_norm);
+    k = norm(k, L.k_norm);
+  }
+  q = q.reshape({B, T, -1, c.head_dim});
+  k = k.reshape({B, T, -1, c.head_dim});
+  v = v.reshape({B, T, -1, c.head_dim});
+  if (c.family().qk_norm == QkNorm::kPerHead) {  // Qwen3, Gemma 3: per head
+    q = norm(q, L.q_norm);
+    k = norm(k, L.k_norm);
+  }
+  return {q, k, v};
+}
+
+at::Tensor DecoderModel::attention(const DecoderLayer& L, const at::Tensor& x,
+                                   const at::Tensor& cos, const at::Tensor& sin,
+                                   const at::Tensor& mask, const at::Tensor& segment_ids,
+                                   int64_t window, bool training) const {
+  const auto& c = config_;
+  const int64_t B = x.size(0), T = x.size(1);
+  // One node for the attention block where every weight sinks its gradient.
   const bool node_input = hooks_ && at::GradMode::is_enabled() && x.is_cpu() &&
                           x.scalar_type() == at::kFloat && x.dim() == 3 && x.requires_grad();
-  std::array<UnitHooks::GradSink, 4> attention_sinks;
-  at::Tensor o;
+  std::array<UnitHooks::GradSink, 4> sinks;
   // (The mask is in its 0 / -inf form here: the node is CPU-only, and hidden_states made it so.)
-  if (node_input && fused_.rope && (!mask.defined() || mask.scalar_type() != at::kBool) &&
-      all_sunk({&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj}, attention_sinks.data())) {
-    o = SinkAttentionFn::apply(x, L.q_proj.weight.detach(), L.k_proj.weight.detach(),
-                               L.v_proj.weight.detach(), L.o_proj.weight.detach(), cos, sin, &mask,
-                               c.head_dim, scale, hooks_, &attention_sinks);
+  if (node_input && fused_.rope && plain_attention(window, T) &&
+      (!mask.defined() || mask.scalar_type() != at::kBool) &&
+      all_sunk({&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj}, sinks.data())) {
+    return SinkAttentionFn::apply(x, L.q_proj.weight.detach(), L.k_proj.weight.detach(),
+                                  L.v_proj.weight.detach(), L.o_proj.weight.detach(), cos, sin,
+                                  &mask, c.head_dim, c.softmax_scale(), hooks_, &sinks);
+  }
+  // [B, T, heads, head_dim]: the rotary embedding before the heads move to dimension 1.
+  auto [q, k, v] = qkv(L, x, training);
+  q = rotate(q, cos, sin, fused_.rope).transpose(1, 2);
+  k = rotate(k, cos, sin, fused_.rope).transpose(1, 2);
+  v = v.transpose(1, 2);
+  at::Tensor a =
+      window > 0 && window < T
+          ? attend_windowed(q, k, v, segment_ids, window, c.softmax_scale(), c.attn_softcap)
+          : attend(q, k, v, mask, /*causal=*/T > 1, c.softmax_scale(), c.attn_softcap);
+  return L.o_proj.forward(a.transpose(1, 2).reshape({B, T, -1}), training, hooks_);
+}
+
+at::Tensor DecoderModel::mlp(const DecoderLayer& L, const at::Tensor& x, bool training) const {
+  const bool node_input = hooks_ && at::GradMode::is_enabled() && x.is_cpu() &&
+                          x.scalar_type() == at::kFloat && x.dim() == 3 && x.requires_grad();
+  std::array<UnitHooks::GradSink, 3> sinks;
+  if (node_input && fused_.swiglu && plain_mlp() &&
+      all_sunk({&L.gate_proj, &L.up_proj, &L.down_proj}, sinks.data())) {
+    return SinkMlpFn::apply(x, L.gate_proj.weight.detach(), L.up_proj.weight.detach(),
+                            L.down_proj.weight.detach(), hooks_, &sinks);
+  }
+  at::Tensor gate, up;
+  if (L.gate_up_proj.weight.defined()) {  // Phi-3: rows gate, then up
+    const at::Tensor y = L.gate_up_proj.forward(x, training, hooks_);
+    const int64_t n = config_.intermediate_size;
+    gate = y.narrow(-1, 0, n);
+    up = y.narrow(-1, n, n);
   } else {
-    // [B, T, heads, head_dim]: the rotary embedding before the heads move to dimension 1.
-    at::Tensor q = L.q_proj.forward(x, training, hooks_).view({B, T, -1, c.head_dim});
-    at::Tensor k = L.k_proj.forward(x, training, hooks_).view({B, T, -1, c.head_dim});
-    at::Tensor v = L.v_proj.forward(x, training, hooks_).view({B, T, -1, c.head_dim});
-    if (fused_.rope && q.is_cpu()) {
-      q = fused_rope(q, cos, sin);
-      k = fused_rope(k, cos, sin);
-    } else {
-      const at::Tensor cos4 = cos.unsqueeze(2), sin4 = sin.unsqueeze(2);  // [B, T, 1, hd]
-      q = q * cos4 + rotate_half(q) * sin4;
-      k = k * cos4 + rotate_half(k) * sin4;
+    gate = L.gate_proj.forward(x, training, hooks_);
+    up = L.up_proj.forward(x, training, hooks_);
+  }
+  at::Tensor m;
+  if (config_.activation == Activation::kGeluTanh)
+    m = at::gelu(gate, "tanh") * up;
+  else
+    m = fused_.swiglu && gate.is_cpu() ? fused_swiglu(gate.contiguous(), up.contiguous())
+                                       : at::silu(gate) * up;
+  return L.down_proj.forward(m, training, hooks_);
+}
+
+at::Tensor DecoderModel::layer_forward(int64_t index, const std::vector<at::Tensor>& in,
+                                       bool training) const {
+  const DecoderLayer& L = layers_[static_cast<size_t>(index)];
+  const auto& c = config_;
+  const at::Tensor &hidden = in[0], &cos = in[1], &sin = in[2], &mask = in[3], &segments = in[4];
+  const int64_t window = c.window(index);
+  const double rm = c.residual_multiplier;
+  auto scaled = [rm](const at::Tensor& t) { return rm == 1.0 ? t : t * rm; };
+  at::Tensor h = hidden;
+  switch (c.family().placement) {
+    case NormPlacement::kPre: {
+      const at::Tensor o =
+          attention(L, norm(h, L.input_layernorm), cos, sin, mask, segments, window, training);
+      at::Tensor x;
+      if (rm == 1.0 && c.family().norm != NormStyle::kOffset &&
+          fuses_norm(h, L.post_attention_layernorm)) {
+        std::tie(h, x) = fused_add_rms_norm(h, o, L.post_attention_layernorm, c.rms_norm_eps);
+      } else {
+        h = h + scaled(o);
+        x = norm(h, L.post_attention_layernorm);
+      }
+      return h + scaled(mlp(L, x, training));
     }
-    q = q.transpose(1, 2);
-    k = k.transpose(1, 2);
-    v = v.transpose(1, 2);
-    at::Tensor a = at::scaled_dot_product_attention(
-        q, k, v, mask.defined() ? c10::optional<at::Tensor>(mask) : c10::nullopt,
-        /*dropout_p=*/0.0, /*is_causal=*/!mask.defined() && T > 1, scale,
-        /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads);
-    a = a.transpose(1, 2).reshape({B, T, -1});
-    o = L.o_proj.forward(a, training, hooks_);
+    case NormPlacement::kSandwich: {
+      at::Tensor o =
+          attention(L, norm(h, L.input_layernorm), cos, sin, mask, segments, window, training);
+      h = h + norm(o, L.post_attention_layernorm);
+      o = mlp(L, norm(h, L.pre_feedforward_layernorm), training);
+      return h + norm(o, L.post_feedforward_layernorm);
+    }
+    case NormPlacement::kPost: {
+      at::Tensor o = attention(L, h, cos, sin, mask, segments, window, training);
+      h = h + norm(o, L.post_attention_layernorm);
+      return h + norm(mlp(L, h, training), L.post_feedforward_layernorm);
+    }
   }
-  if (fuses_norm(h, L.post_attention_layernorm)) {
-    std::tie(h, x) = fused_add_rms_norm(h, o, L.post_attention_layernorm, c.rms_norm_eps);
-  } else {
-    h = h + o;
-    x = rms_norm(h, L.post_attention_layernorm, c.rms_norm_eps);
-  }
-  std::array<UnitHooks::GradSink, 3> mlp_sinks;
-  if (node_input && fused_.swiglu && x.requires_grad() &&
-      all_sunk({&L.gate_proj, &L.up_proj, &L.down_proj}, mlp_sinks.data())) {
-    return h + SinkMlpFn::apply(x, L.gate_proj.weight.detach(), L.up_proj.weight.detach(),
-                                L.down_proj.weight.detach(), hooks_, &mlp_sinks);
-  }
-  const at::Tensor gate = L.gate_proj.forward(x, training, hooks_),
-                   up = L.up_proj.forward(x, training, hooks_);
-  const at::Tensor m =
-      fused_.swiglu && gate.is_cpu() ? fused_swiglu(gate, up) : at::silu(gate) * up;
-  h = h + L.down_proj.forward(m, training, hooks_);
+  FT_ASSERT(false, "unknown NormPlacement");
   return h;
 }
 
-at::Tensor LlamaModel::hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids_in,
-                                     bool training, const at::Tensor& segment_ids) const {
+at::Tensor DecoderModel::hidden_states(const at::Tensor& input_ids,
+                                       const at::Tensor& position_ids_in, bool training,
+                                       const at::Tensor& segment_ids) const {
   FT_CHECK(input_ids.dim() == 2, "input_ids must be [batch, seq], got ", input_ids.sizes());
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
   at::Tensor position_ids = position_ids_in.defined()
                                 ? position_ids_in
                                 : at::arange(T, input_ids.options()).unsqueeze(0).expand({B, T});
   if (hooks_) hooks_->before_unit(0);
-  at::Tensor h = at::embedding(embed_tokens_, input_ids, /*padding_idx=*/-1,
+  at::Tensor h = at::embedding(embed_tokens_, input_ids, config_.pad_token_id,
                                /*scale_grad_by_freq=*/false, sparse_embedding_grad_);
   if (hooks_) hooks_->after_unit(0, h);
+  if (config_.embedding_scale != 1.0) {
+    // Gemma multiplies by sqrt(hidden) rounded to the model dtype; Granite by the plain number.
+    double scale = config_.embedding_scale;
+    if (config_.embedding_scale_in_dtype)
+      scale = at::scalar_tensor(scale, at::kDouble).to(h.scalar_type()).item<double>();
+    h = h * scale;
+  }
   const auto dtype = h.scalar_type();
-  at::Tensor cos = rope_cos_sin(position_ids, dtype, false).contiguous();  // [B, T, hd]
-  at::Tensor sin = rope_cos_sin(position_ids, dtype, true).contiguous();
+  const auto [cos, sin] = rope_cos_sin(position_ids, dtype, false);  // [B, T, rotary_dim]
+  at::Tensor local_cos, local_sin;
+  if (config_.has_local_rope)
+    std::tie(local_cos, local_sin) = rope_cos_sin(position_ids, dtype, true);
   // Packed sequences: causal within each segment, nothing across segments. [B, 1, T, T], bool
-  // (on the CPU 0 / -inf in the compute dtype, below).
+  // (on the CPU 0 / -inf in the compute dtype, below). Windowed layers build their own per chunk.
   at::Tensor mask;
   if (segment_ids.defined()) {
     at::Tensor same = segment_ids.unsqueeze(2).eq(segment_ids.unsqueeze(1));
@@ -543,27 +681,33 @@ at::Tensor LlamaModel::hidden_states(const at::Tensor& input_ids, const at::Tens
     if (mask.is_cpu()) mask = attention_bias(mask, dtype);
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
-    const LlamaLayer& L = layers_[i];
+    const DecoderLayer& L = layers_[i];
+    const int64_t index = static_cast<int64_t>(i);
     const int unit = static_cast<int>(i) + 1;
+    const bool local = config_.has_local_rope && config_.window(index) > 0;
+    std::vector<at::Tensor> in = {h, local ? local_cos : cos, local ? local_sin : sin, mask,
+                                  segment_ids};
     // Unit hooks stay outside the checkpointed block: a recompute must not gather or hook again.
     if (hooks_) hooks_->before_unit(unit);
-    if (checkpoints_layer(static_cast<int64_t>(i))) {
-      // The recompute reads the layer's tensors through `L` when it runs, not copies of them.
-      auto block = [this, &L, training](const std::vector<at::Tensor>& in) {
-        return layer_forward(L, in[0], in[1], in[2], in[3], training);
+    if (checkpoints_layer(index)) {
+      // The recompute reads the layer's tensors through `layers_` when it runs, not copies.
+      auto block = [this, index, training](const std::vector<at::Tensor>& inputs) {
+        return layer_forward(index, inputs, training);
       };
-      h = run_checkpointed(block, {h, cos, sin, mask}, L.requires_grad());
+      h = run_checkpointed(block, in, L.requires_grad());
     } else {
-      h = layer_forward(L, h, cos, sin, mask, training);
+      h = layer_forward(index, in, training);
     }
     if (hooks_) hooks_->after_unit(unit, h);
   }
   return norm(h, norm_);
 }
 
-at::Tensor LlamaModel::forward(const at::Tensor& input_ids, const at::Tensor& position_ids,
-                               bool training, const at::Tensor& segment_ids) const {
-  return at::linear(hidden_states(input_ids, position_ids, training, segment_ids), lm_head());
+at::Tensor DecoderModel::forward(const at::Tensor& input_ids, const at::Tensor& position_ids,
+                                 bool training, const at::Tensor& segment_ids) const {
+  const at::Tensor logits =
+      at::linear(hidden_states(input_ids, position_ids, training, segment_ids), lm_head());
+  return logit_map().identity() ? logits : logit_map().apply(logits);
 }
 
 LossSum causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels, bool count_tokens) {
