@@ -132,6 +132,28 @@ LayerActs layer_activations(const model::ModelConfig& mc, const config::Settings
   return a;
 }
 
+// What a family's pieces (model/family.h) keep for backward in layer `layer` beyond Llama's layer
+// above, per micro-batch of B x T tokens (docs/planning.md): Gemma's two more norms, q/k norms,
+// the unfused GeGLU or fused-projection MLP's extra intermediate, and Gemma 2's capped attention,
+// whose explicit softmax keeps the scores (the matmul's output, the cap's tanh, the fp32
+// probabilities and their cast) over the whole context, or chunks of 2W keys in a windowed layer.
+int64_t family_extra(const model::ModelConfig& mc, int64_t layer, int64_t B, int64_t T, int64_t c) {
+  const model::Family& f = mc.family();
+  const int64_t N = B * T, h = mc.hidden_size, I = mc.intermediate_size;
+  const int64_t hq = mc.num_attention_heads * mc.head_dim;
+  const int64_t hkv = mc.num_key_value_heads * mc.head_dim;
+  int64_t extra = 0;
+  if (f.placement == model::NormPlacement::kSandwich) extra += 2 * (c + 4) * N * h;
+  if (f.qk_norm != model::QkNorm::kNone) extra += (c + 4) * N * (hq + hkv);
+  if (mc.activation != model::Activation::kSilu || f.fused_projections) extra += c * N * I;
+  if (mc.attn_softcap > 0) {
+    const int64_t w = mc.window(layer);
+    const int64_t keys = w > 0 && w < T ? std::min(T, 2 * w) : T;
+    extra += (3 * c + 4) * B * mc.num_attention_heads * T * keys;
+  }
+  return extra;
+}
+
 struct Acts {
   int64_t kept = 0;          // all layers' saved activations (or checkpointed inputs)
   int64_t outside = 0;       // embedding output, final norm, RoPE tables, the packed mask
@@ -153,7 +175,7 @@ Acts activations(const model::ModelConfig& mc, const config::Settings& s, int64_
                       (mode == model::ActivationCheckpointing::kEveryN &&
                        i % std::max<int64_t>(1, s.train.checkpoint_every_n_layers) == 0);
     a.checkpointed += ckpt ? 1 : 0;
-    a.kept += ckpt ? c * N * h : la.saved;
+    a.kept += ckpt ? c * N * h : la.saved + family_extra(mc, i, B, T, c);
   }
   // The embedding's output, the final norm (fp32 copy, normalised value, the head's input), RoPE's
   // cos and sin, and a packed batch's [B, 1, T, T] bool mask with the [B, T, T] comparison it is

@@ -3,6 +3,8 @@
 // logits, loss and gradients); these tests need no Python. Activation checkpointing is checked
 // against the same model's plain forward.
 #include <c10/core/CPUAllocator.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "model/attention.h"
 #include "model/config.h"
 #include "model/decoder.h"
 #include "model/fused_loss.h"
@@ -716,4 +719,86 @@ TEST_CASE("activation checkpointing settings are checked", "[unit]") {
   CHECK(m.checkpoints_layer(1));
   m.set_activation_checkpointing(ActivationCheckpointing::kNone);
   CHECK_FALSE(m.checkpoints_layer(0));
+}
+
+// attend_windowed (chunks of W queries against at most 2W - 1 keys) equals attend() under the
+// dense sliding-window mask (transformers' sliding_window_overlay on the causal mask), with and
+// without packed segments, grouped-query heads and a soft cap, in value and gradient.
+TEST_CASE("windowed attention equals the dense sliding-window mask", "[unit]") {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  const int64_t B = 2, H = 4, KV = 2, T = 13, D = 8;
+  for (int64_t window : {1, 3, 5, 12, 13}) {
+    for (bool packed : {false, true}) {
+      for (double cap : {0.0, 0.7}) {
+        DYNAMIC_SECTION("window " << window << (packed ? " packed" : "") << " cap " << cap) {
+          at::Tensor q = at::randn({B, H, T, D}, gen, f64).requires_grad_(true);
+          at::Tensor k = at::randn({B, KV, T, D}, gen, f64).requires_grad_(true);
+          at::Tensor v = at::randn({B, KV, T, D}, gen, f64).requires_grad_(true);
+          at::Tensor seg;
+          if (packed)
+            seg = at::cat({at::zeros({B, 6}, at::kLong), at::ones({B, T - 6}, at::kLong)}, 1);
+          const at::Tensor i = at::arange(T, at::kLong).unsqueeze(1);
+          const at::Tensor j = at::arange(T, at::kLong).unsqueeze(0);
+          at::Tensor dense = j.le(i).logical_and(i.sub(j).lt(window)).view({1, 1, T, T});
+          if (packed)
+            dense = dense.logical_and(seg.unsqueeze(2).eq(seg.unsqueeze(1)).unsqueeze(1));
+          const double scale = 0.3;
+          const at::Tensor got = attend_windowed(q, k, v, seg, window, scale, cap);
+          const at::Tensor want = attend(q, k, v, dense, false, scale, cap);
+          CHECK(rel_err(got, want) < 1e-12);
+          const at::Tensor w = at::randn(got.sizes(), gen, f64);
+          const auto g1 = torch::autograd::grad({(got * w).sum()}, {q, k, v});
+          const auto g2 = torch::autograd::grad({(want * w).sum()}, {q, k, v});
+          // (With a window of 1 the output is v: q's and k's gradients are 0 up to rounding.)
+          for (size_t n = 0; n < 3; ++n)
+            CHECK((g1[n] - g2[n]).abs().max().item<double>() <=
+                  1e-12 * (1 + g2[n].abs().max().item<double>()));
+        }
+      }
+    }
+  }
+}
+
+// The config.json ft writes for an export reads back as the same model: the file as read (its
+// own keys kept), and one built from the fields alone (a preset's shape, or a changed config).
+TEST_CASE("every family's config.json round-trips through ft's writer", "[unit]") {
+  const std::string dir = test::make_temp_dir();
+  auto same = [](const ModelConfig& a, const ModelConfig& b) {
+    CHECK(a.model_type == b.model_type);
+    CHECK(a.num_parameters() == b.num_parameters());
+    CHECK(a.head_dim == b.head_dim);
+    CHECK(a.layer_windows == b.layer_windows);
+    CHECK(a.attn_softcap == b.attn_softcap);
+    CHECK(a.final_softcap == b.final_softcap);
+    CHECK(a.softmax_scale() == Approx(b.softmax_scale()).epsilon(1e-12));
+    CHECK(a.embedding_scale == Approx(b.embedding_scale).epsilon(1e-12));
+    CHECK(a.residual_multiplier == b.residual_multiplier);
+    CHECK(a.logits_divisor == b.logits_divisor);
+    CHECK(a.partial_rotary_factor == b.partial_rotary_factor);
+    CHECK(a.rope.type == b.rope.type);
+    CHECK(a.rope.theta == b.rope.theta);
+    CHECK(a.rope.factor == b.rope.factor);
+    CHECK(a.rope.long_factor == b.rope.long_factor);
+    CHECK(a.rope.attention_factor == Approx(b.rope.attention_factor).epsilon(1e-12));
+    CHECK(a.has_local_rope == b.has_local_rope);
+    CHECK(a.local_rope.theta == b.local_rope.theta);
+    CHECK(a.qkv_bias == b.qkv_bias);
+    CHECK(a.o_bias == b.o_bias);
+    CHECK(a.mlp_bias == b.mlp_bias);
+    CHECK(a.activation == b.activation);
+    CHECK(a.tie_word_embeddings == b.tie_word_embeddings);
+  };
+  for (const std::string& name : fixtures_with("model.safetensors")) {
+    DYNAMIC_SECTION(name) {
+      ModelConfig c = load_model_config(fixture(name) + "/config.json");
+      const std::string path = dir + "/" + name + ".json";
+      std::ofstream(path) << model_config_json(c);
+      same(c, load_model_config(path));
+      c.source_json.clear();
+      std::ofstream(path) << model_config_json(c);
+      same(c, load_model_config(path));
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
