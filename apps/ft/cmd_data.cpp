@@ -17,6 +17,7 @@
 #include "data/inspect.h"
 #include "data/token_cache.h"
 #include "model/config.h"
+#include "train_options.h"
 
 namespace ft::app {
 
@@ -37,7 +38,10 @@ Run add_data(CLI::App& app) {
   for (CLI::App* sub : {show, prepare}) {
     sub->add_option("--data", o->data, "JSONL data")->required();
     sub->add_option("--preset", o->preset, "Preset whose data.* keys say how to read the data");
-    sub->add_option("--model", o->model, "Model directory (its tokenizer.json and vocabulary)");
+    sub->add_option("--model", o->model,
+                    "Model directory, or a hub id the local hub cache holds (its tokenizer.json "
+                    "and vocabulary)")
+        ->type_name("DIR|ORG/NAME");
     sub->add_option("--tokenizer", o->tokenizer, "tokenizer.json (default: the model's)");
     sub->add_option("--set", o->sets, "Override a preset key: --set data.seq_len=4096");
   }
@@ -57,6 +61,7 @@ Run add_data(CLI::App& app) {
     };
   };
   return [o, prepare, progress]() -> int {
+    resolve_model_option(o->model, "ft data", "--model", stdout);
     nlohmann::json resolved =
         o->preset.empty() ? config::schema_defaults() : config::resolve_preset(o->preset, o->sets);
     if (o->preset.empty()) config::apply_sets(resolved, o->sets);

@@ -1,5 +1,5 @@
-// `ft eval --model DIR [--adapter DIR] --data PATH [--preset NAME|FILE] [--set k=v ...]`: prints
-// JSON with the mean token loss, token count and perplexity over the data.
+// `ft eval --model DIR|ORG/NAME [--adapter DIR] --data PATH [--preset NAME|FILE] [--set k=v ...]`:
+// prints JSON with the mean token loss, token count and perplexity over the data.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -10,6 +10,7 @@
 #include "config/settings.h"
 #include "core/host_alloc.h"
 #include "train/evaluate.h"
+#include "train_options.h"
 
 namespace ft::app {
 
@@ -19,7 +20,10 @@ Run add_eval(CLI::App& app) {
   auto opts = std::make_shared<train::EvalOptions>();
   auto preset = std::make_shared<std::string>();
   auto sets = std::make_shared<std::vector<std::string>>();
-  cmd->add_option("--model", opts->model_dir, "Hugging Face model directory")->required();
+  cmd->add_option("--model", opts->model_dir,
+                  "Hugging Face model directory, or a hub id the local hub cache holds")
+      ->type_name("DIR|ORG/NAME")
+      ->required();
   cmd->add_option("--adapter", opts->adapter_dir, "PEFT LoRA adapter directory");
   cmd->add_option("--data", opts->data_path, "JSONL data")->required();
   cmd->add_option("--tokenizer", opts->tokenizer_path, "tokenizer.json (default: the model's)");
@@ -27,6 +31,7 @@ Run add_eval(CLI::App& app) {
   cmd->add_option("--set", *sets, "Override a preset key: --set data.template=chatml");
   return [opts, preset, sets]() -> int {
     core::configure_host_malloc();  // first, before any thread: see core/host_alloc.h
+    resolve_model_option(opts->model_dir, "ft eval", "--model", stdout);
     nlohmann::json resolved;
     if (preset->empty()) {
       // No preset: the schema's defaults (auto format, llama3 template) with the overrides.

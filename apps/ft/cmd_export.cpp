@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "core/strings.h"
 #include "train/export.h"
+#include "train_options.h"
 
 namespace ft::app {
 
@@ -54,9 +55,10 @@ Run add_export(CLI::App& app) {
       ->check(CLI::Range(uint64_t{1}, std::numeric_limits<uint64_t>::max()).description(""));
   cmd->add_option("--base-model", opts->base_model,
                   "The model directory the run was trained from, when it is no longer where the "
-                  "checkpoint says (ft train --model)")
-      ->type_name("DIR");
+                  "checkpoint says (ft train --model), or its hub id in the local hub cache")
+      ->type_name("DIR|ORG/NAME");
   return [opts]() -> int {
+    resolve_model_option(opts->base_model, "ft export", "--base-model", stdout);
     opts->progress = [](const std::string& line) {
       fmt::print("ft export: {}\n", line);
       std::fflush(stdout);

@@ -104,6 +104,8 @@ Run add_launch(CLI::App& app, const std::vector<std::string>& program) {
                " too: ft launch [options] --preset NAME|FILE --output DIR [--set key=value ...]");
       // A bad preset or --set is refused once, here, rather than by every worker.
       config::resolve_preset(train_args->value("preset"), train_args->values("set"));
+      // Each node's launcher finds a hub id in its own cache once; its workers get the directory.
+      train_args->resolve_model("ft launch", stdout);
       prog = {self_exe(), "train"};
       const auto forwarded = train_args->train_argv();
       prog.insert(prog.end(), forwarded.begin(), forwarded.end());

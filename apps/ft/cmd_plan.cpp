@@ -29,9 +29,9 @@ Run add_plan(CLI::App& app) {
   auto a = std::make_shared<Args>();
   cmd->footer(
       "Takes every ft train option, so a train command pastes in: --preset (required), --model "
-      "(its config.json and safetensors headers are read, never the weights; default: the "
-      "preset's model shape), --set, --output (its free disk is checked), --data (must exist), "
-      "--tokenizer, --data-cache and --resume.");
+      "(a directory or a hub id in the local hub cache; its config.json and safetensors headers "
+      "are read, never the weights; default: the preset's model shape), --set, --output (its "
+      "free disk is checked), --data (must exist), --tokenizer, --data-cache and --resume.");
   a->train.add_to(cmd, /*require=*/false, "Training options (as ft train takes them)");
   cmd->add_option("--nnodes", a->nnodes, "Nodes of the job")->check(CLI::Range(1, 100000));
   cmd->add_option("--nproc-per-node", a->nproc,
@@ -53,6 +53,7 @@ Run add_plan(CLI::App& app) {
     const std::string& data = a->train.value("data");
     FT_CHECK(data.empty() || std::filesystem::is_regular_file(data), "--data ", data,
              ": no such file");
+    a->train.resolve_model("ft plan", a->json ? stderr : stdout);  // --json: stdout is the JSON
     const std::string model = a->train.value("model"), output = a->train.value("output");
     const int64_t gpu_bytes =
         a->gpu_memory.empty() ? 0 : plan::parse_size(a->gpu_memory, "--gpu-memory");

@@ -1,5 +1,6 @@
-// `ft train --preset NAME|FILE [--model DIR] [--data PATH] [--output DIR] [--set k=v ...]`; the
-// options are declared in train_options.cpp, which `ft launch` shares to forward them.
+// `ft train --preset NAME|FILE [--model DIR|ORG/NAME] [--data PATH] [--output DIR]
+// [--set k=v ...]`; the options are declared in train_options.cpp, which `ft launch` shares to
+// forward them.
 #include <fmt/format.h>
 
 #include "comm/dist_env.h"
@@ -36,12 +37,14 @@ Run add_train(CLI::App& app) {
   args->add_to(cmd, /*require=*/true, "Options");
   return [args]() -> int {
     core::configure_host_malloc();  // first, before any thread: see core/host_alloc.h
+    const comm::DistEnv env = comm::read_dist_env();
+    // A hub id becomes its cache directory here, so the run records the directory it read.
+    args->resolve_model("ft train", env.rank == 0 ? stdout : nullptr);
     train::RunOptions opts = args->run_options();
     opts.settings = config::resolve_settings(args->value("preset"), args->values("set"));
     // An output nothing can be written to is refused before anything is loaded or allocated.
     io::check_writable_dir(opts.output_dir, "--output");
     // Preflight: the job's plan against this node, before anything is allocated or written.
-    const comm::DistEnv env = comm::read_dist_env();
     plan::PreflightOptions po;
     po.settings = opts.settings;
     po.model_dir = opts.model_dir;

@@ -1,6 +1,9 @@
 #include "train_options.h"
 
+#include <fmt/format.h>
+
 #include "core/error.h"
+#include "io/hub_cache.h"
 
 namespace ft::app {
 
@@ -8,7 +11,10 @@ const std::vector<TrainOptionSpec>& train_option_specs() {
   // clang-format off
   static const std::vector<TrainOptionSpec> specs = {
       {"preset", "NAME|FILE", "Shipped preset name or preset JSON file", true, false},
-      {"model", "DIR", "Hugging Face model directory (default: random init)", false, false},
+      {"model", "DIR|ORG/NAME",
+       "Hugging Face model directory, or a hub id the local hub cache holds (default: random "
+       "init)",
+       false, false},
       {"data", "PATH", "Training data (JSONL)", false, false},
       {"tokenizer", "PATH", "tokenizer.json for --data (default: the one in --model)", false, false},
       {"data-cache", "DIR",
@@ -91,6 +97,20 @@ train::RunOptions TrainCommandLine::run_options() const {
   o.output_dir = value("output");
   o.resume = value("resume").empty() ? "auto" : value("resume");
   return o;
+}
+
+void TrainCommandLine::resolve_model(const std::string& who, std::FILE* note_to) {
+  resolve_model_option(single_["model"], who, "--model", note_to);
+}
+
+void resolve_model_option(std::string& value, const std::string& who, const std::string& option,
+                          std::FILE* note_to) {
+  const io::ModelDir m = io::resolve_model_dir(value, option);
+  if (note_to != nullptr && !m.note.empty()) {
+    fmt::print(note_to, "{}: {}\n", who, m.note);
+    std::fflush(note_to);
+  }
+  value = m.dir;
 }
 
 }  // namespace ft::app

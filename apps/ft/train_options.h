@@ -4,6 +4,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
@@ -46,10 +47,22 @@ class TrainCommandLine {
   // The paths ft train reads and writes (RunOptions without the resolved preset).
   train::RunOptions run_options() const;
 
+  // Replaces --model's value by the directory it names (resolve_model_option), so that every
+  // later reader, the arguments forwarded to workers and the run's records included, sees that
+  // directory.
+  void resolve_model(const std::string& who, std::FILE* note_to);
+
  private:
   std::map<std::string, std::string> single_;
   std::map<std::string, std::vector<std::string>> repeated_;
   std::map<std::string, CLI::Option*> options_;
 };
+
+// `value`, a model directory option as given (--model, --base-model: `option`), becomes the
+// directory it names: itself, or a hub id's snapshot in the Hugging Face hub cache
+// (io/hub_cache.h), which a line "WHO: --model ORG/NAME: DIR (...)" on `note_to` reports (nothing
+// when it is nullptr). Every command that takes a model directory calls this once, after parsing.
+void resolve_model_option(std::string& value, const std::string& who, const std::string& option,
+                          std::FILE* note_to);
 
 }  // namespace ft::app

@@ -62,8 +62,9 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"peft_use_rslora", "lora.rslora", kAx, ""},
       {"resume_from_checkpoint", "--resume DIR", kHf, ""},
       {"output_dir", "--output DIR", kHf, ""},
-      {"model_name_or_path", "--model DIR", "LLaMA-Factory and the HF example scripts", ""},
-      {"base_model", "--model DIR", kAx, ""},
+      {"model_name_or_path", "--model DIR|ORG/NAME", "LLaMA-Factory and the HF example scripts",
+       ""},
+      {"base_model", "--model DIR|ORG/NAME", kAx, ""},
       {"dataset", "--data FILE", kLf, "a JSONL file"},
       {"datasets", "--data FILE", kAx, "a JSONL file"},
   };

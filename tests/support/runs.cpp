@@ -1,5 +1,6 @@
 #include "support/runs.h"
 
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -42,6 +43,26 @@ std::vector<std::string> tiny_job_argv(int nproc, const std::string& out,
 std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
+}
+
+std::string put_in_hub_cache(const std::string& cache, const std::string& id,
+                             const std::string& commit, const std::vector<std::string>& files) {
+  namespace fs = std::filesystem;
+  std::string folder = "models--" + id;
+  if (const size_t slash = folder.find('/'); slash != std::string::npos)
+    folder.replace(slash, 1, "--");
+  const fs::path repo = fs::path(cache) / folder, snapshot = repo / "snapshots" / commit;
+  fs::create_directories(repo / "blobs");
+  fs::create_directories(repo / "refs");
+  fs::create_directories(snapshot);
+  for (const auto& f : files) {
+    // The hub names a blob by its content's hash; any name unique in the repository will do.
+    const std::string blob = commit + "-" + fs::path(f).filename().string();
+    fs::copy_file(f, repo / "blobs" / blob, fs::copy_options::overwrite_existing);
+    fs::create_symlink(fs::path("../../blobs") / blob, snapshot / fs::path(f).filename());
+  }
+  std::ofstream(repo / "refs" / "main") << commit;  // the hash alone, no newline, as the hub
+  return snapshot.string();
 }
 
 std::vector<nlohmann::json> read_jsonl(const std::string& path) {

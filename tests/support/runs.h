@@ -31,6 +31,12 @@ std::vector<std::string> tiny_job_argv(int nproc, const std::string& out,
 // `a` followed by `b`: a list of settings with more settings after it.
 std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b);
 
+// A model in the Hugging Face hub cache `cache` as `hf download ID` leaves it: each of `files`
+// copied into models--ORG--NAME/blobs/ and linked from snapshots/COMMIT/<its name>, and
+// refs/main holding COMMIT. Returns the snapshot directory.
+std::string put_in_hub_cache(const std::string& cache, const std::string& id,
+                             const std::string& commit, const std::vector<std::string>& files);
+
 // The records of a JSON-lines file, one per non-empty line; none when the file does not exist
 // (yet).
 std::vector<nlohmann::json> read_jsonl(const std::string& path);
