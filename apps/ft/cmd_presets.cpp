@@ -1,8 +1,10 @@
-// `ft presets` lists the shipped presets; `ft presets show NAME|FILE [--set k=v ...]` prints one
-// fully resolved, every default included.
+// `ft presets` lists the shipped presets and a LoRA and a full fine-tune command per model family;
+// `ft presets show NAME|FILE [--set k=v ...]` prints one preset fully resolved, every default
+// included.
 #include <fmt/format.h>
 
 #include "commands.h"
+#include "config/family_commands.h"
 #include "config/preset.h"
 #include "config/schema.h"
 
@@ -10,7 +12,9 @@ namespace ft::app {
 
 Run add_presets(CLI::App& app) {
   auto* cmd =
-      app.add_subcommand("presets", "List the shipped training presets, or show one resolved");
+      app.add_subcommand("presets",
+                         "List the shipped training presets and the commands per model family, or "
+                         "show one preset resolved");
   auto* show =
       cmd->add_subcommand("show", "Print a preset fully resolved (every key, defaults included)");
   auto name = std::make_shared<std::string>();
@@ -31,6 +35,7 @@ Run add_presets(CLI::App& app) {
     }
     for (const auto& p : config::shipped_presets())
       fmt::print("{:<12} {}\n", p.name, config::preset_description(p.name));
+    fmt::print("\n{}", config::family_commands_text());
     return 0;
   };
 }
