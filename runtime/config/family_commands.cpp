@@ -59,8 +59,8 @@ const std::vector<FamilyCommands>& family_commands() {
 std::string family_commands_text() {
   std::string s = fmt::format(
       "Commands per model family: LoRA on one process, full fine-tune on the {} GPUs of one "
-      "node.\n--model takes a model directory or a hub name in the local Hugging Face cache; "
-      "{} is your JSONL data.\n",
+      "node.\n--model takes a model directory or a hub id in the local Hugging Face cache (`hf "
+      "download ORG/NAME` first); {} is your JSONL data.\n",
       kNodeGpus, kData);
   for (const FamilyCommands& c : family_commands())
     s += fmt::format("\n{:<12} {}\n  {}\n  {}\n", c.model_type, c.checkpoints, c.lora, c.full);

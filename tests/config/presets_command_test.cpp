@@ -2,6 +2,7 @@
 // command for every model family ft trains; the commands are ones ft takes, and docs/training.md
 // quotes each of them. Real processes: the built ft.
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -97,20 +98,29 @@ TEST_CASE("the family commands are ones ft takes", "[multiproc]") {
     for (const auto& w : words(c.lora))
       if (w.rfind("--", 0) == 0) CHECK(help.find(w + " ") != std::string::npos);
   }
-  // ft launch: the full commands parse, resolve the preset and lay out 1 node x 8 workers
-  // running ft train with the same options (--dry-run stops before any worker starts).
+  // ft launch: the full commands parse, find the model in the hub cache (here a snapshot made for
+  // the test: --dry-run reads no weights), resolve the preset and lay out 1 node x 8 workers
+  // running ft train with the same options on the snapshot (--dry-run starts no worker).
+  const std::string hub = dir + "/hub";
   for (const auto& c : ft::config::family_commands()) {
     INFO(c.full);
-    std::vector<std::string> args = words(c.full);
-    args.erase(args.begin());  // "ft": run_ft runs this build's
-    args.insert(args.begin() + 1, "--dry-run");
-    const std::string log = dir + "/" + c.model_type + ".log";
-    CHECK(run_ft(args, log, 60) == 0);
-    const std::string out = read_file(log);
-    INFO(out);
-    CHECK_THAT(out, Catch::Contains("layout: 1 node(s) x 8 worker(s) = world size 8"));
-    const size_t from = c.full.find("--preset");
-    CHECK_THAT(out, Catch::Contains("train " + c.full.substr(from)));
+    const std::string repo = hub + "/models--" + std::regex_replace(c.model, std::regex("/"), "--");
+    const std::string snapshot = repo + "/snapshots/0123abcd";
+    REQUIRE(std::filesystem::create_directories(snapshot));
+    std::filesystem::create_directories(repo + "/refs");
+    std::ofstream(repo + "/refs/main") << "0123abcd";
+    std::vector<std::string> argv = words(c.full);
+    argv[0] = ft_bin();
+    argv.insert(argv.begin() + 2, "--dry-run");
+    const Finished run =
+        run_to_end(argv, {{"HF_HUB_CACHE", hub}, {"WORLD_SIZE", "\x01"}, {"RANK", "\x01"}},
+                   dir + "/" + c.model_type + ".log", 60);
+    INFO(run.output);
+    CHECK(run.code == 0);
+    CHECK_THAT(run.output, Catch::Contains("layout: 1 node(s) x 8 worker(s) = world size 8"));
+    std::string worker = c.full.substr(c.full.find("--preset"));
+    worker.replace(worker.find(c.model), c.model.size(), snapshot);
+    CHECK_THAT(run.output, Catch::Contains("train " + worker + "\n"));
   }
 }
 
