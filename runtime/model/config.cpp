@@ -296,6 +296,9 @@ void read_scales(const json& j, const Family& f, ModelConfig& c, const std::stri
       return j.contains(key) ? get_or<double>(j, key, 0.0, path) : fallback;
     };
     c.attn_softcap = cap("attn_logit_softcapping", f.default_attn_softcap);
+    FT_CHECK_T(FormatError, f.attention_soft_cap || c.attn_softcap == 0, path,
+               ": attn_logit_softcapping ", c.attn_softcap, " is set, but ", c.model_type,
+               " models do not apply it (transformers' attention ignores it); set it to null");
     c.final_softcap = cap("final_logit_softcapping", f.default_final_softcap);
   }
   if (f.multipliers) {

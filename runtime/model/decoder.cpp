@@ -565,8 +565,15 @@ at::Tensor DecoderModel::attention(const DecoderLayer& L, const at::Tensor& x,
   }
   // [B, T, heads, head_dim]: the rotary embedding before the heads move to dimension 1.
   auto [q, k, v] = qkv(L, x, training);
-  q = rotate(q, cos, sin, fused_.rope).transpose(1, 2);
-  k = rotate(k, cos, sin, fused_.rope).transpose(1, 2);
+  if (c.family().rope_in_fp32 && q.scalar_type() != at::kFloat) {
+    // OLMo 2 rotates in fp32 (cos and sin too) and casts back.
+    const auto dtype = q.scalar_type();
+    q = rotate(q.to(at::kFloat), cos, sin, fused_.rope).to(dtype).transpose(1, 2);
+    k = rotate(k.to(at::kFloat), cos, sin, fused_.rope).to(dtype).transpose(1, 2);
+  } else {
+    q = rotate(q, cos, sin, fused_.rope).transpose(1, 2);
+    k = rotate(k, cos, sin, fused_.rope).transpose(1, 2);
+  }
   v = v.transpose(1, 2);
   at::Tensor a =
       window > 0 && window < T
@@ -663,10 +670,12 @@ at::Tensor DecoderModel::hidden_states(const at::Tensor& input_ids,
     h = h * scale;
   }
   const auto dtype = h.scalar_type();
-  const auto [cos, sin] = rope_cos_sin(position_ids, dtype, false);  // [B, T, rotary_dim]
+  // [B, T, rotary_dim], in the compute dtype (fp32 where the family rotates in fp32).
+  const auto rope_dtype = config_.family().rope_in_fp32 ? at::kFloat : dtype;
+  const auto [cos, sin] = rope_cos_sin(position_ids, rope_dtype, false);
   at::Tensor local_cos, local_sin;
   if (config_.has_local_rope)
-    std::tie(local_cos, local_sin) = rope_cos_sin(position_ids, dtype, true);
+    std::tie(local_cos, local_sin) = rope_cos_sin(position_ids, rope_dtype, true);
   // Packed sequences: causal within each segment, nothing across segments. [B, 1, T, T], bool
   // (on the CPU 0 / -inf in the compute dtype, below). Windowed layers build their own per chunk.
   at::Tensor mask;

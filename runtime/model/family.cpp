@@ -65,6 +65,7 @@ Family gemma2() {
   f.placement = NormPlacement::kSandwich;
   f.sqrt_embed_scale = true;
   f.soft_caps = true;
+  f.attention_soft_cap = true;
   f.default_attn_softcap = 50.0;
   f.default_final_softcap = 30.0;
   f.query_pre_attn_scalar = true;
@@ -83,6 +84,7 @@ Family gemma3() {
   f.model_type = "gemma3_text";
   f.architecture = "Gemma3ForCausalLM";
   f.qk_norm = QkNorm::kPerHead;
+  f.attention_soft_cap = false;
   f.default_attn_softcap = 0;
   f.default_final_softcap = 0;
   f.local_rope = true;
@@ -108,6 +110,7 @@ Family phi3() {
 Family olmo2() {
   Family f = row("olmo2", "Olmo2ForCausalLM");
   f.norm = NormStyle::kScaleFp32;
+  f.rope_in_fp32 = true;
   f.placement = NormPlacement::kPost;
   f.qk_norm = QkNorm::kWhole;
   f.default_rms_norm_eps = 1e-5;

@@ -51,6 +51,10 @@ struct Family {
   bool sqrt_embed_scale = false;   // embeddings x sqrt(hidden), rounded to the dtype (Gemma)
   bool multipliers = false;  // Granite's embedding/residual/attention multipliers, logits_scaling
   bool soft_caps = false;    // reads attn_logit_softcapping and final_logit_softcapping
+  // Whether the attention cap applies: Gemma 3's attention keeps the key but never applies it
+  // (Gemma3Attention), so ft refuses a value there rather than apply or drop it silently.
+  bool attention_soft_cap = false;
+  bool rope_in_fp32 = false;  // q and k rotated in fp32, then cast back (Olmo2's rotary)
   double default_attn_softcap = 0, default_final_softcap = 0;  // 0: none
   bool query_pre_attn_scalar = false;  // attention scale query_pre_attn_scalar^-0.5 (Gemma)
   bool local_rope = false;             // sliding layers have a rotary theta of their own (Gemma 3)

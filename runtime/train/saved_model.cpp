@@ -18,7 +18,8 @@ namespace fs = std::filesystem;
 model::ModelConfig model_config_from_preset(const config::ModelSettings& m) {
   FT_CHECK(!m.require_dir,
            "this preset trains your own model (model.require_dir is true): give its Hugging Face "
-           "directory with --model DIR (config.json, *.safetensors, tokenizer.json); the model's "
+           "directory with --model DIR (config.json, *.safetensors, tokenizer.json), or its hub id "
+           "(ORG/NAME) when it is in the local Hugging Face cache; the model's "
            "shape comes from there. To try ft without a model, use --preset tiny-demo");
   model::ModelConfig c;
   c.vocab_size = m.vocab_size;
