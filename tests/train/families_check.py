@@ -10,13 +10,15 @@ and untied heads, GQA; every norm weight and bias random. Then, per family:
 
   1. base: `ft eval --model BASE` equals transformers' loss on the same records;
   2. LoRA: `ft train --preset tiny-lora --model BASE` for 3 steps; PeftModel.from_pretrained(BASE,
-     final/) loads the adapter and its loss equals `ft eval --model BASE --adapter final/`'s;
+     final/) loads the adapter and its loss equals `ft eval --model BASE --adapter final/`'s, and
+     transformers' loss of the `ft export --merge-lora` model equals PEFT's;
   3. full: `ft train --model BASE` for 3 fp32 steps, `ft export` of the run; transformers loads the
      export (and final/) with no missing, unexpected or mismatched key, the export holds the base's
      tensor names (no lm_head where tied) and its config.json is the base's, and its loss equals
      `ft eval --model EXPORT`'s;
   4. PEFT-written adapter: get_peft_model on the base (every projection, fused ones for Phi-3, lora_B
-     random), save_pretrained; `ft eval --model BASE --adapter THAT` equals PEFT's loss.
+     random; every other family target_modules="all-linear", which PEFT saves as full module paths,
+     with rsLoRA), save_pretrained; `ft eval --model BASE --adapter THAT` equals PEFT's loss.
 
 Losses are the mean next-token loss over pre-tokenized records (both sides see the same ids),
 within 1e-4 relative; each trained model must move the loss by more than 10x that, so a file that
@@ -165,12 +167,12 @@ class Family:
         text = run(argv, os.path.join(self.dir, f"eval-{name}.log"))
         return json.loads(text.strip().splitlines()[-1])
 
-    def compare(self, what, ft_result, hf):
-        """ft's {"loss", "tokens"} against transformers' (loss, tokens)."""
+    def compare(self, what, ft_result, hf, ref="ft eval"):
+        """`ref`'s {"loss", "tokens"} (ft eval's) against transformers' (loss, tokens)."""
         loss, tokens = hf
         rel = abs(ft_result["loss"] - loss) / abs(loss)
         ok = rel <= RTOL and ft_result["tokens"] == tokens
-        line = (f"{what}: ft {ft_result['loss']:.8f} over {ft_result['tokens']} tokens, "
+        line = (f"{what}: {ref} {ft_result['loss']:.8f} over {ft_result['tokens']} tokens, "
                 f"transformers {loss:.8f} over {tokens} (rel {rel:.1e})")
         if ok:
             self.notes.append(f"{what} {rel:.0e}")
@@ -257,13 +259,22 @@ def check_features_live(fam, records, base_loss):
 
 
 def check_lora(fam, train_path, eval_path, records, base_loss):
-    final = os.path.join(train(fam, "lora", train_path, []), "final")
+    run_dir = train(fam, "lora", train_path, [])
+    final = os.path.join(run_dir, "final")
     peft_model = PeftModel.from_pretrained(hf_model(fam.base), final).eval()
     if not any("lora_" in n for n, _ in peft_model.named_parameters()):
         fam.fail("PeftModel holds no LoRA tensors from ft's adapter")
     hf = hf_loss(peft_model, records)
     fam.compare("lora", fam.ft_eval(fam.base, eval_path, adapter=final), hf)
     fam.moved("LoRA after training", base_loss, hf[0])
+    # The merged model in the family's own layout (Phi-3's fused projections merged whole).
+    merged = os.path.join(fam.dir, "merged")
+    run([fam.ft, "export", "--checkpoint", run_dir, "--output", merged, "--merge-lora"],
+        os.path.join(fam.dir, "export-merged.log"))
+    model, info = hf_model(merged, output_loading_info=True)
+    fam.check_loading("--merge-lora export", info)
+    fam.compare("merged", {"loss": hf[0], "tokens": hf[1]}, hf_loss(model.eval(), records),
+                ref="PEFT on final/")
 
 
 def check_full(fam, train_path, eval_path, records, base_loss):
@@ -299,9 +310,12 @@ def tensor_names(model_dir):
 
 
 def check_peft_adapter(fam, eval_path, records):
-    """An adapter PEFT wrote, on every projection of the family, evaluated by ft."""
+    """An adapter PEFT wrote, evaluated by ft: on the family's projections by name, or (every other
+    family) with "all-linear", which PEFT saves as every projection's full path, and rsLoRA."""
+    all_linear = list(FAMILIES).index(fam.name) % 2 == 1
     lcfg = LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=8, lora_dropout=0.0, bias="none",
-                      target_modules=FAMILIES[fam.name][2])
+                      target_modules="all-linear" if all_linear else FAMILIES[fam.name][2],
+                      use_rslora=all_linear)
     torch.manual_seed(fam.seed + 100)
     peft_model = get_peft_model(hf_model(fam.base), lcfg)
     with torch.no_grad():  # PEFT starts lora_B at zero, which would hide the adapter
@@ -310,7 +324,8 @@ def check_peft_adapter(fam, eval_path, records):
                 p.normal_(0.0, 0.05)
     adapter = os.path.join(fam.dir, "peft-adapter")
     peft_model.save_pretrained(adapter)
-    fam.compare("peft-adapter", fam.ft_eval(fam.base, eval_path, adapter=adapter),
+    fam.compare("peft-adapter" + (" (all-linear, rslora)" if all_linear else ""),
+                fam.ft_eval(fam.base, eval_path, adapter=adapter),
                 hf_loss(peft_model.eval(), records))
 
 
