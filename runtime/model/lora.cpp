@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -40,6 +41,24 @@ std::vector<std::pair<std::string, Linear*>> projections(DecoderLayer& L) {
 }
 
 std::string leaf(const std::string& path) { return path.substr(path.rfind('.') + 1); }
+
+// A target_modules entry as the projection it names. PEFT matches a listed entry against a module
+// path by equality or as a dotted suffix, and saves `target_modules="all-linear"` as every
+// projection's full path ("model.layers.0.mlp.down_proj"): such an entry names the projection in
+// the layers it lists. ft adapts a projection in every layer; an adapter that leaves a layer out
+// is refused when its tensors are read (train/weights.cpp: load_adapter names the missing one).
+std::string projection_of_target(const std::string& entry, const std::string& path) {
+  static const std::regex kPath(R"(((model\.)?layers\.[0-9]+\.)?(self_attn|mlp)\.([a-z_]+))");
+  if (entry.find('.') == std::string::npos) return entry;  // a plain name; validate() checks it
+  static const std::set<std::string> kMlp = {"gate_proj", "up_proj", "gate_up_proj", "down_proj"};
+  std::smatch m;
+  const bool ok = std::regex_match(entry, m, kPath) && kModules.count(m[4].str()) &&
+                  (m[3] == "mlp") == (kMlp.count(m[4].str()) > 0);
+  FT_CHECK_T(FormatError, ok, path, ": target_modules entry '", entry,
+             "' is not a projection of a decoder layer ft adapts (a name such as q_proj, or a path "
+             "such as model.layers.0.self_attn.q_proj or model.layers.0.mlp.down_proj)");
+  return m[4].str();
+}
 }  // namespace
 
 double LoraConfig::scale() const {
@@ -141,7 +160,9 @@ LoraConfig load_lora_config(const std::string& path) {
     if (t.is_string()) {
       c.target_modules.push_back(t.get<std::string>());
     } else {
-      for (const auto& m : t) c.target_modules.push_back(m.get<std::string>());
+      std::set<std::string> names;
+      for (const auto& m : t) names.insert(projection_of_target(m.get<std::string>(), path));
+      c.target_modules.assign(names.begin(), names.end());  // sorted, each projection once
     }
   } catch (const json::exception& e) {
     throw FormatError(fmt::format("{}: {}", path, e.what()));

@@ -36,6 +36,8 @@ void fit_lora_targets(LoraConfig& config, const ModelConfig& model);
 
 // Reads a PEFT adapter_config.json; refuses (FormatError naming the file and key) what ft does not
 // implement: peft_type other than LORA, bias != "none", modules_to_save, per-layer rank patterns.
+// target_modules entries may be the full module paths PEFT saves for "all-linear"
+// ("model.layers.0.mlp.down_proj"); each becomes the projection it names.
 LoraConfig load_lora_config(const std::string& path);
 std::string lora_config_json(const LoraConfig& c);
 

@@ -192,6 +192,29 @@ TEST_CASE("lora_module_of names the adapted modules of base parameters", "[unit]
     CHECK(lora_module_of(none, lc).empty());
 }
 
+TEST_CASE("adapter_config.json: PEFT's full module paths (all-linear) name projections", "[unit]") {
+  const std::string dir = test::make_temp_dir();
+  auto load = [&](const std::string& targets) {
+    std::ofstream(dir + "/adapter_config.json")
+        << R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": )" << targets << "}";
+    return load_lora_config(dir + "/adapter_config.json").target_modules;
+  };
+  // What PEFT 0.21 saves for target_modules="all-linear" on a 2-layer Phi-3 (a set, unordered).
+  CHECK(load(R"(["model.layers.1.self_attn.qkv_proj", "model.layers.0.mlp.down_proj",
+                 "model.layers.0.mlp.gate_up_proj", "model.layers.1.mlp.gate_up_proj",
+                 "model.layers.1.mlp.down_proj", "model.layers.0.self_attn.qkv_proj",
+                 "model.layers.0.self_attn.o_proj", "model.layers.1.self_attn.o_proj"])") ==
+        std::vector<std::string>{"down_proj", "gate_up_proj", "o_proj", "qkv_proj"});
+  // PEFT also matches a dotted suffix of the module path.
+  CHECK(load(R"(["self_attn.q_proj", "layers.3.mlp.up_proj", "v_proj"])") ==
+        std::vector<std::string>{"q_proj", "up_proj", "v_proj"});
+  for (const char* bad : {R"(["model.layers.0.mlp.q_proj"])", R"(["model.embed_tokens"])",
+                          R"(["lm_head"])", R"(["model.layers.x.self_attn.q_proj"])",
+                          R"(["model.layers.0.self_attn.q_proj.base_layer"])"})
+    CHECK_THROWS_WITH(load(bad), Catch::Contains(dir + "/adapter_config.json") &&
+                                     Catch::Contains("not a projection"));
+}
+
 TEST_CASE("config.json: both rope formats, refusals name the file and key", "[unit]") {
   std::string dir = test::make_temp_dir();
   auto write = [&](const std::string& text) {
