@@ -21,15 +21,16 @@
 #include <thread>
 #include <vector>
 
+#include "comm/dist_env.h"
+#include "comm/process_group.h"
 #include "config/settings.h"
 #include "core/dtype.h"
 #include "data/synthetic.h"
-#include "comm/dist_env.h"
-#include "comm/process_group.h"
 #include "model/decoder.h"
 #include "parallel/engine.h"
 #include "parallel/strategy.h"
 #include "store.h"  // launcher/: the store `ft launch` hosts for its workers
+#include "support/model_fixtures.h"
 #include "support/numerics.h"
 #include "support/runs.h"
 #include "train/saved_model.h"
@@ -77,13 +78,21 @@ struct Setup {
   std::map<std::string, at::Tensor> initial_values;
 };
 
-Setup make_setup(const std::vector<std::string>& sets) {
+// `model_dir` empty: tiny-demo's Llama, random-init with train.seed. Else a model directory
+// (config.json + model.safetensors) whose family and weights replace tiny-demo's model.
+Setup make_setup(const std::vector<std::string>& sets, const std::string& model_dir = "") {
   Setup s;
   s.settings = config::resolve_settings("tiny-demo", with(kBase, sets));
-  s.model = train::model_config_from_preset(s.settings.model);
   s.dtype = parse_dtype(s.settings.precision.mode);
-  s.initial_model = std::make_unique<model::DecoderModel>(s.model, at::TensorOptions(s.dtype));
-  s.initial_model->init_random(static_cast<uint64_t>(s.settings.train.seed));
+  if (model_dir.empty()) {
+    s.model = train::model_config_from_preset(s.settings.model);
+    s.initial_model = std::make_unique<model::DecoderModel>(s.model, at::TensorOptions(s.dtype));
+    s.initial_model->init_random(static_cast<uint64_t>(s.settings.train.seed));
+  } else {
+    s.initial_model =
+        std::make_unique<model::DecoderModel>(test::load_model_dir(model_dir, s.dtype));
+    s.model = s.initial_model->config();
+  }
   auto specs = parallel::param_specs(*s.initial_model, false);
   s.initial = parallel::current_values(specs);
   for (const auto& spec : specs) s.initial_values[spec.name] = *spec.slot;
@@ -227,10 +236,12 @@ struct Variant {
 // `variant` on `world` ranks of `micro_batch` rows against one rank of world x micro_batch rows:
 // every rank reports the global batch's losses, and rank 0 gathers the final parameters, within
 // `tol` (relative) of the single rank's.
+// `model_dir`: as make_setup's.
 void check_follows_single(const Variant& variant, const std::vector<std::string>& common, int world,
-                          int64_t micro_batch, double tol) {
+                          int64_t micro_batch, double tol, const std::string& model_dir = "") {
   const Setup s = make_setup(
-      with(with(common, variant.sets), {"train.micro_batch=" + std::to_string(micro_batch)}));
+      with(with(common, variant.sets), {"train.micro_batch=" + std::to_string(micro_batch)}),
+      model_dir);
   const RankRun ref = run_single(s, world);
   const std::vector<RankRun> ranks = run_ranks(s, world);
   std::string errors;
@@ -320,5 +331,32 @@ TEST_CASE("in one process, in fp64 the sharded strategies equal the 1-rank engin
            {{"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=1500"}, true},
            {{"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"}, true}}) {
     DYNAMIC_SECTION(v.sets[0]) { check_follows_single(v, {"precision.mode=fp64"}, 2, 4, 1e-9); }
+  }
+}
+
+// The families whose layers hold parameters Llama's lack, from the model_test fixtures
+// (tests/model/fixtures, FAMILIES.md): Qwen3 (per-head q_norm/k_norm of 16, head_dim 16 != 32/4,
+// untied head) and Gemma 3 (sandwich norms, (1 + w) q/k norms, windows of 5 on 3 of 4 layers with
+// their own rotary theta, tied head, pad row 0 without a gradient). data.seq_len 32 > the window.
+// A persistence threshold of 1500 keeps norms, q/k norms and k/v projections whole and splits the
+// rest; 3 ranks split nothing evenly.
+TEST_CASE(
+    "in one process, Qwen3 and Gemma 3 under ddp, zero3 and fsdp at 2 and 3 ranks follow 1 rank",
+    "[unit]") {
+  for (const char* family : {"qwen3_headdim", "gemma3_local_global"}) {
+    const std::string dir = test::model_fixture(family);
+    for (const Variant& v : std::vector<Variant>{
+             {{"strategy.kind=ddp"}, false},
+             {{"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0"}, true},
+             {{"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=1500"}, true},
+             {{"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"}, true},
+             {{"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP"}, true}}) {
+      for (const int world : {2, 3}) {
+        DYNAMIC_SECTION(family << ", " << world << " ranks: " << v.sets[0] << " "
+                               << (v.sets.size() > 1 ? v.sets[1] : "")) {
+          check_follows_single(v, kFp32, world, world == 2 ? 4 : 2, 1e-5, dir);
+        }
+      }
+    }
   }
 }

@@ -34,21 +34,27 @@ struct Job {
 };
 
 // `ft launch LAUNCH_ARGS -- ft train --preset tiny-demo --output DIR` with the base settings, then
-// `sets`.
+// `sets`. With a `model` directory, `--model MODEL` and the base settings but tiny-demo's model
+// shape (config.json gives it).
 std::vector<std::string> train_argv(const std::vector<std::string>& launch_args,
-                                    const std::string& dir, const std::vector<std::string>& sets) {
-  return ft_launch_argv(
-      launch_args, ft_train_argv({"--preset", "tiny-demo", "--output", dir}, with(kBase, sets)));
+                                    const std::string& dir, const std::vector<std::string>& sets,
+                                    const std::string& model = "") {
+  std::vector<std::string> args = {"--preset", "tiny-demo", "--output", dir}, base;
+  if (!model.empty()) args.insert(args.end(), {"--model", model});
+  for (const auto& b : kBase)
+    if (model.empty() || b.rfind("model.", 0) != 0) base.push_back(b);
+  return ft_launch_argv(launch_args, ft_train_argv(args, with(base, sets)));
 }
 
-// `ft launch --nproc-per-node N -- ft train --preset tiny-demo --set ... --output DIR`.
+// `ft launch --nproc-per-node N -- ft train --preset tiny-demo --set ... --output DIR` (and
+// `--model MODEL` when given).
 Job run_job(int nproc, const std::vector<std::string>& sets,
-            const std::map<std::string, std::string>& env = {}) {
+            const std::map<std::string, std::string>& env = {}, const std::string& model = "") {
   Job j;
   j.dir = make_temp_dir() + "/run";
   const Finished f = run_to_end(train_argv({"--nproc-per-node", std::to_string(nproc),
                                             "--master-port", std::to_string(free_port())},
-                                           j.dir, sets),
+                                           j.dir, sets, model),
                                 env, make_temp_dir() + "/out.txt", 150);
   j.code = f.code;
   j.output = f.output;
@@ -115,6 +121,27 @@ TEST_CASE("every strategy on 2 ranks follows the 1-rank run (fp32, same global b
   for (const auto& v : variants) {
     DYNAMIC_SECTION(v[0] << " " << (v.size() > 1 ? v[1] : "")) {
       check_same_run(ref, run_job(2, with(v, {"train.micro_batch=4"})), "model.safetensors");
+    }
+  }
+}
+
+// The whole path of a model directory of another family: each rank reads its shards of the
+// family's tensors from the files (Qwen3's q_norm/k_norm; Gemma 3's sandwich norms and tied head),
+// trains, and the final model is written back under the same names. The fixtures of
+// tests/model/fixtures (FAMILIES.md); 64 tokens per row, past Gemma 3's window of 5. (Every
+// strategy at 2 and 3 ranks on these models: engine_inproc_test.cpp.)
+TEST_CASE("Qwen3 and Gemma 3 model directories: zero3, fsdp and ddp follow the 1-rank run",
+          "[multiproc]") {
+  for (const char* family : {"qwen3_headdim", "gemma3_local_global"}) {
+    const std::string model = std::string(FT_TEST_DIR) + "/model/fixtures/" + family;
+    Job ref = run_job(1, {"train.micro_batch=6"}, {}, model);
+    for (const auto& [nproc, v] : std::vector<std::pair<int, std::vector<std::string>>>{
+             {2, {"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=1500"}},
+             {3, {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"}},
+             {3, {"strategy.kind=ddp"}}}) {
+      INFO(family << ", " << nproc << " ranks: " << v[0]);
+      const std::string micro = "train.micro_batch=" + std::to_string(6 / nproc);
+      check_same_run(ref, run_job(nproc, with(v, {micro}), {}, model), "model.safetensors");
     }
   }
 }
