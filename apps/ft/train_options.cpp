@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "config/preset.h"
 #include "core/error.h"
 #include "io/hub_cache.h"
 
@@ -101,6 +102,7 @@ train::RunOptions TrainCommandLine::run_options() const {
 
 void TrainCommandLine::resolve_model(const std::string& who, std::FILE* note_to) {
   resolve_model_option(single_["model"], who, "--model", note_to);
+  if (!single_["model"].empty()) config::refuse_shape_sets(values("set"), single_["model"]);
 }
 
 void resolve_model_option(std::string& value, const std::string& who, const std::string& option,

@@ -138,6 +138,18 @@ std::map<std::string, std::string> user_settings(const std::string& name_or_file
   return out;
 }
 
+void refuse_shape_sets(const std::vector<std::string>& sets, const std::string& model_dir) {
+  static const char* kShape[] = {
+      "model.vocab_size", "model.hidden_size",  "model.intermediate_size", "model.num_layers",
+      "model.num_heads",  "model.num_kv_heads", "model.rope_theta",        "model.tie_embeddings"};
+  for (const std::string& set : sets) {
+    const std::string key = set.substr(0, set.find('='));
+    for (const char* shape : kShape)
+      FT_CHECK(key != shape, "--set ", key, ": the model's shape comes from --model ", model_dir,
+               "/config.json, which this key would not change; drop it (or edit that file)");
+  }
+}
+
 void apply_sets(json& resolved, const std::vector<std::string>& sets) {
   json warmup = json::object();  // the warm-up the --set give, as a layer's train section
   for (const auto& set : sets) {

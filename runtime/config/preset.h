@@ -32,6 +32,11 @@ std::map<std::string, std::string> user_settings(const std::string& name_or_file
 // Applies `--set key.path=value` overrides (typed by the schema) to a resolved preset.
 void apply_sets(nlohmann::json& resolved, const std::vector<std::string>& sets);
 
+// With --model, the model's shape comes from its config.json: a --set of a preset's shape key
+// (model.hidden_size, model.num_layers, ...) would be ignored, so it is refused (ConfigError
+// naming the key). model.max_seq_len and model.require_dir still apply.
+void refuse_shape_sets(const std::vector<std::string>& sets, const std::string& model_dir);
+
 // One-line description of a shipped preset.
 std::string preset_description(const std::string& name);
 

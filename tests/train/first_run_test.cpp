@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -156,4 +157,19 @@ TEST_CASE("the lora preset trains one's own model, and refuses clearly without -
   REQUIRE(metrics.size() == 6);
   CHECK(metrics[0]["lr"].get<double>() == Approx(2e-4));
   CHECK(exists(dir + "/lora/final/adapter_config.json"));
+}
+
+// A preset shape key set beside --model would be ignored (the shape is the model's config.json):
+// refused naming the key, before anything is written.
+TEST_CASE("a shape key set with --model is refused, not ignored", "[multiproc]") {
+  const std::string dir = make_temp_dir();
+  const std::string model = std::string(FT_TEST_DIR) + "/model/fixtures/qwen3_headdim";
+  const std::string data = write_ids(dir + "/ids.jsonl", 16, 90);
+  CHECK(run_ft({"train", "--model", model, "--data", data, "--output", dir + "/run", "--set",
+                "model.hidden_size=64"},
+               dir + "/train.log") == 2);
+  CHECK_THAT(read_file(dir + "/train.log"),
+             Catch::Contains("--set model.hidden_size: the model's shape comes from --model"));
+  CHECK_FALSE(exists(dir + "/run"));
+  std::filesystem::remove_all(dir);
 }
