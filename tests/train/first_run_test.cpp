@@ -165,8 +165,8 @@ TEST_CASE("a shape key set with --model is refused, not ignored", "[multiproc]")
   const std::string dir = make_temp_dir();
   const std::string model = std::string(FT_TEST_DIR) + "/model/fixtures/qwen3_headdim";
   const std::string data = write_ids(dir + "/ids.jsonl", 16, 90);
-  CHECK(run_ft({"train", "--model", model, "--data", data, "--output", dir + "/run", "--set",
-                "model.hidden_size=64"},
+  CHECK(run_ft({"train", "--preset", "lora", "--model", model, "--data", data, "--output",
+                dir + "/run", "--set", "model.hidden_size=64"},
                dir + "/train.log") == 2);
   CHECK_THAT(read_file(dir + "/train.log"),
              Catch::Contains("--set model.hidden_size: the model's shape comes from --model"));
