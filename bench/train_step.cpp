@@ -2,6 +2,8 @@
 // comparison with bench/train_step_ref.py, the same model and loop in plain PyTorch.
 //   ft_bench_train_step --hidden 256 --layers 2 --heads 4 --inter 688 --vocab 32000 --batch 8
 //                       --seq 128 --steps 20 --warmup 3 --precision fp32
+//   ft_bench_train_step --config DIR/config.json --batch 1 --seq 64   (another family's model,
+//                       read as `ft train` reads it; the shape flags are then not used)
 // Prints one JSON line: {"steps_per_s": ..., "step_time_s": {"median": ..., "min": ...}, ...}.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -14,6 +16,7 @@
 #include <chrono>
 
 #include "core/host_alloc.h"
+#include "model/config.h"
 #include "model/decoder.h"
 #include "parallel/strategy.h"
 #include "train/trainer.h"
@@ -36,7 +39,7 @@ int main(int argc, char** argv) {
   CLI::App app{"ft training-step benchmark"};
   int64_t hidden = 256, layers = 2, heads = 4, kv_heads = 0, inter = 688, vocab = 32000, batch = 8,
           seq = 128, steps = 20, warmup = 3, threads = 0;
-  std::string precision = "fp32";
+  std::string precision = "fp32", config_path;
   bool fused_loss = true;
   app.add_option("--hidden", hidden);
   app.add_option("--layers", layers);
@@ -50,6 +53,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup);
   app.add_option("--threads", threads);
   app.add_option("--precision", precision);
+  app.add_option("--config", config_path,
+                 "a config.json of any family ft trains (model/family.h), in place of the shape "
+                 "flags, which build a Llama");
   app.add_option("--fused-loss", fused_loss, "train.fused_loss (the LM head and loss in chunks)");
   bool fused_kernels = true;
   app.add_option("--fused-kernels", fused_kernels,
@@ -62,14 +68,23 @@ int main(int argc, char** argv) {
   if (threads > 0) at::set_num_threads(static_cast<int>(threads));
 
   model::ModelConfig c;
-  c.vocab_size = vocab;
-  c.hidden_size = hidden;
-  c.intermediate_size = inter;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = heads;
-  c.num_key_value_heads = kv_heads > 0 ? kv_heads : heads;
-  c.head_dim = hidden / heads;
-  c.max_position_embeddings = seq;
+  if (!config_path.empty()) {
+    try {
+      c = model::load_model_config(config_path);
+    } catch (const std::exception& e) {  // a bad file: its message names the file and key
+      fmt::print(stderr, "ft_bench_train_step: {}\n", e.what());
+      return 2;
+    }
+  } else {
+    c.vocab_size = vocab;
+    c.hidden_size = hidden;
+    c.intermediate_size = inter;
+    c.num_hidden_layers = layers;
+    c.num_attention_heads = heads;
+    c.num_key_value_heads = kv_heads > 0 ? kv_heads : heads;
+    c.head_dim = hidden / heads;
+    c.max_position_embeddings = seq;
+  }
   model::DecoderModel m(c, at::TensorOptions().dtype(ft::parse_dtype(precision)));
   m.init_random(0);
   m.set_fused_ops({fused_kernels, fused_kernels, fused_kernels});
@@ -84,7 +99,7 @@ int main(int argc, char** argv) {
   std::vector<double> times;
   double grad_s = 0, update_s = 0;  // forward+backward vs reduce/clip/AdamW, summed
   for (int64_t i = 0; i < warmup + steps; ++i) {
-    at::Tensor ids = at::randint(vocab, {batch, seq}, gen, at::kLong);
+    at::Tensor ids = at::randint(c.vocab_size, {batch, seq}, gen, at::kLong);
     data::Batch b{ids, ids, at::Tensor(), at::Tensor()};
     const ft::core::StepPoolScope keep_blocks;  // as TrainingRun::step
     auto t0 = std::chrono::steady_clock::now();

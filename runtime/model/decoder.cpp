@@ -116,15 +116,20 @@ at::Tensor attention_bias(const at::Tensor& mask, at::ScalarType dtype) {
 // (the weights come in detached; their gradients go to the sinks). The input's gradient is summed
 // in the order autograd's engine sums it (it runs the node created last first).
 
-// down(silu(gate(x)) * up(x)). Backward: down, SwiGLU, up, gate; x's gradient up's + gate's.
+// down(act(gate(x)) * up(x)), act silu (SwiGLU, by the fused kernel) or, with `gelu`, tanh-GELU
+// (GeGLU: at::gelu and at::gelu_backward, the unfused path's ops). Backward: down, the activation
+// and product, up, gate; x's gradient up's + gate's.
 struct SinkMlpFn : public torch::autograd::Function<SinkMlpFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const at::Tensor& wg, const at::Tensor& wu, const at::Tensor& wd,
-                            UnitHooks* hooks, const std::array<UnitHooks::GradSink, 3>* sinks) {
+                            bool gelu, UnitHooks* hooks,
+                            const std::array<UnitHooks::GradSink, 3>* sinks) {
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
     const at::Tensor gate = product(x2, wg.t()), up = product(x2, wu.t());
-    const at::Tensor m = swiglu_forward(gate, up);
-    ctx->save_for_backward({x2, gate, up, m, wg, wu, wd});
+    // GeGLU keeps gelu(gate) for up's gradient, as the unfused product's node does.
+    const at::Tensor act = gelu ? at::gelu(gate, "tanh") : at::Tensor();
+    const at::Tensor m = gelu ? act * up : swiglu_forward(gate, up);
+    ctx->save_for_backward({x2, gate, up, m, wg, wu, wd, act});
     for (int i = 0; i < 3; ++i) save_grad_sink(ctx, hooks, (*sinks)[static_cast<size_t>(i)], i);
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = wd.size(0);
@@ -135,46 +140,66 @@ struct SinkMlpFn : public torch::autograd::Function<SinkMlpFn> {
                                                  torch::autograd::variable_list grad_out) {
     const auto s = ctx->get_saved_variables();
     const at::Tensor &x2 = s[0], &gate = s[1], &up = s[2], &m = s[3];
-    const at::Tensor &wg = s[4], &wu = s[5], &wd = s[6];
+    const at::Tensor &wg = s[4], &wu = s[5], &wd = s[6], &act = s[7];
     const at::Tensor g2 = grad_out[0].reshape({-1, grad_out[0].size(-1)});
     const at::Tensor gm = product(g2, wd);
     sink_product(ctx, 2, g2, m);
-    const auto [dgate, dup] = swiglu_backward(gate, up, gm, true, true);
+    // (autograd's MulBackward0 and GeluBackward0 for GeGLU: gm * up, gm * gelu(gate))
+    const auto [dgate, dup] = act.defined()
+                                  ? std::pair{at::gelu_backward(gm * up, gate, "tanh"), gm * act}
+                                  : swiglu_backward(gate, up, gm, true, true);
     at::Tensor gx = product(dup, wu);
     sink_product(ctx, 1, dup, x2);
     gx.add_(product(dgate, wg));
     sink_product(ctx, 0, dgate, x2);
-    return {gx.view(grad_out[0].sizes()),
-            at::Tensor(),
-            at::Tensor(),
-            at::Tensor(),
-            at::Tensor(),
-            at::Tensor()};
+    torch::autograd::variable_list grads(7);
+    grads[0] = gx.view(grad_out[0].sizes());
+    return grads;
   }
 };
 
 // o(attention(rope(q(x)), rope(k(x)), v(x))): LibTorch's flash attention for the CPU, as
 // at::scaled_dot_product_attention picks it for these inputs (grouped-query heads included);
 // causal, or under a packed batch's mask in the 0 / -inf form hidden_states makes of it on the CPU.
+// With q/k norm weights (Qwen3, Gemma 3: RMSNorm per head before the rotation; Gemma's 1 + w
+// already added by the caller) their kernels run between the product and the rotation, and the
+// weights' gradients go back through autograd as the fused norm's would.
 // Backward: o, attention, then v, k, q; x's gradient (v's + k's) + q's.
 struct SinkAttentionFn : public torch::autograd::Function<SinkAttentionFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const at::Tensor& wq, const at::Tensor& wk, const at::Tensor& wv,
                             const at::Tensor& wo, const at::Tensor& cos, const at::Tensor& sin,
-                            const at::Tensor* bias, int64_t head_dim, double scale,
-                            UnitHooks* hooks, const std::array<UnitHooks::GradSink, 4>* sinks) {
+                            const c10::optional<at::Tensor>& q_norm,
+                            const c10::optional<at::Tensor>& k_norm, const at::Tensor* bias,
+                            int64_t head_dim, double scale, double eps, UnitHooks* hooks,
+                            const std::array<UnitHooks::GradSink, 4>* sinks) {
     const int64_t B = x.size(0), T = x.size(1);
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+    // (Optional inputs: an undefined tensor is no input of a custom function.)
+    const at::Tensor wqn = q_norm.value_or(at::Tensor()), wkn = k_norm.value_or(at::Tensor());
     auto heads = [&](const at::Tensor& w) { return product(x2, w.t()).view({B, T, -1, head_dim}); };
-    const at::Tensor q = rope_apply(heads(wq), cos, sin, /*backward=*/false);
-    const at::Tensor k = rope_apply(heads(wk), cos, sin, /*backward=*/false);
+    // The heads normed by `wn` when given (their rstd into `rstd`), then rotated.
+    auto normed_rotated = [&](const at::Tensor& h, const at::Tensor& wn, at::Tensor& rstd) {
+      if (!wn.defined()) return rope_apply(h, cos, sin, /*backward=*/false);
+      at::Tensor y;
+      std::tie(y, rstd) = rms_norm_forward(h, wn, eps);
+      return rope_apply(y, cos, sin, /*backward=*/false);
+    };
+    const at::Tensor q_pre = heads(wq), k_pre = heads(wk);
+    at::Tensor q_rstd, k_rstd;
+    const at::Tensor q = normed_rotated(q_pre, wqn, q_rstd);
+    const at::Tensor k = normed_rotated(k_pre, wkn, k_rstd);
     const at::Tensor v = heads(wv);
     const bool causal = !bias->defined() && T > 1;
     auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), /*dropout_p=*/0.0, causal,
         optional(*bias), scale);
     const at::Tensor a2 = out.transpose(1, 2).reshape({B * T, -1});
-    ctx->save_for_backward({x2, q, k, v, out, lse, a2, wq, wk, wv, wo, cos, sin});
+    // The norms' inputs only where there are norms (else they would be held for nothing).
+    const bool qn = wqn.defined(), kn = wkn.defined();
+    ctx->save_for_backward({x2, q, k, v, out, lse, a2, wq, wk, wv, wo, cos, sin,
+                            qn ? q_pre : at::Tensor(), q_rstd, wqn, kn ? k_pre : at::Tensor(),
+                            k_rstd, wkn});
     if (bias->defined()) ctx->saved_data["bias"] = *bias;
     for (int i = 0; i < 4; ++i) save_grad_sink(ctx, hooks, (*sinks)[static_cast<size_t>(i)], i);
     ctx->saved_data["causal"] = causal;
@@ -199,18 +224,28 @@ struct SinkAttentionFn : public torch::autograd::Function<SinkAttentionFn> {
         ga.view(q.sizes()).transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
         out, lse, /*dropout_p=*/0.0, causal, optional(bias), scale);
     const int64_t rows = x2.size(0);
+    torch::autograd::variable_list grads(15);
+    // A head gradient back through the rotation and the norm (its weight's gradient into
+    // grads[slot]): [rows, heads * head_dim].
+    auto unrotated = [&](const at::Tensor& g, int first, int slot) {
+      at::Tensor d = rope_apply(g.transpose(1, 2), cos, sin, /*backward=*/true);
+      const at::Tensor &pre = s[static_cast<size_t>(first)],
+                       &wn = s[static_cast<size_t>(first + 2)];
+      if (wn.defined())
+        std::tie(d, grads[static_cast<size_t>(slot)]) =
+            rms_norm_backward(d, pre, wn, s[static_cast<size_t>(first + 1)], true,
+                              ctx->needs_input_grad(static_cast<size_t>(slot)));
+      return d.view({rows, -1});
+    };
     const at::Tensor gv2 = gv.transpose(1, 2).reshape({rows, -1});
     at::Tensor gx = product(gv2, wv);
     sink_product(ctx, 2, gv2, x2);
-    const at::Tensor gk2 =
-        rope_apply(gk.transpose(1, 2), cos, sin, /*backward=*/true).view({rows, -1});
+    const at::Tensor gk2 = unrotated(gk, 16, 8);
     gx.add_(product(gk2, wk));
     sink_product(ctx, 1, gk2, x2);
-    const at::Tensor gq2 =
-        rope_apply(gq.transpose(1, 2), cos, sin, /*backward=*/true).view({rows, -1});
+    const at::Tensor gq2 = unrotated(gq, 13, 7);
     gx.add_(product(gq2, wq));
     sink_product(ctx, 0, gq2, x2);
-    torch::autograd::variable_list grads(12);
     grads[0] = gx.view(grad_out[0].sizes());
     return grads;
   }
@@ -484,12 +519,14 @@ bool DecoderModel::fuses_norm(const at::Tensor& x, const at::Tensor& weight) con
          (config_.family().norm == NormStyle::kScale || x.scalar_type() == at::kFloat);
 }
 
+at::Tensor DecoderModel::fused_norm_weight(const at::Tensor& weight) const {
+  return config_.family().norm == NormStyle::kOffset ? weight + 1.0 : weight;
+}
+
 at::Tensor DecoderModel::norm(const at::Tensor& x, const at::Tensor& weight) const {
-  const NormStyle style = config_.family().norm;
   if (fuses_norm(x, weight))
-    return fused_rms_norm(x, style == NormStyle::kOffset ? weight + 1.0 : weight,
-                          config_.rms_norm_eps);
-  return rms_norm(x, weight, config_.rms_norm_eps, style);
+    return fused_rms_norm(x, fused_norm_weight(weight), config_.rms_norm_eps);
+  return rms_norm(x, weight, config_.rms_norm_eps, config_.family().norm);
 }
 
 bool DecoderModel::all_sunk(std::initializer_list<const Linear*> linears,
@@ -504,16 +541,19 @@ bool DecoderModel::all_sunk(std::initializer_list<const Linear*> linears,
   return true;
 }
 
-bool DecoderModel::plain_attention(int64_t window, int64_t T) const {
+bool DecoderModel::plain_attention(const DecoderLayer& L, const at::Tensor& x, int64_t window,
+                                   int64_t T) const {
   const auto& c = config_;
   const Family& f = c.family();
-  return !f.fused_projections && f.qk_norm == QkNorm::kNone && c.rotary_dim() == c.head_dim &&
-         c.attn_softcap == 0 && (window == 0 || window >= T);
+  // Per-head q/k norms run in the node by the fused norm's kernels, so only where it would run.
+  const bool qk_norm =
+      f.qk_norm == QkNorm::kNone ||
+      (f.qk_norm == QkNorm::kPerHead && fuses_norm(x, L.q_norm) && fuses_norm(x, L.k_norm));
+  return !f.fused_projections && qk_norm && c.rotary_dim() == c.head_dim && c.attn_softcap == 0 &&
+         (window == 0 || window >= T);
 }
 
-bool DecoderModel::plain_mlp() const {
-  return !config_.family().fused_projections && config_.activation == Activation::kSilu;
-}
+bool DecoderModel::plain_mlp() const { return !config_.family().fused_projections; }
 
 std::array<at::Tensor, 3> DecoderModel::qkv(const DecoderLayer& L, const at::Tensor& x,
                                             bool training) const {
@@ -556,12 +596,19 @@ at::Tensor DecoderModel::attention(const DecoderLayer& L, const at::Tensor& x,
                           x.scalar_type() == at::kFloat && x.dim() == 3 && x.requires_grad();
   std::array<UnitHooks::GradSink, 4> sinks;
   // (The mask is in its 0 / -inf form here: the node is CPU-only, and hidden_states made it so.)
-  if (node_input && fused_.rope && plain_attention(window, T) &&
+  if (node_input && fused_.rope && plain_attention(L, x, window, T) &&
       (!mask.defined() || mask.scalar_type() != at::kBool) &&
       all_sunk({&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj}, sinks.data())) {
+    // The q/k norm weights come in attached: their gradients go through autograd.
+    c10::optional<at::Tensor> q_norm, k_norm;
+    if (c.family().qk_norm == QkNorm::kPerHead) {
+      q_norm = fused_norm_weight(L.q_norm);
+      k_norm = fused_norm_weight(L.k_norm);
+    }
     return SinkAttentionFn::apply(x, L.q_proj.weight.detach(), L.k_proj.weight.detach(),
                                   L.v_proj.weight.detach(), L.o_proj.weight.detach(), cos, sin,
-                                  &mask, c.head_dim, c.softmax_scale(), hooks_, &sinks);
+                                  q_norm, k_norm, &mask, c.head_dim, c.softmax_scale(),
+                                  c.rms_norm_eps, hooks_, &sinks);
   }
   // [B, T, heads, head_dim]: the rotary embedding before the heads move to dimension 1.
   auto [q, k, v] = qkv(L, x, training);
@@ -589,7 +636,8 @@ at::Tensor DecoderModel::mlp(const DecoderLayer& L, const at::Tensor& x, bool tr
   if (node_input && fused_.swiglu && plain_mlp() &&
       all_sunk({&L.gate_proj, &L.up_proj, &L.down_proj}, sinks.data())) {
     return SinkMlpFn::apply(x, L.gate_proj.weight.detach(), L.up_proj.weight.detach(),
-                            L.down_proj.weight.detach(), hooks_, &sinks);
+                            L.down_proj.weight.detach(),
+                            config_.activation == Activation::kGeluTanh, hooks_, &sinks);
   }
   at::Tensor gate, up;
   if (L.gate_up_proj.weight.defined()) {  // Phi-3: rows gate, then up

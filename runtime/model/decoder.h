@@ -192,6 +192,8 @@ class DecoderModel {
   std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& position_ids,
                                                  at::ScalarType dtype, bool local) const;
   bool fuses_norm(const at::Tensor& x, const at::Tensor& weight) const;
+  // The weight the fused norm multiplies by: 1 + w for Gemma's style (an autograd op), else w.
+  at::Tensor fused_norm_weight(const at::Tensor& weight) const;
   at::Tensor norm(const at::Tensor& x, const at::Tensor& weight) const;
   // q, k, v [B, T, heads, head_dim] of a layer's projections (fused or not), q/k-normed.
   std::array<at::Tensor, 3> qkv(const DecoderLayer& layer, const at::Tensor& x,
@@ -201,8 +203,10 @@ class DecoderModel {
                        int64_t window, bool training) const;
   at::Tensor mlp(const DecoderLayer& layer, const at::Tensor& x, bool training) const;
   // Whether the single-node attention / MLP (one autograd node, gradients into sinks) can run
-  // this layer: the family's pieces there are Llama's.
-  bool plain_attention(int64_t window, int64_t T) const;
+  // this layer on input x: the family's pieces there are Llama's, per-head q/k norms (Qwen3,
+  // Gemma 3) where the fused norm runs, a window no shorter than the sequence; SwiGLU or GeGLU.
+  bool plain_attention(const DecoderLayer& layer, const at::Tensor& x, int64_t window,
+                       int64_t T) const;
   bool plain_mlp() const;
   // One decoder layer: hidden [B, T, hidden] -> [B, T, hidden]; cos, sin [B, T, head_dim]; mask
   // [B, 1, T, T] bool or undefined (causal).

@@ -420,6 +420,24 @@ struct AddRmsNormFn : public torch::autograd::Function<AddRmsNormFn> {
   }
 };
 
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight,
+                                                   double eps) {
+  check_norm_args(x, weight);
+  RmsOut o = rms_forward(x.contiguous(), at::Tensor(), weight.contiguous(), eps);
+  return {o.y, o.rstd};
+}
+
+std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy, const at::Tensor& x,
+                                                    const at::Tensor& weight,
+                                                    const at::Tensor& rstd, bool want_dx,
+                                                    bool want_dw) {
+  return rms_backward(dy, x, weight.contiguous(), rstd, at::Tensor(), want_dx, want_dw);
+}
+
+namespace {
+
 // ---- SwiGLU -------------------------------------------------------------------------------------
 
 void swiglu_cpu(const at::Tensor& g, const at::Tensor& u, at::Tensor& y) {

@@ -41,17 +41,26 @@ at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
 // cos and sin [B, T, head_dim] of x's dtype, no gradient. Returns a contiguous [B, T, heads, hd].
 at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
-// The SwiGLU and rotary kernels without autograd, for a node that runs several of the model's ops
-// in one forward and one backward of its own (model/decoder.cpp): the same bits as fused_swiglu and
-// fused_rope and their backwards. swiglu_backward returns {d gate, d up} (undefined where not
-// wanted); rope_apply with `backward` maps a gradient of its output to one of its input; both
-// return contiguous tensors.
+// The SwiGLU, rotary and RMSNorm kernels without autograd, for a node that runs several of the
+// model's ops in one forward and one backward of its own (model/decoder.cpp): the same bits as
+// fused_swiglu, fused_rope, fused_rms_norm and their backwards. swiglu_backward returns
+// {d gate, d up} (undefined where not wanted); rope_apply with `backward` maps a gradient of its
+// output to one of its input; both return contiguous tensors.
 at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up);
 std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& gate, const at::Tensor& up,
                                                   const at::Tensor& dy, bool want_gate,
                                                   bool want_up);
 at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                       bool backward);
+// RMSNorm likewise (fused_rms_norm's kernels): rms_norm_forward returns {y, rstd}, rstd [rows]
+// in fp32 (fp64 for fp64); rms_norm_backward {dx, dw} from the forward's input, weight and rstd
+// (undefined where not wanted). x contiguous, weight [x.size(-1)] of x's dtype.
+std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight,
+                                                   double eps);
+std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy, const at::Tensor& x,
+                                                    const at::Tensor& weight,
+                                                    const at::Tensor& rstd, bool want_dx,
+                                                    bool want_dw);
 
 // Cross-entropy of fp32 logit rows, for the LM head's chunks (model/fused_loss.h): one pass for
 // each row's maximum, one for its sum of exponentials, and, with to_gradient, one that turns the

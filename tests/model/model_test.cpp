@@ -580,19 +580,34 @@ bool has_node(const std::set<std::string>& names, const std::string& part) {
 
 // Every layer's attention block and MLP each run as one node (model/decoder.cpp: SinkAttentionFn,
 // SinkMlpFn), with grouped-query attention (the fixture's config) or as many key/value heads as
-// query heads, causal or under a packed batch's mask.
+// query heads, causal or under a packed batch's mask; in Llama, in Qwen3 (per-head q/k norms, its
+// own head_dim) and in Gemma 3 (those norms as 1 + w, GeGLU, sandwich norms, the query scale, a
+// sliding layer whose window covers the sequence and a full one).
 TEST_CASE("linear weights' gradients sunk into a strategy's buffers: autograd's bits, once each",
           "[unit]") {
+  const std::string family = GENERATE("llama3_gqa_tied", "qwen3_headdim", "gemma3_local_global");
   const bool gqa = GENERATE(true, false);
   const bool packed = GENERATE(false, true);
-  INFO((gqa ? "grouped-query attention" : "as many key/value heads as query heads")
-       << (packed ? ", packed" : ", causal"));
+  INFO(family << (gqa ? ", grouped-query attention" : ", as many key/value heads as query heads")
+              << (packed ? ", packed" : ", causal"));
   ModelConfig config = tiny_config(2);
+  if (family != "llama3_gqa_tied") {
+    config = load_model_config(fixture(family) + "/config.json").with_layers(2);
+    if (!config.layer_windows.empty()) config.layer_windows = {32, 0};
+  }
   if (!gqa) config.num_key_value_heads = config.num_attention_heads;
   REQUIRE((config.num_key_value_heads != config.num_attention_heads) == gqa);
   DecoderModel m(config, at::kFloat);
   m.init_random(3);
   auto params = m.parameters();
+  {
+    // Norm weights away from their init (ones, or Gemma's zeros), so that they matter.
+    at::NoGradGuard no_grad;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+    for (auto& p : params)
+      if (p.name.find("norm") != std::string::npos)
+        p.tensor->add_(at::randn(p.tensor->sizes(), gen) * 0.2);
+  }
   require_grad(params);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
   const at::Tensor ids = at::randint(0, 96, {2, 16}, gen, at::kLong);
