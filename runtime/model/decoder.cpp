@@ -349,7 +349,7 @@ at::Tensor rope_inv_freq(const ModelConfig& c, const RopeConfig& rope, bool long
 }
 
 DecoderModel::DecoderModel(const ModelConfig& config, at::TensorOptions options, bool materialize)
-    : config_(config) {
+    : config_(config), family_(&config_.family()) {
   config_.validate("model config");
   const auto& c = config_;
   const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
@@ -361,7 +361,7 @@ DecoderModel::DecoderModel(const ModelConfig& config, at::TensorOptions options,
     if (bias) l.bias = make({out});
     return l;
   };
-  const Family& f = c.family();
+  const Family& f = *family_;
   const bool pre = f.placement != NormPlacement::kPost, fused = f.fused_projections;
   embed_tokens_ = make({c.vocab_size, c.hidden_size});
   layers_.resize(c.num_hidden_layers);
@@ -440,8 +440,8 @@ at::Tensor DecoderModel::init_value(const std::string& name, at::IntArrayRef sha
   const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
   // transformers' init: ones for x * w norms, zeros for Gemma's x * (1 + w).
   if (is_norm)
-    return config_.family().norm == NormStyle::kOffset ? at::zeros(shape, at::kFloat)
-                                                       : at::ones(shape, at::kFloat);
+    return family_->norm == NormStyle::kOffset ? at::zeros(shape, at::kFloat)
+                                               : at::ones(shape, at::kFloat);
   if (is_bias) return at::zeros(shape, at::kFloat);
   // Drawn on CPU in fp32 so the values do not depend on the device or the storage dtype.
   at::Tensor cpu = at::empty(shape, at::kFloat);
@@ -516,17 +516,17 @@ std::pair<at::Tensor, at::Tensor> DecoderModel::rope_cos_sin(const at::Tensor& p
 bool DecoderModel::fuses_norm(const at::Tensor& x, const at::Tensor& weight) const {
   return fused_.rms_norm && x.is_cpu() && weight.scalar_type() == x.scalar_type() &&
          x.scalar_type() != at::kDouble &&
-         (config_.family().norm == NormStyle::kScale || x.scalar_type() == at::kFloat);
+         (family_->norm == NormStyle::kScale || x.scalar_type() == at::kFloat);
 }
 
 at::Tensor DecoderModel::fused_norm_weight(const at::Tensor& weight) const {
-  return config_.family().norm == NormStyle::kOffset ? weight + 1.0 : weight;
+  return family_->norm == NormStyle::kOffset ? weight + 1.0 : weight;
 }
 
 at::Tensor DecoderModel::norm(const at::Tensor& x, const at::Tensor& weight) const {
   if (fuses_norm(x, weight))
     return fused_rms_norm(x, fused_norm_weight(weight), config_.rms_norm_eps);
-  return rms_norm(x, weight, config_.rms_norm_eps, config_.family().norm);
+  return rms_norm(x, weight, config_.rms_norm_eps, family_->norm);
 }
 
 bool DecoderModel::all_sunk(std::initializer_list<const Linear*> linears,
@@ -544,7 +544,7 @@ bool DecoderModel::all_sunk(std::initializer_list<const Linear*> linears,
 bool DecoderModel::plain_attention(const DecoderLayer& L, const at::Tensor& x, int64_t window,
                                    int64_t T) const {
   const auto& c = config_;
-  const Family& f = c.family();
+  const Family& f = *family_;
   // Per-head q/k norms run in the node by the fused norm's kernels, so only where it would run.
   const bool qk_norm =
       f.qk_norm == QkNorm::kNone ||
@@ -553,7 +553,7 @@ bool DecoderModel::plain_attention(const DecoderLayer& L, const at::Tensor& x, i
          (window == 0 || window >= T);
 }
 
-bool DecoderModel::plain_mlp() const { return !config_.family().fused_projections; }
+bool DecoderModel::plain_mlp() const { return !family_->fused_projections; }
 
 std::array<at::Tensor, 3> DecoderModel::qkv(const DecoderLayer& L, const at::Tensor& x,
                                             bool training) const {
@@ -571,14 +571,14 @@ std::array<at::Tensor, 3> DecoderModel::qkv(const DecoderLayer& L, const at::Ten
     k = L.k_proj.forward(x, training, hooks_);
     v = L.v_proj.forward(x, training, hooks_);
   }
-  if (c.family().qk_norm == QkNorm::kWhole) {  // OLMo 2: over the whole projection
+  if (family_->qk_norm == QkNorm::kWhole) {  // OLMo 2: over the whole projection
     q = norm(q, L.q_norm);
     k = norm(k, L.k_norm);
   }
   q = q.reshape({B, T, -1, c.head_dim});
   k = k.reshape({B, T, -1, c.head_dim});
   v = v.reshape({B, T, -1, c.head_dim});
-  if (c.family().qk_norm == QkNorm::kPerHead) {  // Qwen3, Gemma 3: per head
+  if (family_->qk_norm == QkNorm::kPerHead) {  // Qwen3, Gemma 3: per head
     q = norm(q, L.q_norm);
     k = norm(k, L.k_norm);
   }
@@ -601,7 +601,7 @@ at::Tensor DecoderModel::attention(const DecoderLayer& L, const at::Tensor& x,
       all_sunk({&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj}, sinks.data())) {
     // The q/k norm weights come in attached: their gradients go through autograd.
     c10::optional<at::Tensor> q_norm, k_norm;
-    if (c.family().qk_norm == QkNorm::kPerHead) {
+    if (family_->qk_norm == QkNorm::kPerHead) {
       q_norm = fused_norm_weight(L.q_norm);
       k_norm = fused_norm_weight(L.k_norm);
     }
@@ -612,7 +612,7 @@ at::Tensor DecoderModel::attention(const DecoderLayer& L, const at::Tensor& x,
   }
   // [B, T, heads, head_dim]: the rotary embedding before the heads move to dimension 1.
   auto [q, k, v] = qkv(L, x, training);
-  if (c.family().rope_in_fp32 && q.scalar_type() != at::kFloat) {
+  if (family_->rope_in_fp32 && q.scalar_type() != at::kFloat) {
     // OLMo 2 rotates in fp32 (cos and sin too) and casts back.
     const auto dtype = q.scalar_type();
     q = rotate(q.to(at::kFloat), cos, sin, fused_.rope).to(dtype).transpose(1, 2);
@@ -667,12 +667,12 @@ at::Tensor DecoderModel::layer_forward(int64_t index, const std::vector<at::Tens
   const double rm = c.residual_multiplier;
   auto scaled = [rm](const at::Tensor& t) { return rm == 1.0 ? t : t * rm; };
   at::Tensor h = hidden;
-  switch (c.family().placement) {
+  switch (family_->placement) {
     case NormPlacement::kPre: {
       const at::Tensor o =
           attention(L, norm(h, L.input_layernorm), cos, sin, mask, segments, window, training);
       at::Tensor x;
-      if (rm == 1.0 && c.family().norm != NormStyle::kOffset &&
+      if (rm == 1.0 && family_->norm != NormStyle::kOffset &&
           fuses_norm(h, L.post_attention_layernorm)) {
         std::tie(h, x) = fused_add_rms_norm(h, o, L.post_attention_layernorm, c.rms_norm_eps);
       } else {
@@ -719,7 +719,7 @@ at::Tensor DecoderModel::hidden_states(const at::Tensor& input_ids,
   }
   const auto dtype = h.scalar_type();
   // [B, T, rotary_dim], in the compute dtype (fp32 where the family rotates in fp32).
-  const auto rope_dtype = config_.family().rope_in_fp32 ? at::kFloat : dtype;
+  const auto rope_dtype = family_->rope_in_fp32 ? at::kFloat : dtype;
   const auto [cos, sin] = rope_cos_sin(position_ids, rope_dtype, false);
   at::Tensor local_cos, local_sin;
   if (config_.has_local_rope)

@@ -216,6 +216,7 @@ class DecoderModel {
   // in: {hidden, cos, sin, mask, segment_ids} (model/activation_checkpoint.h's block inputs).
   at::Tensor layer_forward(int64_t index, const std::vector<at::Tensor>& in, bool training) const;
   ModelConfig config_;
+  const Family* family_;     // config_'s row, looked up once (the forward asks it per norm)
   at::Tensor embed_tokens_;  // [vocab, hidden]
   std::vector<DecoderLayer> layers_;
   at::Tensor norm_;            // [hidden]
