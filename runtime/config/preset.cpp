@@ -138,15 +138,72 @@ std::map<std::string, std::string> user_settings(const std::string& name_or_file
   return out;
 }
 
+namespace {
+
+// The value config.json gives the shape key `hf_key` (rope_theta may sit in rope_parameters, and
+// num_key_value_heads defaults to num_attention_heads), or null when it gives none.
+json config_shape_value(const json& config, const std::string& hf_key) {
+  if (config.contains(hf_key)) return config[hf_key];
+  if (hf_key == "rope_theta" && config.contains("rope_parameters") &&
+      config["rope_parameters"].is_object() && config["rope_parameters"].contains("rope_theta"))
+    return config["rope_parameters"]["rope_theta"];
+  if (hf_key == "num_key_value_heads" && config.contains("num_attention_heads"))
+    return config["num_attention_heads"];
+  return nullptr;
+}
+
+// Whether the --set text `value` says what config.json's `given` does (1 and 1.0, true and true).
+bool same_shape_value(const std::string& value, const json& given) {
+  if (given.is_null()) return false;
+  json v;
+  try {
+    v = json::parse(value);
+  } catch (const json::exception&) {
+    return false;
+  }
+  if (v.is_number() && given.is_number()) return v.get<double>() == given.get<double>();
+  return v == given;
+}
+
+}  // namespace
+
 void refuse_shape_sets(const std::vector<std::string>& sets, const std::string& model_dir) {
-  static const char* kShape[] = {
-      "model.vocab_size", "model.hidden_size",  "model.intermediate_size", "model.num_layers",
-      "model.num_heads",  "model.num_kv_heads", "model.rope_theta",        "model.tie_embeddings"};
+  // ft's shape key and the config.json key that gives it.
+  static const std::pair<const char*, const char*> kShape[] = {
+      {"model.vocab_size", "vocab_size"},
+      {"model.hidden_size", "hidden_size"},
+      {"model.intermediate_size", "intermediate_size"},
+      {"model.num_layers", "num_hidden_layers"},
+      {"model.num_heads", "num_attention_heads"},
+      {"model.num_kv_heads", "num_key_value_heads"},
+      {"model.rope_theta", "rope_theta"},
+      {"model.tie_embeddings", "tie_word_embeddings"}};
+  json config;  // read on the first shape key; a file that cannot be read leaves it null
+  bool read = false;
   for (const std::string& set : sets) {
-    const std::string key = set.substr(0, set.find('='));
-    for (const char* shape : kShape)
-      FT_CHECK(key != shape, "--set ", key, ": the model's shape comes from --model ", model_dir,
-               "/config.json, which this key would not change; drop it (or edit that file)");
+    const size_t eq = set.find('=');
+    const std::string key = set.substr(0, eq);
+    for (const auto& [shape, hf_key] : kShape) {
+      if (key != shape) continue;
+      if (!read) {
+        read = true;
+        try {
+          config = parse_json<ConfigError>(read_text_file<ConfigError>(model_dir + "/config.json"),
+                                           model_dir + "/config.json");
+        } catch (const ConfigError&) {
+          config = nullptr;  // the model loader names that file's fault itself
+        }
+      }
+      // A value equal to the model's own says nothing new: a command line kept from a run
+      // without --model stays valid.
+      if (config.is_object() && eq != std::string::npos &&
+          same_shape_value(set.substr(eq + 1), config_shape_value(config, hf_key)))
+        continue;
+      throw ConfigError(fmt::format(
+          "--set {}: the model's shape comes from --model {}/config.json, which this key would "
+          "not change; drop it (or edit that file)",
+          key, model_dir));
+    }
   }
 }
 

@@ -33,8 +33,8 @@ std::map<std::string, std::string> user_settings(const std::string& name_or_file
 void apply_sets(nlohmann::json& resolved, const std::vector<std::string>& sets);
 
 // With --model, the model's shape comes from its config.json: a --set of a preset's shape key
-// (model.hidden_size, model.num_layers, ...) would be ignored, so it is refused (ConfigError
-// naming the key). model.max_seq_len and model.require_dir still apply.
+// (model.hidden_size, model.num_layers, ...) would be ignored, so one that differs from config.json
+// is refused (ConfigError naming the key); one equal to it is accepted. model.max_seq_len and model.require_dir still apply.
 void refuse_shape_sets(const std::vector<std::string>& sets, const std::string& model_dir);
 
 // One-line description of a shipped preset.

@@ -171,5 +171,10 @@ TEST_CASE("a shape key set with --model is refused, not ignored", "[multiproc]")
   CHECK_THAT(read_file(dir + "/train.log"),
              Catch::Contains("--set model.hidden_size: the model's shape comes from --model"));
   CHECK_FALSE(exists(dir + "/run"));
+  // The model's own value says nothing new and is accepted (a command kept from a run without
+  // --model still works).
+  CHECK(run_ft({"plan", "--preset", "lora", "--model", model, "--set", "model.hidden_size=32",
+                "--set", "model.tie_embeddings=false", "--set", "data.seq_len=32"},
+               dir + "/plan.log") == 0);
   std::filesystem::remove_all(dir);
 }
