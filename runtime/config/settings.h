@@ -28,13 +28,27 @@ struct ModelSettings {
   bool require_dir = false;  // the shape only from --model (train/saved_model.h refuses without)
 };
 
+// Where a conversation record keeps its parts (data.columns.*, data.tags.*, data.tools), as
+// LLaMA-Factory's dataset_info.json "columns" and "tags" name them; data/records.h's RecordShape
+// is its resolved form. One per data source.
+struct RecordShapeSettings {
+  std::string messages;       // the turns' key; "": "messages" (chat), "conversations" (sharegpt)
+  std::string system;         // a record's system prompt key (sharegpt; chat: a system message)
+  std::string tools;          // a record's tools key: a list, or a JSON string of one
+  std::string role, content;  // sharegpt: the keys of a turn's speaker and text
+  // sharegpt: the speaker names of each role (LLaMA-Factory's user_tag, assistant_tag, ...).
+  std::vector<std::string> user, assistant, system_tag, function_call, observation;
+  std::string tools_file;  // data.tools: a JSON file of tools for records without their own
+};
+
 struct DataSettings {
-  std::string format;         // auto | text | alpaca | chat | tokenized | synthetic
+  std::string format;         // auto | text | alpaca | chat | sharegpt | tokenized | synthetic
   std::string chat_template;  // data.template: auto | llama3 | llama2 | chatml | mistral | none
   int64_t seq_len = 0;
   bool pack = false;
   bool train_on_prompt = false;
   std::string on_bad_record;  // error | skip
+  RecordShapeSettings shape;
 
   bool synthetic() const { return format == "synthetic"; }
 };
@@ -48,7 +62,7 @@ struct TrainSettings {
   double min_lr_ratio = 0;
   int64_t warmup_steps = 0;
   double warmup_ratio = 0;  // used when warmup_steps is 0 (never both: config/preset.cpp)
-  std::string schedule;  // cosine | linear | constant
+  std::string schedule;     // cosine | linear | constant
   double weight_decay = 0;
   double beta1 = 0, beta2 = 0, eps = 0;
   double grad_clip = 0;
@@ -56,7 +70,7 @@ struct TrainSettings {
   int64_t log_every = 0;
   std::string activation_checkpointing;  // none | full | every_n
   int64_t checkpoint_every_n_layers = 0;
-  bool fused_loss = true;  // model/fused_loss.h: the head and the loss chunk by chunk
+  bool fused_loss = true;      // model/fused_loss.h: the head and the loss chunk by chunk
   bool fused_rms_norm = true;  // model/fused_ops.h
   bool fused_swiglu = true;
   bool fused_rope = true;

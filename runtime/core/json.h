@@ -31,16 +31,17 @@ std::string excerpt(std::string_view s, size_t max = 80);
 // U+FFFD, where nlohmann's dump() would throw), excerpted as above.
 std::string excerpt_json(const nlohmann::json& value, size_t max = 80);
 
-// nlohmann::json::parse of `text`, refused with an E naming `what` (a file, "file:line", a store
-// key) when it nests deeper than kMaxJsonDepth or is not valid JSON.
-template <class E>
-nlohmann::json parse_json(std::string_view text, const std::string& what) {
+// nlohmann::json::parse of `text` (J::parse: nlohmann::ordered_json keeps the key order), refused
+// with an E naming `what` (a file, "file:line", a store key) when it nests deeper than
+// kMaxJsonDepth or is not valid JSON.
+template <class E, class J = nlohmann::json>
+J parse_json(std::string_view text, const std::string& what) {
   const size_t at = json_too_deep_at(text);
   if (at != std::string_view::npos)
     throw E(fmt::format("{}: JSON nested deeper than {} levels (at byte {}); refused", what,
                         kMaxJsonDepth, at));
   try {
-    return nlohmann::json::parse(text.begin(), text.end());
+    return J::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& e) {  // parse errors, numbers out of range
     throw E(fmt::format("{}: not valid JSON: {}", what, excerpt(e.what(), 200)));
   }

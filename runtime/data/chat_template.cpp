@@ -178,17 +178,39 @@ ChatTemplate builtin_template_for(const tokenizer::Tokenizer& tok) {
 JinjaChatTemplate::JinjaChatTemplate(ModelChatTemplate model)
     : model_(std::move(model)), template_(model_.text, model_.origin) {}
 
+namespace {
+
+// A message as transformers hands it to the template: the keys the record gave, less those whose
+// value is null (transformers 5 drops them: `_normalize_chat_messages`).
+nlohmann::ordered_json message_json(const Message& m) {
+  nlohmann::ordered_json j = {{"role", m.role}};
+  if (!m.null_content) j["content"] = m.content;
+  if (!m.tool_calls.is_null()) j["tool_calls"] = m.tool_calls;
+  if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
+  if (!m.name.empty()) j["name"] = m.name;
+  return j;
+}
+
+// The longest k with a[from, from + k) == b[b_end - k, b_end): how much of `a` after `from`
+// repeats the end of b[0, b_end).
+size_t tail_overlap(const std::string& a, size_t from, const std::string& b, size_t b_end) {
+  for (size_t k = std::min(a.size() - from, b_end); k > 0; --k) {
+    if (a.compare(from, k, b, b_end - k, k) == 0) return k;
+  }
+  return 0;
+}
+
+}  // namespace
+
 std::string JinjaChatTemplate::render_prefix(const std::vector<Message>& messages, size_t n,
-                                             bool add_generation_prompt,
-                                             const std::string& origin) const {
+                                             bool add_generation_prompt, const std::string& origin,
+                                             const OrderedJson& tools) const {
   nlohmann::ordered_json vars = nlohmann::ordered_json::object();
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
-  for (size_t i = 0; i < n; ++i) {
-    list.push_back({{"role", messages[i].role}, {"content", messages[i].content}});
-  }
+  for (size_t i = 0; i < n; ++i) list.push_back(message_json(messages[i]));
   vars["messages"] = std::move(list);
   vars["add_generation_prompt"] = add_generation_prompt;
-  vars["tools"] = nullptr;
+  vars["tools"] = tools;
   vars["documents"] = nullptr;
   if (!model_.bos_token.empty()) vars["bos_token"] = model_.bos_token;
   if (!model_.eos_token.empty()) vars["eos_token"] = model_.eos_token;
@@ -202,51 +224,67 @@ std::string JinjaChatTemplate::render_prefix(const std::vector<Message>& message
   }
 }
 
+std::pair<size_t, size_t> JinjaChatTemplate::turn_span(const std::vector<Message>& messages,
+                                                       size_t i, const std::string& full,
+                                                       const std::string& origin,
+                                                       const OrderedJson& tools) const {
+  std::string before;
+  try {
+    before = render_prefix(messages, i, true, origin, tools);
+  } catch (const FormatError& e) {
+    if (i > 0) throw;
+    // Many templates cannot render an empty conversation (they read messages[0]).
+    throw FormatError(detail::cat(
+        origin,
+        ": chat record: messages[0] is an assistant turn and the model's chat template "
+        "cannot render the empty conversation before it, so its tokens cannot be found; start "
+        "with a user or system message, or set data.train_on_prompt=true (",
+        e.what(), ")"));
+  }
+  const std::string with = render_prefix(messages, i + 1, false, origin, tools);
+  const bool prefix_ok =
+      with.compare(0, before.size(), before) == 0 && full.compare(0, before.size(), before) == 0;
+  FT_CHECK_T(FormatError, prefix_ok, origin, ": chat record: the model's chat template (",
+             model_.origin, ") renders the conversation before messages[", i,
+             "] so that it is not a prefix of the whole rendering (the template rewrites earlier "
+             "turns as the conversation grows, e.g. moves the system message or the tools into "
+             "the last user turn), so the assistant tokens cannot be masked; use a built-in "
+             "template (--set data.template=llama3|llama2|chatml|mistral) or "
+             "data.train_on_prompt=true");
+  // The turn ends where the rendering that stops after it leaves the whole one (a template may
+  // close a conversation with more, e.g. Phi-3's eos_token), less trailing whitespace.
+  size_t end = before.size();
+  while (end < with.size() && end < full.size() && with[end] == full[end]) ++end;
+  size_t with_end = with.size();
+  while (with_end > end && (with[with_end - 1] == '\n' || with[with_end - 1] == ' ')) --with_end;
+  if (end < with_end) {
+    // A template may write a conversation's last turn differently (Qwen3 gives it an empty
+    // think block): the turn reaches as far as the whole rendering repeats that turn's end.
+    if (const size_t k = tail_overlap(full, end, with, with_end); k > 0) {
+      end += k;
+    } else {
+      // Where the two part inside a marker both open ("<|end|>\n<|endoftext|>" against
+      // "<|end|>\n<|user|>"), the shared opening belongs to what follows.
+      while (end > before.size() && std::strchr("<|[{", with[end - 1]) != nullptr) --end;
+    }
+  }
+  while (end > before.size() && (full[end - 1] == '\n' || full[end - 1] == ' ')) --end;
+  return {before.size(), end};
+}
+
 std::vector<Segment> JinjaChatTemplate::render(const std::vector<Message>& messages,
-                                               bool train_on_prompt,
-                                               const std::string& origin) const {
-  const std::string full = render_prefix(messages, messages.size(), false, origin);
+                                               bool train_on_prompt, const std::string& origin,
+                                               const OrderedJson& tools) const {
+  const std::string full = render_prefix(messages, messages.size(), false, origin, tools);
   if (train_on_prompt) {  // everything trained: no turn needs finding
     if (full.empty()) return {};
     return {{full, true}};
   }
-  // [begin, end) of each assistant turn in `full`.
+  // [begin, end) of each assistant turn in `full`: answers and tool calls; tool results are not.
   std::vector<std::pair<size_t, size_t>> spans;
   for (size_t i = 0; i < messages.size(); ++i) {
-    if (messages[i].role != "assistant") continue;
-    std::string before;
-    try {
-      before = render_prefix(messages, i, true, origin);
-    } catch (const FormatError& e) {
-      if (i > 0) throw;
-      // Many templates cannot render an empty conversation (they read messages[0]).
-      throw FormatError(detail::cat(
-          origin,
-          ": chat record: messages[0] is an assistant turn and the model's chat template "
-          "cannot render the empty conversation before it, so its tokens cannot be found; start "
-          "with a user or system message, or set data.train_on_prompt=true (",
-          e.what(), ")"));
-    }
-    const std::string with = render_prefix(messages, i + 1, false, origin);
-    const bool prefix_ok =
-        with.compare(0, before.size(), before) == 0 && full.compare(0, before.size(), before) == 0;
-    FT_CHECK_T(FormatError, prefix_ok, origin, ": chat record: the model's chat template (",
-               model_.origin, ") renders the conversation before messages[", i,
-               "] so that it is not a prefix of the whole rendering (the template rewrites earlier "
-               "turns as the conversation grows, e.g. moves the system message into the last user "
-               "turn), so the assistant tokens cannot be masked; use a built-in template (--set "
-               "data.template=llama3|llama2|chatml|mistral) or data.train_on_prompt=true");
-    // The turn ends where the rendering that stops after it leaves the whole one (a template may
-    // close a conversation with more, e.g. Phi-3's eos_token), less trailing whitespace.
-    size_t end = before.size();
-    while (end < with.size() && end < full.size() && with[end] == full[end]) ++end;
-    // Where the two part inside a marker both open ("<|end|>\n<|endoftext|>" against
-    // "<|end|>\n<|user|>"), the shared opening belongs to what follows.
-    if (end < with.size()) {
-      while (end > before.size() && std::strchr("<|[{", with[end - 1]) != nullptr) --end;
-    }
-    while (end > before.size() && (with[end - 1] == '\n' || with[end - 1] == ' ')) --end;
-    spans.emplace_back(before.size(), end);
+    if (messages[i].role == "assistant")
+      spans.push_back(turn_span(messages, i, full, origin, tools));
   }
   std::vector<Segment> out;
   auto add = [&](size_t b, size_t e, bool trained) {

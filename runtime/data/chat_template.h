@@ -51,22 +51,31 @@ class JinjaChatTemplate {
   // Parses the template; throws jinja::TemplateError naming its origin, line and column.
   explicit JinjaChatTemplate(ModelChatTemplate model);
 
-  // Renders `messages` as transformers does (add_generation_prompt false, bos_token, eos_token).
-  // Assistant turn i starts where messages[:i] rendered with add_generation_prompt ends, and ends
-  // where messages[:i+1] rendered without it parts from the whole rendering (less trailing
-  // whitespace); it is trained, the rest only when `train_on_prompt` (then the whole text is one
-  // trained segment, and no turn is looked for). Throws ft::FormatError
+  // Renders `messages` as transformers' apply_chat_template(messages, tools=tools) does
+  // (add_generation_prompt false, bos_token, eos_token; `tools` null: None). Assistant turn i
+  // (tool calls included) starts where messages[:i] rendered with add_generation_prompt ends, and
+  // ends where messages[:i+1] rendered without it parts from the whole rendering (less trailing
+  // whitespace) or, where the template writes a last turn differently (Qwen3's empty think block),
+  // where the whole rendering stops matching that rendering's end; it is trained, the rest (system,
+  // user, tool results) only when `train_on_prompt` (then the whole text is one trained segment,
+  // and no turn is looked for). Throws ft::FormatError
   // naming `origin` when the template raises (roles it refuses) or when the rendering before a turn
   // is not a prefix of the whole rendering (the template rewrites earlier turns, e.g. Mistral's
   // system message placed in the last user turn), where no mask can follow the text.
   std::vector<Segment> render(const std::vector<Message>& messages, bool train_on_prompt,
-                              const std::string& origin) const;
+                              const std::string& origin,
+                              const OrderedJson& tools = OrderedJson()) const;
 
   const ModelChatTemplate& model() const { return model_; }
 
  private:
   std::string render_prefix(const std::vector<Message>& messages, size_t n,
-                            bool add_generation_prompt, const std::string& origin) const;
+                            bool add_generation_prompt, const std::string& origin,
+                            const OrderedJson& tools) const;
+  // [begin, end) of assistant turn i in `full`.
+  std::pair<size_t, size_t> turn_span(const std::vector<Message>& messages, size_t i,
+                                      const std::string& full, const std::string& origin,
+                                      const OrderedJson& tools) const;
 
   ModelChatTemplate model_;
   jinja::Template template_;

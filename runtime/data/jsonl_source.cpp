@@ -62,6 +62,7 @@ std::shared_ptr<const tokenizer::Tokenizer> open_tokenizer(const std::string& pa
 JsonlOptions jsonl_options(const config::DataSettings& data) {
   JsonlOptions o;
   o.format = parse_record_format(data.format);
+  o.shape = record_shape(data.shape);
   o.chat_template = parse_chat_template(data.chat_template);
   o.seq_len = data.seq_len;
   o.pack = data.pack;
@@ -85,7 +86,7 @@ JsonlSource::JsonlSource(JsonlOptions options, int64_t start_sample)
              ": no records (the file has no non-empty lines)");
   const JsonlLine first = index_.read(0);
   const std::string origin = detail::cat(o.path, ":", first.line);
-  if (format_ == RecordFormat::kAuto) format_ = detect_format(first.text, origin);
+  if (format_ == RecordFormat::kAuto) format_ = detect_format(first.text, origin, o.shape);
   FT_CHECK(tokenizer_ || format_ == RecordFormat::kTokens, "--data ", o.path, " holds ",
            name_of(format_),
            " records, which need a tokenizer to become token ids: give --tokenizer "
@@ -93,7 +94,7 @@ JsonlSource::JsonlSource(JsonlOptions options, int64_t start_sample)
            "records, {\"input_ids\": [...]}, need none)");
   resolve_template();
   // The template's own tokens, where records are rendered with it.
-  if (format_ == RecordFormat::kChat || format_ == RecordFormat::kAlpaca) {
+  if (is_conversation(format_)) {
     for (const std::string& t : template_special_tokens(o.chat_template)) {
       FT_CHECK(tokenizer_->token_to_id(t).has_value(), "data.template '", name_of(o.chat_template),
                "' writes ", t, ", which is not a token of the tokenizer",
@@ -102,7 +103,7 @@ JsonlSource::JsonlSource(JsonlOptions options, int64_t start_sample)
     }
   }
   FT_CHECK(!(template_from_auto_ && o.chat_template == ChatTemplate::kNone &&
-             format_ == RecordFormat::kChat),
+             format_ != RecordFormat::kAlpaca && is_conversation(format_)),
            "data.template auto found no chat template for the chat records of ", o.path, ": ",
            o.model_dir.empty() ? std::string("no --model directory was given")
                                : "the model directory " + o.model_dir +
@@ -152,7 +153,7 @@ void JsonlSource::resolve_template() {
   template_from_auto_ = true;
   // Only records rendered as a conversation read the model's template: text and pre-tokenized
   // data train from a model directory whatever its template holds.
-  const bool conversation = format_ == RecordFormat::kChat || format_ == RecordFormat::kAlpaca;
+  const bool conversation = is_conversation(format_);
   std::optional<ModelChatTemplate> model;
   if (conversation && !options_.model_dir.empty()) {
     model = read_model_chat_template(options_.model_dir);
@@ -184,7 +185,7 @@ std::string JsonlSource::template_used() const {
 
 std::string JsonlSource::chat_template_source() const {
   if (model_template_) return model_template_->model().text;
-  const bool conversation = format_ == RecordFormat::kChat || format_ == RecordFormat::kAlpaca;
+  const bool conversation = is_conversation(format_);
   return conversation ? builtin_template_jinja(options_.chat_template) : "";
 }
 
@@ -224,7 +225,7 @@ TokenizedRecord JsonlSource::tokenize_whole(int64_t record, std::string* origin_
   const JsonlLine line = index_.read(record);
   const std::string origin = detail::cat(options_.path, ":", line.line);
   if (origin_out) *origin_out = origin;
-  const Record parsed = parse_record(line.text, format_, origin);
+  const Record parsed = parse_record(line.text, format_, origin, options_.shape);
   if (parsed.format == RecordFormat::kTokens) {
     const int64_t vocab = options_.vocab_size > 0 ? options_.vocab_size
                                                   : static_cast<int64_t>(tokenizer_->vocab_size());

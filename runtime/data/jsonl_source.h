@@ -41,6 +41,7 @@ struct JsonlOptions {
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer;
   int64_t vocab_size = 0;  // the model's; 0: the tokenizer's
   RecordFormat format = RecordFormat::kAuto;
+  RecordShape shape;  // where conversation records keep their turns, system prompt and tools
   ChatTemplate chat_template = ChatTemplate::kNone;
   // Where data.template auto looks for the model's own chat template (tokenizer_config.json,
   // chat_template.jinja); empty: the tokenizer family's built-in.
@@ -58,8 +59,9 @@ struct JsonlOptions {
   int rank = 0, world_size = 1;
 };
 
-// The options the preset's data section sets (format, template, seq_len, packing, prompt masking,
-// bad-record policy); the caller sets the path, tokenizer, micro_batch, seed and rank.
+// The options the preset's data section sets (format, record shape, template, seq_len, packing,
+// prompt masking, bad-record policy); the caller sets the path, tokenizer, micro_batch, seed and
+// rank.
 JsonlOptions jsonl_options(const config::DataSettings& data);
 
 // The tokenizer a job reads its data with: `given` (--tokenizer) when set, else

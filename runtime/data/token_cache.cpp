@@ -87,6 +87,7 @@ json token_cache_key(const JsonlOptions& o) {
             {"mtime_ns", mtime_ns}}},
           {"tokenizer", o.tokenizer_path.empty() ? json(nullptr) : file_identity(o.tokenizer_path)},
           {"format", name_of(o.format)},
+          {"shape", o.shape.key()},
           {"template", name_of(o.chat_template)},
           {"train_on_prompt", o.train_on_prompt}};
 }

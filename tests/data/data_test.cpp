@@ -169,9 +169,11 @@ TEST_CASE("each record format parses and auto-detection finds it") {
   CHECK(detect_format(R"({"instruction": "x", "output": "y"})", "f:1") == RecordFormat::kAlpaca);
   CHECK(detect_format(R"({"messages": []})", "f:1") == RecordFormat::kChat);
   CHECK(detect_format(R"({"input_ids": [1]})", "f:1") == RecordFormat::kTokens);
+  CHECK(detect_format(R"({"conversations": []})", "f:1") == RecordFormat::kSharegpt);
   CHECK_THROWS_WITH(detect_format(R"({"prompt": "x"})", "f:3"), Catch::Contains("f:3"));
   CHECK(parse_record_format("alpaca") == RecordFormat::kAlpaca);
-  CHECK_THROWS_AS(parse_record_format("sharegpt"), ft::ConfigError);
+  CHECK(parse_record_format("sharegpt") == RecordFormat::kSharegpt);
+  CHECK_THROWS_AS(parse_record_format("openai"), ft::ConfigError);
   CHECK(parse_chat_template("chatml") == ChatTemplate::kChatml);
   CHECK_THROWS_AS(parse_chat_template("gemma"), ft::ConfigError);
 }
@@ -190,7 +192,7 @@ TEST_CASE("malformed records are FormatErrors naming the line and the problem") 
   CHECK(parse_error(R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant",)"
                     R"( "content": "b"}, {"role": "bot", "content": "c"}]})",
                     RecordFormat::kChat) ==
-        "train.jsonl:17: chat record: messages[2].role 'bot' is not system/user/assistant");
+        "train.jsonl:17: chat record: messages[2].role 'bot' is not system/user/assistant/tool");
   CHECK_THAT(parse_error(R"({"messages": [{"role": "user"}]})", RecordFormat::kChat),
              Catch::Contains("missing \"messages[0].content\""));
   CHECK_THAT(parse_error(R"({"input_ids": [1, "2"]})", RecordFormat::kTokens),

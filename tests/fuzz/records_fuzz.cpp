@@ -15,9 +15,9 @@ namespace {
 
 using namespace ft;
 
-constexpr data::RecordFormat kFormats[] = {data::RecordFormat::kAuto, data::RecordFormat::kText,
-                                           data::RecordFormat::kAlpaca, data::RecordFormat::kChat,
-                                           data::RecordFormat::kTokens};
+constexpr data::RecordFormat kFormats[] = {
+    data::RecordFormat::kAuto, data::RecordFormat::kText,     data::RecordFormat::kAlpaca,
+    data::RecordFormat::kChat, data::RecordFormat::kSharegpt, data::RecordFormat::kTokens};
 constexpr data::ChatTemplate kTemplates[] = {
     data::ChatTemplate::kNone, data::ChatTemplate::kLlama3, data::ChatTemplate::kLlama2,
     data::ChatTemplate::kChatml, data::ChatTemplate::kMistral};

@@ -89,7 +89,7 @@ TEST_CASE("real chat templates render every conversation exactly as transformers
     }
   }
   // Every family the fixture promises, each rendered and each refusing something.
-  CHECK(templates.size() == 12);
+  CHECK(templates.size() == 13);
   CHECK(outputs > 150);
   CHECK(errors >= 6);
 }
