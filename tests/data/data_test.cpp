@@ -905,6 +905,10 @@ TEST_CASE("the model's template renders as transformers and trains only the assi
       {"llama-3.1-instruct", "<|begin_of_text|>", "<|eot_id|>", "system_multi_turn",
        "4.<|eot_id|>6.<|eot_id|>"},
       {"qwen2.5-instruct", "", "<|im_end|>", "system_multi_turn", "4.<|im_end|>6.<|im_end|>"},
+      // Qwen3 gives only the conversation's last answer an empty think block (and every answer,
+      // rendered last in a prefix, one): each turn is trained as the whole rendering writes it.
+      {"qwen3", "", "<|im_end|>", "system_multi_turn",
+       "4.<|im_end|><think>\n\n</think>\n\n6.<|im_end|>"},
       {"gemma-2-it", "<bos>", "<eos>", "single_turn_no_system", "7<end_of_turn>"},
       {"mistral-v3-instruct", "<s>", "</s>", "single_turn_no_system", " 7</s>"},
       // Phi-3.5 closes a conversation without a generation prompt with eos_token: the last turn
