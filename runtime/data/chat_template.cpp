@@ -269,6 +269,14 @@ std::pair<size_t, size_t> JinjaChatTemplate::turn_span(const std::vector<Message
     }
   }
   while (end > before.size() && (full[end - 1] == '\n' || full[end - 1] == ' ')) --end;
+  // A turn with something to say that renders to nothing here would train nothing, silently.
+  const Message& m = messages[i];
+  const bool says_something = !m.content.empty() || !m.tool_calls.empty();
+  FT_CHECK_T(FormatError, end > before.size() || !says_something, origin,
+             ": chat record: the model's chat template (", model_.origin, ") writes messages[", i,
+             "] in the whole conversation unlike when it is the last message, and its text cannot "
+             "be found, so it cannot be trained; use a built-in template (--set "
+             "data.template=llama3|llama2|chatml|mistral) or data.train_on_prompt=true");
   return {before.size(), end};
 }
 

@@ -959,6 +959,20 @@ TEST_CASE("the model's template: errors name the record, and rewriting templates
       rewriting.render({{"user", "u"}, {"assistant", "a"}, {"user", "v"}}, false, "train.jsonl:4"),
       Catch::StartsWith("train.jsonl:4: chat record: the model's chat template "
                         "(rewrite.jinja) renders the conversation before messages[1]"));
+  // A template that writes an answer differently when more follows: the answer, found nowhere,
+  // is refused rather than trained as nothing.
+  const JinjaChatTemplate bracketing(
+      {"{% for m in messages %}{% if m.role == 'assistant' and not loop.last %}[{{ m.content }}]"
+       "{% else %}{{ m.content }}{% endif %}|{% endfor %}",
+       "bracket.jinja",
+       "",
+       "",
+       {}});
+  CHECK_THROWS_WITH(
+      bracketing.render({{"user", "u"}, {"assistant", "a"}, {"user", "v"}}, false, "train.jsonl:5"),
+      Catch::StartsWith("train.jsonl:5: chat record: the model's chat template (bracket.jinja) "
+                        "writes messages[1] in the whole conversation unlike when it is the last "
+                        "message"));
   // A chat record under template none is refused with the fix.
   CHECK_THROWS_WITH(render(chat({{"user", "q"}, {"assistant", "a"}}), ChatTemplate::kNone, false,
                            "train.jsonl:2"),
