@@ -28,13 +28,27 @@ struct ModelSettings {
   bool require_dir = false;  // the shape only from --model (train/saved_model.h refuses without)
 };
 
+// One entry of data.sources (a weighted mixture; docs/training.md "Mixtures"), or one --data
+// PATH[:WEIGHT]. Empty format / template: data.format's and data.template's.
+struct DataSourceSettings {
+  std::string path;           // JSONL; relative to the working directory, as --data
+  std::string name;           // in metrics and the report; "" = the path's file name
+  std::string format;         // "" | auto | text | alpaca | chat | tokenized
+  std::string chat_template;  // "template": "" | auto | llama3 | llama2 | chatml | mistral | none
+  double weight = 1;          // > 0; the mixture's shares are the weights over their sum
+  int64_t max_records = 0;    // the file's first max_records records only; 0 = all
+  // Per-source column mapping (issue 30, part A: LLaMA-Factory's dataset_info.json "columns")
+  // goes here, with its row in schema.cpp's kSourceFields.
+};
+
 struct DataSettings {
   std::string format;         // auto | text | alpaca | chat | tokenized | synthetic
   std::string chat_template;  // data.template: auto | llama3 | llama2 | chatml | mistral | none
   int64_t seq_len = 0;
   bool pack = false;
   bool train_on_prompt = false;
-  std::string on_bad_record;  // error | skip
+  std::string on_bad_record;                // error | skip
+  std::vector<DataSourceSettings> sources;  // data.sources: a mixture; empty = --data
 
   bool synthetic() const { return format == "synthetic"; }
 };
@@ -48,7 +62,7 @@ struct TrainSettings {
   double min_lr_ratio = 0;
   int64_t warmup_steps = 0;
   double warmup_ratio = 0;  // used when warmup_steps is 0 (never both: config/preset.cpp)
-  std::string schedule;  // cosine | linear | constant
+  std::string schedule;     // cosine | linear | constant
   double weight_decay = 0;
   double beta1 = 0, beta2 = 0, eps = 0;
   double grad_clip = 0;
@@ -56,7 +70,7 @@ struct TrainSettings {
   int64_t log_every = 0;
   std::string activation_checkpointing;  // none | full | every_n
   int64_t checkpoint_every_n_layers = 0;
-  bool fused_loss = true;  // model/fused_loss.h: the head and the loss chunk by chunk
+  bool fused_loss = true;      // model/fused_loss.h: the head and the loss chunk by chunk
   bool fused_rms_norm = true;  // model/fused_ops.h
   bool fused_swiglu = true;
   bool fused_rope = true;
@@ -141,6 +155,9 @@ struct EvalSettings {
   std::string data;            // ft train: held-out JSONL evaluated during training; "" = none
   int64_t every = 0;           // ft train: evaluate every this many steps (0: at the end only)
   bool fused_kernels = false;  // the forward through train.fused_*'s kernels (else transformers')
+  // ft train: records of the training data held out and evaluated as eval.data is: a fraction
+  // (< 1) of each source, or a whole count (>= 1) spread over the sources; 0 = none.
+  double split = 0;
 };
 
 struct Settings {
