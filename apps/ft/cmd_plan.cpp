@@ -10,6 +10,7 @@
 #include "config/settings.h"
 #include "core/error.h"
 #include "cuda/device.h"
+#include "data/mixture.h"
 #include "plan/preflight.h"
 #include "train_options.h"
 
@@ -50,9 +51,10 @@ Run add_plan(CLI::App& app) {
   return [a]() -> int {
     FT_CHECK(!a->train.value("preset").empty(),
              "--preset is required (a shipped name or a preset JSON file)");
-    const std::string& data = a->train.value("data");
-    FT_CHECK(data.empty() || std::filesystem::is_regular_file(data), "--data ", data,
-             ": no such file");
+    for (const std::string& arg : a->train.values("data")) {
+      const std::string data = data::parse_data_arg(arg).settings.path;
+      FT_CHECK(std::filesystem::is_regular_file(data), "--data ", data, ": no such file");
+    }
     a->train.resolve_model("ft plan", a->json ? stderr : stdout);  // --json: stdout is the JSON
     const std::string model = a->train.value("model"), output = a->train.value("output");
     const int64_t gpu_bytes =

@@ -16,7 +16,10 @@ const std::vector<TrainOptionSpec>& train_option_specs() {
        "Hugging Face model directory, or a hub id the local hub cache holds (default: random "
        "init)",
        false, false},
-      {"data", "PATH", "Training data (JSONL)", false, false},
+      {"data", "PATH[:WEIGHT]",
+       "Training data (JSONL); several sources: once each with a weight, --data a.jsonl:0.7 "
+       "--data b.jsonl:0.3 (docs/training.md \"Mixtures of several files\")",
+       false, true},
       {"tokenizer", "PATH", "tokenizer.json for --data (default: the one in --model)", false, false},
       {"data-cache", "DIR",
        "Where ft data prepare put the tokenized --data (default: PATH.ftcache beside it)", false,
@@ -92,7 +95,7 @@ std::vector<std::string> TrainCommandLine::train_argv() const {
 train::RunOptions TrainCommandLine::run_options() const {
   train::RunOptions o;
   o.model_dir = value("model");
-  o.data_path = value("data");
+  o.data_paths = values("data");
   o.tokenizer_path = value("tokenizer");
   o.data_cache_dir = value("data-cache");
   o.output_dir = value("output");

@@ -65,8 +65,12 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"model_name_or_path", "--model DIR|ORG/NAME", "LLaMA-Factory and the HF example scripts",
        ""},
       {"base_model", "--model DIR|ORG/NAME", kAx, ""},
-      {"dataset", "--data FILE", kLf, "a JSONL file"},
-      {"datasets", "--data FILE", kAx, "a JSONL file"},
+      {"dataset", "--data FILE", kLf, "a JSONL file; several: --data FILE:WEIGHT each"},
+      {"datasets", "data.sources", kAx,
+       "a list of {\"path\", \"weight\", ...}; one file: --data FILE"},
+      {"interleave_probs", "data.sources", kLf, "each source's \"weight\" (or --data FILE:WEIGHT)"},
+      {"val_size", "eval.split", kLf, "a fraction below 1 or a count of records"},
+      {"val_set_size", "eval.split", kAx, "a fraction below 1 or a count of records"},
   };
   return all;
 }

@@ -37,28 +37,141 @@ std::function<void(Settings&, const json&)> binder(Field<T> field) {
   return [field](Settings& s, const json& v) { field(s) = v.get<T>(); };
 }
 
+// A row; above_min, fields and required keep their defaults.
+Setting row(std::string key, Kind kind, json def, std::string help, double lo, double hi,
+            std::vector<std::string> choices, std::function<void(Settings&, const json&)> bind) {
+  Setting s;
+  s.key = std::move(key);
+  s.kind = kind;
+  s.default_value = std::move(def);
+  s.help = std::move(help);
+  s.min = lo;
+  s.max = hi;
+  s.choices = std::move(choices);
+  s.bind = std::move(bind);
+  return s;
+}
+
 Setting I(std::string key, Field<int64_t> f, int64_t def, double lo, double hi, std::string help) {
-  return {std::move(key), Kind::kInt, def, std::move(help), lo, hi, {}, binder(f)};
+  return row(std::move(key), Kind::kInt, def, std::move(help), lo, hi, {}, binder(f));
 }
 Setting F(std::string key, Field<double> f, double def, double lo, double hi, std::string help) {
-  return {std::move(key), Kind::kFloat, def, std::move(help), lo, hi, {}, binder(f)};
+  return row(std::move(key), Kind::kFloat, def, std::move(help), lo, hi, {}, binder(f));
 }
 Setting B(std::string key, Field<bool> f, bool def, std::string help) {
-  return {std::move(key), Kind::kBool, def, std::move(help), kNoRange, kNoRangeMax, {}, binder(f)};
+  return row(std::move(key), Kind::kBool, def, std::move(help), kNoRange, kNoRangeMax, {},
+             binder(f));
 }
 Setting S(std::string key, Field<std::string> f, std::string def, std::string help) {
-  return {std::move(key), Kind::kString, def, std::move(help),
-          kNoRange,       kNoRangeMax,   {},  binder(f)};
+  return row(std::move(key), Kind::kString, def, std::move(help), kNoRange, kNoRangeMax, {},
+             binder(f));
 }
 Setting C(std::string key, Field<std::string> f, std::string def, std::vector<std::string> choices,
           std::string help) {
-  return {std::move(key), Kind::kChoice,      def,      std::move(help), kNoRange,
-          kNoRangeMax,    std::move(choices), binder(f)};
+  return row(std::move(key), Kind::kChoice, def, std::move(help), kNoRange, kNoRangeMax,
+             std::move(choices), binder(f));
 }
 Setting L(std::string key, Field<std::vector<std::string>> f, std::vector<std::string> def,
           std::vector<std::string> allowed, std::string help) {
-  return {std::move(key), Kind::kStringList,  def,      std::move(help), kNoRange,
-          kNoRangeMax,    std::move(allowed), binder(f)};
+  return row(std::move(key), Kind::kStringList, def, std::move(help), kNoRange, kNoRangeMax,
+             std::move(allowed), binder(f));
+}
+
+// A key of each entry of a list of objects (its `bind` unused: the list's binder reads entries).
+Setting field(std::string key, Kind kind, json def, std::string help, double lo = kNoRange,
+              double hi = kNoRangeMax, std::vector<std::string> choices = {}) {
+  return row(std::move(key), kind, std::move(def), std::move(help), lo, hi, std::move(choices), {});
+}
+
+// A data.sources entry's "columns", "tags" and "tools" (validated) into `shape`: only the keys
+// given, so the others stay data.columns.* / data.tags.* / data.tools.
+void bind_source_shape(const json& entry, config::RecordShapeOverrides& shape) {
+  auto text = [](const json& obj, const char* key, std::optional<std::string>& to) {
+    if (obj.is_object() && obj.contains(key)) to = obj[key].get<std::string>();
+  };
+  auto list = [](const json& obj, const char* key,
+                 std::optional<std::vector<std::string>>& to) {
+    if (obj.is_object() && obj.contains(key)) to = obj[key].get<std::vector<std::string>>();
+  };
+  const json none = json::object();
+  const json& columns = entry.contains("columns") ? entry["columns"] : none;
+  const json& tags = entry.contains("tags") ? entry["tags"] : none;
+  text(columns, "messages", shape.messages);
+  text(columns, "system", shape.system);
+  text(columns, "tools", shape.tools);
+  text(tags, "role", shape.role);
+  text(tags, "content", shape.content);
+  list(tags, "user", shape.user);
+  list(tags, "assistant", shape.assistant);
+  list(tags, "system", shape.system_tag);
+  list(tags, "function_call", shape.function_call);
+  list(tags, "observation", shape.observation);
+  text(entry, "tools", shape.tools_file);
+}
+
+// data.sources: each entry's keys, and the binder that turns the validated list into
+// Settings::data.sources.
+Setting data_sources_row() {
+  Setting path = field("path", Kind::kString, "",
+                       "the JSONL file, relative to the working directory as --data is");
+  path.required = true;
+  Setting weight =
+      field("weight", Kind::kFloat, 1.0,
+            "the source's share of the records drawn is its weight over the sum of the "
+            "weights",
+            0, kInf);
+  weight.above_min = true;
+  std::vector<Setting> fields = {
+      path,
+      field("name", Kind::kString, "",
+            "its name in metrics.jsonl's source_tokens and the report (\"\": the file name)"),
+      field("format", Kind::kChoice, "", "as data.format (\"\": data.format's)", kNoRange,
+            kNoRangeMax, {"auto", "text", "alpaca", "chat", "sharegpt", "tokenized"}),
+      field("template", Kind::kChoice, "", "as data.template (\"\": data.template's)", kNoRange,
+            kNoRangeMax, {"auto", "llama3", "llama2", "chatml", "mistral", "none"}),
+      weight,
+      field("max_records", Kind::kInt, 0, "only the file's first max_records records (0: all)", 0,
+            kMaxCount),
+      field("columns.messages", Kind::kString, "", "as data.columns.messages, for this source"),
+      field("columns.system", Kind::kString, "", "as data.columns.system, for this source"),
+      field("columns.tools", Kind::kString, "", "as data.columns.tools, for this source"),
+      field("tags.role", Kind::kString, "", "as data.tags.role, for this source"),
+      field("tags.content", Kind::kString, "", "as data.tags.content, for this source"),
+      field("tags.user", Kind::kStringList, json::array(), "as data.tags.user, for this source"),
+      field("tags.assistant", Kind::kStringList, json::array(),
+            "as data.tags.assistant, for this source"),
+      field("tags.system", Kind::kStringList, json::array(), "as data.tags.system, for this source"),
+      field("tags.function_call", Kind::kStringList, json::array(),
+            "as data.tags.function_call, for this source"),
+      field("tags.observation", Kind::kStringList, json::array(),
+            "as data.tags.observation, for this source"),
+      field("tools", Kind::kString, "", "as data.tools, for this source"),
+  };
+  auto bind = [](Settings& s, const json& v) {
+    s.data.sources.clear();
+    for (const json& e : v) {
+      config::DataSourceSettings d;
+      d.path = e.at("path").get<std::string>();
+      d.name = e.value("name", std::string());
+      d.format = e.value("format", std::string());
+      d.chat_template = e.value("template", std::string());
+      d.weight = e.value("weight", 1.0);
+      d.max_records = e.value("max_records", int64_t{0});
+      bind_source_shape(e, d.shape);
+      s.data.sources.push_back(std::move(d));
+    }
+  };
+  Setting list = row("data.sources", Kind::kObjectList, json::array(),
+                     "A weighted mixture of data files, each {\"path\", \"weight\", \"name\", "
+                     "\"format\", \"template\", \"max_records\", \"columns\", \"tags\", "
+                     "\"tools\"} (the rows data.sources[].KEY "
+                     "below): records are drawn from the sources by weight, reproducibly from "
+                     "train.seed (docs/training.md \"Mixtures of several files\"). The same as "
+                     "--data PATH:WEIGHT given once per source; give one or the other. []: "
+                     "--data.",
+                     kNoRange, kNoRangeMax, {}, bind);
+  list.fields = std::move(fields);
+  return list;
 }
 
 const std::vector<std::string> kProjections = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
@@ -82,6 +195,8 @@ std::string kind_name(const Setting& s) {
       return "one of " + fmt::format("{}", fmt::join(s.choices, "|"));
     case Kind::kStringList:
       return "list of strings";
+    case Kind::kObjectList:
+      return "list of objects";
   }
   return "?";
 }
@@ -108,6 +223,8 @@ std::string did_you_mean(const std::string& key) {
   }
   return best.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", best);
 }
+
+void check_entry(const Setting& list, const json& entry, size_t i, const std::string& where);
 
 void check_value(const Setting& s, const json& v, const std::string& where) {
   const std::string got = excerpt_json(v);
@@ -141,6 +258,10 @@ void check_value(const Setting& s, const json& v, const std::string& where) {
           fail(fmt::format("a list drawn from {}", fmt::join(s.choices, ", ")));
       }
       break;
+    case Kind::kObjectList:
+      if (!v.is_array()) fail("a list of objects");
+      for (size_t i = 0; i < v.size(); ++i) check_entry(s, v[i], i, where);
+      break;
   }
   auto range = [&] {
     return s.max == kInf || s.max >= kMaxSeed
@@ -158,9 +279,63 @@ void check_value(const Setting& s, const json& v, const std::string& where) {
   } else if (s.kind == Kind::kFloat && s.min <= s.max) {
     const double x = v.get<double>();
     if (!std::isfinite(x)) fail("a finite number");
+    if (s.above_min && !(x > s.min)) fail(fmt::format("> {}", s.min));
     if (!(x >= s.min && x <= s.max))
       fail(s.max == kInf ? fmt::format(">= {}", s.min) : fmt::format("in [{}, {}]", s.min, s.max));
   }
+}
+
+// Entry i of a list of objects: every key one of the list's fields (an unknown one named with
+// the nearest field), each value checked as its field's, the required ones present.
+// An entry's keys with the objects of its dotted fields opened ({"columns": {"system": "s"}} is
+// "columns.system"); `at` names the entry in errors.
+std::vector<std::pair<std::string, json>> entry_items(const Setting& list, const json& entry,
+                                                      const std::string& at,
+                                                      const std::string& where) {
+  std::vector<std::pair<std::string, json>> out;
+  for (const auto& [k, v] : entry.items()) {
+    std::vector<std::string> inner;
+    for (const Setting& f : list.fields)
+      if (f.key.rfind(k + ".", 0) == 0) inner.push_back(f.key.substr(k.size() + 1));
+    if (inner.empty()) {
+      out.emplace_back(k, v);
+      continue;
+    }
+    if (!v.is_object())
+      throw ConfigError(fmt::format("{}: \"{}.{}\" must be an object with the keys {}, got {}",
+                                    where, at, k, fmt::join(inner, ", "), excerpt_json(v)));
+    for (const auto& [sub, x] : v.items()) out.emplace_back(k + "." + sub, x);
+  }
+  return out;
+}
+
+void check_entry(const Setting& list, const json& entry, size_t i, const std::string& where) {
+  const std::string at = fmt::format("{}[{}]", list.key, i);
+  std::vector<std::string> keys;
+  for (const Setting& f : list.fields) keys.push_back(f.key);
+  if (!entry.is_object())
+    throw ConfigError(fmt::format("{}: \"{}\" must be an object with the keys {}, got {}", where,
+                                  at, fmt::join(keys, ", "), excerpt_json(entry)));
+  for (const auto& [k, v] : entry_items(list, entry, at, where)) {
+    const auto f = std::find_if(list.fields.begin(), list.fields.end(),
+                                [&](const Setting& x) { return x.key == k; });
+    if (f == list.fields.end()) {
+      std::string near;
+      for (const std::string& key : keys)
+        if (k.size() < key.size() + 4 &&
+            edit_distance(k, key) <= std::max<size_t>(2, key.size() / 3))
+          near = fmt::format(" (did you mean \"{}\"?)", key);
+      throw ConfigError(fmt::format("{}: unknown key \"{}.{}\"{}; an entry of {} has the keys {}",
+                                    where, at, excerpt(k), near, list.key, fmt::join(keys, ", ")));
+    }
+    Setting named = *f;
+    named.key = at + "." + f->key;
+    check_value(named, v, where);
+  }
+  for (const Setting& f : list.fields)
+    if (f.required && !entry.contains(f.key))
+      throw ConfigError(fmt::format("{}: \"{}\" has no \"{}\", which every entry needs ({})", where,
+                                    at, f.key, f.help));
 }
 
 void walk(const json& node, const std::string& prefix, const std::string& where) {
@@ -237,6 +412,7 @@ const std::vector<Setting>& preset_schema() {
     B(KEY(data.train_on_prompt), false, "Also train on prompt tokens (by default only responses count)."),
     C(KEY(data.on_bad_record), "error", {"error", "skip"},
       "A malformed JSONL line stops the run (error) or is skipped and counted (skip)."),
+    data_sources_row(),
     // train
     I(KEY(train.micro_batch), 1, 1, 1048576, "Sequences per micro-batch on each rank."),
     I(KEY(train.grad_accum), 1, 1, 1048576, "Micro-batches per optimizer step."),
@@ -339,6 +515,12 @@ const std::vector<Setting>& preset_schema() {
       "seq_len tokens of context); refuse = stop, naming the record. Never cut silently."),
     I(KEY(eval.batch_tokens), 16384, 8, 1073741824, "ft eval: tokens per forward (rows x the longest in the batch); records are sorted by length and not padded to data.seq_len."),
     S(KEY(eval.data), "", "ft train: a held-out JSONL file (the formats of data.format; auto with the synthetic task) evaluated as ft eval does, each rank its share: the mean token loss over the whole file goes into that step's metrics.jsonl record (eval_loss), the console and the report; every eval.every steps and at the last step (\"\": none)."),
+    F(KEY(eval.split), 0.0, 0, kMaxCount,
+      "ft train: hold records of the training data out of training and evaluate them as "
+      "eval.data is: a fraction below 1 of each source's records (0.02; at least one record "
+      "each), or a whole count of records (500) spread over the sources by their sizes; chosen "
+      "from train.seed, the same on every rank, world size and restart (0: none; not with "
+      "eval.data)."),
     I(KEY(eval.every), 0, 0, kMaxCount, "ft train: optimizer steps between evaluations of eval.data (0: at the last step only)."),
     B(KEY(eval.fused_kernels), false,
       "ft eval and eval.data: the forward through the fused CPU kernels that train.fused_* "
@@ -381,6 +563,16 @@ json parse_setting_value(const Setting& s, const std::string& text, const std::s
     case Kind::kChoice:
       v = text;
       break;
+    case Kind::kObjectList:
+      try {
+        v = parse_json<ConfigError>(text, where);
+      } catch (const ConfigError&) {
+        throw ConfigError(
+            fmt::format("{}: \"{}\" = {} is not a JSON list of objects ([{{\"path\": \"a.jsonl\", "
+                        "\"weight\": 0.7}}, ...])",
+                        where, s.key, excerpt(text)));
+      }
+      break;
     case Kind::kStringList: {
       if (!text.empty() && text.front() == '[') {
         try {
@@ -419,16 +611,32 @@ json parse_setting_value(const Setting& s, const std::string& text, const std::s
   return v;
 }
 
+namespace {
+
+// A row's type column: its kind, range, and (an entry's key) whether it must be given.
+std::string type_text(const Setting& s) {
+  std::string type = kind_name(s);
+  if (s.above_min)
+    type += fmt::format(", > {}", s.min);
+  else if ((s.kind == Kind::kInt || s.kind == Kind::kFloat) && s.min <= s.max)
+    type += s.max == kInf || s.max >= kMaxSeed ? fmt::format(", >= {}", s.min)
+                                               : fmt::format(", {}..{}", s.min, s.max);
+  if (s.required) type += ", required";
+  std::string t;
+  for (char c : type) t += c == '|' ? std::string("\\|") : std::string(1, c);
+  return t;
+}
+
+}  // namespace
+
 std::string schema_markdown() {
   std::string md = "| key | type | default | meaning |\n|---|---|---|---|\n";
   for (const auto& s : preset_schema()) {
-    std::string type = kind_name(s);
-    if ((s.kind == Kind::kInt || s.kind == Kind::kFloat) && s.min <= s.max)
-      type += s.max == kInf || s.max >= kMaxSeed ? fmt::format(", >= {}", s.min)
-                                                 : fmt::format(", {}..{}", s.min, s.max);
-    std::string t;
-    for (char c : type) t += c == '|' ? std::string("\\|") : std::string(1, c);
-    md += fmt::format("| `{}` | {} | `{}` | {} |\n", s.key, t, s.default_value.dump(), s.help);
+    md += fmt::format("| `{}` | {} | `{}` | {} |\n", s.key, type_text(s), s.default_value.dump(),
+                      s.help);
+    for (const Setting& f : s.fields)
+      md += fmt::format("| `{}[].{}` | {} | `{}` | {} |\n", s.key, f.key, type_text(f),
+                        f.default_value.dump(), f.help);
   }
   return md;
 }

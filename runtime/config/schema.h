@@ -13,7 +13,8 @@
 
 namespace ft::config {
 
-enum class Kind { kInt, kFloat, kBool, kString, kChoice, kStringList };
+// kObjectList: a list of objects whose keys are `fields` (data.sources).
+enum class Kind { kInt, kFloat, kBool, kString, kChoice, kStringList, kObjectList };
 
 struct Setting {
   std::string key;  // dotted path, "train.micro_batch"
@@ -24,6 +25,10 @@ struct Setting {
   std::vector<std::string> choices;  // kChoice (and allowed items of kStringList when non-empty)
   // Stores a validated value of this key into its field of Settings.
   std::function<void(Settings&, const nlohmann::json&)> bind;
+  bool above_min = false;  // kFloat: the value must be > min, not >= min
+  // kObjectList: the keys of each entry (their `bind` unused), and whether each must be given.
+  std::vector<Setting> fields;
+  bool required = false;
 };
 
 const std::vector<Setting>& preset_schema();

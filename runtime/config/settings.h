@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,14 +42,52 @@ struct RecordShapeSettings {
   std::string tools_file;  // data.tools: a JSON file of tools for records without their own
 };
 
+// A data.sources entry's own "columns", "tags" and "tools" (data.sources[].columns.messages, ...):
+// each key given replaces data.columns.* / data.tags.* / data.tools for that source only.
+struct RecordShapeOverrides {
+  std::optional<std::string> messages, system, tools, role, content, tools_file;
+  std::optional<std::vector<std::string>> user, assistant, system_tag, function_call, observation;
+
+  RecordShapeSettings over(RecordShapeSettings base) const {
+    auto take = [](auto& to, const auto& given) {
+      if (given) to = *given;
+    };
+    take(base.messages, messages);
+    take(base.system, system);
+    take(base.tools, tools);
+    take(base.role, role);
+    take(base.content, content);
+    take(base.tools_file, tools_file);
+    take(base.user, user);
+    take(base.assistant, assistant);
+    take(base.system_tag, system_tag);
+    take(base.function_call, function_call);
+    take(base.observation, observation);
+    return base;
+  }
+};
+
+// One entry of data.sources (a weighted mixture; docs/training.md "Mixtures"), or one --data
+// PATH[:WEIGHT]. Empty format / template: data.format's and data.template's.
+struct DataSourceSettings {
+  std::string path;           // JSONL; relative to the working directory, as --data
+  std::string name;           // in metrics and the report; "" = the path's file name
+  std::string format;         // "" | auto | text | alpaca | chat | sharegpt | tokenized
+  std::string chat_template;  // "template": "" | auto | llama3 | llama2 | chatml | mistral | none
+  double weight = 1;          // > 0; the mixture's shares are the weights over their sum
+  int64_t max_records = 0;    // the file's first max_records records only; 0 = all
+  RecordShapeOverrides shape;  // "columns", "tags", "tools": this source's record shape
+};
+
 struct DataSettings {
   std::string format;         // auto | text | alpaca | chat | sharegpt | tokenized | synthetic
   std::string chat_template;  // data.template: auto | llama3 | llama2 | chatml | mistral | none
   int64_t seq_len = 0;
   bool pack = false;
   bool train_on_prompt = false;
-  std::string on_bad_record;  // error | skip
+  std::string on_bad_record;                // error | skip
   RecordShapeSettings shape;
+  std::vector<DataSourceSettings> sources;  // data.sources: a mixture; empty = --data
 
   bool synthetic() const { return format == "synthetic"; }
 };
@@ -155,6 +194,9 @@ struct EvalSettings {
   std::string data;            // ft train: held-out JSONL evaluated during training; "" = none
   int64_t every = 0;           // ft train: evaluate every this many steps (0: at the end only)
   bool fused_kernels = false;  // the forward through train.fused_*'s kernels (else transformers')
+  // ft train: records of the training data held out and evaluated as eval.data is: a fraction
+  // (< 1) of each source, or a whole count (>= 1) spread over the sources; 0 = none.
+  double split = 0;
 };
 
 struct Settings {

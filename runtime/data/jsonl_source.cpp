@@ -8,13 +8,14 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "data/packer.h"
 #include "data/token_cache.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ft::data {
 namespace {
 
-constexpr int64_t kPad = 0, kIgnore = -100;
+constexpr int64_t kIgnore = -100;
 // What a malformed record's error adds under data.on_bad_record=error.
 constexpr const char* kSkipHint =
     "; fix that line, or train without such lines (skipped and counted) with --set "
@@ -35,6 +36,8 @@ std::shared_ptr<const tokenizer::Tokenizer> load_tokenizer(const JsonlOptions& o
 }
 
 }  // namespace
+
+uint64_t splitmix64(uint64_t x) { return mix(x); }
 
 BadRecordPolicy parse_bad_record_policy(std::string_view name) {
   if (name == "error") return BadRecordPolicy::kError;
@@ -82,8 +85,10 @@ JsonlSource::JsonlSource(JsonlOptions options, int64_t start_sample)
   FT_CHECK(o.world_size >= 1 && o.rank >= 0 && o.rank < o.world_size, "data: rank ", o.rank,
            " is not in [0, world_size ", o.world_size, ")");
   FT_CHECK(start_sample >= 0, "data: start sample must be >= 0, got ", start_sample);
+  FT_CHECK(o.max_records >= 0, "data: max_records must be >= 0, got ", o.max_records);
   FT_CHECK_T(FormatError, index_.size() > 0, o.path,
              ": no records (the file has no non-empty lines)");
+  used_ = o.max_records > 0 ? std::min(o.max_records, index_.size()) : index_.size();
   const JsonlLine first = index_.read(0);
   const std::string origin = detail::cat(o.path, ":", first.line);
   if (format_ == RecordFormat::kAuto) format_ = detect_format(first.text, origin, o.shape);
@@ -199,7 +204,7 @@ void JsonlSource::seek(const std::vector<int64_t>& position) {
 
 const std::vector<int64_t>& JsonlSource::order_of(int64_t epoch) {
   if (epoch == order_epoch_) return order_;
-  const int64_t n = index_.size();
+  const int64_t n = train_records();
   order_.resize(static_cast<size_t>(n));
   std::iota(order_.begin(), order_.end(), 0);
   uint64_t state = mix(options_.seed ^ mix(static_cast<uint64_t>(epoch) + 1));
@@ -207,12 +212,41 @@ const std::vector<int64_t>& JsonlSource::order_of(int64_t epoch) {
     state = mix(state);
     std::swap(order_[i], order_[state % static_cast<uint64_t>(i + 1)]);
   }
+  // Positions among the trained records become file indices (the same order as before any
+  // record was held out when none is).
+  if (!trained_.empty())
+    for (int64_t& r : order_) r = trained_[static_cast<size_t>(r)];
   order_epoch_ = epoch;
   return order_;
 }
 
+void JsonlSource::hold_out(int64_t count, uint64_t salt) {
+  FT_CHECK(count >= 0 && count < used_, "eval.split holds out ", count, " of the ", used_,
+           " records of ", options_.path,
+           ", which leaves none to train on: hold out fewer (a smaller eval.split)");
+  // A partial Fisher-Yates of its own stream (salted apart from every epoch's order).
+  std::vector<int64_t> all(static_cast<size_t>(used_));
+  std::iota(all.begin(), all.end(), 0);
+  uint64_t state = mix(options_.seed ^ mix(salt ^ 0x686f6c646f7574ull));  // "holdout"
+  for (int64_t i = 0; i < count; ++i) {
+    state = mix(state);
+    const uint64_t span = static_cast<uint64_t>(used_ - i);
+    std::swap(all[static_cast<size_t>(i)], all[static_cast<size_t>(i + state % span)]);
+  }
+  held_out_.assign(all.begin(), all.begin() + count);
+  std::sort(held_out_.begin(), held_out_.end());
+  trained_.clear();
+  if (count > 0) {
+    std::vector<bool> out(static_cast<size_t>(used_), false);
+    for (int64_t r : held_out_) out[static_cast<size_t>(r)] = true;
+    for (int64_t r = 0; r < used_; ++r)
+      if (!out[static_cast<size_t>(r)]) trained_.push_back(r);
+  }
+  order_epoch_ = -1;
+}
+
 int64_t JsonlSource::record_at(int64_t epoch, int64_t position) {
-  FT_ASSERT(position >= 0 && position < index_.size(), "position ", position);
+  FT_ASSERT(position >= 0 && position < train_records(), "position ", position);
   return order_of(epoch)[static_cast<size_t>(position)];
 }
 
@@ -245,35 +279,41 @@ TokenizedRecord JsonlSource::tokenize_at(int64_t record, bool* truncated) const 
   return r;
 }
 
+std::optional<TokenizedRecord> JsonlSource::take(int64_t record) {
+  TokenizedRecord r;
+  bool truncated = false;
+  try {
+    r = tokenize_at(record, &truncated);
+  } catch (const FormatError& e) {
+    if (options_.on_bad_record == BadRecordPolicy::kError)
+      throw FormatError(detail::cat(e.what(), kSkipHint));
+    ++skipped_;
+    return std::nullopt;
+  }
+  if (r.ids.empty()) return std::nullopt;  // nothing to train on (an empty text, no BOS/EOS)
+  if (truncated) ++truncated_;
+  r.labels[0] = kIgnore;  // nothing before a record's first token predicts it
+  return r;
+}
+
 TokenizedRecord JsonlSource::next_record() {
-  const int64_t n = index_.size();
+  const int64_t n = train_records();
   // A whole epoch of unusable records would loop forever: stop after one full pass of them.
   for (int64_t failures = 0;; ++failures) {
     FT_CHECK_T(FormatError, failures <= n, options_.path, ": no usable record in a whole epoch (",
                skipped_, " malformed records skipped)");
     const int64_t g = next_global_;
     next_global_ += options_.world_size;
-    TokenizedRecord r;
-    bool truncated = false;
-    try {
-      r = tokenize_at(record_at(g / n, g % n), &truncated);
-    } catch (const FormatError& e) {
-      if (options_.on_bad_record == BadRecordPolicy::kError)
-        throw FormatError(detail::cat(e.what(), kSkipHint));
-      ++skipped_;
-      continue;
-    }
-    if (r.ids.empty()) continue;  // nothing to train on (an empty text with no BOS/EOS)
-    if (truncated) ++truncated_;
-    r.labels[0] = kIgnore;  // nothing before a record's first token predicts it
+    std::optional<TokenizedRecord> r = take(record_at(g / n, g % n));
+    if (!r) continue;
     pending_global_ = g;
-    return r;
+    return std::move(*r);
   }
 }
 
 JsonlSource::EpochScan JsonlSource::scan_epoch(
     const std::function<void(int64_t, int64_t)>& progress, AtMalformed at_malformed) {
-  const int64_t n = index_.size(), T = options_.seq_len;
+  const int64_t n = used_, T = options_.seq_len;
   EpochScan scan;
   scan.tokens.assign(static_cast<size_t>(n), 0);
   scan.trained.assign(static_cast<size_t>(n), 0);
@@ -323,23 +363,12 @@ JsonlSource::EpochScan JsonlSource::scan_epoch(
 }
 
 void JsonlSource::place_rows(EpochScan& scan, int64_t records) {
-  // As next() does: a record that does not fit the current row starts the next one.
-  const int64_t T = options_.seq_len;
-  int64_t filled = 0;
-  bool open = false;
-  for (const int64_t record : order_of(0)) {
-    if (record >= records) continue;
-    const int64_t len = std::min<int64_t>(scan.tokens[static_cast<size_t>(record)], T);
-    if (len <= 0) continue;
-    if (open && (!options_.pack || filled + len > T)) {
-      ++scan.rows;
-      filled = 0;
-    }
-    filled += len;
-    scan.row_tokens += len;
-    open = true;
-  }
-  if (open) ++scan.rows;
+  RowCount rows({options_.micro_batch, options_.seq_len, options_.pack});
+  for (const int64_t record : order_of(0))
+    if (record < records)
+      rows.add(std::min<int64_t>(scan.tokens[static_cast<size_t>(record)], options_.seq_len));
+  scan.rows = rows.rows();
+  scan.row_tokens = rows.tokens();
 }
 
 void JsonlSource::throw_bad_record(int64_t record) const {
@@ -352,40 +381,16 @@ void JsonlSource::throw_bad_record(int64_t record) const {
 }
 
 Batch JsonlSource::next() {
-  const int64_t B = options_.micro_batch, T = options_.seq_len;
-  auto opts = at::TensorOptions().dtype(at::kLong);
-  at::Tensor ids = at::full({B, T}, kPad, opts), labels = at::full({B, T}, kIgnore, opts);
-  at::Tensor pos = at::zeros({B, T}, opts), seg = at::zeros({B, T}, opts);
-  auto I = ids.accessor<int64_t, 2>();
-  auto L = labels.accessor<int64_t, 2>();
-  auto P = pos.accessor<int64_t, 2>();
-  auto S = seg.accessor<int64_t, 2>();
-  bool single = true;
-  for (int64_t b = 0; b < B; ++b) {
-    int64_t t = 0, segment = 0;
-    for (;;) {
-      if (!has_pending_) {
-        pending_ = next_record();
-        has_pending_ = true;
-      }
-      const int64_t len = static_cast<int64_t>(pending_.ids.size());
-      if (t + len > T) break;  // starts the next row instead (len <= T after truncation)
-      for (int64_t i = 0; i < len; ++i, ++t) {
-        I[b][t] = pending_.ids[i];
-        L[b][t] = pending_.labels[i];
-        P[b][t] = i;
-        S[b][t] = segment;
-      }
-      ++segment;
-      has_pending_ = false;
-      if (!options_.pack) break;
-    }
-    for (; t < T; ++t) S[b][t] = segment;  // padding: its own segment, no loss
-    single = single && segment <= 1;
-  }
-  Batch batch{ids, labels, pos, seg};
-  batch.single_segment_rows = single;
-  return batch;
+  return pack_rows(
+      {options_.micro_batch, options_.seq_len, options_.pack},
+      [this]() -> const TokenizedRecord& {
+        if (!has_pending_) {
+          pending_ = next_record();
+          has_pending_ = true;
+        }
+        return pending_;
+      },
+      [this] { has_pending_ = false; });
 }
 
 }  // namespace ft::data

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,7 +58,12 @@ struct JsonlOptions {
   std::string cache_dir;
   uint64_t seed = kDefaultSeed;  // shuffle seed; the order of epoch e is a function of (seed, e)
   int rank = 0, world_size = 1;
+  int64_t max_records = 0;  // train on the file's first max_records records only; 0 = all
 };
+
+// splitmix64: the counter-based mixing the shuffles and the mixtures' draws are made of (the
+// same input gives the same output on every rank and restart).
+uint64_t splitmix64(uint64_t x);
 
 // The options the preset's data section sets (format, record shape, template, seq_len, packing,
 // prompt masking, bad-record policy); the caller sets the path, tokenizer, micro_batch, seed and
@@ -75,7 +81,8 @@ std::shared_ptr<const tokenizer::Tokenizer> open_tokenizer(const std::string& pa
                                                            const std::string& hint);
 
 // Rank r of W reads the global record stream g = r, r+W, r+2W, ... where g indexes epoch g / N,
-// position g % N of that epoch's shuffle (N records). Padding is id 0 in its own segment, with
+// position g % N of that epoch's shuffle (N = train_records(): the used records less those held
+// out). Padding is id 0 in its own segment, with
 // no loss; the first token of every record carries no loss (nothing before it predicts it).
 class JsonlSource : public BatchSource {
  public:
@@ -94,8 +101,17 @@ class JsonlSource : public BatchSource {
   void seek(const std::vector<int64_t>& position) override;
 
   int64_t num_records() const { return index_.size(); }
+  // The records training may use: the file's first max_records (all when 0).
+  int64_t used_records() const { return used_; }
+  // The records an epoch holds: the used ones less those hold_out() set aside.
+  int64_t train_records() const { return used_ - static_cast<int64_t>(held_out_.size()); }
+  // Sets `count` of the used records aside for evaluation (eval.split), chosen by a shuffle of
+  // (seed, salt) that no epoch order shares: the same on every rank and restart. Call before
+  // next(). ConfigError when no record would be left to train on.
+  void hold_out(int64_t count, uint64_t salt);
+  const std::vector<int64_t>& held_out() const { return held_out_; }  // file indices, ascending
   // The epoch of the next record a batch will take.
-  int64_t epoch() const { return cursor() / index_.size(); }
+  int64_t epoch() const { return cursor() / train_records(); }
   int64_t skipped() const { return skipped_; }      // malformed records skipped (this rank)
   int64_t truncated() const { return truncated_; }  // records cut to seq_len (this rank)
   RecordFormat format() const { return format_; }
@@ -117,8 +133,12 @@ class JsonlSource : public BatchSource {
   // when no record is rendered as a conversation (text and pre-tokenized data, template none).
   std::string chat_template_source() const;
 
-  // The record index at position `position` of epoch `epoch`'s order (for tests and tools).
+  // The record index at position `position` of epoch `epoch`'s order.
   int64_t record_at(int64_t epoch, int64_t position);
+  // Record `record` as a batch takes it: tokenized, cut to seq_len, its first token without a
+  // loss; nullopt (counted) when it is skipped: malformed under data.on_bad_record=skip, or empty.
+  // A malformed one under error is a FormatError saying how to skip such records.
+  std::optional<TokenizedRecord> take(int64_t record);
 
   // Record `record` (a file index, in file order) parsed and tokenized whole, not cut to seq_len;
   // `origin` gets its file:line. FormatError naming file:line for a malformed one. Thread-safe
@@ -161,8 +181,8 @@ class JsonlSource : public BatchSource {
   // Under BadRecordPolicy::kError: the FormatError of malformed record `record`, saying how to
   // skip such records instead.
   [[noreturn]] void throw_bad_record(int64_t record) const;
-  // Places the records [0, records) (file indices; malformed and empty ones take no room) in
-  // epoch 0's order into `scan`'s rows, as next() packs them.
+  // Places the records [0, records) (file indices; malformed and empty ones take no room; held-out
+  // ones are in no epoch) in epoch 0's order into `scan`'s rows, as next() packs them.
   void place_rows(EpochScan& scan, int64_t records);
   // Record `record` (a file index) parsed, tokenized and truncated to seq_len; throws FormatError
   // naming file:line for a malformed one. Thread-safe.
@@ -176,6 +196,9 @@ class JsonlSource : public BatchSource {
   std::shared_ptr<const JinjaChatTemplate> model_template_;  // data.template auto, when it has one
   bool template_from_auto_ = false;
   JsonlIndex index_;
+  int64_t used_ = 0;               // min(index_.size(), max_records)
+  std::vector<int64_t> held_out_;  // hold_out()'s records, ascending
+  std::vector<int64_t> trained_;   // the used records less held_out_ (empty when none is held out)
   RecordFormat format_;
   int64_t next_global_;
   int64_t order_epoch_ = -1;

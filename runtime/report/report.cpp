@@ -8,6 +8,7 @@
 #include <ctime>
 #include <filesystem>
 #include <limits>
+#include <map>
 
 #include "io/durable_file.h"
 #include "report/svg.h"
@@ -263,6 +264,46 @@ std::string timeline_chart(const RunRecords& r) {
   return timeline(c, rows, colors, marks, max_step);
 }
 
+// A mixture's sources (metrics.jsonl source_tokens): each one's cumulative tokens over the
+// steps, and a table of the totals with each source's share of the records and tokens.
+std::string sources_section(const RunRecords& r) {
+  std::map<std::string, int64_t> records, tokens;
+  for (const auto& p : r.steps) {
+    for (const auto& [name, n] : p.source_records) records[name] += n;
+    for (const auto& [name, n] : p.source_tokens) tokens[name] += n;
+  }
+  if (tokens.empty()) return "";
+  const char* colors[] = {kBlue, kOrange, kGreen, kRed, kPurple, kSky, kGrey, kYellow};
+  std::vector<Series> curves;
+  int64_t all_records = 0, all_tokens = 0;
+  for (const auto& [name, total] : tokens) {
+    Series s{"source." + name, name, colors[curves.size() % 8], {}, {}};
+    double sum = 0;
+    for (const auto& p : r.steps) {
+      const auto it = p.source_tokens.find(name);
+      sum += it == p.source_tokens.end() ? 0 : static_cast<double>(it->second);
+      s.x.push_back(static_cast<double>(p.step));
+      s.y.push_back(sum);
+    }
+    curves.push_back(thin_extremes(std::move(s)));
+    all_records += records[name];
+    all_tokens += total;
+  }
+  std::string h = "<section><h2>Data sources</h2><div class=\"grid\">\n";
+  h += line_chart(chart("source_tokens", "Tokens trained by source (cumulative, all ranks)", "step",
+                        "input tokens", nullptr, true),
+                  curves);
+  h += "</div><table class=\"events\" data-sources=\"" + std::to_string(tokens.size()) +
+       "\"><tr><th>source</th><th>records</th><th>share of records</th><th>tokens</th><th>share "
+       "of tokens</th></tr>";
+  for (const auto& [name, total] : tokens)
+    h += fmt::format("<tr><td>{}</td><td>{}</td><td>{:.1f}%</td><td>{}</td><td>{:.1f}%</td></tr>",
+                     escape(name), records[name],
+                     100.0 * static_cast<double>(records[name]) / std::max<int64_t>(1, all_records),
+                     total, 100.0 * static_cast<double>(total) / std::max<int64_t>(1, all_tokens));
+  return h + "</table></section>\n";
+}
+
 std::string table_row(const std::string& key, const std::string& value) {
   return fmt::format("<tr><th>{}</th><td>{}</td></tr>", escape(key), escape(value));
 }
@@ -414,7 +455,8 @@ std::string render_report(const RunRecords& r) {
   h += "<section><h2>Training</h2><div class=\"grid\">\n";
   h += loss_chart(r) + lr_chart(r) + grad_norm_chart(r) + throughput_chart(r) + mfu_chart(r) +
        step_time_chart(r) + memory_chart(r);
-  h += "</div></section>\n<section><h2>Ranks</h2><div class=\"grid\">\n";
+  h += "</div></section>\n" + sources_section(r);
+  h += "<section><h2>Ranks</h2><div class=\"grid\">\n";
   h += rank_heat_map(r);
   h += "</div></section>\n<section><h2>Timeline</h2><div class=\"grid\">\n";
   h += timeline_chart(r);

@@ -101,6 +101,12 @@ std::optional<StepPoint> to_step_fields(const json& j) {
   p.step_time_s = number(j, "step_time_s");
   p.skipped = j.value("skipped", false) == true;
   p.loss_scale = number(j, "loss_scale", 1);
+  for (const auto& [field, out] : {std::pair{"source_records", &p.source_records},
+                                   std::pair{"source_tokens", &p.source_tokens}}) {
+    if (!j.contains(field) || !j[field].is_object()) continue;
+    for (const auto& [name, v] : j[field].items())
+      if (v.is_number()) (*out)[name] = static_cast<int64_t>(v.get<double>());
+  }
   if (j.contains("time") && j["time"].is_object()) {
     const json& t = j["time"];
     p.data_s = number(t, "data_s");

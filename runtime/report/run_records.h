@@ -34,6 +34,9 @@ struct StepPoint {
   int64_t peak_bytes = 0;
   bool peak_on_gpu = false;
   int64_t model_state_bytes = 0;  // param + grad + optimizer bytes
+  // A mixture's step (source_records, source_tokens): each source's records and input tokens,
+  // over all ranks, by source name; empty for one file or the synthetic task.
+  std::map<std::string, int64_t> source_records, source_tokens;
   // This rank's own work: step time less exposed communication.
   double busy_s() const { return step_time_s - comm_s; }
 };

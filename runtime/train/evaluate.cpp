@@ -49,23 +49,42 @@ std::unique_ptr<data::JsonlSource> open_eval_source(const config::DataSettings& 
 
 EvalSet make_eval_set(const data::JsonlSource& source, const config::EvalSettings& eval,
                       int64_t seq_len) {
+  std::vector<EvalRecord> all;
+  for (int64_t i = 0; i < source.num_records(); ++i) all.push_back({&source, i});
+  return make_eval_set(all, eval, seq_len);
+}
+
+EvalSet make_eval_set(const std::vector<EvalRecord>& chosen, const config::EvalSettings& eval,
+                      int64_t seq_len, bool skip_malformed) {
   const int64_t T = seq_len;
-  // Every record, whole, in file order; then its windows of at most T tokens. Window k of a
+  // Every record, whole, in the given order; then its windows of at most T tokens. Window k of a
   // record starts at token k (T - 1): it overlaps the previous one by one token, whose label the
   // loss's shift ignores there, so every token carries its loss in exactly one window.
   EvalSet set;
-  set.records = source.num_records();
-  std::vector<data::TokenizedRecord> records(static_cast<size_t>(set.records));
+  set.records = static_cast<int64_t>(chosen.size());
+  std::vector<data::TokenizedRecord> records(chosen.size());
   std::vector<std::string> origins(records.size());
+  std::vector<char> malformed(records.size(), 0);
   at::parallel_for(0, set.records, 1, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) records[i] = source.tokenize_whole(i, &origins[i]);
+    for (int64_t i = b; i < e; ++i) {
+      try {
+        records[i] = chosen[i].source->tokenize_whole(chosen[i].record, &origins[i]);
+      } catch (const FormatError&) {
+        if (!skip_malformed) throw;
+        malformed[i] = 1;  // no tokens: no piece, no loss
+      }
+    }
   });
+  set.records -= std::count(malformed.begin(), malformed.end(), 1);
+  for (size_t i = 0; i < origins.size(); ++i)
+    if (!malformed[i]) set.origins.push_back(origins[i]);
   struct Piece {
     const data::TokenizedRecord* record;
     int64_t begin, length;
   };
   std::vector<Piece> pieces;
   for (size_t i = 0; i < records.size(); ++i) {
+    if (malformed[i]) continue;
     const int64_t n = static_cast<int64_t>(records[i].ids.size());
     if (n <= T) {
       pieces.push_back({&records[i], 0, n});

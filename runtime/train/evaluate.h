@@ -55,9 +55,19 @@ struct EvalSet {
   std::vector<data::Batch> batches;  // on the CPU
   std::vector<int64_t> tokens;       // tokens of each batch's pieces (progress)
   int64_t records = 0, windowed = 0, windows = 0, padding = 0;
+  std::vector<std::string> origins;  // "FILE:LINE" of each record scored, in the given order
 };
 EvalSet make_eval_set(const data::JsonlSource& source, const config::EvalSettings& eval,
                       int64_t seq_len);
+// The same over chosen records (eval.split's held-out ones, data/mixture.h): record `record` of
+// `source` each. With `skip_malformed` (data.on_bad_record=skip) a malformed one is left out,
+// else it is its FormatError naming file:line.
+struct EvalRecord {
+  const data::JsonlSource* source;
+  int64_t record;
+};
+EvalSet make_eval_set(const std::vector<EvalRecord>& records, const config::EvalSettings& eval,
+                      int64_t seq_len, bool skip_malformed = false);
 
 // One batch's summed token loss and the number of tokens that carry one: no grad, no dropout, the
 // head and the loss chunk by chunk. `batch` must be on the model's device.

@@ -129,6 +129,10 @@ void MetricsLog::write(const StepRecord& r) {
         {"all_reduce_bytes", r.memory.engine.all_reduce_bytes},
         {"scalar_collectives", r.memory.engine.scalar_collectives},
         {"wait_s", r.memory.engine.comm_wait_s}}}};
+  for (const auto& c : r.sources) {
+    j["source_records"][c.name] = c.records;
+    j["source_tokens"][c.name] = c.tokens;
+  }
   if (r.eval_tokens > 0) {
     j["eval_loss"] = r.eval_loss;
     j["eval_tokens"] = r.eval_tokens;

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "train/trainer.h"
 
@@ -36,6 +37,13 @@ struct RanksSummary {
   int slowest_rank = 0;
 };
 
+// One source of a mixture in a step: its records and input tokens placed in the step's batches,
+// over all ranks (metrics.jsonl's source_records and source_tokens).
+struct SourceCount {
+  std::string name;
+  int64_t records = 0, tokens = 0;
+};
+
 struct StepRecord {
   StepStats stats;
   double step_time_s = 0;  // the whole iteration: data to checkpoint (StepTimes)
@@ -51,6 +59,7 @@ struct StepRecord {
   MemoryStats memory;
   int64_t peak_rss_bytes = 0;
   int64_t samples_consumed = 0;
+  std::vector<SourceCount> sources;  // a mixture's sources (data/mixture.h); empty otherwise
   // A step after which eval.data was evaluated (eval_tokens > 0): the mean token loss over the
   // whole file, its token count and the seconds it took (not part of step_time_s).
   double eval_loss = 0;

@@ -25,6 +25,7 @@
 #include "cuda/device.h"
 #include "cuda/loader.h"
 #include "data/jsonl_source.h"
+#include "data/mixture.h"
 #include "data/synthetic.h"
 #include "model/cpu_math.h"
 #include "model/decoder.h"
@@ -68,16 +69,18 @@ int64_t steps_for_epochs(double epochs, int64_t rows_per_epoch, int64_t micro_ba
 
 namespace {
 
-// The rows of one epoch of --data, with a progress line when counting takes a while (each record
-// is tokenized once, or read from the tokenized cache); a malformed record is its FormatError
-// under data.on_bad_record=error.
-int64_t count_epoch_rows(data::JsonlSource& source, const std::string& path) {
+// The rows of one epoch of --data (`rows_per_epoch`: a source's or a mixture's), with a progress
+// line when counting takes a while (each record is tokenized once, or read from the tokenized
+// cache); a malformed record is its FormatError under data.on_bad_record=error.
+int64_t count_epoch_rows(
+    const std::function<int64_t(const std::function<void(int64_t, int64_t)>&)>& rows_per_epoch,
+    const std::string& path) {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   auto last = start;
   const bool tty = ::isatty(STDOUT_FILENO) == 1;
   bool shown = false;
-  const int64_t rows = source.rows_per_epoch([&](int64_t done, int64_t total) {
+  const int64_t rows = rows_per_epoch([&](int64_t done, int64_t total) {
     const auto now = clock::now();
     const double since_start = std::chrono::duration<double>(now - start).count();
     const double since_last = std::chrono::duration<double>(now - last).count();
@@ -173,15 +176,19 @@ OutputPlan plan_output(const RunOptions& o, const comm::DistEnv& env) {
 void check_data_and_length(const RunOptions& o) {
   const config::Settings& s = o.settings;
   const bool synthetic = s.data.synthetic();
-  FT_CHECK(synthetic == o.data_path.empty(),
+  FT_CHECK(synthetic == (o.data_paths.empty() && s.data.sources.empty()),
            synthetic ? "data.format is synthetic (the built-in task), which generates its data: "
                        "to train on --data FILE, add --set data.format=auto (it detects text, "
                        "alpaca, chat and pre-tokenized records); or drop --data"
                      : "data.format '",
            synthetic ? "" : s.data.format,
            synthetic ? ""
-                     : "' reads JSONL: give the file with --data PATH (or use the built-in task: "
-                       "--set data.format=synthetic)");
+                     : "' reads JSONL: give the file with --data PATH (several: --data "
+                       "PATH:WEIGHT each, or data.sources), or use the built-in task: --set "
+                       "data.format=synthetic");
+  FT_CHECK(s.eval.split == 0 || !synthetic,
+           "eval.split holds records of the training data out, but the synthetic task has no "
+           "records: give --data, or eval.data for a held-out file");
   // train.max_steps wins; 0 asks for train.epochs passes over the data, counted once the data
   // source is open.
   FT_CHECK(s.train.max_steps > 0 || !synthetic,
@@ -275,6 +282,9 @@ class TrainingRun {
   void remeasure_peak();
   void keep_mfu_at_most_one(StepRecord& r);
   void compare_ranks(StepRecord& r, StragglerWatch& watch);
+  void open_sources();
+  std::vector<SourceCount> placed_by_source() const;
+  void add_sources_over_ranks(StepRecord& r);
   bool eval_due(const StepRecord& r) const;
   void evaluate_step(StepRecord& r);
   void report_progress();
@@ -297,9 +307,14 @@ class TrainingRun {
   std::unique_ptr<model::DecoderModel> model_;  // shapes only: the engine holds the storage
   model::LoraConfig lora_config_;
   std::unique_ptr<data::BatchSource> source_;
-  std::unique_ptr<EvalSet> eval_set_;  // eval.data, batched once; null without it
-  int64_t rows_per_epoch_ = 0;         // --data counted for train.epochs; 0 otherwise
-  std::string chat_template_;  // the records' chat template (Jinja), "" when none is rendered
+  std::unique_ptr<EvalSet> eval_set_;  // eval.data or eval.split, batched once; null without
+  std::string eval_name_;              // what eval_set_ holds, for messages
+  // --data's sources (owned by source_), and the mixture when there are several.
+  std::vector<data::JsonlSource*> jsonl_;
+  data::MixtureSource* mixture_ = nullptr;
+  std::string data_text_;       // the data as given, for the start record and messages
+  int64_t rows_per_epoch_ = 0;  // --data counted for train.epochs; 0 otherwise
+  std::string chat_template_;   // the records' chat template (Jinja), "" when none is rendered
   int64_t total_steps_ = 0;
   std::unique_ptr<comm::ProcessGroup> world_, shard_group_, replica_group_;
   // World size 1 under a launcher: its store, for progress and stop estimates (no group forms).
@@ -370,8 +385,18 @@ void TrainingRun::open_data() {
     source_ = std::make_unique<data::SyntheticSource>(so);
     return;
   }
+  open_sources();
+  if (total_steps_ == 0)
+    total_steps_ = steps_for_epochs(s_.train.epochs, rows_per_epoch_, s_.train.micro_batch,
+                                    s_.train.grad_accum, env_.world_size);
+}
+
+// --data (or data.sources): one file read as a JsonlSource, several as a MixtureSource of them;
+// eval.split's records set aside first. Every record is read now, before the weights load and
+// anything is written: a malformed line stops the run here, and the rows of an epoch give the
+// run's length in epochs.
+void TrainingRun::open_sources() {
   data::JsonlOptions jo = data::jsonl_options(s_.data);
-  jo.path = o_.data_path;
   // The --tokenizer given, else the model's when it has one; pre-tokenized data needs none.
   jo.tokenizer_path = data::tokenizer_path_of(o_.tokenizer_path, o_.model_dir);
   if (!jo.tokenizer_path.empty())
@@ -386,45 +411,92 @@ void TrainingRun::open_data() {
   jo.rank = env_.rank;
   jo.world_size = env_.world_size;
   jo.model_dir = o_.model_dir;
-  auto jsonl = std::make_unique<data::JsonlSource>(jo);
-  if (rank0_) fmt::print("ft train: data {}: template {}\n", o_.data_path, jsonl->template_used());
-  chat_template_ = jsonl->chat_template_source();
-  if (rank0_)
-    fmt::print(stderr, "ft train: data: {}\n",
-               jsonl->cache_path().empty()
-                   ? jsonl->cache_note() + "; every record is tokenized as it is read"
-                   : "records read from the tokenized cache " + jsonl->cache_path() +
-                         " (ft data prepare)");
-  // Every record is read now, before the weights load and anything is written: a malformed line
-  // stops the run here, and the rows of an epoch give the run's length in epochs.
-  rows_per_epoch_ = count_epoch_rows(*jsonl, o_.data_path);
-  if (total_steps_ == 0)
-    total_steps_ = steps_for_epochs(s_.train.epochs, rows_per_epoch_, jo.micro_batch,
-                                    s_.train.grad_accum, env_.world_size);
-  source_ = std::move(jsonl);
+  const std::vector<data::SourceSpec> specs = data::training_sources(s_.data, o_.data_paths);
+  std::vector<std::unique_ptr<data::JsonlSource>> sources = data::open_sources(specs, jo);
+  data::hold_out_split(specs, sources, s_.eval.split);
+  data::MixtureSource::Options mo;
+  for (size_t k = 0; k < sources.size(); ++k) {
+    const data::JsonlSource& src = *sources[k];
+    const std::string& path = specs[k].settings.path;
+    data_text_ += (k ? " " : "") + path;
+    if (rank0_) fmt::print("ft train: data {}: template {}\n", path, src.template_used());
+    // The saved model's template: the first source's that renders conversations.
+    if (chat_template_.empty()) chat_template_ = src.chat_template_source();
+    if (rank0_)
+      fmt::print(
+          stderr, "ft train: data: {}\n",
+          src.cache_path().empty()
+              ? src.cache_note() + "; every record is tokenized as it is read"
+              : "records read from the tokenized cache " + src.cache_path() + " (ft data prepare)");
+    jsonl_.push_back(sources[k].get());
+    mo.names.push_back(specs[k].settings.name);
+    mo.weights.push_back(specs[k].settings.weight);
+  }
+  if (sources.size() == 1) {
+    data::JsonlSource& one = *sources.front();
+    rows_per_epoch_ =
+        count_epoch_rows([&](const auto& p) { return one.rows_per_epoch(p); }, data_text_);
+    source_ = std::move(sources.front());
+    return;
+  }
+  mo.pack = {s_.train.micro_batch, s_.data.seq_len, s_.data.pack};
+  mo.seed = static_cast<uint64_t>(s_.train.seed);
+  mo.rank = env_.rank;
+  mo.world_size = env_.world_size;
+  auto mixture = std::make_unique<data::MixtureSource>(std::move(sources), mo);
+  rows_per_epoch_ =
+      count_epoch_rows([&](const auto& p) { return mixture->rows_per_epoch(p); }, data_text_);
+  if (rank0_) {
+    std::string shares;
+    for (size_t k = 0; k < mixture->size(); ++k)
+      shares += fmt::format("{}{} {:.1f}% of {} records", k ? ", " : "", mixture->name(k),
+                            100 * mixture->share(k), mixture->source(k).train_records());
+    fmt::print("ft train: data: a mixture of {} sources ({}); an epoch is {} records drawn\n",
+               mixture->size(), shares, mixture->epoch_records());
+  }
+  mixture_ = mixture.get();
+  source_ = std::move(mixture);
 }
 
 // eval.data: the held-out file read, tokenized and batched once, as ft eval does
-// (train/evaluate.h), so that its loss during training is ft eval's of the same weights.
+// (train/evaluate.h), so that its loss during training is ft eval's of the same weights; or
+// eval.split: the records open_sources() set aside, batched the same way.
 void TrainingRun::open_eval_data() {
-  FT_CHECK(s_.eval.every == 0 || !s_.eval.data.empty(), "eval.every=", s_.eval.every,
-           " needs eval.data, a held-out JSONL file (--set eval.data=PATH), or eval.every=0");
-  if (s_.eval.data.empty()) return;
-  config::DataSettings data = s_.data;
-  if (data.synthetic()) data.format = "auto";  // the task is generated; the eval file has a format
-  const auto source =
-      open_eval_source(data, s_.eval.data, data::tokenizer_path_of(o_.tokenizer_path, o_.model_dir),
-                       o_.model_dir, mc_.vocab_size);
-  eval_set_ = std::make_unique<EvalSet>(make_eval_set(*source, s_.eval, s_.data.seq_len));
+  const bool split = s_.eval.split > 0;
+  FT_CHECK(s_.eval.every == 0 || !s_.eval.data.empty() || split, "eval.every=", s_.eval.every,
+           " needs eval.data, a held-out JSONL file (--set eval.data=PATH), or eval.split, a "
+           "share of the training data held out (--set eval.split=0.02); or eval.every=0");
+  FT_CHECK(s_.eval.data.empty() || !split, "eval.data (", s_.eval.data, ") and eval.split (",
+           s_.eval.split,
+           ") are both set: evaluate a held-out file or a split of the training "
+           "data, not both");
+  if (split) {
+    std::vector<EvalRecord> held;
+    for (const data::JsonlSource* src : jsonl_)
+      for (const int64_t r : src->held_out()) held.push_back({src, r});
+    eval_set_ = std::make_unique<EvalSet>(
+        make_eval_set(held, s_.eval, s_.data.seq_len, jsonl_.front()->skips_bad_records()));
+    eval_name_ = fmt::format("eval.split ({} records held out of {})", held.size(), data_text_);
+  } else if (!s_.eval.data.empty()) {
+    config::DataSettings data = s_.data;
+    if (data.synthetic()) data.format = "auto";  // the task is generated; the file has a format
+    const auto source = open_eval_source(data, s_.eval.data,
+                                         data::tokenizer_path_of(o_.tokenizer_path, o_.model_dir),
+                                         o_.model_dir, mc_.vocab_size);
+    eval_set_ = std::make_unique<EvalSet>(make_eval_set(*source, s_.eval, s_.data.seq_len));
+    eval_name_ = s_.eval.data;
+  } else {
+    return;
+  }
   bool any_label = false;  // refused now, not after the first steps are trained
   for (const auto& b : eval_set_->batches)
     any_label = any_label || b.labels.ne(-100).any().item<bool>();
-  FT_CHECK(any_label, "eval.data ", s_.eval.data,
+  FT_CHECK(any_label, eval_name_,
            ": no token carries a loss (every record is prompt only?); give held-out records with "
            "trained tokens");
   if (rank0_)
-    fmt::print("ft train: eval {}: {} records in {} batches, {}\n", s_.eval.data,
-               eval_set_->records, eval_set_->batches.size(),
+    fmt::print("ft train: eval {}: {} records in {} batches, {}\n", eval_name_, eval_set_->records,
+               eval_set_->batches.size(),
                s_.eval.every > 0 ? fmt::format("every {} steps and at the end", s_.eval.every)
                                  : std::string("at the end"));
 }
@@ -530,6 +602,10 @@ void TrainingRun::write_run_files() {
     FT_CHECK(!ec, "cannot create --output ", o_.output_dir, ": ", ec.message());
     write_text_atomic((fs::path(o_.output_dir) / "preset.json").string(),
                       s_.resolved.dump(2) + "\n");
+    if (eval_set_ && s_.eval.split > 0)  // which records eval.split held out, as FILE:LINE
+      write_text_atomic(
+          (fs::path(o_.output_dir) / "eval_split.json").string(),
+          json{{"split", s_.eval.split}, {"records", eval_set_->origins}}.dump(1) + "\n");
     if (!o_.plan.is_null())  // what the report draws measured memory against
       write_text_atomic((fs::path(o_.output_dir) / "plan.json").string(), o_.plan.dump(2) + "\n");
   }
@@ -695,7 +771,13 @@ StepRecord TrainingRun::step(ckpt::Checkpointer& checkpointer) {
   const auto t0 = Clock::now();
   const double comm0 = engine_->comm_wait_s();
   std::vector<data::Batch> mbs;
+  const std::vector<SourceCount> placed0 = placed_by_source();
   for (int64_t i = 0; i < s_.train.grad_accum; ++i) mbs.push_back(source_->next().to(device_));
+  r.sources = placed_by_source();
+  for (size_t k = 0; k < r.sources.size(); ++k) {
+    r.sources[k].records -= placed0[k].records;
+    r.sources[k].tokens -= placed0[k].tokens;
+  }
   if (fault_delay_s_ > 0)
     std::this_thread::sleep_for(std::chrono::duration<double>(fault_delay_s_));
   r.times.data_s = seconds_since(t0);
@@ -764,6 +846,34 @@ void TrainingRun::compare_ranks(StepRecord& r, StragglerWatch& watch) {
     fmt::print(stderr, "ft train: warning: {}\n", w);
 }
 
+// A mixture's records and tokens placed in batches so far on this rank, by source; none without
+// a mixture.
+std::vector<SourceCount> TrainingRun::placed_by_source() const {
+  std::vector<SourceCount> out;
+  for (size_t k = 0; mixture_ && k < mixture_->size(); ++k)
+    out.push_back({mixture_->name(k), mixture_->records_placed()[k], mixture_->tokens_placed()[k]});
+  return out;
+}
+
+// A mixture's records and tokens of the step by source, added over the ranks (one all-gather, on
+// every rank, after compare_ranks'); its wait counts as communication.
+void TrainingRun::add_sources_over_ranks(StepRecord& r) {
+  if (r.sources.empty() || env_.world_size == 1) return;
+  const double comm0 = engine_->comm_wait_s();
+  std::vector<double> mine;
+  for (const auto& c : r.sources)
+    mine.insert(mine.end(), {static_cast<double>(c.records), static_cast<double>(c.tokens)});
+  const std::vector<double> all = engine_->all_gather_values(mine);
+  r.times.comm_s += engine_->comm_wait_s() - comm0;
+  for (size_t k = 0; k < r.sources.size(); ++k) {
+    r.sources[k].records = r.sources[k].tokens = 0;
+    for (size_t at = 2 * k; at < all.size(); at += mine.size()) {
+      r.sources[k].records += static_cast<int64_t>(all[at]);
+      r.sources[k].tokens += static_cast<int64_t>(all[at + 1]);
+    }
+  }
+}
+
 bool TrainingRun::eval_due(const StepRecord& r) const {
   if (!eval_set_ || r.stats.skipped) return false;
   const int64_t step = r.stats.step;
@@ -794,13 +904,13 @@ void TrainingRun::evaluate_step(StepRecord& r) {
     sum = engine_->sum_over_ranks(sum);
     tokens = engine_->sum_over_ranks(tokens);
   }
-  FT_CHECK(tokens > 0, s_.eval.data, ": no token carries a loss (every record is prompt only?)");
+  FT_CHECK(tokens > 0, eval_name_, ": no token carries a loss (every record is prompt only?)");
   r.eval_loss = sum / tokens;
   r.eval_tokens = static_cast<int64_t>(tokens);
   r.eval_s = seconds_since(t0);
   if (rank0_)
     fmt::print("ft train: step {}: eval loss {:.4f} over {} tokens of {} ({:.1f} s)\n",
-               r.stats.step, r.eval_loss, r.eval_tokens, s_.eval.data, r.eval_s);
+               r.stats.step, r.eval_loss, r.eval_tokens, eval_name_, r.eval_s);
 }
 
 // The launcher's store under this round's prefix; null when not launched.
@@ -873,7 +983,7 @@ RunSummary TrainingRun::train() {
                   env_.world_size > 1 ? world_->backend_name() : "", plan_.label);
   // What the run was given: the report's environment table shows it.
   start.update({{"model", o_.model_dir},
-                {"data", o_.data_path},
+                {"data", data_text_},
                 {"tokenizer", o_.tokenizer_path},
                 {"command", command_line()},
                 {"started_over", out_.started_over}});
@@ -925,6 +1035,7 @@ RunSummary TrainingRun::train() {
     }
     checkpoint_done();
     compare_ranks(r, stragglers);  // (on the step time so far)
+    add_sources_over_ranks(r);
     // The whole iteration is the step; what the parts do not cover is "other".
     r.step_time_s = seconds_since(t0);
     r.times.other_s = r.step_time_s - r.times.data_s - r.times.compute_s - r.times.comm_s -

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "config/settings.h"
 #include "core/worker_contract.h"
@@ -16,11 +17,13 @@
 namespace ft::train {
 
 struct RunOptions {
-  config::Settings settings;   // the resolved preset (config::resolve_settings)
-  std::string model_dir;       // "" = random init from preset.model
-  std::string data_path;       // "" = the preset's data (synthetic)
+  config::Settings settings;  // the resolved preset (config::resolve_settings)
+  std::string model_dir;      // "" = random init from preset.model
+  // --data, once per source: PATH or PATH:WEIGHT (data/mixture.h); none = the preset's data
+  // (data.sources, or the synthetic task).
+  std::vector<std::string> data_paths;
   std::string tokenizer_path;  // tokenizer.json for --data; default: <model_dir>/tokenizer.json
-  std::string data_cache_dir;  // ft data prepare's cache of --data; default: <data_path>.ftcache
+  std::string data_cache_dir;  // ft data prepare's caches of --data; default: <PATH>.ftcache
   std::string output_dir;      // created; must not hold an earlier run unless resuming it
   // "auto": the newest committed checkpoint in output_dir/checkpoints that reads back whole (older
   // ones if not), else a fresh start; "none": a fresh start; else a checkpoint directory.

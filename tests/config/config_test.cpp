@@ -103,6 +103,80 @@ TEST_CASE("bad presets are refused naming file and key", "[unit]") {
   CHECK_THROWS_AS(resolve_preset("tiny-demo", {"precision.mode=fp8"}), ft::ConfigError);
 }
 
+TEST_CASE("data.sources: typed entries, and bad entries refused naming the entry and key",
+          "[unit]") {
+  std::string dir = ft::test::make_temp_dir();
+  auto file = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  const ft::config::Settings s = settings_from_json(
+      resolve_preset(file("mix.json", R"({"base": "tiny-demo", "data": {"format": "auto",
+        "sources": [{"path": "a.jsonl", "weight": 0.7, "max_records": 100},
+                    {"path": "b.jsonl", "weight": 3, "name": "bee", "format": "chat",
+                     "template": "chatml", "columns": {"messages": "conv", "system": "sys"},
+                     "tags": {"role": "speaker", "assistant": ["bot"]}, "tools": "t.json"}]},
+        "eval": {"split": 0.02}})"),
+                     {}),
+      "test");
+  REQUIRE(s.data.sources.size() == 2);
+  CHECK(s.data.sources[0].path == "a.jsonl");
+  CHECK(s.data.sources[0].weight == 0.7);
+  CHECK(s.data.sources[0].max_records == 100);
+  CHECK(s.data.sources[0].format.empty());  // data.format's
+  CHECK(s.data.sources[1].name == "bee");
+  CHECK(s.data.sources[1].weight == 3.0);
+  CHECK(s.data.sources[1].format == "chat");
+  CHECK(s.data.sources[1].chat_template == "chatml");
+  // A source's own columns and tags replace only the keys it gives.
+  CHECK_FALSE(s.data.sources[0].shape.messages.has_value());
+  const ft::config::RecordShapeSettings own = s.data.sources[1].shape.over(s.data.shape);
+  CHECK(own.messages == "conv");
+  CHECK(own.system == "sys");
+  CHECK(own.tools == s.data.shape.tools);
+  CHECK(own.role == "speaker");
+  CHECK(own.content == s.data.shape.content);
+  CHECK(own.assistant == std::vector<std::string>{"bot"});
+  CHECK(own.user == s.data.shape.user);
+  CHECK(own.tools_file == "t.json");
+  CHECK(s.eval.split == 0.02);
+  const auto refused = [&](const std::string& sources) {
+    return resolve_preset(file("bad.json", R"({"data": {"sources": )" + sources + "}}"), {});
+  };
+  CHECK_THROWS_WITH(refused(R"([{"path": "a.jsonl", "wieght": 2}])"),
+                    Catch::Contains("bad.json: unknown key \"data.sources[0].wieght\" (did you "
+                                    "mean \"weight\"?)"));
+  CHECK_THROWS_WITH(refused(R"([{"path": "a.jsonl"}, {"path": "b.jsonl", "weight": 0}])"),
+                    Catch::Contains("\"data.sources[1].weight\" must be > 0, got 0"));
+  CHECK_THROWS_WITH(refused(R"([{"path": "a.jsonl", "weight": -1}])"),
+                    Catch::Contains("\"data.sources[0].weight\" must be > 0, got -1"));
+  CHECK_THROWS_WITH(refused(R"([{"path": "a.jsonl", "weight": "heavy"}])"),
+                    Catch::Contains("\"data.sources[0].weight\" must be a number"));
+  CHECK_THROWS_WITH(refused(R"([{"weight": 1}])"),
+                    Catch::Contains("\"data.sources[0]\" has no \"path\""));
+  CHECK_THROWS_WITH(refused(R"([{"path": "a.jsonl", "format": "csv"}])"),
+                    Catch::Contains("\"data.sources[0].format\" must be one of"));
+  CHECK_THROWS_WITH(refused(R"([{"path": "a.jsonl", "columns": {"mesages": "c"}}])"),
+                    Catch::Contains("unknown key \"data.sources[0].columns.mesages\" (did you "
+                                    "mean \"columns.messages\"?)"));
+  CHECK_THROWS_WITH(refused(R"([{"path": "a.jsonl", "columns": "conv"}])"),
+                    Catch::Contains("\"data.sources[0].columns\" must be an object with the keys "
+                                    "messages, system, tools"));
+  CHECK_THROWS_WITH(refused(R"([{"path": "a.jsonl", "tags": {"user": "human"}}])"),
+                    Catch::Contains("\"data.sources[0].tags.user\" must be a list of strings"));
+  CHECK_THROWS_WITH(refused(R"(["a.jsonl"])"),
+                    Catch::Contains("\"data.sources[0]\" must be an object"));
+  CHECK_THROWS_WITH(refused(R"({"path": "a.jsonl"})"),
+                    Catch::Contains("\"data.sources\" must be a list of objects"));
+  // --set takes the list as JSON.
+  const json j = resolve_preset("tiny-demo", {R"(data.sources=[{"path": "x.jsonl"}])"});
+  CHECK(j["data"]["sources"][0]["path"] == "x.jsonl");
+  CHECK_THROWS_WITH(resolve_preset("tiny-demo", {"data.sources=x.jsonl"}),
+                    Catch::Contains("is not a JSON list of objects"));
+  CHECK_THROWS_WITH(resolve_preset("tiny-demo", {"eval.split=-0.1"}),
+                    Catch::Contains("\"eval.split\""));
+}
+
 TEST_CASE("docs/presets.md carries the generated schema table", "[unit]") {
   std::ifstream in(std::string(FT_TEST_DIR) + "/../docs/presets.md");
   std::string doc((std::istreambuf_iterator<char>(in)), {});
@@ -213,6 +287,9 @@ TEST_CASE("other tools' names for ft's settings are answered with ft's key", "[u
       {"sequence_len", "data.seq_len"},
       {"lora_r", "lora.r"},
       {"max_grad_norm", "train.grad_clip"},
+      {"val_size", "eval.split"},
+      {"val_set_size", "eval.split"},
+      {"interleave_probs", "data.sources"},
   };
   const std::string dir = ft::test::make_temp_dir();
   for (const auto& [foreign, ours] : named) {
