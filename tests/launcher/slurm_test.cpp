@@ -127,10 +127,8 @@ class Cluster {
     write_config();
     daemons_.push_back(start(on(0, "ctl", {kSlurmctld, "-D"}), env(), dir_ + "/slurmctld.out"));
     for (int i = 0; i < nodes_; ++i) {
-      const std::string name = node(i);
-      fs::create_directories(dir_ + "/spool/" + name);
-      daemons_.push_back(start(on(i + 1, name, {kSlurmd, "-D", "-N", name}), env(),
-                               dir_ + "/slurmd." + name + ".out"));
+      fs::create_directories(dir_ + "/spool/" + node(i));
+      daemons_.push_back(start_slurmd(i));
     }
     if (!wait_until(60, [&] { return idle_nodes() == nodes_; })) {
       const std::string why = "the nodes did not come up idle within 60 s:\n" + logs();
@@ -203,6 +201,11 @@ class Cluster {
     return -1;
   }
 
+  // Node i's slurmd killed (SIGKILL: the machine's daemon dies, its job steps run on), or started
+  // again.
+  void kill_slurmd(int i) { kill_and_reap(daemons_[i + 1]); }
+  void restart_slurmd(int i) { daemons_[i + 1] = start_slurmd(i); }
+
   // The daemons' logs, for failure messages.
   std::string logs() const {
     std::string out;
@@ -233,6 +236,12 @@ class Cluster {
         name};
     v.insert(v.end(), argv.begin(), argv.end());
     return v;
+  }
+
+  Child start_slurmd(int i) const {
+    const std::string name = node(i);
+    return start(on(i + 1, name, {kSlurmd, "-D", "-N", name}), env(),
+                 dir_ + "/slurmd." + name + ".out");
   }
 
   // Everything that runs in the namespaces was started here: the daemons, slurmstepd and the
@@ -273,7 +282,8 @@ class Cluster {
       << "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nSelectType=select/linear\n"
       << "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
       << "JobCompType=jobcomp/none\nSwitchType=switch/none\nMpiDefault=none\nMailProg=/bin/true\n"
-      << "ReturnToService=2\nSlurmdTimeout=5\nSlurmctldTimeout=5\nMessageTimeout=5\n"
+      << "AuthInfo=cred_expire=10\nReturnToService=2\nSlurmdTimeout=5\nSlurmctldTimeout="
+         "5\nMessageTimeout=5\n"
       << "KillWait=30\nInactiveLimit=0\nMinJobAge=600\nSlurmdParameters=config_overrides\n";
     for (int i = 0; i < nodes_; ++i)
       c << "NodeName=" << node(i) << " NodeAddr=" << net_.addr(i + 1) << " CPUs=1 State=UNKNOWN\n";
@@ -329,6 +339,19 @@ void check_every_step_once(const std::string& run, int steps) {
   const auto m = read_metrics(run);
   REQUIRE(m.size() == static_cast<size_t>(steps));
   for (size_t i = 0; i < m.size(); ++i) CHECK(m[i]["step"] == static_cast<int>(i + 1));
+}
+
+// Job `id` completes, resuming from the checkpoint of step `at`: final/ written, every one of
+// `steps` steps in metrics.jsonl once.
+void check_resumed_to_the_end(Cluster& c, const std::string& id, int at, int steps) {
+  const std::string state = c.wait_end(id, 180);
+  const std::string out = c.output(id);
+  INFO(out);
+  REQUIRE(state == "COMPLETED");
+  CHECK_THAT(out, Catch::Contains("resuming from") &&
+                      Catch::Contains("(step " + std::to_string(at) + ","));
+  CHECK(fs::exists(run_dir(c) + "/final/model.safetensors"));
+  check_every_step_once(run_dir(c), steps);
 }
 
 }  // namespace
@@ -446,15 +469,51 @@ TEST_CASE(
   CHECK(fs::exists(step_dir(run, at)));
 
   const std::string second = cluster.submit(script);
-  const std::string state = cluster.wait_end(second, 180);
-  const std::string out2 = cluster.output(second);
-  INFO(out2);
-  REQUIRE(state == "COMPLETED");
-  CHECK_THAT(out2, Catch::Contains("resuming from") &&
-                       Catch::Contains("(step " + std::to_string(at) + ","));
+  check_resumed_to_the_end(cluster, second, at, steps);
   const auto starts = events(run, "start");
   REQUIRE(starts.size() == 2);
   CHECK(starts[1]["step"] == at);
-  CHECK(fs::exists(run + "/final/model.safetensors"));
-  check_every_step_once(run, steps);
+}
+
+// Longer than the others (about 90 s on 2 cores): SLURM needs SlurmdTimeout and a ping round to
+// call the node dead, and holds a requeued job for the credential lifetime (cred_expire, 10 s here)
+// before starting it again; rank 0's steps are slowed so the first run is still going by then.
+TEST_CASE(
+    "slurm: node 1's slurmd killed: SLURM fails the node, the job checkpoints and is requeued, "
+    "and the requeued job resumes and finishes",
+    "[multiproc]") {
+  require_slurm();
+  Cluster cluster(2);
+  const int steps = 50;
+  const std::string id =
+      cluster.submit(job_script(train_sets(steps, 1000)), "FT_FAULT_STEP_DELAY=0:0.5");
+  const std::string run = run_dir(cluster);
+  wait_steps(cluster, id, 4);
+  // The daemon dies; the job's processes on node 1 (slurmstepd, ft launch, its worker) run on.
+  cluster.kill_slurmd(1);
+  std::map<std::string, std::string> job;
+  const bool requeued = wait_until(90, [&] {
+    job = cluster.job(id);
+    return job["Restarts"] == "1" && job["JobState"] == "PENDING";
+  });
+  // The first run's output, before the requeued job starts and replaces it.
+  const std::string out1 = cluster.output(id);
+  {
+    INFO(out1 << cluster.logs());
+    REQUIRE(requeued);
+  }
+  INFO(out1);
+  CHECK_THAT(out1, Catch::Contains("Node failure on node1"));
+  // SLURM cancels the job: its SIGTERM reaches node 0's launcher (node 1's slurmd is gone), which
+  // has every rank, node 1's included through the store, checkpoint, and exits 75. What node 1's
+  // launcher says does not reach srun once SLURM has declared that node failed.
+  CHECK_THAT(out1, Catch::Contains("[ft node 0] received SIGTERM"));
+  CHECK_THAT(out1, Catch::Contains("node0: task 0: Exited with exit code 75"));
+  const auto preempted = events(run, "preempted");
+  REQUIRE(preempted.size() == 1);
+  const int at = preempted[0]["step"];
+  CHECK(fs::exists(step_dir(run, at)));
+  // The machine is back: ReturnToService=2 makes the node usable when its slurmd registers.
+  cluster.restart_slurmd(1);
+  check_resumed_to_the_end(cluster, id, at, steps);
 }
