@@ -1,8 +1,9 @@
 // A real SLURM cluster (Debian's slurm-wlm: slurmctld and one slurmd per node) in network
 // namespaces: the controller and each compute node is a host of its own (support/netns.h), with its
 // own hostname and /etc/hosts (a private mount and UTS namespace per daemon). README's sbatch
-// script is submitted to it as written, and the tests watch what SLURM and ft do: a 2-node run, a
-// killed launcher, scancel and a resubmission. Needs root and slurm-wlm (scripts/setup.sh installs
+// script is submitted to it as written (job_script says what is substituted), and the tests watch
+// what SLURM and ft do: a 2-node run, a killed launcher, a killed slurmd and the requeue, scancel
+// and a resubmission. Needs root and slurm-wlm (scripts/setup.sh installs
 // it); elsewhere each test prints SKIP and exits 77 (CTest: skipped). Under CI=true missing slurm
 // binaries fail instead: CI installs them, so a skip there would hide the test.
 //
