@@ -3,9 +3,9 @@
 // own hostname and /etc/hosts (a private mount and UTS namespace per daemon). README's sbatch
 // script is submitted to it as written (job_script says what is substituted), and the tests watch
 // what SLURM and ft do: a 2-node run, a killed launcher, a killed slurmd and the requeue, scancel
-// and a resubmission. Needs root and slurm-wlm (scripts/setup.sh installs
-// it); elsewhere each test prints SKIP and exits 77 (CTest: skipped). Under CI=true missing slurm
-// binaries fail instead: CI installs them, so a skip there would hide the test.
+// and a resubmission. Needs root and slurm-wlm (scripts/setup.sh installs it); elsewhere each test
+// prints SKIP and exits 77 (CTest: skipped). Under CI=true missing slurm binaries fail instead: CI
+// installs them, so a skip there would hide the test.
 //
 // Ports: every daemon and ft launch listens in its own namespace, so SLURM's and ft's default ports
 // (6817, 6818, 29500) never meet another program's. The cluster's state, logs and the runs live in
