@@ -46,7 +46,8 @@ enum class RoundState {
   kSucceeded,  // every worker of every node exited 0
   kFailed,     // the agent's failure_ says why: this node's record or another launcher's
   kStopped,    // this launcher received a terminating signal (stop_signal_)
-  kPreempted,  // kStopped, and every local worker exited with kExitPreempted (checkpoint written)
+  kPreempted,  // a terminating signal reached this launcher (kStopped, or while it stopped the
+               // workers) and every local worker exited with kExitPreempted (checkpoint written)
 };
 
 // A counter another process bumps while it lives (a launcher's heartbeat, a rank's progress), and
@@ -263,10 +264,13 @@ RoundState Agent::run_round(const RoundResult& rr) {
   }
   Round r(rr, layout, group, cfg_);
   RoundState state = supervise(r);
-  // A failure is told at once: stopping the workers may take --term-grace.
-  if (state == RoundState::kFailed) print_summary(failure_);
+  // A failure or a signal is told at once: stopping the workers may take --term-grace.
+  if (state == RoundState::kFailed || state == RoundState::kStopped) print_summary(failure_);
   if (state != RoundState::kSucceeded) stop_workers(r, state);
-  if (state == RoundState::kStopped && group.all_exited_with(kExitPreempted))
+  // Preempted also when this launcher's own signal came while it was already stopping the workers
+  // for another node's: a scheduler (SLURM's scancel, a time limit) signals every node at once, and
+  // whichever launcher hears of another's first must still say "checkpointed" (75), not 143.
+  if ((state == RoundState::kStopped || stop_signal_) && group.all_exited_with(kExitPreempted))
     state = RoundState::kPreempted;
   mark_stopped(rr.round);
   return state;
@@ -621,7 +625,6 @@ int Agent::run_rounds(int& restarts, bool reconnect) {
       node_rank_ = rr.my_node_rank;
       const RoundState state = run_round(rr);
       if (state == RoundState::kSucceeded) return finish_job(rr);
-      if (state != RoundState::kFailed) print_summary(failure_);  // (a failure was told already)
       if (!starts_new_round(restarts)) return exit_after_failure(rr, state);
     }
   } catch (const JobFinished& e) {

@@ -224,6 +224,12 @@ LaunchConfig make_launch_config(const std::map<std::string, Resolved>& r,
   }
 
   if (get("node-rank").set()) c.node_rank = to_int(get("node-rank"), "node-rank", 0, 99999);
+  // An elastic job assigns ranks in join order. SLURM's task index is no request of the user's: a
+  // `--nnodes MIN:MAX` inside `srun` drops it rather than refusing the job.
+  if (c.node_rank && c.min_nodes != c.max_nodes && get("node-rank").source == "SLURM_NODEID") {
+    c.node_rank.reset();
+    c.sources["node-rank"] = {"", "join order; SLURM_NODEID not used with --nnodes MIN:MAX"};
+  }
 
   std::string host = get("master-addr").value;
   int port = to_int(get("master-port"), "master-port", 0, 65535);

@@ -26,7 +26,8 @@ log() { printf '[setup] %s\n' "$*"; }
 # clang and libclang-rt-14-dev (libFuzzer, ASan, UBSan): the fuzz harnesses (scripts/fuzz.sh).
 # chromium: the browser test of `ft report`'s pages (tests/report/browser_check.py).
 pkgs=(cmake g++ ninja-build ccache make git python3 python3-venv libcli11-dev nlohmann-json3-dev catch2 libgloo-dev libpcre2-dev libicu-dev pkg-config)
-[[ "${FT_SETUP:-all}" == demo ]] || pkgs+=(iproute2 clang libclang-rt-14-dev chromium)
+# slurm-wlm (slurmctld, slurmd, sbatch...): the SLURM cluster test (tests/launcher/slurm_test.cpp).
+[[ "${FT_SETUP:-all}" == demo ]] || pkgs+=(iproute2 clang libclang-rt-14-dev chromium slurm-wlm)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -92,6 +92,24 @@ TEST_CASE("SLURM supplies nnodes, node rank, master (first host) and job id", "[
   CHECK(config({}, env).rdzv_host == "10.0.0.1");
 }
 
+TEST_CASE("an elastic --nnodes inside srun drops SLURM_NODEID, a user's --node-rank is refused",
+          "[unit]") {
+  const EnvMap env = {{"SLURM_JOB_ID", "4242"},
+                      {"SLURM_NNODES", "2"},
+                      {"SLURM_NODEID", "1"},
+                      {"SLURM_JOB_NODELIST", "node[0-1]"}};
+  auto c = config({{"nnodes", "1:2"}}, env);
+  CHECK(c.min_nodes == 1);
+  CHECK(c.max_nodes == 2);
+  CHECK_FALSE(c.node_rank.has_value());  // join order
+  CHECK_THAT(c.sources["node-rank"].source, Catch::Contains("SLURM_NODEID not used"));
+  CHECK(c.rdzv_host == "node0");
+  EnvMap user = env;
+  user["NODE_RANK"] = "1";
+  CHECK_THROWS_WITH(config({{"nnodes", "1:2"}}, user),
+                    Catch::Contains("--node-rank cannot be combined with an elastic --nnodes"));
+}
+
 TEST_CASE("nproc-per-node auto/gpu/cpu/number", "[unit]") {
   CHECK(config({}, {}, 0).nproc_per_node == 1);
   CHECK(config({}, {}, 8).nproc_per_node == 8);

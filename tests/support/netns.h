@@ -33,6 +33,8 @@ class Network {
   Network& operator=(const Network&) = delete;
 
   std::string addr(int i) const { return "10.77.0." + std::to_string(i + 1); }
+  // Node i's namespace (/run/netns/NAME), for tools that enter it themselves (nsenter).
+  std::string name(int i) const { return ns(i); }
   // `argv` run on node i.
   std::vector<std::string> on(int i, const std::vector<std::string>& argv) const;
   // Node i's switch port down (its packets are dropped) or up again.
