@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "config/preset.h"
 #include "data/mixture.h"
 
 namespace fs = std::filesystem;
@@ -307,6 +308,9 @@ TEST_CASE("each source's own columns and tags read its records") {
   base.seq_len = 64;
   base.vocab_size = 0;
   SourceSpec a = spec(plain, 1, "plain"), b = spec(custom, 1, "custom");
+  // The data.columns.* / data.tags.* every source starts from: the schema's defaults.
+  a.shape = b.shape =
+      ft::config::settings_from_json(ft::config::resolve_preset("tiny-demo", {}), "test").data.shape;
   b.settings.shape.messages = "dialog";
   b.settings.shape.role = "who";
   b.settings.shape.content = "text";
