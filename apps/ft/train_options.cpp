@@ -16,7 +16,10 @@ const std::vector<TrainOptionSpec>& train_option_specs() {
        "Hugging Face model directory, or a hub id the local hub cache holds (default: random "
        "init)",
        false, false},
-      {"data", "PATH", "Training data (JSONL)", false, false},
+      {"data", "PATH",
+       "Training data: JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet, Arrow, or a save_to_disk "
+       "folder",
+       false, false},
       {"tokenizer", "PATH", "tokenizer.json for --data (default: the one in --model)", false, false},
       {"data-cache", "DIR",
        "Where ft data prepare put the tokenized --data (default: PATH.ftcache beside it)", false,

@@ -57,9 +57,13 @@ EvalSet make_eval_set(const data::JsonlSource& source, const config::EvalSetting
   set.records = source.num_records();
   std::vector<data::TokenizedRecord> records(static_cast<size_t>(set.records));
   std::vector<std::string> origins(records.size());
-  at::parallel_for(0, set.records, 1, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) records[i] = source.tokenize_whole(i, &origins[i]);
-  });
+  // Chunk by chunk in file order: a compressed file is read forward, never from its start again.
+  constexpr int64_t kChunk = 4096;
+  for (int64_t begin = 0; begin < set.records; begin += kChunk) {
+    at::parallel_for(begin, std::min(set.records, begin + kChunk), 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) records[i] = source.tokenize_whole(i, &origins[i]);
+    });
+  }
   struct Piece {
     const data::TokenizedRecord* record;
     int64_t begin, length;
