@@ -4,11 +4,14 @@
 #include <arrow/io/file.h>
 #include <arrow/ipc/reader.h>
 #include <arrow/util/byte_size.h>
+#include <fmt/format.h>
 #include <parquet/arrow/reader.h>
 #include <parquet/exception.h>
 #include <parquet/file_reader.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -23,8 +26,9 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-// Rows per record batch read from Parquet: a few MB of text, decoded at once.
-constexpr int64_t kParquetBatchRows = 4096;
+// Rows per record batch read from Parquet: a few MB of text, decoded at once (smaller batches keep
+// less in flight; the decode is read ahead, so its size hardly matters for speed).
+constexpr int64_t kParquetBatchRows = 1024;
 
 // A value with no JSON form (binary, dates, decimals, ...).
 struct Unsupported {
@@ -40,114 +44,188 @@ T check(arrow::Result<T> r, const std::string& path) {
   return std::move(r).ValueUnsafe();
 }
 
-json value_at(const arrow::Array& a, int64_t i);
+// JSON text written straight from Arrow's arrays (no JSON tree in between: this runs once per row
+// read, beside the tokenizer).
+class JsonWriter {
+ public:
+  explicit JsonWriter(std::string& out) : out_(out) {}
 
-template <class ListArray>
-json list_at(const ListArray& a, int64_t i) {
-  json out = json::array();
-  const arrow::Array& values = *a.values();
-  const int64_t begin = a.value_offset(i), n = a.value_length(i);
-  for (int64_t k = 0; k < n; ++k) out.push_back(value_at(values, begin + k));
-  return out;
-}
-
-json struct_at(const arrow::StructArray& a, int64_t i) {
-  json out = json::object();
-  const auto& type = static_cast<const arrow::StructType&>(*a.type());
-  for (int f = 0; f < type.num_fields(); ++f) out[type.field(f)->name()] = value_at(*a.field(f), i);
-  return out;
-}
-
-json map_at(const arrow::MapArray& a, int64_t i) {
-  json out = json::object();
-  const int64_t begin = a.value_offset(i), n = a.value_length(i);
-  for (int64_t k = begin; k < begin + n; ++k) {
-    const json key = value_at(*a.keys(), k);
-    if (!key.is_string()) throw Unsupported{"a map whose keys are not strings"};
-    out[key.get<std::string>()] = value_at(*a.items(), k);
-  }
-  return out;
-}
-
-template <class T>
-const T& as(const arrow::Array& a) {
-  return static_cast<const T&>(a);
-}
-
-json value_at(const arrow::Array& a, int64_t i) {
-  if (a.IsNull(i)) return nullptr;
-  using T = arrow::Type;
-  switch (a.type_id()) {
-    case T::NA:
-      return nullptr;
-    case T::BOOL:
-      return as<arrow::BooleanArray>(a).Value(i);
-    case T::INT8:
-      return as<arrow::Int8Array>(a).Value(i);
-    case T::INT16:
-      return as<arrow::Int16Array>(a).Value(i);
-    case T::INT32:
-      return as<arrow::Int32Array>(a).Value(i);
-    case T::INT64:
-      return as<arrow::Int64Array>(a).Value(i);
-    case T::UINT8:
-      return as<arrow::UInt8Array>(a).Value(i);
-    case T::UINT16:
-      return as<arrow::UInt16Array>(a).Value(i);
-    case T::UINT32:
-      return as<arrow::UInt32Array>(a).Value(i);
-    case T::UINT64:
-      return as<arrow::UInt64Array>(a).Value(i);
-    case T::FLOAT:
-      return as<arrow::FloatArray>(a).Value(i);
-    case T::DOUBLE:
-      return as<arrow::DoubleArray>(a).Value(i);
-    case T::STRING:
-      return std::string(as<arrow::StringArray>(a).GetView(i));
-    case T::LARGE_STRING:
-      return std::string(as<arrow::LargeStringArray>(a).GetView(i));
-    case T::STRING_VIEW:
-      return std::string(as<arrow::StringViewArray>(a).GetView(i));
-    case T::LIST:
-      return list_at(as<arrow::ListArray>(a), i);
-    case T::LARGE_LIST:
-      return list_at(as<arrow::LargeListArray>(a), i);
-    case T::FIXED_SIZE_LIST:
-      return list_at(as<arrow::FixedSizeListArray>(a), i);
-    case T::STRUCT:
-      return struct_at(as<arrow::StructArray>(a), i);
-    case T::MAP:
-      return map_at(as<arrow::MapArray>(a), i);
-    case T::DICTIONARY: {
-      // Not DictionaryArray::dictionary(): it boxes the dictionary lazily, unguarded, and rows
-      // are read from several threads.
-      const auto& d = as<arrow::DictionaryArray>(a);
-      return value_at(*arrow::MakeArray(a.data()->dictionary), d.GetValueIndex(i));
+  void value(const arrow::Array& a, int64_t i) {
+    if (a.IsNull(i)) {
+      out_ += "null";
+      return;
     }
-    default:
-      throw Unsupported{a.type()->ToString()};
+    using T = arrow::Type;
+    switch (a.type_id()) {
+      case T::NA:
+        out_ += "null";
+        return;
+      case T::BOOL:
+        out_ += as<arrow::BooleanArray>(a).Value(i) ? "true" : "false";
+        return;
+      case T::INT8:
+        return number(as<arrow::Int8Array>(a).Value(i));
+      case T::INT16:
+        return number(as<arrow::Int16Array>(a).Value(i));
+      case T::INT32:
+        return number(as<arrow::Int32Array>(a).Value(i));
+      case T::INT64:
+        return number(as<arrow::Int64Array>(a).Value(i));
+      case T::UINT8:
+        return number(as<arrow::UInt8Array>(a).Value(i));
+      case T::UINT16:
+        return number(as<arrow::UInt16Array>(a).Value(i));
+      case T::UINT32:
+        return number(as<arrow::UInt32Array>(a).Value(i));
+      case T::UINT64:
+        return number(as<arrow::UInt64Array>(a).Value(i));
+      case T::FLOAT:
+        return real(as<arrow::FloatArray>(a).Value(i));
+      case T::DOUBLE:
+        return real(as<arrow::DoubleArray>(a).Value(i));
+      case T::STRING:
+        return string(as<arrow::StringArray>(a).GetView(i));
+      case T::LARGE_STRING:
+        return string(as<arrow::LargeStringArray>(a).GetView(i));
+      case T::STRING_VIEW:
+        return string(as<arrow::StringViewArray>(a).GetView(i));
+      case T::LIST:
+        return list(as<arrow::ListArray>(a), i);
+      case T::LARGE_LIST:
+        return list(as<arrow::LargeListArray>(a), i);
+      case T::FIXED_SIZE_LIST:
+        return list(as<arrow::FixedSizeListArray>(a), i);
+      case T::STRUCT:
+        return object(as<arrow::StructArray>(a), i);
+      case T::MAP:
+        return map(as<arrow::MapArray>(a), i);
+      case T::DICTIONARY: {
+        // Not DictionaryArray::dictionary(): it boxes the dictionary lazily, unguarded, and rows
+        // are read from several threads.
+        const auto& d = as<arrow::DictionaryArray>(a);
+        return value(*arrow::MakeArray(a.data()->dictionary), d.GetValueIndex(i));
+      }
+      default:
+        throw Unsupported{a.type()->ToString()};
+    }
   }
-}
+
+  // JSON's string escapes; bytes >= 0x80 pass through (the record's parser checks UTF-8).
+  void string(std::string_view s) {
+    out_ += '"';
+    for (const char c : s) {
+      switch (c) {
+        case '"':
+          out_ += "\\\"";
+          break;
+        case '\\':
+          out_ += "\\\\";
+          break;
+        case '\n':
+          out_ += "\\n";
+          break;
+        case '\r':
+          out_ += "\\r";
+          break;
+        case '\t':
+          out_ += "\\t";
+          break;
+        default:
+          if (static_cast<unsigned char>(c) < 0x20) {
+            out_ += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+          } else {
+            out_ += c;
+          }
+      }
+    }
+    out_ += '"';
+  }
+
+ private:
+  template <class A>
+  static const A& as(const arrow::Array& a) {
+    return static_cast<const A&>(a);
+  }
+  template <class N>
+  void number(N n) {
+    char buf[24];
+    const auto r = std::to_chars(buf, buf + sizeof buf, n);
+    out_.append(buf, r.ptr);
+  }
+  // The shortest text that reads back as the same value; JSON has no NaN or infinity: null.
+  template <class F>
+  void real(F x) {
+    if (!std::isfinite(x)) {
+      out_ += "null";
+      return;
+    }
+    char buf[32];
+    const auto r = std::to_chars(buf, buf + sizeof buf, x);
+    out_.append(buf, r.ptr);
+    if (std::find_if(buf, r.ptr, [](char c) { return c == '.' || c == 'e'; }) == r.ptr)
+      out_ += ".0";  // a float stays a float
+  }
+  template <class ListArray>
+  void list(const ListArray& a, int64_t i) {
+    out_ += '[';
+    const arrow::Array& values = *a.values();
+    const int64_t begin = a.value_offset(i), n = a.value_length(i);
+    for (int64_t k = 0; k < n; ++k) {
+      if (k) out_ += ',';
+      value(values, begin + k);
+    }
+    out_ += ']';
+  }
+  void object(const arrow::StructArray& a, int64_t i) {
+    const auto& type = static_cast<const arrow::StructType&>(*a.type());
+    out_ += '{';
+    for (int f = 0; f < type.num_fields(); ++f) {
+      if (f) out_ += ',';
+      string(type.field(f)->name());
+      out_ += ':';
+      value(*a.field(f), i);
+    }
+    out_ += '}';
+  }
+  void map(const arrow::MapArray& a, int64_t i) {
+    const arrow::Array& keys = *a.keys();
+    if (keys.type_id() != arrow::Type::STRING && keys.type_id() != arrow::Type::LARGE_STRING &&
+        keys.type_id() != arrow::Type::STRING_VIEW)
+      throw Unsupported{"a map whose keys are not strings"};
+    out_ += '{';
+    const int64_t begin = a.value_offset(i), n = a.value_length(i);
+    for (int64_t k = begin; k < begin + n; ++k) {
+      if (k > begin) out_ += ',';
+      value(keys, k);
+      out_ += ':';
+      value(*a.items(), k);
+    }
+    out_ += '}';
+  }
+
+  std::string& out_;
+};
 
 // Row `row` of `batch` as one JSON object text; FormatError naming `origin` for a value with no
-// JSON form or a string that is not UTF-8.
+// JSON form.
 std::string row_json(const arrow::RecordBatch& batch, int64_t row, const std::string& origin) {
-  json out = json::object();
+  std::string out = "{";
+  JsonWriter w(out);
   for (int c = 0; c < batch.num_columns(); ++c) {
     const std::string& name = batch.column_name(c);
+    if (c) out += ',';
+    w.string(name);
+    out += ':';
     try {
-      out[name] = value_at(*batch.column(c), row);
+      w.value(*batch.column(c), row);
     } catch (const Unsupported& u) {
       throw FormatError(detail::cat(origin, ": column '", name, "' holds ", u.type,
                                     ", which has no JSON form; ft reads strings, numbers, ",
                                     "booleans, nulls, lists, structs and maps of them"));
     }
   }
-  try {
-    return out.dump();
-  } catch (const json::exception& e) {
-    throw FormatError(detail::cat(origin, ": a string is not valid UTF-8 (", e.what(), ")"));
-  }
+  out += '}';
+  return out;
 }
 
 std::string row_origin(const std::string& path, int64_t row) {
@@ -196,9 +274,10 @@ class ParquetBatches final : public BlockReader {
 class ParquetRecords final : public StreamedRecordFile {
  public:
   explicit ParquetRecords(const std::string& path) : StreamedRecordFile(path, kDefaultCacheBytes) {
-    // The system allocator, not the wheel's jemalloc/mimalloc pool: freed batches go back to
-    // the operating system, and ft's resident memory stays what is in use.
-    arrow::MemoryPool* pool = arrow::system_memory_pool();
+    // Arrow's default pool (the wheel's jemalloc unless ARROW_DEFAULT_MEMORY_POOL says
+    // otherwise): it returns freed batches to the system, where glibc's arenas, one per thread
+    // that reads ahead, kept them (bench/data_files.sh: 225 MB peak against 250).
+    arrow::MemoryPool* pool = arrow::default_memory_pool();
     parquet::ReaderProperties props(pool);
     // Pages are read as they are decoded, not whole column chunks (a row group may be GBs).
     props.enable_buffered_stream();

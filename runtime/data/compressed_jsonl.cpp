@@ -19,7 +19,7 @@ namespace {
 
 constexpr size_t kChunk = size_t{1} << 20;
 // A block: this many records, or fewer that reach kBlockBytes.
-constexpr size_t kBlockRecords = 4096, kBlockBytes = size_t{8} << 20;
+constexpr size_t kBlockRecords = 4096, kBlockBytes = size_t{4} << 20;
 
 // The file's bytes, decompressed, in pieces. Throws FormatError (without a line: LineReader adds
 // it) for corrupt or truncated data.

@@ -1,6 +1,7 @@
 #include "data/streamed_records.h"
 
 #include <algorithm>
+#include <future>
 
 #include "core/error.h"
 
@@ -37,12 +38,17 @@ std::shared_ptr<const RecordBlock> StreamedRecordFile::block_of(int64_t i, int64
       static_cast<size_t>(std::upper_bound(segment_starts_.begin(), segment_starts_.end(), i) -
                           segment_starts_.begin() - 1);
   if (!reader_ || reader_segment_ != segment || reader_next_ > i) {
+    if (ahead_.valid()) ahead_.wait();  // its block, or its error, is not wanted
+    ahead_ = {};
     reader_ = open_segment(segment);
     reader_segment_ = segment;
     reader_next_ = segment_starts_[segment];
   }
   for (;;) {
-    std::shared_ptr<const RecordBlock> block = reader_->next();
+    std::shared_ptr<const RecordBlock> block = ahead_.valid() ? ahead_.get() : reader_->next();
+    if (block && reader_next_ + static_cast<int64_t>(block->size()) < records_) {
+      ahead_ = std::async(std::launch::async, [r = reader_.get()] { return r->next(); });
+    }
     FT_CHECK_T(FormatError, block && block->size() > 0, path(), ": the file ended before record ",
                i, " (it holds fewer records than when ft ",
                "opened it: was it changed while being read?)");

@@ -1,12 +1,14 @@
 // A RecordFile that can only be read forward, segment by segment (a compressed JSONL file is one
 // segment, a Parquet file one per row group): records come in blocks, kept in a cache bounded in
 // bytes. A read inside a cached block is a copy; one after the open reader's position reads
-// forward to it; one before it reopens its segment. Thread-safe: one mutex guards the reader and
+// forward to it (the next block is read ahead on its own thread); one before it reopens its
+// segment. Thread-safe: one mutex guards the reader and
 // the cache (blocks are decoded under it, so two threads never decode the same one); a record's
 // text is made outside it, so threads convert rows in parallel.
 #pragma once
 
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -47,7 +49,7 @@ class BlockReader {
 
 class StreamedRecordFile : public RecordFile {
  public:
-  static constexpr size_t kDefaultCacheBytes = size_t{64} << 20;
+  static constexpr size_t kDefaultCacheBytes = size_t{16} << 20;
 
   int64_t size() const override { return records_; }
   std::string read(int64_t i) const override;
@@ -80,6 +82,10 @@ class StreamedRecordFile : public RecordFile {
   mutable std::unique_ptr<BlockReader> reader_;
   mutable size_t reader_segment_ = 0;
   mutable int64_t reader_next_ = 0;  // the first record of the block the reader gives next
+  // That block, being read on another thread while the records before it are used (reading in
+  // file order then never waits for a decode). Declared after reader_: destroyed (waited for)
+  // first.
+  mutable std::future<std::shared_ptr<const RecordBlock>> ahead_;
 };
 
 }  // namespace ft::data
