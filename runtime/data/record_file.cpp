@@ -19,7 +19,8 @@ namespace fs = std::filesystem;
 
 constexpr const char* kAccepted =
     "ft reads JSONL (.jsonl, also compressed: .jsonl.gz, .jsonl.zst), Parquet (.parquet), Arrow "
-    "IPC (.arrow) and folders written by datasets' save_to_disk";
+    "IPC (.arrow), folders of such files (shards, read in name order) and folders written by "
+    "datasets' save_to_disk";
 
 // Plain JSONL: the line index, read with pread.
 class JsonlRecords final : public RecordFile {
@@ -37,6 +38,39 @@ class JsonlRecords final : public RecordFile {
   JsonlIndex index_;
 };
 
+// The files of a folder, one after the other: a dataset in shards (the Hugging Face hub's
+// train-00000-of-00004.parquet, ...), read in name order. A record's origin is its shard's.
+class ShardedRecords final : public RecordFile {
+ public:
+  ShardedRecords(const std::string& path, std::vector<std::unique_ptr<RecordFile>> shards)
+      : RecordFile(path), shards_(std::move(shards)) {
+    starts_.push_back(0);
+    for (const auto& s : shards_) starts_.push_back(starts_.back() + s->size());
+  }
+  const char* kind() const override { return shards_.front()->kind(); }
+  int64_t size() const override { return starts_.back(); }
+  std::string read(int64_t i) const override {
+    const size_t k = shard_of(i);
+    return shards_[k]->read(i - starts_[k]);
+  }
+  std::string origin(int64_t i) const override {
+    const size_t k = shard_of(i);
+    return shards_[k]->origin(i - starts_[k]);
+  }
+  bool random_access() const override {
+    return std::all_of(shards_.begin(), shards_.end(),
+                       [](const auto& s) { return s->random_access(); });
+  }
+
+ private:
+  size_t shard_of(int64_t i) const {
+    return static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), i) -
+                               starts_.begin() - 1);
+  }
+  std::vector<std::unique_ptr<RecordFile>> shards_;
+  std::vector<int64_t> starts_;  // shard k holds records [starts_[k], starts_[k + 1])
+};
+
 bool ends_with(const std::string& s, const char* suffix) {
   const size_t n = std::strlen(suffix);
   return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
@@ -47,12 +81,35 @@ std::string lower(std::string s) {
   return s;
 }
 
+// A folder: what datasets' save_to_disk wrote, or data files in shards.
+std::unique_ptr<RecordFile> open_folder(const std::string& path) {
+  const fs::path dir(path);
+  if (fs::exists(dir / "state.json") || fs::exists(dir / "dataset_dict.json"))
+    return open_arrow(path);
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = lower(e.path().filename().string());
+    const bool data = ends_with(name, ".parquet") || ends_with(name, ".arrow") ||
+                      ends_with(name, ".jsonl") || ends_with(name, ".jsonl.gz") ||
+                      ends_with(name, ".jsonl.zst");
+    if (e.is_regular_file() && data) files.push_back(e.path().string());
+  }
+  FT_CHECK_T(FormatError, !files.empty(), path,
+             " is a folder with neither state.json (datasets' save_to_disk) nor data files "
+             "(*.parquet, *.arrow, *.jsonl, *.jsonl.gz, *.jsonl.zst) in it; ",
+             kAccepted);
+  std::sort(files.begin(), files.end());
+  std::vector<std::unique_ptr<RecordFile>> shards;
+  for (const std::string& f : files) shards.push_back(open_record_file(f));
+  return std::make_unique<ShardedRecords>(path, std::move(shards));
+}
+
 }  // namespace
 
 std::unique_ptr<RecordFile> open_record_file(const std::string& path) {
   std::error_code ec;
   FT_CHECK_T(FormatError, fs::exists(path, ec), path, ": no such file or folder");
-  if (fs::is_directory(path, ec)) return open_arrow(path);
+  if (fs::is_directory(path, ec)) return open_folder(path);
   unsigned char head[8] = {};
   {
     std::ifstream in(path, std::ios::binary);

@@ -1189,7 +1189,7 @@ TEST_CASE("record files: corrupt, truncated and unknown files are FormatErrors n
   CHECK_THAT(read_error(fake), Catch::Contains("first bytes are not that format's"));
   const std::string folder = (dir.path / "folder").string();
   fs::create_directories(folder);
-  CHECK_THAT(read_error(folder), Catch::Contains(folder + " is a folder without state.json"));
+  CHECK_THAT(read_error(folder), Catch::Contains(folder + " is a folder with neither state.json"));
   CHECK_THAT(read_error(dir.path / "absent.jsonl"), Catch::Contains("no such file or folder"));
 }
 
@@ -1218,4 +1218,24 @@ TEST_CASE(
   // A second source reads the cache it finds.
   JsonlSource again(o);
   CHECK(again.cache_path() == gz.cache_path());
+}
+
+TEST_CASE(
+    "record files: a folder of shards reads them in name order, each record named by its "
+    "shard") {
+  TempDir dir;
+  fs::create_directories(dir.path / "shards");
+  std::string a, b;
+  for (int i = 0; i < 5; ++i) a += "{\"text\": \"a" + std::to_string(i) + "\"}\n";
+  for (int i = 0; i < 3; ++i) b += "{\"text\": \"b" + std::to_string(i) + "\"}\n";
+  const std::string second = dir.write("shards/train-00001-of-00002.jsonl.gz", gzip_of(b, 1));
+  const std::string first = dir.write("shards/train-00000-of-00002.jsonl", a);
+  dir.write("shards/README.md", "# not data\n");
+  const auto f = open_record_file((dir.path / "shards").string());
+  REQUIRE(f->size() == 8);
+  CHECK(f->read(0) == "{\"text\": \"a0\"}");
+  CHECK(f->read(5) == "{\"text\": \"b0\"}");
+  CHECK(f->origin(4) == first + ":5");
+  CHECK(f->origin(7) == second + ":3");
+  CHECK_FALSE(f->random_access());  // one shard is compressed
 }

@@ -74,7 +74,8 @@ def token_records():
 
 def write_all(records, base):
     """The same records as JSONL, Parquet (datasets, and pyarrow with small row groups), an Arrow
-    folder (datasets save_to_disk, two shards), gzip JSONL and zstd JSONL."""
+    folder (datasets save_to_disk, two shards), a folder of two Parquet shards, gzip JSONL and
+    zstd JSONL."""
     text = "".join(json.dumps(r) + "\n" for r in records)
     files = {"jsonl": base + ".jsonl"}
     with open(files["jsonl"], "w") as f:
@@ -84,6 +85,11 @@ def write_all(records, base):
     ds.to_parquet(files["parquet"])
     files["parquet_groups"] = base + "_groups.parquet"
     pq.write_table(pa.Table.from_pylist(records), files["parquet_groups"], row_group_size=5)
+    files["shards"] = base + "_shards"  # as the Hugging Face hub lays out Parquet shards
+    os.makedirs(files["shards"])
+    for k in range(2):
+        ds.shard(2, k, contiguous=True).to_parquet(
+            os.path.join(files["shards"], f"train-{k:05d}-of-00002.parquet"))
     files["arrow"] = base + "_arrow"
     ds.save_to_disk(files["arrow"], num_shards=2)
     files["gz"] = base + ".jsonl.gz"
@@ -99,7 +105,8 @@ def normalized_show(ft, path, extra):
     """`ft data show` of every record, with the file's name and the records' origins taken out."""
     p = run([ft, "data", "show", "--data", path, "-n", "100", "--no-color"] + extra)
     out = p.stdout.replace(path, "DATA")
-    out = re.sub(r"^--- DATA(:\d+|: row \d+) ", "--- RECORD ", out, flags=re.M)
+    out = re.sub(r"^--- DATA(/train-\d+-of-\d+\.parquet)?(:\d+|: row \d+) ", "--- RECORD ", out,
+                 flags=re.M)
     return out
 
 
