@@ -51,8 +51,7 @@ Run add_plan(CLI::App& app) {
     FT_CHECK(!a->train.value("preset").empty(),
              "--preset is required (a shipped name or a preset JSON file)");
     const std::string& data = a->train.value("data");
-    FT_CHECK(data.empty() || std::filesystem::exists(data), "--data ", data,
-             ": no such file");
+    FT_CHECK(data.empty() || std::filesystem::exists(data), "--data ", data, ": no such file");
     a->train.resolve_model("ft plan", a->json ? stderr : stdout);  // --json: stdout is the JSON
     const std::string model = a->train.value("model"), output = a->train.value("output");
     const int64_t gpu_bytes =
