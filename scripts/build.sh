@@ -13,13 +13,15 @@ export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)}
 source "$FT_CACHE/env.sh"
 gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
 launcher=(); command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
-want="$FT_TORCH_PREFIX|$FT_PYTHON|${FT_DEPS_DIR:-}|${FT_WITH_CUDA:-AUTO}"
+want="$FT_TORCH_PREFIX|$FT_PYTHON|${FT_DEPS_DIR:-}|${FT_WITH_CUDA:-AUTO}|${FT_ARROW_LIB_DIR:-}"
 if [[ ! -f $build/CMakeCache.txt || "$(cat "$build/.ft-config" 2>/dev/null)" != "$want" ]]; then
   cmake -S . -B "$build" "${gen[@]}" "${launcher[@]}" \
     -DCMAKE_BUILD_TYPE="${FT_BUILD_TYPE:-RelWithDebInfo}" \
     -DCMAKE_PREFIX_PATH="$FT_TORCH_PREFIX" \
     -DFT_PYTHON="$FT_PYTHON" \
     -DFT_DEPS_DIR="${FT_DEPS_DIR:-}" \
+    -DFT_ARROW_INCLUDE_DIR="${FT_ARROW_INCLUDE_DIR:-}" \
+    -DFT_ARROW_LIB_DIR="${FT_ARROW_LIB_DIR:-}" \
     -DFT_WITH_CUDA="${FT_WITH_CUDA:-AUTO}"
   echo "$want" > "$build/.ft-config"
 fi

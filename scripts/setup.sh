@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what ft needs to build, idempotently: Debian packages and LibTorch from the PyPI torch wheel
-# (into a venv under $FT_CACHE, outside the checkout). Writes $FT_CACHE/env.sh, which build.sh reads.
+# Installs what ft needs to build, idempotently: Debian packages, LibTorch from the PyPI torch wheel
+# and Apache Arrow's C++ library from the pyarrow wheel (into a venv under $FT_CACHE, outside the
+# checkout). Writes $FT_CACHE/env.sh, which build.sh reads.
 # A second run with everything in place only checks and takes about a second.
 #
 #   FT_CACHE=dir        cache folder (default ~/.cache/ft)
@@ -9,13 +10,16 @@
 #   FT_DEPS_DIR=dir     extra include/ prefix for header-only deps (CLI11, nlohmann, fmt, catch2) where
 #                       apt cannot run; scripts/pack-headers.sh makes one
 #   FT_WITH_REFERENCE=0 skip the reference libraries (transformers, peft, tokenizers, safetensors,
-#                       jinja2, tensorboard), which are otherwise pip-installed into the venv: the
+#                       jinja2, tensorboard, datasets), which are otherwise pip-installed into the venv: the
 #                       interop tests and the fixture scripts use them. Default 1, except with
 #                       FT_PYTHON (no downloads) and FT_SETUP=demo
 #   FT_SETUP=demo       only what building and running `ft` needs (`make demo`): no test tools
 #                       (clang, chromium, iproute2) and no reference libraries
 set -euo pipefail
 FT_TORCH_VERSION=${FT_TORCH_VERSION:-2.11.0}
+# Apache Arrow's C++ library (Parquet and Arrow data) comes from the pyarrow wheel, as LibTorch from
+# torch's; ft links it, so `make demo` installs it too.
+FT_PYARROW_VERSION=${FT_PYARROW_VERSION:-26.0.1}
 FT_CACHE=${FT_CACHE:-$HOME/.cache/ft}
 mkdir -p "$FT_CACHE"
 
@@ -23,9 +27,10 @@ log() { printf '[setup] %s\n' "$*"; }
 
 # --- Debian packages -------------------------------------------------------------------------------
 # libpcre2-dev and libicu-dev: the tokenizer's regexes and Unicode normalization / properties.
+# zlib1g-dev and libzstd-dev: JSONL data compressed with gzip or zstd.
 # clang and libclang-rt-14-dev (libFuzzer, ASan, UBSan): the fuzz harnesses (scripts/fuzz.sh).
 # chromium: the browser test of `ft report`'s pages (tests/report/browser_check.py).
-pkgs=(cmake g++ ninja-build ccache make git python3 python3-venv libcli11-dev nlohmann-json3-dev catch2 libgloo-dev libpcre2-dev libicu-dev pkg-config)
+pkgs=(cmake g++ ninja-build ccache make git python3 python3-venv libcli11-dev nlohmann-json3-dev catch2 libgloo-dev libpcre2-dev libicu-dev zlib1g-dev libzstd-dev pkg-config)
 # slurm-wlm (slurmctld, slurmd, sbatch...): the SLURM cluster test (tests/launcher/slurm_test.cpp).
 [[ "${FT_SETUP:-all}" == demo ]] || pkgs+=(iproute2 clang libclang-rt-14-dev chromium slurm-wlm)
 missing=()
@@ -72,27 +77,60 @@ print(importlib.metadata.version("torch"))
 PY
 ) || { echo "[setup] error: '$py' cannot import torch. Set FT_PYTHON to a Python with torch, or unset it." >&2; exit 1; }
 prefix=$(sed -n 1p <<<"$info"); tver=$(sed -n 2p <<<"$info")
+
+# --- Apache Arrow (from the pyarrow wheel) -----------------------------------------------------------
+# Its headers and libraries sit in the package folder (pyarrow.get_include(), get_library_dirs());
+# found without importing pyarrow, as torch is.
+arrow_info() {
+  "$py" - <<'PY'
+import importlib.metadata, importlib.util, os
+spec = importlib.util.find_spec("pyarrow")
+root = list(spec.submodule_search_locations)[0] if spec else ""
+ok = root and os.path.isfile(os.path.join(root, "include", "arrow", "api.h"))
+print(importlib.metadata.version("pyarrow") if ok else "")
+print(os.path.join(root, "include") if ok else "")
+print(root)
+PY
+}
+arrow=$(arrow_info)
+if [[ "$(sed -n 1p <<<"$arrow")" != "$FT_PYARROW_VERSION" ]]; then
+  if [[ -n "${FT_PYTHON:-}" ]]; then
+    [[ -n "$(sed -n 1p <<<"$arrow")" ]] || {
+      echo "[setup] error: '$py' has no pyarrow, which ft links (Parquet and Arrow data): pip install pyarrow==$FT_PYARROW_VERSION there" >&2; exit 1; }
+    log "using pyarrow $(sed -n 1p <<<"$arrow") from $py (ft pins $FT_PYARROW_VERSION)"
+  else
+    log "installing pyarrow==$FT_PYARROW_VERSION into $venv"
+    "$py" -m pip install -q --disable-pip-version-check --progress-bar off "pyarrow==$FT_PYARROW_VERSION"
+    arrow=$(arrow_info)
+  fi
+fi
+arrow_include=$(sed -n 2p <<<"$arrow"); arrow_lib=$(sed -n 3p <<<"$arrow")
+
 cat > "$FT_CACHE/env.sh.tmp" <<ENV
 FT_PYTHON=$py
 FT_TORCH_PREFIX=$prefix
 FT_TORCH_VERSION_FOUND=$tver
 FT_DEPS_DIR=${FT_DEPS_DIR:-}
+FT_ARROW_INCLUDE_DIR=$arrow_include
+FT_ARROW_LIB_DIR=$arrow_lib
 ENV
 mv "$FT_CACHE/env.sh.tmp" "$FT_CACHE/env.sh"
-log "torch $tver at $prefix"
+log "torch $tver at $prefix; pyarrow $(sed -n 1p <<<"$arrow") at $arrow_lib"
 
 # --- Reference libraries ---------------------------------------------------------------
 # Pinned: the committed fixtures were generated with these versions (tests/*/fixtures/make_*.py).
 # tensorboard: its own reader checks ft's event files (tests/report/tensorboard_check.py).
-reference_pkgs=(transformers==5.24.0 peft==0.21.2 tokenizers==0.23.3 safetensors==0.8.0 jinja2==3.1.6 tensorboard==2.21.0)
+# datasets: writes the Parquet, Arrow (save_to_disk) and compressed files ft reads in
+# tests/data/files_check.py.
+reference_pkgs=(transformers==5.24.0 peft==0.21.2 tokenizers==0.23.3 safetensors==0.8.0 jinja2==3.1.6 tensorboard==2.21.0 datasets==5.2.0)
 if [[ -n "${FT_PYTHON:-}" || "${FT_SETUP:-all}" == demo ]]; then FT_WITH_REFERENCE=${FT_WITH_REFERENCE:-0}; fi
 if [[ "${FT_WITH_REFERENCE:-1}" != 0 ]]; then
   # find_spec, not import: importing transformers costs seconds on every make.
   if "$py" -c 'import importlib.util as u, sys
-sys.exit(not all(u.find_spec(m) for m in ("transformers", "peft", "tokenizers", "safetensors", "jinja2", "tensorboard")))'; then
+sys.exit(not all(u.find_spec(m) for m in ("transformers", "peft", "tokenizers", "safetensors", "jinja2", "tensorboard", "datasets")))'; then
     log "reference libraries present in $py"
   else
-    log "installing the reference libraries (transformers, peft, tokenizers, safetensors, jinja2, tensorboard) into $py"
+    log "installing the reference libraries (transformers, peft, tokenizers, safetensors, jinja2, tensorboard, datasets) into $py"
     "$py" -m pip install -q --disable-pip-version-check --progress-bar off \
       "${reference_pkgs[@]}"
   fi

@@ -22,7 +22,7 @@
 namespace ft::app {
 
 Run add_data(CLI::App& app) {
-  auto* cmd = app.add_subcommand("data", "Look at a JSONL dataset as the trainer reads it");
+  auto* cmd = app.add_subcommand("data", "Look at a dataset as the trainer reads it");
   cmd->require_subcommand(1);
   auto* show = cmd->add_subcommand(
       "show", "Print the first records as the trainer sees them, and statistics of the file");
@@ -36,7 +36,10 @@ Run add_data(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   for (CLI::App* sub : {show, prepare}) {
-    sub->add_option("--data", o->data, "JSONL data")->required();
+    sub->add_option("--data", o->data,
+                    "Data: JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet, Arrow, or a folder "
+                    "datasets' save_to_disk wrote")
+        ->required();
     sub->add_option("--preset", o->preset, "Preset whose data.* keys say how to read the data");
     sub->add_option("--model", o->model,
                     "Model directory, or a hub id the local hub cache holds (its tokenizer.json "
@@ -85,12 +88,12 @@ Run add_data(CLI::App& app) {
       const std::string path = data::token_cache_path(jo, key);
       const data::PrepareResult r =
           data::write_token_cache(source, path, key, progress("tokenized"));
-      const double mb = static_cast<double>(std::filesystem::file_size(o->data)) / 1e6;
+      const double mb = static_cast<double>(data::data_identity(o->data).bytes) / 1e6;
       fmt::print(
-          "{}: {} records ({} malformed, skipped), {} tokens, {:.1f} MB of JSONL in {:.1f} "
+          "{}: {} records ({} malformed, skipped), {} tokens, {:.1f} MB of {} in {:.1f} "
           "s ({:.1f} MB/s, {:.0f} tokens/s); ft train --data {}{} reads it\n",
-          path, r.records, r.malformed, r.tokens, mb, r.seconds, mb / r.seconds,
-          static_cast<double>(r.tokens) / r.seconds, o->data,
+          path, r.records, r.malformed, r.tokens, mb, source.file().kind(), r.seconds,
+          mb / r.seconds, static_cast<double>(r.tokens) / r.seconds, o->data,
           o->cache_dir.empty() ? "" : " --data-cache " + o->cache_dir);
       return 0;
     }
@@ -110,10 +113,11 @@ Run add_data(CLI::App& app) {
     fmt::print("--- {}: template {}, format {}\n{}", o->data, source.template_used(),
                data::name_of(source.format()), data::format_stats(stats));
     std::fflush(stdout);
-    FT_CHECK_T(FormatError, stats.stopped_error.empty(), stats.stopped_error,
-               "; the statistics above cover the ", stats.covered,
-               " records before it. Fix that line, or read the file without such lines (skipped "
-               "and counted, in ft train too) with --set data.on_bad_record=skip");
+    FT_CHECK_T(
+        FormatError, stats.stopped_error.empty(), stats.stopped_error,
+        "; the statistics above cover the ", stats.covered,
+        " records before it. Fix that record, or read the file without such records (skipped "
+        "and counted, in ft train too) with --set data.on_bad_record=skip");
     return 0;
   };
 }

@@ -53,7 +53,7 @@ Run add_plan(CLI::App& app) {
              "--preset is required (a shipped name or a preset JSON file)");
     for (const std::string& arg : a->train.values("data")) {
       const std::string data = data::parse_data_arg(arg).settings.path;
-      FT_CHECK(std::filesystem::is_regular_file(data), "--data ", data, ": no such file");
+      FT_CHECK(std::filesystem::exists(data), "--data ", data, ": no such file");
     }
     a->train.resolve_model("ft plan", a->json ? stderr : stdout);  // --json: stdout is the JSON
     const std::string model = a->train.value("model"), output = a->train.value("output");

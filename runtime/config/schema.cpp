@@ -89,8 +89,7 @@ void bind_source_shape(const json& entry, config::RecordShapeOverrides& shape) {
   auto text = [](const json& obj, const char* key, std::optional<std::string>& to) {
     if (obj.is_object() && obj.contains(key)) to = obj[key].get<std::string>();
   };
-  auto list = [](const json& obj, const char* key,
-                 std::optional<std::vector<std::string>>& to) {
+  auto list = [](const json& obj, const char* key, std::optional<std::vector<std::string>>& to) {
     if (obj.is_object() && obj.contains(key)) to = obj[key].get<std::vector<std::string>>();
   };
   const json none = json::object();
@@ -140,7 +139,8 @@ Setting data_sources_row() {
       field("tags.user", Kind::kStringList, json::array(), "as data.tags.user, for this source"),
       field("tags.assistant", Kind::kStringList, json::array(),
             "as data.tags.assistant, for this source"),
-      field("tags.system", Kind::kStringList, json::array(), "as data.tags.system, for this source"),
+      field("tags.system", Kind::kStringList, json::array(),
+            "as data.tags.system, for this source"),
       field("tags.function_call", Kind::kStringList, json::array(),
             "as data.tags.function_call, for this source"),
       field("tags.observation", Kind::kStringList, json::array(),

@@ -70,12 +70,12 @@ struct RecordShapeOverrides {
 // One entry of data.sources (a weighted mixture; docs/training.md "Mixtures"), or one --data
 // PATH[:WEIGHT]. Empty format / template: data.format's and data.template's.
 struct DataSourceSettings {
-  std::string path;           // JSONL; relative to the working directory, as --data
-  std::string name;           // in metrics and the report; "" = the path's file name
-  std::string format;         // "" | auto | text | alpaca | chat | sharegpt | tokenized
-  std::string chat_template;  // "template": "" | auto | llama3 | llama2 | chatml | mistral | none
-  double weight = 1;          // > 0; the mixture's shares are the weights over their sum
-  int64_t max_records = 0;    // the file's first max_records records only; 0 = all
+  std::string path;            // JSONL; relative to the working directory, as --data
+  std::string name;            // in metrics and the report; "" = the path's file name
+  std::string format;          // "" | auto | text | alpaca | chat | sharegpt | tokenized
+  std::string chat_template;   // "template": "" | auto | llama3 | llama2 | chatml | mistral | none
+  double weight = 1;           // > 0; the mixture's shares are the weights over their sum
+  int64_t max_records = 0;     // the file's first max_records records only; 0 = all
   RecordShapeOverrides shape;  // "columns", "tags", "tools": this source's record shape
 };
 
@@ -85,7 +85,7 @@ struct DataSettings {
   int64_t seq_len = 0;
   bool pack = false;
   bool train_on_prompt = false;
-  std::string on_bad_record;                // error | skip
+  std::string on_bad_record;  // error | skip
   RecordShapeSettings shape;
   std::vector<DataSourceSettings> sources;  // data.sources: a mixture; empty = --data
 

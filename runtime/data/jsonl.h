@@ -1,5 +1,6 @@
-// An index of the records (non-empty lines) of a JSONL file: one scan records each line's byte
-// offset, then records are read by seeking, so a file larger than RAM is streamed, never loaded.
+// An index of the records (non-empty lines) of a plain JSONL file: one scan records each line's
+// byte offset, then records are read by seeking, so a file larger than RAM is streamed, never
+// loaded. The JSONL reader behind record_file.h's open_record_file.
 // Owns the index and an open descriptor; read() uses pread(), so it is thread-safe.
 #pragma once
 
@@ -27,6 +28,8 @@ class JsonlIndex {
   int64_t size() const { return static_cast<int64_t>(entries_.size()); }
   // Record i (0 <= i < size()).
   JsonlLine read(int64_t i) const;
+  // Record i's 1-based line number, without reading it.
+  int64_t line_of(int64_t i) const { return entries_[static_cast<size_t>(i)].line; }
 
  private:
   struct Entry {

@@ -77,7 +77,7 @@ JsonlOptions jsonl_options(const config::DataSettings& data) {
 JsonlSource::JsonlSource(JsonlOptions options, int64_t start_sample)
     : options_(std::move(options)),
       tokenizer_(load_tokenizer(options_)),
-      index_(options_.path),
+      file_(open_record_file(options_.path)),
       format_(options_.format) {
   const JsonlOptions& o = options_;
   FT_CHECK(o.seq_len >= 2, "data.seq_len must be >= 2, got ", o.seq_len);
@@ -86,12 +86,14 @@ JsonlSource::JsonlSource(JsonlOptions options, int64_t start_sample)
            " is not in [0, world_size ", o.world_size, ")");
   FT_CHECK(start_sample >= 0, "data: start sample must be >= 0, got ", start_sample);
   FT_CHECK(o.max_records >= 0, "data: max_records must be >= 0, got ", o.max_records);
-  FT_CHECK_T(FormatError, index_.size() > 0, o.path,
-             ": no records (the file has no non-empty lines)");
-  used_ = o.max_records > 0 ? std::min(o.max_records, index_.size()) : index_.size();
-  const JsonlLine first = index_.read(0);
-  const std::string origin = detail::cat(o.path, ":", first.line);
-  if (format_ == RecordFormat::kAuto) format_ = detect_format(first.text, origin, o.shape);
+  FT_CHECK_T(FormatError, file_->size() > 0, o.path, ": no records (",
+             std::string(file_->kind()).find("JSONL") != std::string::npos
+                 ? "the file has no non-empty lines"
+                 : std::string("the ") + file_->kind() + " data has no rows",
+             ")");
+  used_ = o.max_records > 0 ? std::min(o.max_records, file_->size()) : file_->size();
+  if (format_ == RecordFormat::kAuto)
+    format_ = detect_format(file_->read(0), file_->origin(0), o.shape);
   FT_CHECK(tokenizer_ || format_ == RecordFormat::kTokens, "--data ", o.path, " holds ",
            name_of(format_),
            " records, which need a tokenizer to become token ids: give --tokenizer "
@@ -117,22 +119,31 @@ JsonlSource::JsonlSource(JsonlOptions options, int64_t start_sample)
            ", and the tokenizer has the special tokens of none of the built-in templates; set "
            "--set data.template=llama3|llama2|chatml|mistral");
   (void)tokenize_whole(0);  // a bad first record stops here, whatever the policy
-  if (o.use_cache) {
-    const nlohmann::json key = cache_key();
-    const std::string path = token_cache_path(o, key);
-    cache_ = TokenCache::open(path, key, &cache_note_);
-    if (cache_ && cache_->records() != index_.size()) {
-      cache_note_ = detail::cat("the tokenized cache ", path, " holds ", cache_->records(),
-                                " records, the file ", index_.size(), ": not used");
-      cache_.reset();
-    }
-    if (cache_) cache_path_ = path;
-  }
+  if (o.use_cache) open_cache();
   const int64_t W = o.world_size;
   next_global_ = start_sample + (((o.rank - start_sample) % W) + W) % W;
 }
 
 JsonlSource::~JsonlSource() = default;
+
+void JsonlSource::open_cache() {
+  const nlohmann::json key = cache_key();
+  const std::string path = token_cache_path(options_, key);
+  const auto fits = [&] {
+    if (cache_ && cache_->records() != file_->size()) {
+      cache_note_ = detail::cat("the tokenized cache ", path, " holds ", cache_->records(),
+                                " records, the file ", file_->size(), ": not used");
+      cache_.reset();
+    }
+    return cache_ != nullptr;
+  };
+  cache_ = TokenCache::open(path, key, &cache_note_);
+  if (!fits() && options_.prepare_cache && !file_->random_access()) {
+    cache_ = prepare_token_cache(*this, path, key);
+    (void)fits();
+  }
+  if (cache_) cache_path_ = path;
+}
 
 nlohmann::json JsonlSource::cache_key() const {
   nlohmann::json key = token_cache_key(options_);
@@ -251,15 +262,15 @@ int64_t JsonlSource::record_at(int64_t epoch, int64_t position) {
 }
 
 TokenizedRecord JsonlSource::tokenize_whole(int64_t record, std::string* origin_out) const {
-  // From the cache, unless the record is malformed there (its error comes from the file).
-  if (cache_ && !cache_->malformed(record)) {
-    if (origin_out) *origin_out = detail::cat(options_.path, ":", index_.read(record).line);
-    return cache_->record(record);
-  }
-  const JsonlLine line = index_.read(record);
-  const std::string origin = detail::cat(options_.path, ":", line.line);
+  const std::string origin = file_->origin(record);
   if (origin_out) *origin_out = origin;
-  const Record parsed = parse_record(line.text, format_, origin, options_.shape);
+  // From the cache, unless the record is malformed there: its error comes from the file, unless
+  // reading it there would decompress the file up to it (ft data show names the error).
+  if (cache_ && !cache_->malformed(record)) return cache_->record(record);
+  FT_CHECK_T(FormatError, !cache_ || file_->random_access(), origin,
+             ": a malformed record (so marked in the tokenized cache; ft data show --data ",
+             options_.path, " says what is wrong with it)");
+  const Record parsed = parse_record(file_->read(record), format_, origin, options_.shape);
   if (parsed.format == RecordFormat::kTokens) {
     const int64_t vocab = options_.vocab_size > 0 ? options_.vocab_size
                                                   : static_cast<int64_t>(tokenizer_->vocab_size());

@@ -1,7 +1,7 @@
-// Training batches from a JSONL dataset: records in a deterministic per-epoch shuffle, rendered
-// with a chat template, tokenized, truncated to seq_len and packed into [B, T] rows as the
-// synthetic source packs them. Owns its file index and shares the tokenizer; not thread-safe (a
-// source is read by one loop).
+// Training batches from a dataset file (JSONL, compressed JSONL, Parquet, Arrow: record_file.h):
+// records in a deterministic per-epoch shuffle, rendered with a chat template, tokenized,
+// truncated to seq_len and packed into [B, T] rows as the synthetic source packs them. Owns its
+// record file and shares the tokenizer; not thread-safe (a source is read by one loop).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,7 @@
 #include "config/settings.h"
 #include "data/batch.h"
 #include "data/chat_template.h"
-#include "data/jsonl.h"
+#include "data/record_file.h"
 #include "data/records.h"
 
 namespace ft::tokenizer {
@@ -56,6 +56,11 @@ struct JsonlOptions {
   // one for these inputs; data.cache_dir, "" = PATH.ftcache.
   bool use_cache = false;
   std::string cache_dir;
+  // With use_cache, for a file without cheap random access (RecordFile::random_access: compressed
+  // JSONL, a large Parquet file): make the cache first when there is none, one process at a time
+  // (a lock file beside it; the others wait and then read it), with progress on stderr. ft train
+  // sets it: its shuffled reads would otherwise decompress or decode the file again and again.
+  bool prepare_cache = false;
   uint64_t seed = kDefaultSeed;  // shuffle seed; the order of epoch e is a function of (seed, e)
   int rank = 0, world_size = 1;
   int64_t max_records = 0;  // train on the file's first max_records records only; 0 = all
@@ -100,7 +105,7 @@ class JsonlSource : public BatchSource {
   std::vector<int64_t> position() const override { return {samples_consumed()}; }
   void seek(const std::vector<int64_t>& position) override;
 
-  int64_t num_records() const { return index_.size(); }
+  int64_t num_records() const { return file_->size(); }
   // The records training may use: the file's first max_records (all when 0).
   int64_t used_records() const { return used_; }
   // The records an epoch holds: the used ones less those hold_out() set aside.
@@ -110,6 +115,7 @@ class JsonlSource : public BatchSource {
   // next(). ConfigError when no record would be left to train on.
   void hold_out(int64_t count, uint64_t salt);
   const std::vector<int64_t>& held_out() const { return held_out_; }  // file indices, ascending
+  const RecordFile& file() const { return *file_; }
   // The epoch of the next record a batch will take.
   int64_t epoch() const { return cursor() / train_records(); }
   int64_t skipped() const { return skipped_; }      // malformed records skipped (this rank)
@@ -141,8 +147,9 @@ class JsonlSource : public BatchSource {
   std::optional<TokenizedRecord> take(int64_t record);
 
   // Record `record` (a file index, in file order) parsed and tokenized whole, not cut to seq_len;
-  // `origin` gets its file:line. FormatError naming file:line for a malformed one. Thread-safe
-  // (ft eval tokenizes every record this way, in parallel).
+  // `origin` gets its file:line (RecordFile::origin). FormatError naming file:line for a malformed
+  // one. Thread-safe (ft eval tokenizes every record this way, in parallel: in file order, chunk
+  // by chunk, as a file without random access wants).
   TokenizedRecord tokenize_whole(int64_t record, std::string* origin = nullptr) const;
 
   // One epoch as next() lays it out: every record tokenized once (in parallel, calling
@@ -195,8 +202,10 @@ class JsonlSource : public BatchSource {
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
   std::shared_ptr<const JinjaChatTemplate> model_template_;  // data.template auto, when it has one
   bool template_from_auto_ = false;
-  JsonlIndex index_;
-  int64_t used_ = 0;               // min(index_.size(), max_records)
+  // With use_cache: the cache when it exists for these inputs, or is made now (prepare_cache).
+  void open_cache();
+  std::unique_ptr<RecordFile> file_;
+  int64_t used_ = 0;               // min(file_->size(), max_records)
   std::vector<int64_t> held_out_;  // hold_out()'s records, ascending
   std::vector<int64_t> trained_;   // the used records less held_out_ (empty when none is held out)
   RecordFormat format_;

@@ -81,13 +81,13 @@ SourceSpec parse_data_arg(const std::string& arg) {
   s.origin = "--data '" + arg + "'";
   s.settings.path = arg;
   const size_t colon = arg.rfind(':');
-  // A file of that name is a path, whatever it ends with.
-  if (colon == std::string::npos || colon == 0 || fs::is_regular_file(arg)) return s;
+  // A file (or folder) of that name is a path, whatever it ends with.
+  if (colon == std::string::npos || colon == 0 || fs::exists(arg)) return s;
   const std::string tail = arg.substr(colon + 1);
   const std::optional<double> weight = number_of(tail);
   if (!weight) {
     // Not a number: part of the path, unless the text before the ':' is the file.
-    FT_CHECK(!fs::is_regular_file(arg.substr(0, colon)), s.origin, ": '", tail,
+    FT_CHECK(!fs::exists(arg.substr(0, colon)), s.origin, ": '", tail,
              "' is not a weight: give PATH:WEIGHT with a number > 0 (--data a.jsonl:0.7)");
     return s;
   }
@@ -125,8 +125,8 @@ std::vector<std::unique_ptr<JsonlSource>> open_sources(const std::vector<SourceS
   std::vector<std::unique_ptr<JsonlSource>> out;
   for (const SourceSpec& spec : specs) {
     const config::DataSourceSettings& s = spec.settings;
-    FT_CHECK(fs::is_regular_file(s.path), spec.origin, ": ", s.path,
-             fs::exists(s.path) ? " is not a file" : " does not exist",
+    // A file or a folder (save_to_disk, shards): open_record_file says which it reads.
+    FT_CHECK(fs::exists(s.path), spec.origin, ": ", s.path, " does not exist",
              " (paths are relative to the working directory, ", fs::current_path().string(), ")");
     JsonlOptions o = base;
     o.path = s.path;

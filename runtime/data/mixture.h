@@ -36,8 +36,8 @@ std::vector<SourceSpec> training_sources(const config::DataSettings& data,
                                          const std::vector<std::string>& data_args);
 
 // Each spec opened as a JsonlSource: `base` with the spec's path, format, template,
-// max_records and record shape (empty format / template: base's). ConfigError naming the spec's origin for a
-// file that does not exist.
+// max_records and record shape (empty format / template: base's). ConfigError naming the spec's
+// origin for a file that does not exist.
 std::vector<std::unique_ptr<JsonlSource>> open_sources(const std::vector<SourceSpec>& specs,
                                                        const JsonlOptions& base);
 

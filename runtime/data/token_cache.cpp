@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "data/record_file.h"
 #include "io/durable_file.h"
 
 namespace ft::data {
@@ -76,15 +78,12 @@ std::string key_difference(const json& stored, const json& wanted) {
 }  // namespace
 
 json token_cache_key(const JsonlOptions& o) {
-  struct stat st {};
-  FT_CHECK(::stat(o.path.c_str(), &st) == 0, "cannot stat ", o.path, ": ", std::strerror(errno));
-  const int64_t mtime_ns =
-      static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  const DataIdentity id = data_identity(o.path);
   return {{"version", kVersion},
           {"data",
            {{"path", fs::absolute(o.path).lexically_normal().string()},
-            {"bytes", static_cast<int64_t>(st.st_size)},
-            {"mtime_ns", mtime_ns}}},
+            {"bytes", static_cast<int64_t>(id.bytes)},
+            {"mtime_ns", id.mtime_ns}}},
           {"tokenizer", o.tokenizer_path.empty() ? json(nullptr) : file_identity(o.tokenizer_path)},
           {"format", name_of(o.format)},
           {"shape", o.shape.key()},
@@ -93,7 +92,13 @@ json token_cache_key(const JsonlOptions& o) {
 }
 
 std::string token_cache_path(const JsonlOptions& o, const json& key) {
-  const std::string dir = o.cache_dir.empty() ? o.path + ".ftcache" : o.cache_dir;
+  // A folder's cache beside it, as a file's: DIR.ftcache, not DIR/.ftcache.
+  const std::string data = fs::path(o.path).lexically_normal().string();
+  const std::string dir =
+      o.cache_dir.empty()
+          ? (data.size() > 1 && data.back() == '/' ? data.substr(0, data.size() - 1) : data) +
+                ".ftcache"
+          : o.cache_dir;
   const std::string text = key.dump();
   return fmt::format("{}/{:016x}.tokens", dir, fnv1a(text.data(), text.size()));
 }
@@ -214,7 +219,9 @@ PrepareResult write_token_cache(const JsonlSource& source, const std::string& pa
   r.records = source.num_records();
   std::vector<int64_t> offsets{0};
   std::vector<uint8_t> status;
-  constexpr int64_t kChunk = 4096;
+  // Records tokenized at once: their ids and labels are held until written (1,024 records of
+  // 2,000 tokens: 32 MB).
+  constexpr int64_t kChunk = 1024;
   std::vector<TokenizedRecord> chunk;
   std::vector<char> bad;
   for (int64_t begin = 0; begin < r.records; begin += kChunk) {
@@ -257,6 +264,76 @@ PrepareResult write_token_cache(const JsonlSource& source, const std::string& pa
   r.bytes = static_cast<uint64_t>(fs::file_size(path));
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
+}
+
+}  // namespace ft::data
+
+namespace ft::data {
+namespace {
+
+// An exclusive flock on `path`, released (and its descriptor closed) on destruction.
+class FileLock {
+ public:
+  explicit FileLock(const std::string& path, const std::string& waiting_for) {
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    FT_CHECK_T(SystemError, fd_ >= 0, "cannot create the lock file ", path, ": ",
+               std::strerror(errno),
+               "; give another cache folder with --data-cache (ft train) or "
+               "--cache-dir (ft data prepare)");
+    const auto start = std::chrono::steady_clock::now();
+    auto last = start;
+    while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      FT_CHECK_T(SystemError, errno == EWOULDBLOCK || errno == EINTR, "flock ", path, ": ",
+                 std::strerror(errno));
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last >= std::chrono::seconds(30)) {
+        fmt::print(stderr, "ft: waiting {:.0f} s for another process {} (lock {})\n",
+                   std::chrono::duration<double>(now - start).count(), waiting_for, path);
+        last = now;
+      }
+      ::usleep(200 * 1000);
+    }
+  }
+  ~FileLock() { ::close(fd_); }  // closing releases the lock
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace
+
+std::unique_ptr<TokenCache> prepare_token_cache(const JsonlSource& source, const std::string& path,
+                                                const json& key) {
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path(), ec);
+  FT_CHECK_T(SystemError, !ec, "cannot create the cache directory ",
+             fs::path(path).parent_path().string(), ": ", ec.message(),
+             "; give another with --data-cache (ft train) or --cache-dir (ft data prepare)");
+  const std::string data = source.file().path();
+  const FileLock lock(path + ".lock", "tokenizing " + data + " into " + path);
+  std::string why;
+  if (auto made = TokenCache::open(path, key, &why)) return made;  // another process made it
+  fmt::print(stderr,
+             "ft: tokenizing {} ({} records) once into {}: {} has no cheap random access, and "
+             "training reads records in a shuffled order; later runs read the cache\n",
+             data, source.num_records(), path, source.file().kind());
+  const auto start = std::chrono::steady_clock::now();
+  auto last = start;
+  const PrepareResult r = write_token_cache(source, path, key, [&](int64_t done, int64_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last < std::chrono::seconds(10)) return;
+    last = now;
+    fmt::print(stderr, "ft: tokenized {} of {} records of {} ({:.0f} s)\n", done, total, data,
+               std::chrono::duration<double>(now - start).count());
+  });
+  fmt::print(stderr, "ft: {} records, {} tokens tokenized into {} in {:.1f} s\n", r.records,
+             r.tokens, path, r.seconds);
+  auto made = TokenCache::open(path, key, &why);
+  FT_CHECK_T(SystemError, made != nullptr,
+             "the tokenized cache just written cannot be read: ", why);
+  return made;
 }
 
 }  // namespace ft::data

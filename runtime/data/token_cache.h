@@ -1,4 +1,4 @@
-// The tokenized form of a JSONL dataset, made once by `ft data prepare` and memory-mapped by
+// The tokenized form of a dataset file, made once by `ft data prepare` and memory-mapped by
 // every rank and every restart instead of tokenizing the corpus at start. One file per (data
 // file, tokenizer, format, template, prompt masking), beside the data by default
 // (`FILE.ftcache/`, or data.cache_dir): records are kept whole, so one cache serves every
@@ -21,7 +21,8 @@
 
 namespace ft::data {
 
-// What a cache is valid for: the data file's path, size and modification time, the tokenizer
+// What a cache is valid for: the data's path, size and modification time (of a folder, its files'
+// total and newest: record_file.h's data_identity), the tokenizer
 // file's size and FNV-1a hash, the format, template and prompt masking, the cache version.
 nlohmann::json token_cache_key(const JsonlOptions& options);
 // The cache file of `options`: data.cache_dir (or PATH.ftcache) / <hash of the key>.tokens.
@@ -67,5 +68,12 @@ struct PrepareResult {
 PrepareResult write_token_cache(const JsonlSource& source, const std::string& path,
                                 const nlohmann::json& key,
                                 const std::function<void(int64_t, int64_t)>& progress);
+
+// The cache at `path`, made by write_token_cache when it does not exist or was made for other
+// inputs: one process at a time under an flock on `path`.lock, so that the ranks of a node
+// tokenize the file once (the others wait, with a line on stderr every 30 s, then read it).
+// Progress on stderr every 10 s. Errors as write_token_cache's; null never.
+std::unique_ptr<TokenCache> prepare_token_cache(const JsonlSource& source, const std::string& path,
+                                                const nlohmann::json& key);
 
 }  // namespace ft::data

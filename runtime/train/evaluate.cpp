@@ -65,16 +65,20 @@ EvalSet make_eval_set(const std::vector<EvalRecord>& chosen, const config::EvalS
   std::vector<data::TokenizedRecord> records(chosen.size());
   std::vector<std::string> origins(records.size());
   std::vector<char> malformed(records.size(), 0);
-  at::parallel_for(0, set.records, 1, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      try {
-        records[i] = chosen[i].source->tokenize_whole(chosen[i].record, &origins[i]);
-      } catch (const FormatError&) {
-        if (!skip_malformed) throw;
-        malformed[i] = 1;  // no tokens: no piece, no loss
+  // Chunk by chunk in file order: a compressed file is read forward, never from its start again.
+  constexpr int64_t kChunk = 4096;
+  for (int64_t begin = 0; begin < set.records; begin += kChunk) {
+    at::parallel_for(begin, std::min(set.records, begin + kChunk), 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        try {
+          records[i] = chosen[i].source->tokenize_whole(chosen[i].record, &origins[i]);
+        } catch (const FormatError&) {
+          if (!skip_malformed) throw;
+          malformed[i] = 1;  // no tokens: no piece, no loss
+        }
       }
-    }
-  });
+    });
+  }
   set.records -= std::count(malformed.begin(), malformed.end(), 1);
   for (size_t i = 0; i < origins.size(); ++i)
     if (!malformed[i]) set.origins.push_back(origins[i]);

@@ -405,6 +405,7 @@ void TrainingRun::open_sources() {
                              "; use the model's own tokenizer (or --set model.vocab_size)");
   jo.vocab_size = mc_.vocab_size;
   jo.use_cache = true;
+  jo.prepare_cache = true;  // compressed or large columnar data: tokenized once, then cached
   jo.cache_dir = o_.data_cache_dir;
   jo.micro_batch = s_.train.micro_batch;
   jo.seed = s_.train.seed;

@@ -1,9 +1,12 @@
-// JSONL data: the line index, each record format and its auto-detection, the chat templates'
+// Data files (JSONL plain, gzip and zstd; Parquet and Arrow in files_check.py), the line index,
+// each record format and its auto-detection, the chat templates'
 // exact text, prompt masking, packing invariants, the deterministic shuffle, and malformed
 // records (each a FormatError naming file:line, or skipped and counted).
 #include "support/catch_torch.h"
 // (catch_torch.h first: it drops c10's CHECK before Catch defines its own)
 #include <unistd.h>
+#include <zlib.h>
+#include <zstd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -19,6 +22,7 @@
 #include "data/chat_template.h"
 #include "data/jsonl.h"
 #include "data/jsonl_source.h"
+#include "data/record_file.h"
 #include "data/records.h"
 #include "data/token_cache.h"
 #include "tokenizer/tokenizer.h"
@@ -1099,4 +1103,159 @@ TEST_CASE("the tokenized cache's key holds the model's own chat template") {
   const nlohmann::json own = JsonlSource(o).cache_key();
   CHECK(own["template_text"] == text);
   CHECK(token_cache_path(o, own) != token_cache_path(o, builtin));
+}
+
+namespace {
+
+// `text` gzip-compressed as `members` concatenated gzip members (as `cat a.gz b.gz` makes).
+std::string gzip_of(const std::string& text, int members) {
+  std::string out;
+  const size_t part = text.size() / static_cast<size_t>(members) + 1;
+  for (size_t begin = 0; begin < text.size(); begin += part) {
+    const std::string piece = text.substr(begin, part);
+    z_stream z{};
+    REQUIRE(deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+    std::string buf(deflateBound(&z, piece.size()), '\0');
+    z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(piece.data()));
+    z.avail_in = static_cast<uInt>(piece.size());
+    z.next_out = reinterpret_cast<Bytef*>(buf.data());
+    z.avail_out = static_cast<uInt>(buf.size());
+    REQUIRE(deflate(&z, Z_FINISH) == Z_STREAM_END);
+    buf.resize(z.total_out);
+    deflateEnd(&z);
+    out += buf;
+  }
+  return out;
+}
+
+// `text` as `frames` zstd frames one after the other.
+std::string zstd_of(const std::string& text, int frames) {
+  std::string out;
+  const size_t part = text.size() / static_cast<size_t>(frames) + 1;
+  for (size_t begin = 0; begin < text.size(); begin += part) {
+    const std::string piece = text.substr(begin, part);
+    std::string buf(ZSTD_compressBound(piece.size()), '\0');
+    const size_t n = ZSTD_compress(buf.data(), buf.size(), piece.data(), piece.size(), 3);
+    REQUIRE_FALSE(ZSTD_isError(n));
+    out += buf.substr(0, n);
+  }
+  return out;
+}
+
+// The FormatError of opening `path` and reading every record, or "" when there is none.
+std::string read_error(const std::string& path) {
+  try {
+    const auto f = open_record_file(path);
+    for (int64_t i = 0; i < f->size(); ++i) (void)f->read(i);
+  } catch (const ft::FormatError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE(
+    "record files: gzip and zstd JSONL give the plain file's records and line numbers, in "
+    "any order") {
+  TempDir dir;
+  // Blank lines shift line numbers; 10,000 records make three blocks of 4,096.
+  std::string text = "\n";
+  for (int i = 0; i < 10000; ++i) {
+    text += "{\"text\": \"record " + std::to_string(i) + "\"}\n";
+    if (i % 1000 == 7) text += "  \n\r\n";
+  }
+  const std::string plain = dir.write("d.jsonl", text);
+  const auto want = open_record_file(plain);
+  REQUIRE(want->size() == 10000);
+  CHECK(std::string(want->kind()) == "JSONL");
+  for (const auto& [name, bytes] : std::vector<std::pair<std::string, std::string>>{
+           {"d.jsonl.gz", gzip_of(text, 3)}, {"d.jsonl.zst", zstd_of(text, 2)}}) {
+    const std::string path = dir.write(name, bytes);
+    const auto got = open_record_file(path);
+    INFO(name);
+    CHECK_FALSE(got->random_access());
+    REQUIRE(got->size() == want->size());
+    // In file order, then backwards (each block read again from the start), then a sample.
+    for (int64_t i = 0; i < got->size(); ++i) {
+      REQUIRE(got->read(i) == want->read(i));
+      REQUIRE(got->origin(i) == path + want->origin(i).substr(plain.size()));
+    }
+    for (int64_t i : {9999, 5000, 4096, 4095, 0, 8191, 8192, 17})
+      CHECK(got->read(i) == want->read(i));
+    CHECK(got->origin(1008) == path + ":1014");  // line 1 and two pairs of lines blank
+  }
+}
+
+TEST_CASE("record files: corrupt, truncated and unknown files are FormatErrors naming the file") {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 3000; ++i) text += "{\"text\": \"record " + std::to_string(i) + "\"}\n";
+  std::string gz = gzip_of(text, 1);
+  const std::string cut = dir.write("cut.jsonl.gz", gz.substr(0, gz.size() / 2));
+  CHECK_THAT(read_error(cut),
+             Catch::Contains(cut + ": after line ") && Catch::Contains("the gzip data ends early"));
+  for (size_t i = 40; i < 80; ++i) gz[i] = static_cast<char>(gz[i] ^ 0x5a);
+  const std::string corrupt = dir.write("corrupt.jsonl.gz", gz);
+  CHECK_THAT(read_error(corrupt), Catch::Contains(corrupt) && Catch::Contains("corrupt gzip data"));
+  const std::string zst = zstd_of(text, 1);
+  const std::string zcut = dir.write("cut.jsonl.zst", zst.substr(0, zst.size() - 9));
+  CHECK_THAT(read_error(zcut), Catch::Contains(zcut) && Catch::Contains("zstd data ends early"));
+
+  const std::string csv = dir.write("train.csv", "text\nhello\n");
+  CHECK_THAT(read_error(csv), Catch::Contains(csv + ": a csv file is not a format ft reads") &&
+                                  Catch::Contains("Parquet (.parquet)"));
+  const std::string fake = dir.write("train.parquet", "{\"text\": \"not parquet\"}\n");
+  CHECK_THAT(read_error(fake), Catch::Contains("first bytes are not that format's"));
+  const std::string folder = (dir.path / "folder").string();
+  fs::create_directories(folder);
+  CHECK_THAT(read_error(folder), Catch::Contains(folder + " is a folder with neither state.json"));
+  CHECK_THAT(read_error(dir.path / "absent.jsonl"), Catch::Contains("no such file or folder"));
+}
+
+TEST_CASE(
+    "record files: ft train's source tokenizes gzip JSONL once into the cache and gives the "
+    "plain file's batches") {
+  TempDir dir;
+  const std::string text = varied_text_records(300, 7, 50);
+  JsonlOptions o;
+  o.tokenizer = llama3();
+  o.seq_len = 32;
+  o.micro_batch = 2;
+  o.path = dir.write("t.jsonl", text);
+  JsonlSource plain(o);
+  o.path = dir.write("t.jsonl.gz", gzip_of(text, 1));
+  o.use_cache = true;
+  o.prepare_cache = true;
+  JsonlSource gz(o);
+  CHECK(gz.cache_path().rfind((dir.path / "t.jsonl.gz.ftcache").string(), 0) == 0);
+  CHECK(fs::exists(gz.cache_path()));
+  for (int step = 0; step < 40; ++step) {
+    const Batch a = plain.next(), b = gz.next();
+    REQUIRE(at::equal(a.input_ids, b.input_ids));
+    REQUIRE(at::equal(a.labels, b.labels));
+  }
+  // A second source reads the cache it finds.
+  JsonlSource again(o);
+  CHECK(again.cache_path() == gz.cache_path());
+}
+
+TEST_CASE(
+    "record files: a folder of shards reads them in name order, each record named by its "
+    "shard") {
+  TempDir dir;
+  fs::create_directories(dir.path / "shards");
+  std::string a, b;
+  for (int i = 0; i < 5; ++i) a += "{\"text\": \"a" + std::to_string(i) + "\"}\n";
+  for (int i = 0; i < 3; ++i) b += "{\"text\": \"b" + std::to_string(i) + "\"}\n";
+  const std::string second = dir.write("shards/train-00001-of-00002.jsonl.gz", gzip_of(b, 1));
+  const std::string first = dir.write("shards/train-00000-of-00002.jsonl", a);
+  dir.write("shards/README.md", "# not data\n");
+  const auto f = open_record_file((dir.path / "shards").string());
+  REQUIRE(f->size() == 8);
+  CHECK(f->read(0) == "{\"text\": \"a0\"}");
+  CHECK(f->read(5) == "{\"text\": \"b0\"}");
+  CHECK(f->origin(4) == first + ":5");
+  CHECK(f->origin(7) == second + ":3");
+  CHECK_FALSE(f->random_access());  // one shard is compressed
 }

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
 #include "config/preset.h"
+#include "core/error.h"
 #include "data/mixture.h"
 
 namespace fs = std::filesystem;
@@ -61,8 +61,17 @@ JsonlOptions base_options(int rank = 0, int world_size = 1) {
   return o;
 }
 
+// The data.columns.* / data.tags.* every source starts from: the schema's defaults.
+const ft::config::RecordShapeSettings& default_shape() {
+  static const ft::config::RecordShapeSettings shape =
+      ft::config::settings_from_json(ft::config::resolve_preset("tiny-demo", {}), "test")
+          .data.shape;
+  return shape;
+}
+
 SourceSpec spec(const std::string& path, double weight, const std::string& name) {
   SourceSpec s;
+  s.shape = default_shape();
   s.settings.path = path;
   s.settings.weight = weight;
   s.settings.name = name;
@@ -233,7 +242,7 @@ TEST_CASE("eval.split: held-out records never reach a batch, the same on every r
                     Catch::Contains("data.sources[t]") && Catch::Contains("leaves none"));
 }
 
-TEST_CASE("--data PATH:WEIGHT, and bad weights, files and sources are ConfigErrors") {
+TEST_CASE("a --data PATH:WEIGHT, and bad weights, files and sources are ConfigErrors") {
   TempDir dir;
   const std::string a = write_tokens(dir, "a.jsonl", 1, 5);
   const std::string colon = write_tokens(dir, "x:y.jsonl", 2, 5);
@@ -253,6 +262,7 @@ TEST_CASE("--data PATH:WEIGHT, and bad weights, files and sources are ConfigErro
   CHECK_THROWS_WITH(parse_data_arg(a + ":heavy"), Catch::Contains("'heavy' is not a weight"));
 
   ft::config::DataSettings data;
+  data.shape = default_shape();
   data.sources.push_back(spec(a, 1, "").settings);
   CHECK_THROWS_WITH(training_sources(data, {a}), Catch::Contains("the data is given twice"));
   data.sources.push_back(spec((dir.path / "sub" / "a.jsonl").string(), 1, "").settings);
@@ -299,8 +309,8 @@ TEST_CASE("each source's own columns and tags read its records") {
   std::ofstream(plain)
       << R"({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]})"
       << "\n";
-  std::ofstream(custom)
-      << R"({"dialog": [{"who": "q", "text": "hi"}, {"who": "a", "text": "yo"}]})" << "\n";
+  std::ofstream(custom) << R"({"dialog": [{"who": "q", "text": "hi"}, {"who": "a", "text": "yo"}]})"
+                        << "\n";
   JsonlOptions base = base_options();
   base.format = RecordFormat::kSharegpt;
   base.chat_template = ChatTemplate::kLlama3;
@@ -308,9 +318,6 @@ TEST_CASE("each source's own columns and tags read its records") {
   base.seq_len = 64;
   base.vocab_size = 0;
   SourceSpec a = spec(plain, 1, "plain"), b = spec(custom, 1, "custom");
-  // The data.columns.* / data.tags.* every source starts from: the schema's defaults.
-  a.shape = b.shape =
-      ft::config::settings_from_json(ft::config::resolve_preset("tiny-demo", {}), "test").data.shape;
   b.settings.shape.messages = "dialog";
   b.settings.shape.role = "who";
   b.settings.shape.content = "text";
