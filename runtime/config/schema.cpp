@@ -316,7 +316,9 @@ void check_entry(const Setting& list, const json& entry, size_t i, const std::st
   if (!entry.is_object())
     throw ConfigError(fmt::format("{}: \"{}\" must be an object with the keys {}, got {}", where,
                                   at, fmt::join(keys, ", "), excerpt_json(entry)));
-  for (const auto& [k, v] : entry_items(list, entry, at, where)) {
+  for (const auto& item : entry_items(list, entry, at, where)) {
+    const std::string& k = item.first;  // a name, not a binding: lambdas capture it (C++17)
+    const json& v = item.second;
     const auto f = std::find_if(list.fields.begin(), list.fields.end(),
                                 [&](const Setting& x) { return x.key == k; });
     if (f == list.fields.end()) {
