@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -35,9 +36,25 @@ int64_t ModelConfig::window(int64_t layer) const {
              : 0;
 }
 
+bool ModelConfig::is_moe_layer(int64_t layer) const {
+  return layer >= 0 && layer < static_cast<int64_t>(moe.layers.size()) &&
+         moe.layers[static_cast<size_t>(layer)] != 0;
+}
+
+int64_t ModelConfig::num_moe_layers() const {
+  int64_t n = 0;
+  for (const uint8_t m : moe.layers) n += m != 0;
+  return n;
+}
+
 ModelConfig ModelConfig::with_layers(int64_t n) const {
   ModelConfig c = *this;
   c.num_hidden_layers = n;
+  if (!moe.layers.empty()) {
+    c.moe.layers.resize(static_cast<size_t>(n));
+    for (size_t i = 0; i < c.moe.layers.size(); ++i)
+      c.moe.layers[i] = moe.layers[i % moe.layers.size()];
+  }
   if (!layer_windows.empty()) {
     c.layer_windows.resize(static_cast<size_t>(n));
     for (size_t i = 0; i < c.layer_windows.size(); ++i)
@@ -51,6 +68,10 @@ int64_t ModelConfig::num_parameters() const {
   const int64_t q = num_attention_heads * head_dim, kv = num_key_value_heads * head_dim;
   int64_t per_layer = hidden_size * q + 2 * hidden_size * kv + q * hidden_size +
                       3 * hidden_size * intermediate_size;
+  // Each MoE layer replaces its dense MLP by a router and E experts of their own width.
+  const int64_t moe_mlp =
+      moe.num_experts * (hidden_size + 3 * hidden_size * moe.expert_intermediate);
+  const int64_t moe_layers = num_moe_layers();
   per_layer += (f.placement == NormPlacement::kSandwich ? 4 : 2) * hidden_size;
   if (f.qk_norm == QkNorm::kPerHead) per_layer += 2 * head_dim;
   if (f.qk_norm == QkNorm::kWhole) per_layer += q + kv;
@@ -58,7 +79,8 @@ int64_t ModelConfig::num_parameters() const {
   if (o_bias) per_layer += hidden_size;
   if (mlp_bias) per_layer += 2 * intermediate_size + hidden_size;
   int64_t emb = vocab_size * hidden_size;
-  return emb * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * per_layer + hidden_size;
+  return emb * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * per_layer + hidden_size +
+         moe_layers * (moe_mlp - 3 * hidden_size * intermediate_size);
 }
 
 namespace {
@@ -83,6 +105,24 @@ void validate_rope(const RopeConfig& rope, int64_t rotary_dim, const std::string
     FT_CHECK(rope.original_max_position_embeddings > 0, where,
              ": longrope original_max_position_embeddings must be >= 1");
   }
+}
+
+void validate_moe(const ModelConfig& c, const std::string& where) {
+  const MoeConfig& m = c.moe;
+  const bool family_moe = find_family(c.model_type) &&
+                          find_family(c.model_type)->moe != MoeStyle::kNone;
+  FT_CHECK(m.enabled() == family_moe, where, ": ", c.model_type,
+           family_moe ? " is a mixture-of-experts family: num_experts must be >= 1"
+                      : " has no expert layers: num_experts must be 0");
+  if (!m.enabled()) return;
+  FT_CHECK(m.experts_per_token >= 1 && m.experts_per_token <= m.num_experts, where,
+           ": num_experts_per_tok (", m.experts_per_token, ") must be between 1 and num_experts (",
+           m.num_experts, ")");
+  FT_CHECK(m.expert_intermediate >= 1, where, ": the experts' intermediate size must be >= 1, got ",
+           m.expert_intermediate);
+  FT_CHECK(static_cast<int64_t>(m.layers.size()) == c.num_hidden_layers, where, ": ",
+           m.layers.size(), " MoE layer flags for ", c.num_hidden_layers, " layers");
+  FT_CHECK(m.router_aux_loss_coef >= 0, where, ": router_aux_loss_coef must be >= 0");
 }
 
 }  // namespace
@@ -116,6 +156,7 @@ void ModelConfig::validate(const std::string& where) const {
            where, ": ", layer_windows.size(), " layer windows for ", num_hidden_layers, " layers");
   for (int64_t w : layer_windows) FT_CHECK(w >= 0, where, ": sliding_window must be >= 1");
   FT_CHECK(attn_softcap >= 0 && final_softcap >= 0, where, ": soft caps must be >= 0");
+  validate_moe(*this, where);
   FT_CHECK(
       attention_scale >= 0 && embedding_scale > 0 && residual_multiplier > 0 && logits_divisor > 0,
       where, ": attention scale and multipliers must be > 0");
@@ -312,6 +353,38 @@ void read_scales(const json& j, const Family& f, ModelConfig& c, const std::stri
              "ft fine-tunes");
 }
 
+// The expert layers: Mixtral's keys (every layer MoE, experts as wide as intermediate_size) or
+// Qwen3-MoE's (moe_intermediate_size; layer i is MoE iff not in mlp_only_layers and
+// (i + 1) % decoder_sparse_step == 0, as Qwen3MoeDecoderLayer decides). Defaults: transformers
+// 5.24's MixtralConfig and Qwen3MoeConfig.
+void read_moe(const json& j, const Family& f, ModelConfig& c, const std::string& path) {
+  if (f.moe == MoeStyle::kNone) return;
+  MoeConfig& m = c.moe;
+  const bool mixtral = f.moe == MoeStyle::kMixtral;
+  // The two names are aliases in both configs (transformers 5.24 writes num_local_experts for
+  // Qwen3-MoE too; the hub's Qwen3-MoE files say num_experts).
+  m.num_experts = get_or<int64_t>(
+      j, "num_local_experts", get_or<int64_t>(j, "num_experts", mixtral ? 8 : 128, path), path);
+  m.experts_per_token = get_or<int64_t>(j, "num_experts_per_tok", mixtral ? 2 : 8, path);
+  m.expert_intermediate = mixtral ? c.intermediate_size
+                                  : get_or<int64_t>(j, "moe_intermediate_size", 768, path);
+  m.norm_topk_prob = mixtral || get_or<bool>(j, "norm_topk_prob", false, path);
+  m.router_aux_loss_coef = get_or<double>(j, "router_aux_loss_coef", 0.001, path);
+  m.output_router_logits = get_or<bool>(j, "output_router_logits", false, path);
+  const double jitter = get_or<double>(j, "router_jitter_noise", 0.0, path);
+  FT_CHECK_T(FormatError, jitter == 0.0, path, ": router_jitter_noise ", jitter,
+             " is not supported (ft's router adds no noise); set it to 0");
+  FT_CHECK_T(FormatError, m.num_experts >= 1, path, ": the number of experts must be >= 1");
+  m.layers.assign(static_cast<size_t>(c.num_hidden_layers), 1);
+  if (mixtral) return;
+  const int64_t step = get_or<int64_t>(j, "decoder_sparse_step", 1, path);
+  FT_CHECK_T(FormatError, step >= 1, path, ": decoder_sparse_step must be >= 1, got ", step);
+  const auto dense = get_or<std::vector<int64_t>>(j, "mlp_only_layers", {}, path);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    m.layers[static_cast<size_t>(i)] =
+        (i + 1) % step == 0 && std::find(dense.begin(), dense.end(), i) == dense.end();
+}
+
 const Family& family_of(const std::string& model_type, const std::string& path) {
   if (const Family* f = find_family(model_type)) return *f;
   const std::string why = refused_family_reason(model_type);
@@ -370,6 +443,7 @@ ModelConfig load_model_config(const std::string& path) {
   read_rotary(j, f, c, path);
   read_windows(j, f, c, path);
   read_scales(j, f, c, path);
+  read_moe(j, f, c, path);
   c.source_json = text;
   try {
     c.validate(path);
@@ -397,6 +471,23 @@ json rope_json(const RopeConfig& r) {
     o["original_max_position_embeddings"] = r.original_max_position_embeddings;
   }
   return o;
+}
+
+void moe_json(const ModelConfig& c, json& j) {
+  const MoeConfig& m = c.moe;
+  const bool mixtral = c.family().moe == MoeStyle::kMixtral;
+  j["num_local_experts"] = m.num_experts;
+  j["num_experts_per_tok"] = m.experts_per_token;
+  j["router_aux_loss_coef"] = m.router_aux_loss_coef;
+  j["output_router_logits"] = m.output_router_logits;
+  if (mixtral) return;
+  j["moe_intermediate_size"] = m.expert_intermediate;
+  j["norm_topk_prob"] = m.norm_topk_prob;
+  j["decoder_sparse_step"] = 1;
+  json dense = json::array();
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    if (!c.is_moe_layer(i)) dense.push_back(i);
+  j["mlp_only_layers"] = dense;
 }
 
 // A config.json from the fields alone (a preset's shape, or a test's config).
@@ -445,6 +536,7 @@ json built_config(const ModelConfig& c) {
   }
   if (f.query_pre_attn_scalar)
     j["query_pre_attn_scalar"] = 1.0 / (c.attention_scale * c.attention_scale);
+  if (f.moe != MoeStyle::kNone) moe_json(c, j);
   if (f.multipliers) {
     j["embedding_multiplier"] = c.embedding_scale;
     j["residual_multiplier"] = c.residual_multiplier;

@@ -1,7 +1,7 @@
 // The architecture of a decoder-only model of one of ft's families (model/family.h: Llama, Mistral,
 // Qwen2/3, Gemma 2/3, Phi-3/4, OLMo 2, Granite), read from a Hugging Face config.json or built
 // from a preset's shape: the family's row resolved against the file into plain numbers per
-// piece (which norm, which window on which layer, which scales). Plain data; thread-safe.
+// piece (which norm, which window on which layer, which scales, which layers hold experts). Plain data; thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,18 @@ struct RopeConfig {
   // exceeds original_max_position_embeddings (transformers' dynamic_rope_update), else the short.
   std::vector<double> short_factor, long_factor;
   double attention_factor = 1.0;  // longrope: cos and sin are multiplied by it
+};
+
+// A mixture-of-experts model's expert layers (model/moe.h); num_experts 0: a dense model.
+struct MoeConfig {
+  int64_t num_experts = 0;            // E (num_local_experts, num_experts)
+  int64_t experts_per_token = 0;      // k (num_experts_per_tok)
+  int64_t expert_intermediate = 0;    // each expert's SwiGLU width (moe_intermediate_size)
+  bool norm_topk_prob = true;         // the k weights renormalised to sum 1 (always in Mixtral)
+  double router_aux_loss_coef = 0.001;
+  bool output_router_logits = false;  // transformers adds the aux loss only with this set
+  std::vector<uint8_t> layers;        // per layer: 1 MoE, 0 dense MLP (empty: dense model)
+  bool enabled() const { return num_experts > 0; }
 };
 
 struct ModelConfig {
@@ -54,6 +66,7 @@ struct ModelConfig {
   bool embedding_scale_in_dtype = false;  // Gemma rounds the scale to the model dtype first
   double residual_multiplier = 1;         // Granite: each block's output x this before the add
   double logits_divisor = 1;              // Granite: logits / logits_scaling
+  MoeConfig moe;
   int64_t bos_token_id = 1;
   int64_t eos_token_id = 2;
   // The embedding row that gets no gradient (nn.Embedding's padding_idx, which transformers sets
@@ -67,6 +80,8 @@ struct ModelConfig {
   int64_t rotary_dim() const;           // head_dim x partial_rotary_factor (even)
   double softmax_scale() const;         // attention_scale or 1 / sqrt(head_dim)
   int64_t window(int64_t layer) const;  // layer_windows[layer], 0 when none listed
+  bool is_moe_layer(int64_t layer) const;
+  int64_t num_moe_layers() const;
   // The same model with `n` layers (a probe's): the window pattern repeats.
   ModelConfig with_layers(int64_t n) const;
 

@@ -300,7 +300,8 @@ bool DecoderLayer::requires_grad() const {
                           &down_proj, &gate_up_proj})
     if (l->requires_grad()) return true;
   for (const at::Tensor* t : {&input_layernorm, &q_norm, &k_norm, &post_attention_layernorm,
-                              &pre_feedforward_layernorm, &post_feedforward_layernorm})
+                              &pre_feedforward_layernorm, &post_feedforward_layernorm,
+                              &moe.router, &moe.gate_up, &moe.down})
     if (t->defined() && t->requires_grad()) return true;
   return false;
 }
@@ -383,6 +384,14 @@ DecoderModel::DecoderModel(const ModelConfig& config, at::TensorOptions options,
     if (f.placement == NormPlacement::kSandwich)
       L.pre_feedforward_layernorm = make({c.hidden_size});
     if (f.placement != NormPlacement::kPre) L.post_feedforward_layernorm = make({c.hidden_size});
+    const int64_t index = &L - layers_.data();
+    if (c.is_moe_layer(index)) {
+      const int64_t E = c.moe.num_experts, inter = c.moe.expert_intermediate;
+      L.moe.router = make({E, c.hidden_size});
+      L.moe.gate_up = make({E, 2 * inter, c.hidden_size});
+      L.moe.down = make({E, c.hidden_size, inter});
+      continue;
+    }
     if (fused) {
       L.gate_up_proj = linear(2 * c.intermediate_size, c.hidden_size, c.mlp_bias);
     } else {
@@ -428,6 +437,11 @@ std::vector<NamedTensor> DecoderModel::parameters() {
     lin("mlp.up_proj", L.up_proj);
     lin("mlp.gate_up_proj", L.gate_up_proj);
     lin("mlp.down_proj", L.down_proj);
+    if (L.moe.defined()) {
+      out.push_back({p + "mlp.gate.weight", &L.moe.router});
+      out.push_back({p + "mlp.experts.gate_up_proj", &L.moe.gate_up});
+      out.push_back({p + "mlp.experts.down_proj", &L.moe.down});
+    }
   }
   out.push_back({"model.norm.weight", &norm_});
   if (lm_head_.defined()) out.push_back({"lm_head.weight", &lm_head_});
@@ -629,7 +643,20 @@ at::Tensor DecoderModel::attention(const DecoderLayer& L, const at::Tensor& x,
   return L.o_proj.forward(a.transpose(1, 2).reshape({B, T, -1}), training, hooks_);
 }
 
-at::Tensor DecoderModel::mlp(const DecoderLayer& L, const at::Tensor& x, bool training) const {
+at::Tensor DecoderModel::moe_mlp(const DecoderLayer& L, const at::Tensor& x, bool record) const {
+  MoeOptions o;
+  o.activation = config_.activation;
+  o.fused_swiglu = fused_.swiglu;
+  o.weights_in_dtype = family_->moe == MoeStyle::kQwen;
+  o.aux = &router_aux_;
+  o.record = record;
+  o.exchange = exchange_;
+  return moe_forward(L.moe, config_.moe, x, o);
+}
+
+at::Tensor DecoderModel::mlp(const DecoderLayer& L, const at::Tensor& x, bool training,
+                             bool record) const {
+  if (L.moe.defined()) return moe_mlp(L, x, record);
   const bool node_input = hooks_ && at::GradMode::is_enabled() && x.is_cpu() &&
                           x.scalar_type() == at::kFloat && x.dim() == 3 && x.requires_grad();
   std::array<UnitHooks::GradSink, 3> sinks;
@@ -659,7 +686,7 @@ at::Tensor DecoderModel::mlp(const DecoderLayer& L, const at::Tensor& x, bool tr
 }
 
 at::Tensor DecoderModel::layer_forward(int64_t index, const std::vector<at::Tensor>& in,
-                                       bool training) const {
+                                       bool training, bool record) const {
   const DecoderLayer& L = layers_[static_cast<size_t>(index)];
   const auto& c = config_;
   const at::Tensor &hidden = in[0], &cos = in[1], &sin = in[2], &mask = in[3], &segments = in[4];
@@ -679,19 +706,19 @@ at::Tensor DecoderModel::layer_forward(int64_t index, const std::vector<at::Tens
         h = h + scaled(o);
         x = norm(h, L.post_attention_layernorm);
       }
-      return h + scaled(mlp(L, x, training));
+      return h + scaled(mlp(L, x, training, record));
     }
     case NormPlacement::kSandwich: {
       at::Tensor o =
           attention(L, norm(h, L.input_layernorm), cos, sin, mask, segments, window, training);
       h = h + norm(o, L.post_attention_layernorm);
-      o = mlp(L, norm(h, L.pre_feedforward_layernorm), training);
+      o = mlp(L, norm(h, L.pre_feedforward_layernorm), training, record);
       return h + norm(o, L.post_feedforward_layernorm);
     }
     case NormPlacement::kPost: {
       at::Tensor o = attention(L, h, cos, sin, mask, segments, window, training);
       h = h + norm(o, L.post_attention_layernorm);
-      return h + norm(mlp(L, h, training), L.post_feedforward_layernorm);
+      return h + norm(mlp(L, h, training, record), L.post_feedforward_layernorm);
     }
   }
   FT_ASSERT(false, "unknown NormPlacement");
@@ -706,6 +733,7 @@ at::Tensor DecoderModel::hidden_states(const at::Tensor& input_ids,
   at::Tensor position_ids = position_ids_in.defined()
                                 ? position_ids_in
                                 : at::arange(T, input_ids.options()).unsqueeze(0).expand({B, T});
+  router_aux_.clear();
   if (hooks_) hooks_->before_unit(0);
   at::Tensor h = at::embedding(embed_tokens_, input_ids, config_.pad_token_id,
                                /*scale_grad_by_freq=*/false, sparse_embedding_grad_);
@@ -748,8 +776,10 @@ at::Tensor DecoderModel::hidden_states(const at::Tensor& input_ids,
     if (hooks_) hooks_->before_unit(unit);
     if (checkpoints_layer(index)) {
       // The recompute reads the layer's tensors through `layers_` when it runs, not copies.
+      // The block runs without grad in the forward and with it in the recompute: MoE layers
+      // record their routing only the first time.
       auto block = [this, index, training](const std::vector<at::Tensor>& inputs) {
-        return layer_forward(index, inputs, training);
+        return layer_forward(index, inputs, training, !at::GradMode::is_enabled());
       };
       h = run_checkpointed(block, in, L.requires_grad());
     } else {

@@ -22,6 +22,7 @@
 
 #include "model/config.h"
 #include "model/fused_ops.h"
+#include "model/moe.h"
 
 namespace torch::autograd {
 struct AutogradContext;
@@ -69,6 +70,7 @@ struct DecoderLayer {
   at::Tensor post_feedforward_layernorm;  // [hidden] sandwich, post
   Linear gate_proj, up_proj, down_proj;   // [inter, hidden] x2, [hidden, inter]
   Linear gate_up_proj;                    // fused families: [2 inter, hidden], rows gate, up
+  MoeWeights moe;                         // a MoE layer's router and experts (no dense MLP)
   bool requires_grad() const;             // some parameter of the layer requires grad
 };
 
@@ -186,6 +188,13 @@ class DecoderModel {
   void set_sparse_embedding_grad(bool on) { sparse_embedding_grad_ = on; }
   const FusedOps& fused_ops() const { return fused_; }
 
+  // What the last forward's MoE layers routed (model/moe.h); cleared by every forward. The
+  // trainer turns it into the aux loss between forward and backward.
+  RouterAux& router_aux() const { return router_aux_; }
+  // Expert parallelism: MoE layers send their rows through `exchange` (not owned; nullptr: every
+  // expert local). Set before the forward; the layers' expert tensors hold its local experts.
+  void set_expert_exchange(ExpertExchange* exchange) { exchange_ = exchange; }
+
  private:
   // cos and sin [B, T, rotary_dim] in `dtype` for the global (or, `local`, the sliding layers')
   // rotary table, longrope's short or long set picked from the positions.
@@ -201,7 +210,8 @@ class DecoderModel {
   at::Tensor attention(const DecoderLayer& layer, const at::Tensor& x, const at::Tensor& cos,
                        const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& segment_ids,
                        int64_t window, bool training) const;
-  at::Tensor mlp(const DecoderLayer& layer, const at::Tensor& x, bool training) const;
+  at::Tensor mlp(const DecoderLayer& layer, const at::Tensor& x, bool training,
+                 bool record = true) const;
   // Whether the single-node attention / MLP (one autograd node, gradients into sinks) can run
   // this layer on input x: the family's pieces there are Llama's, per-head q/k norms (Qwen3,
   // Gemma 3) where the fused norm runs, a window no shorter than the sequence; SwiGLU or GeGLU.
@@ -214,7 +224,10 @@ class DecoderModel {
   // trained (no bias, no LoRA); their sinks, in order, into `sinks`. Needs hooks_.
   bool all_sunk(std::initializer_list<const Linear*> linears, UnitHooks::GradSink* sinks) const;
   // in: {hidden, cos, sin, mask, segment_ids} (model/activation_checkpoint.h's block inputs).
-  at::Tensor layer_forward(int64_t index, const std::vector<at::Tensor>& in, bool training) const;
+  // `record`: MoE layers record their routing (false in an activation checkpoint's recompute).
+  at::Tensor layer_forward(int64_t index, const std::vector<at::Tensor>& in, bool training,
+                           bool record = true) const;
+  at::Tensor moe_mlp(const DecoderLayer& layer, const at::Tensor& x, bool record) const;
   ModelConfig config_;
   const Family* family_;     // config_'s row, looked up once (the forward asks it per norm)
   at::Tensor embed_tokens_;  // [vocab, hidden]
@@ -229,6 +242,8 @@ class DecoderModel {
   int64_t checkpoint_every_n_ = 1;
   FusedOps fused_;
   bool sparse_embedding_grad_ = false;
+  mutable RouterAux router_aux_;
+  ExpertExchange* exchange_ = nullptr;
 };
 
 // Rotary inverse frequencies exactly as transformers computes them (fp32), [rotary_dim / 2], for

@@ -59,6 +59,25 @@ Family qwen3() {
   return f;
 }
 
+// Mixtral: Mistral's attention (sliding_window null by default) with a MoE block in every layer.
+Family mixtral() {
+  Family f = mistral();
+  f.model_type = "mixtral";
+  f.architecture = "MixtralForCausalLM";
+  f.default_window = 0;
+  f.moe = MoeStyle::kMixtral;
+  return f;
+}
+
+Family qwen3_moe() {
+  Family f = qwen3();
+  f.model_type = "qwen3_moe";
+  f.architecture = "Qwen3MoeForCausalLM";
+  f.moe = MoeStyle::kQwen;
+  f.default_head_dim = 0;  // Qwen3MoeConfig has no head_dim default: hidden / heads
+  return f;
+}
+
 Family gemma2() {
   Family f = row("gemma2", "Gemma2ForCausalLM");
   f.norm = NormStyle::kOffset;
@@ -124,9 +143,10 @@ Family granite() {
   return f;
 }
 
-const std::array<Family, 10>& families() {
-  static const std::array<Family, 10> rows = {llama(),  mistral(), ministral(), qwen2(), qwen3(),
-                                              gemma2(), gemma3(),  phi3(),      olmo2(), granite()};
+const std::array<Family, 12>& families() {
+  static const std::array<Family, 12> rows = {
+      llama(),  mistral(), ministral(), qwen2(), qwen3(),   gemma2(),
+      gemma3(), phi3(),    olmo2(),     granite(), mixtral(), qwen3_moe()};
   return rows;
 }
 
@@ -140,17 +160,24 @@ const Family* find_family(const std::string& model_type) {
 
 std::string refused_family_reason(const std::string& model_type) {
   static const std::pair<const char*, const char*> kRefused[] = {
-      {"mixtral", "a mixture-of-experts model (expert layers are issue 31's work)"},
-      {"qwen2_moe", "a mixture-of-experts model (expert layers are issue 31's work)"},
-      {"qwen3_moe", "a mixture-of-experts model (expert layers are issue 31's work)"},
-      {"olmoe", "a mixture-of-experts model (expert layers are issue 31's work)"},
-      {"granitemoe", "a mixture-of-experts model (expert layers are issue 31's work)"},
-      {"granitemoeshared", "a mixture-of-experts model (expert layers are issue 31's work)"},
-      {"phimoe", "a mixture-of-experts model (expert layers are issue 31's work)"},
-      {"deepseek_v2", "a mixture-of-experts model (expert layers are issue 31's work)"},
-      {"deepseek_v3", "a mixture-of-experts model (expert layers are issue 31's work)"},
-      {"gpt_oss", "a mixture-of-experts model (expert layers are issue 31's work)"},
-      {"llama4", "a mixture-of-experts model (expert layers are issue 31's work)"},
+      {"qwen2_moe", "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
+       "mixtral, qwen3_moe)"},
+      {"olmoe", "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
+       "mixtral, qwen3_moe)"},
+      {"granitemoe", "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
+       "mixtral, qwen3_moe)"},
+      {"granitemoeshared", "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
+       "mixtral, qwen3_moe)"},
+      {"phimoe", "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
+       "mixtral, qwen3_moe)"},
+      {"deepseek_v2", "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
+       "mixtral, qwen3_moe)"},
+      {"deepseek_v3", "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
+       "mixtral, qwen3_moe)"},
+      {"gpt_oss", "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
+       "mixtral, qwen3_moe)"},
+      {"llama4", "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
+       "mixtral, qwen3_moe)"},
       {"qwen3_next", "a hybrid model with linear-attention layers ft does not implement"},
       {"qwen3_5", "a hybrid model with linear-attention layers ft does not implement"},
       {"qwen3_5_moe", "a hybrid mixture-of-experts model ft does not implement"},

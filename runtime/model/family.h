@@ -3,8 +3,8 @@
 // the family's transformers configuration class has them), and its checkpoint's tensor names.
 // One decoder (model/decoder.h) assembles itself from a row; there is no model class per family.
 // The math of each variant, with the transformers function that defines it: docs/training.md
-// ("Model families"). Families ft knows but does not train (mixture-of-experts, hybrid linear
-// attention, multimodal wrappers) are refused by name with the reason. Immutable; thread-safe.
+// ("Model families"). Families ft knows but does not train (other mixture-of-experts layouts, hybrid
+// linear attention, multimodal wrappers) are refused by name with the reason. Immutable; thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +40,17 @@ enum class Activation { kSilu, kGeluTanh };
 //   kAlternate: even layers (Gemma 2); kPattern: all but every sliding_window_pattern-th (Gemma 3).
 enum class WindowRule { kNone, kAll, kFromMaxWindowLayers, kAlternate, kPattern };
 
+// Mixture-of-experts layers (model/moe.h) and how the family's checkpoints name them. In memory
+// every family holds a MoE layer as transformers 5 does: router `mlp.gate.weight` [E, hidden],
+// experts fused `mlp.experts.gate_up_proj` [E, 2 inter, hidden] (rows gate, then up) and
+// `mlp.experts.down_proj` [E, hidden, inter]. On disk:
+//   kNone:    dense MLPs only;
+//   kMixtral: `block_sparse_moe.gate.weight`, `block_sparse_moe.experts.J.{w1,w3,w2}.weight`
+//             (gate, up, down); every layer MoE; top-k weights always renormalised;
+//   kQwen:    `mlp.gate.weight`, `mlp.experts.J.{gate,up,down}_proj.weight`; MoE layers chosen by
+//             decoder_sparse_step and mlp_only_layers; renormalised per norm_topk_prob.
+enum class MoeStyle { kNone, kMixtral, kQwen };
+
 struct Family {
   const char* model_type = "";    // config.json "model_type"
   const char* architecture = "";  // config.json "architectures" of the causal-LM class
@@ -62,6 +73,7 @@ struct Family {
   bool attention_bias_key = true;      // reads attention_bias
   bool mlp_bias_key = false;           // reads mlp_bias
   WindowRule windows = WindowRule::kNone;
+  MoeStyle moe = MoeStyle::kNone;
   int64_t default_window = 0;          // sliding_window when config.json lacks it (0: none)
   int64_t default_window_pattern = 0;  // kPattern: sliding_window_pattern's default
   const char* activation_key = "hidden_act";

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "io/durable_file.h"
+#include "model/moe.h"
 
 namespace ft::train {
 
@@ -58,11 +59,48 @@ void write_text_atomic(const std::string& path, const std::string& text) {
   io::write_file_durably(path, text);
 }
 
+namespace {
+
+// transformers' save_pretrained writes a MoE layer's experts one tensor per expert and weight
+// (model/moe.h: expert_file_pieces): each fused expert tensor becomes its pieces, made from the
+// fused tensor once (kept until its last piece is written; the writer makes tensors one at a time).
+io::DeferredTensors per_expert_layout(const model::ModelConfig& config,
+                                      const io::DeferredTensors& tensors) {
+  struct Fused {
+    std::function<at::Tensor()> make;
+    at::Tensor flat;
+    size_t pieces_left = 0;
+  };
+  io::DeferredTensors out;
+  for (const auto& t : tensors) {
+    const auto pieces = model::expert_file_pieces(config, t.name);
+    if (pieces.empty()) {
+      out.push_back(t);
+      continue;
+    }
+    auto fused = std::make_shared<Fused>();
+    fused->make = t.make;
+    fused->pieces_left = pieces.size();
+    for (const auto& p : pieces)
+      out.push_back({p.file_name, p.shape, t.dtype, [fused, p]() {
+                       if (!fused->flat.defined()) fused->flat = fused->make().reshape({-1});
+                       at::Tensor piece = fused->flat.narrow(0, p.offset, p.numel()).view(p.shape);
+                       piece = piece.clone();
+                       if (--fused->pieces_left == 0) fused->flat = at::Tensor();
+                       return piece;
+                     }});
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<std::string> save_hf_model(const model::ModelConfig& config,
-                                       const io::DeferredTensors& tensors, const std::string& dir,
-                                       uint64_t max_shard_bytes,
+                                       const io::DeferredTensors& fused_tensors,
+                                       const std::string& dir, uint64_t max_shard_bytes,
                                        const io::ShardWritten& on_written) {
-  FT_ASSERT(!tensors.empty(), "save_hf_model: no tensors");
+  FT_ASSERT(!fused_tensors.empty(), "save_hf_model: no tensors");
+  const io::DeferredTensors tensors = per_expert_layout(config, fused_tensors);
   std::error_code ec;
   fs::create_directories(dir, ec);
   FT_CHECK_T(SystemError, !ec, "cannot create ", dir, ": ", ec.message());

@@ -41,7 +41,8 @@ void save_final_model(const model::ModelConfig& config, const model::LoraConfig*
 
 // A Hugging Face model directory: config.json (`torch_dtype` from the first tensor's dtype) and
 // the weights, sharded past `max_shard_bytes` as save_pretrained does, each tensor made as its
-// shard is written (io::write_sharded_deferred). Returns the files written.
+// shard is written (io::write_sharded_deferred); a MoE layer's fused experts are written per
+// expert, as transformers saves them. Returns the files written.
 std::vector<std::string> save_hf_model(const model::ModelConfig& config,
                                        const io::DeferredTensors& tensors, const std::string& dir,
                                        uint64_t max_shard_bytes = io::kDefaultMaxShardBytes,

@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <mutex>
 #include <set>
 
@@ -30,13 +31,39 @@ BaseWeights::BaseWeights(const std::string& model_dir, const model::ModelConfig&
   }
   files_ = std::make_unique<io::SafetensorsIndex>(io::SafetensorsIndex::open(model_dir));
   for (const auto& [name, shape] : params_) {
-    FT_CHECK_T(FormatError, files_->has(name), model_dir, ": weight \"", name,
-               "\" is missing from the model files");
-    const io::TensorInfo& info = files_->info(name);
-    FT_CHECK_T(FormatError, info.shape == shape, files_->file_of(name).path(), ": ", name,
-               " has shape ", at::IntArrayRef(info.shape), " but config.json makes it ",
-               at::IntArrayRef(shape));
+    if (!files_->has(name)) {
+      auto pieces = model::expert_file_pieces(config, name);
+      if (!pieces.empty() && files_->has(pieces.front().file_name)) pieces_[name] = pieces;
+    }
+    check_in_files(name, shape);
   }
+}
+
+void BaseWeights::check_in_files(const std::string& name, const std::vector<int64_t>& shape) {
+  auto check_shape = [&](const std::string& file_name, const std::vector<int64_t>& want) {
+    const io::TensorInfo& info = files_->info(file_name);
+    FT_CHECK_T(FormatError, info.shape == want, files_->file_of(file_name).path(), ": ",
+               file_name, " has shape ", at::IntArrayRef(info.shape),
+               " but config.json makes it ", at::IntArrayRef(want));
+  };
+  const auto& pieces = pieces_of(name);
+  if (pieces.empty()) {
+    FT_CHECK_T(FormatError, files_->has(name), files_->dir(), ": weight \"", name,
+               "\" is missing from the model files");
+    return check_shape(name, shape);
+  }
+  for (const auto& p : pieces) {
+    FT_CHECK_T(FormatError, files_->has(p.file_name), files_->dir(), ": weight \"", p.file_name,
+               "\" is missing from the model files (the other experts of its layer are there, ",
+               "per expert; a fused checkpoint would hold \"", name, "\")");
+    check_shape(p.file_name, p.shape);
+  }
+}
+
+const std::vector<model::ExpertFilePiece>& BaseWeights::pieces_of(const std::string& name) const {
+  static const std::vector<model::ExpertFilePiece> kNone;
+  const auto it = pieces_.find(name);
+  return it == pieces_.end() ? kNone : it->second;
 }
 
 size_t BaseWeights::index_of(const std::string& name) const {
@@ -70,8 +97,21 @@ void BaseWeights::read_range(const std::string& name, int64_t begin, int64_t end
     dst.copy_(draw(index_of(name)).reshape({-1}).slice(0, begin, end));
     return;
   }
-  files_->read_range(name, begin, end, dst);
-  bytes_read_ += (end - begin) * static_cast<int64_t>(c10::elementSize(files_->info(name).dtype));
+  const auto& pieces = pieces_of(name);
+  if (pieces.empty()) {
+    files_->read_range(name, begin, end, dst);
+    bytes_read_ += (end - begin) * static_cast<int64_t>(c10::elementSize(files_->info(name).dtype));
+    return;
+  }
+  // The range crosses the per-expert tensors it overlaps, each read where it lands in dst.
+  const at::Tensor flat = dst.view({-1});
+  for (const auto& p : pieces) {
+    const int64_t b = std::max(begin, p.offset), e = std::min(end, p.offset + p.numel());
+    if (b >= e) continue;
+    files_->read_range(p.file_name, b - p.offset, e - p.offset, flat.narrow(0, b - begin, e - b));
+    bytes_read_ +=
+        (e - b) * static_cast<int64_t>(c10::elementSize(files_->info(p.file_name).dtype));
+  }
 }
 
 void BaseWeights::copy_to(const std::string& name, const at::Tensor& dst) {
@@ -79,11 +119,17 @@ void BaseWeights::copy_to(const std::string& name, const at::Tensor& dst) {
     dst.copy_(draw(index_of(name)));
     return;
   }
+  if (!pieces_of(name).empty()) return read_range(name, 0, dst.numel(), dst);
   files_->copy_to(name, dst);
   bytes_read_ += static_cast<int64_t>(files_->info(name).nbytes());
 }
 
 at::Tensor BaseWeights::fp32(const std::string& name, at::ScalarType compute) {
+  if (files_ && !pieces_of(name).empty()) {
+    const at::Tensor out = at::empty(params_[index_of(name)].second, at::kFloat);
+    read_range(name, 0, out.numel(), out);
+    return out;
+  }
   if (files_) return files_->tensor(name).to(at::kFloat);
   return draw(index_of(name)).to(compute).to(at::kFloat);
 }

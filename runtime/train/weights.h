@@ -59,11 +59,18 @@ class BaseWeights {
   // can be drawn again in any order).
   at::Tensor draw(size_t index);
   size_t index_of(const std::string& name) const;
+  // Checks that `name` (of `shape`) is in the files, under its own name or, for a MoE layer's
+  // fused expert tensors, as the per-expert tensors of the checkpoint's other layout.
+  void check_in_files(const std::string& name, const std::vector<int64_t>& shape);
+  // The per-expert pieces `name` is read from (empty: read under its own name).
+  const std::vector<model::ExpertFilePiece>& pieces_of(const std::string& name) const;
 
   std::unique_ptr<io::SafetensorsIndex> files_;
   ParamShapes params_;
   std::map<std::string, size_t> index_;
   std::unique_ptr<model::DecoderModel> shapes_;  // meta model: init_value
+  // Parameters the files hold in the per-expert layout, with their pieces.
+  std::map<std::string, std::vector<model::ExpertFilePiece>> pieces_;
   at::Generator gen_;
   size_t next_ = 0;                 // the parameter gen_ draws next
   std::vector<at::Tensor> states_;  // generator state before parameter i, for i < next_

@@ -1,0 +1,158 @@
+#include "model/moe.h"
+
+#include <fmt/format.h>
+#include <torch/autograd.h>
+
+#include "core/error.h"
+#include "model/fused_ops.h"
+
+namespace ft::model {
+
+namespace {
+
+// Identity on the router probabilities [N, E] whose backward adds the aux loss's constant row
+// (RouterAux::grad_row, set after the forward is complete) to every token's gradient.
+struct AuxGradFn : public torch::autograd::Function<AuxGradFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& probs,
+                            RouterAux* aux) {
+    ctx->saved_data["aux"] = reinterpret_cast<int64_t>(aux);
+    return probs.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* aux = reinterpret_cast<RouterAux*>(ctx->saved_data["aux"].toInt());
+    at::Tensor g = grads[0];
+    if (aux->grad_row.defined()) g = g + aux->grad_row.to(g.device()).unsqueeze(0);
+    return {g, at::Tensor()};
+  }
+};
+
+// One expert's SwiGLU on its rows [n, hidden]: down(act(gate(x)) * up(x)), transformers'
+// op sequence (or ft's fused SwiGLU, the same bits, on fp32 CPU rows).
+at::Tensor expert_mlp(const at::Tensor& x, const at::Tensor& gate_up, const at::Tensor& down,
+                      const MoeOptions& o) {
+  const at::Tensor y = at::linear(x, gate_up);
+  const int64_t inter = gate_up.size(0) / 2;
+  const at::Tensor gate = y.narrow(-1, 0, inter), up = y.narrow(-1, inter, inter);
+  at::Tensor m;
+  if (o.activation == Activation::kGeluTanh)
+    m = at::gelu(gate, "tanh") * up;
+  else
+    m = o.fused_swiglu && gate.is_cpu() ? fused_swiglu(gate.contiguous(), up.contiguous())
+                                        : at::silu(gate) * up;
+  return at::linear(m, down);
+}
+
+// Rows grouped by local expert (`counts` each) through their experts, in the same order.
+at::Tensor run_experts(const MoeWeights& w, const at::Tensor& rows,
+                       const std::vector<int64_t>& counts, const MoeOptions& o) {
+  std::vector<at::Tensor> outs;
+  int64_t at_row = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] == 0) continue;
+    const int64_t i = static_cast<int64_t>(e);
+    outs.push_back(expert_mlp(rows.narrow(0, at_row, counts[e]), w.gate_up[i], w.down[i], o));
+    at_row += counts[e];
+  }
+  if (outs.empty()) return rows.new_zeros({0, w.down.size(1)});
+  return outs.size() == 1 ? outs[0] : at::cat(outs);
+}
+
+std::vector<int64_t> host_counts(const at::Tensor& picks, int64_t num_experts) {
+  const at::Tensor c = at::bincount(picks, {}, num_experts).to(at::kCPU).to(at::kLong);
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+}  // namespace
+
+int64_t ExpertFilePiece::numel() const {
+  int64_t n = 1;
+  for (const int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<ExpertFilePiece> expert_file_pieces(const ModelConfig& c, const std::string& name) {
+  const MoeStyle style = c.family().moe;
+  const std::string mlp = ".mlp.";
+  const auto at = name.find(mlp);
+  if (style == MoeStyle::kNone || at == std::string::npos) return {};
+  const std::string layer = name.substr(0, at + 1);  // "model.layers.i."
+  const std::string rest = name.substr(at + mlp.size());
+  const bool mixtral = style == MoeStyle::kMixtral;
+  const std::string block = layer + (mixtral ? "block_sparse_moe." : "mlp.");
+  if (rest == "gate.weight")
+    return mixtral
+               ? std::vector<ExpertFilePiece>{{block + rest, 0, {c.moe.num_experts, c.hidden_size}}}
+               : std::vector<ExpertFilePiece>{};
+  const bool gate_up = rest == "experts.gate_up_proj", down = rest == "experts.down_proj";
+  if (!gate_up && !down) return {};
+  const int64_t H = c.hidden_size, I = c.moe.expert_intermediate;
+  const char* names[3] = {mixtral ? "w1" : "gate_proj", mixtral ? "w3" : "up_proj",
+                          mixtral ? "w2" : "down_proj"};
+  std::vector<ExpertFilePiece> out;
+  for (int64_t e = 0; e < c.moe.num_experts; ++e) {
+    const std::string expert = fmt::format("{}experts.{}.", block, e);
+    if (gate_up) {
+      out.push_back({expert + names[0] + ".weight", e * 2 * I * H, {I, H}});
+      out.push_back({expert + names[1] + ".weight", e * 2 * I * H + I * H, {I, H}});
+    } else {
+      out.push_back({expert + names[2] + ".weight", e * H * I, {H, I}});
+    }
+  }
+  return out;
+}
+
+double router_aux_loss(RouterAux& aux, int64_t num_experts, double grad_scale,
+                       const at::Tensor& counts_total, int64_t tokens_total) {
+  if (aux.counts.empty()) return 0;
+  at::NoGradGuard no_grad;
+  at::Tensor c = counts_total.defined() ? counts_total.to(at::kDouble)
+                                        : at::stack(aux.counts).sum(0).to(at::kCPU).to(at::kDouble);
+  const double layers = static_cast<double>(aux.counts.size());
+  const double rows_c = layers * static_cast<double>(tokens_total ? tokens_total : aux.tokens);
+  const double rows_p = layers * static_cast<double>(aux.tokens);
+  const at::Tensor p = at::stack(aux.prob_sums).sum(0).to(at::kCPU).to(at::kDouble);
+  const double e = static_cast<double>(num_experts);
+  const double value = e * (c / rows_c * (p / rows_p)).sum().item<double>();
+  if (grad_scale != 0) aux.grad_row = (c * (grad_scale * e / (rows_c * rows_p))).to(at::kFloat);
+  return value;
+}
+
+at::Tensor moe_forward(const MoeWeights& w, const MoeConfig& config, const at::Tensor& x,
+                       const MoeOptions& o) {
+  const int64_t hidden = x.size(-1), k = config.experts_per_token, E = config.num_experts;
+  const at::Tensor flat = x.reshape({-1, hidden});
+  const int64_t n = flat.size(0);
+  const at::Tensor logits = at::linear(flat, w.router);
+  at::Tensor probs = at::softmax(logits, -1, at::kFloat);
+  if (o.aux && probs.requires_grad()) probs = AuxGradFn::apply(probs, o.aux);
+  auto [top, picks] = at::topk(probs, k, -1);
+  if (config.norm_topk_prob) top = top / top.sum(-1, true);
+  if (o.weights_in_dtype) top = top.to(x.scalar_type());
+  // (token, slot) rows sorted by expert; stable, so each expert sees its tokens in order.
+  const at::Tensor flat_picks = picks.reshape({-1});
+  const at::Tensor order = std::get<1>(at::sort(flat_picks, /*stable=*/true, 0, false));
+  const at::Tensor token_of = at::div(order, k, "floor");
+  std::vector<int64_t> counts = host_counts(flat_picks, E);
+  if (o.aux && o.record) {
+    at::NoGradGuard no_grad;
+    o.aux->counts.push_back(at::tensor(counts, at::kLong));
+    o.aux->prob_sums.push_back(probs.detach().sum(0));
+    o.aux->picks.push_back(picks);
+    o.aux->tokens = n;
+  }
+  at::Tensor rows = flat.index_select(0, token_of);
+  at::Tensor out;
+  if (o.exchange) {
+    std::vector<int64_t> local_counts;
+    const at::Tensor mine = o.exchange->dispatch(rows, counts, local_counts);
+    out = o.exchange->combine(run_experts(w, mine, local_counts, o));
+  } else {
+    out = run_experts(w, rows, counts, o);
+  }
+  const at::Tensor weight = top.reshape({-1}).index_select(0, order).unsqueeze(1);
+  const at::Tensor weighted = (out * weight).to(x.scalar_type());
+  return at::zeros_like(flat).index_add(0, token_of, weighted).view_as(x);
+}
+
+}  // namespace ft::model

@@ -1,0 +1,112 @@
+// Mixture-of-experts models against transformers 5.24 (tests/model/fixtures/moe, written by
+// make_moe_fixtures.py; MOE.md gives the math): the same experts chosen for every token, the
+// cross-entropy and the load-balancing loss within 1e-5 relative, every gradient of the loss
+// with the aux term within 1e-4, from either checkpoint layout (per expert, as save_pretrained
+// writes it, or transformers 5's fused expert tensors).
+#include "support/catch_torch.h"
+// (catch_torch.h first: c10 defines a CHECK macro of its own)
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "model/decoder.h"
+#include "model/moe.h"
+#include "support/numerics.h"
+#include "train/weights.h"
+
+using namespace ft;
+using namespace ft::model;
+
+namespace {
+
+std::string moe_fixtures() {
+  const char* dir = std::getenv("FT_MOE_FIXTURES");
+  return dir ? dir : std::string(FT_TEST_DIR) + "/model/fixtures/moe";
+}
+
+std::vector<std::string> moe_fixture_dirs() {
+  std::vector<std::string> out;
+  if (!std::filesystem::exists(moe_fixtures())) return out;
+  for (const auto& e : std::filesystem::directory_iterator(moe_fixtures()))
+    if (std::filesystem::exists(e.path() / "model.safetensors") &&
+        std::filesystem::exists(e.path() / "expected.safetensors"))
+      out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The model with its weights read through BaseWeights, as ft train reads them.
+DecoderModel load_moe(const std::string& dir) {
+  const ModelConfig c = load_model_config(dir + "/config.json");
+  DecoderModel m(c, at::TensorOptions().dtype(at::kFloat));
+  train::BaseWeights w(dir, c, train::model_param_shapes(c), 0);
+  m.load([&](const std::string& name, at::Tensor& dst) { w.copy_to(name, dst); });
+  return m;
+}
+
+double rel(const at::Tensor& a, const at::Tensor& b) { return test::rel_error(a, b); }
+
+}  // namespace
+
+TEST_CASE("MoE logits, losses, routing and gradients equal transformers' (fp32)", "[unit]") {
+  const auto dirs = moe_fixture_dirs();
+  REQUIRE(dirs.size() >= 2);
+  for (const std::string& dir : dirs) {
+    DYNAMIC_SECTION(std::filesystem::path(dir).filename().string()) {
+      DecoderModel m = load_moe(dir);
+      const MoeConfig& moe = m.config().moe;
+      REQUIRE(moe.enabled());
+      auto expected = io::SafetensorsFile::open(dir + "/expected.safetensors");
+      for (auto& p : m.parameters()) p.tensor->set_requires_grad(true);
+      const at::Tensor ids = expected.tensor("input_ids").clone();
+      const at::Tensor labels = expected.tensor("labels").clone();
+      const at::Tensor logits = m.forward(ids);
+      CHECK(rel(logits, expected.tensor("logits")) < 1e-5);
+      // Every MoE layer picked the same k experts for every token, in the same order.
+      RouterAux& aux = m.router_aux();
+      REQUIRE(static_cast<int64_t>(aux.picks.size()) == m.config().num_moe_layers());
+      int layer = 0;
+      for (int64_t i = 0; i < m.config().num_hidden_layers; ++i) {
+        if (!m.config().is_moe_layer(i)) continue;
+        const std::string key = "topk_index." + std::to_string(i);
+        if (expected.has(key)) CHECK(at::equal(aux.picks[layer], expected.tensor(key)));
+        ++layer;
+      }
+      const LossSum ls = causal_lm_loss_sum(logits, labels);
+      const at::Tensor ce = ls.sum / static_cast<double>(ls.tokens);
+      const double coef = moe.router_aux_loss_coef;
+      const double aux_loss = router_aux_loss(aux, moe.num_experts, coef);
+      const double ref_aux = expected.tensor("aux_loss").item<double>();
+      CHECK(std::abs(aux_loss - ref_aux) / ref_aux < 1e-5);
+      const double ref_loss = expected.tensor("loss").item<double>();
+      const double loss = ce.item<double>() + coef * aux_loss;
+      CHECK(std::abs(loss - ref_loss) / ref_loss < 1e-5);
+      ce.backward();
+      for (auto& p : m.parameters()) {
+        INFO(p.name);
+        REQUIRE(expected.has("grad." + p.name));
+        CHECK(rel(p.tensor->grad(), expected.tensor("grad." + p.name)) < 1e-4);
+      }
+    }
+  }
+}
+
+TEST_CASE("MoE checkpoints load from either layout to the same parameters", "[unit]") {
+  const auto dirs = moe_fixture_dirs();
+  REQUIRE_FALSE(dirs.empty());
+  for (const std::string& dir : dirs) {
+    const std::string fused = dir + "_fused";
+    if (!std::filesystem::exists(fused)) continue;
+    INFO(fused);
+    DecoderModel a = load_moe(dir), b = load_moe(fused);
+    auto pa = a.parameters(), pb = b.parameters();
+    REQUIRE(pa.size() == pb.size());
+    for (size_t i = 0; i < pa.size(); ++i) {
+      INFO(pa[i].name);
+      CHECK(at::equal(*pa[i].tensor, *pb[i].tensor));
+    }
+  }
+}
