@@ -109,8 +109,8 @@ void validate_rope(const RopeConfig& rope, int64_t rotary_dim, const std::string
 
 void validate_moe(const ModelConfig& c, const std::string& where) {
   const MoeConfig& m = c.moe;
-  const bool family_moe = find_family(c.model_type) &&
-                          find_family(c.model_type)->moe != MoeStyle::kNone;
+  const bool family_moe =
+      find_family(c.model_type) && find_family(c.model_type)->moe != MoeStyle::kNone;
   FT_CHECK(m.enabled() == family_moe, where, ": ", c.model_type,
            family_moe ? " is a mixture-of-experts family: num_experts must be >= 1"
                       : " has no expert layers: num_experts must be 0");
@@ -363,11 +363,11 @@ void read_moe(const json& j, const Family& f, ModelConfig& c, const std::string&
   const bool mixtral = f.moe == MoeStyle::kMixtral;
   // The two names are aliases in both configs (transformers 5.24 writes num_local_experts for
   // Qwen3-MoE too; the hub's Qwen3-MoE files say num_experts).
-  m.num_experts = get_or<int64_t>(
-      j, "num_local_experts", get_or<int64_t>(j, "num_experts", mixtral ? 8 : 128, path), path);
+  m.num_experts = get_or<int64_t>(j, "num_local_experts",
+                                  get_or<int64_t>(j, "num_experts", mixtral ? 8 : 128, path), path);
   m.experts_per_token = get_or<int64_t>(j, "num_experts_per_tok", mixtral ? 2 : 8, path);
-  m.expert_intermediate = mixtral ? c.intermediate_size
-                                  : get_or<int64_t>(j, "moe_intermediate_size", 768, path);
+  m.expert_intermediate =
+      mixtral ? c.intermediate_size : get_or<int64_t>(j, "moe_intermediate_size", 768, path);
   m.norm_topk_prob = mixtral || get_or<bool>(j, "norm_topk_prob", false, path);
   m.router_aux_loss_coef = get_or<double>(j, "router_aux_loss_coef", 0.001, path);
   m.output_router_logits = get_or<bool>(j, "output_router_logits", false, path);

@@ -1,7 +1,8 @@
 // The architecture of a decoder-only model of one of ft's families (model/family.h: Llama, Mistral,
 // Qwen2/3, Gemma 2/3, Phi-3/4, OLMo 2, Granite), read from a Hugging Face config.json or built
 // from a preset's shape: the family's row resolved against the file into plain numbers per
-// piece (which norm, which window on which layer, which scales, which layers hold experts). Plain data; thread-safe.
+// piece (which norm, which window on which layer, which scales, which layers hold experts). Plain
+// data; thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -27,10 +28,10 @@ struct RopeConfig {
 
 // A mixture-of-experts model's expert layers (model/moe.h); num_experts 0: a dense model.
 struct MoeConfig {
-  int64_t num_experts = 0;            // E (num_local_experts, num_experts)
-  int64_t experts_per_token = 0;      // k (num_experts_per_tok)
-  int64_t expert_intermediate = 0;    // each expert's SwiGLU width (moe_intermediate_size)
-  bool norm_topk_prob = true;         // the k weights renormalised to sum 1 (always in Mixtral)
+  int64_t num_experts = 0;          // E (num_local_experts, num_experts)
+  int64_t experts_per_token = 0;    // k (num_experts_per_tok)
+  int64_t expert_intermediate = 0;  // each expert's SwiGLU width (moe_intermediate_size)
+  bool norm_topk_prob = true;       // the k weights renormalised to sum 1 (always in Mixtral)
   double router_aux_loss_coef = 0.001;
   bool output_router_logits = false;  // transformers adds the aux loss only with this set
   std::vector<uint8_t> layers;        // per layer: 1 MoE, 0 dense MLP (empty: dense model)

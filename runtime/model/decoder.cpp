@@ -299,9 +299,9 @@ bool DecoderLayer::requires_grad() const {
   for (const Linear* l : {&q_proj, &k_proj, &v_proj, &o_proj, &qkv_proj, &gate_proj, &up_proj,
                           &down_proj, &gate_up_proj})
     if (l->requires_grad()) return true;
-  for (const at::Tensor* t : {&input_layernorm, &q_norm, &k_norm, &post_attention_layernorm,
-                              &pre_feedforward_layernorm, &post_feedforward_layernorm,
-                              &moe.router, &moe.gate_up, &moe.down})
+  for (const at::Tensor* t :
+       {&input_layernorm, &q_norm, &k_norm, &post_attention_layernorm, &pre_feedforward_layernorm,
+        &post_feedforward_layernorm, &moe.router, &moe.gate_up, &moe.down})
     if (t->defined() && t->requires_grad()) return true;
   return false;
 }

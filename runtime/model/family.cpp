@@ -144,9 +144,9 @@ Family granite() {
 }
 
 const std::array<Family, 12>& families() {
-  static const std::array<Family, 12> rows = {
-      llama(),  mistral(), ministral(), qwen2(), qwen3(),   gemma2(),
-      gemma3(), phi3(),    olmo2(),     granite(), mixtral(), qwen3_moe()};
+  static const std::array<Family, 12> rows = {llama(), mistral(), ministral(), qwen2(),
+                                              qwen3(), gemma2(),  gemma3(),    phi3(),
+                                              olmo2(), granite(), mixtral(),   qwen3_moe()};
   return rows;
 }
 
@@ -160,23 +160,32 @@ const Family* find_family(const std::string& model_type) {
 
 std::string refused_family_reason(const std::string& model_type) {
   static const std::pair<const char*, const char*> kRefused[] = {
-      {"qwen2_moe", "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
+      {"qwen2_moe",
+       "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
        "mixtral, qwen3_moe)"},
-      {"olmoe", "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
+      {"olmoe",
+       "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
        "mixtral, qwen3_moe)"},
-      {"granitemoe", "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
+      {"granitemoe",
+       "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
        "mixtral, qwen3_moe)"},
-      {"granitemoeshared", "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
+      {"granitemoeshared",
+       "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
        "mixtral, qwen3_moe)"},
-      {"phimoe", "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
+      {"phimoe",
+       "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
        "mixtral, qwen3_moe)"},
-      {"deepseek_v2", "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
+      {"deepseek_v2",
+       "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
        "mixtral, qwen3_moe)"},
-      {"deepseek_v3", "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
+      {"deepseek_v3",
+       "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
        "mixtral, qwen3_moe)"},
-      {"gpt_oss", "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
+      {"gpt_oss",
+       "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
        "mixtral, qwen3_moe)"},
-      {"llama4", "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
+      {"llama4",
+       "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
        "mixtral, qwen3_moe)"},
       {"qwen3_next", "a hybrid model with linear-attention layers ft does not implement"},
       {"qwen3_5", "a hybrid model with linear-attention layers ft does not implement"},

@@ -3,8 +3,9 @@
 // the family's transformers configuration class has them), and its checkpoint's tensor names.
 // One decoder (model/decoder.h) assembles itself from a row; there is no model class per family.
 // The math of each variant, with the transformers function that defines it: docs/training.md
-// ("Model families"). Families ft knows but does not train (other mixture-of-experts layouts, hybrid
-// linear attention, multimodal wrappers) are refused by name with the reason. Immutable; thread-safe.
+// ("Model families"). Families ft knows but does not train (other mixture-of-experts layouts,
+// hybrid linear attention, multimodal wrappers) are refused by name with the reason. Immutable;
+// thread-safe.
 #pragma once
 
 #include <cstdint>

@@ -26,7 +26,7 @@ BaseWeights::BaseWeights(const std::string& model_dir, const model::ModelConfig&
   for (size_t i = 0; i < params_.size(); ++i) index_[params_[i].first] = i;
   if (model_dir.empty()) {
     shapes_ = std::make_unique<model::DecoderModel>(config, at::TensorOptions().dtype(at::kFloat),
-                                                  /*materialize=*/false);
+                                                    /*materialize=*/false);
     return;
   }
   files_ = std::make_unique<io::SafetensorsIndex>(io::SafetensorsIndex::open(model_dir));
@@ -42,9 +42,9 @@ BaseWeights::BaseWeights(const std::string& model_dir, const model::ModelConfig&
 void BaseWeights::check_in_files(const std::string& name, const std::vector<int64_t>& shape) {
   auto check_shape = [&](const std::string& file_name, const std::vector<int64_t>& want) {
     const io::TensorInfo& info = files_->info(file_name);
-    FT_CHECK_T(FormatError, info.shape == want, files_->file_of(file_name).path(), ": ",
-               file_name, " has shape ", at::IntArrayRef(info.shape),
-               " but config.json makes it ", at::IntArrayRef(want));
+    FT_CHECK_T(FormatError, info.shape == want, files_->file_of(file_name).path(), ": ", file_name,
+               " has shape ", at::IntArrayRef(info.shape), " but config.json makes it ",
+               at::IntArrayRef(want));
   };
   const auto& pieces = pieces_of(name);
   if (pieces.empty()) {
