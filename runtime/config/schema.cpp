@@ -457,6 +457,21 @@ const std::vector<Setting>& preset_schema() {
     B(KEY(train.fused_rope), true,
       "The rotary embedding of queries and keys as one fused CPU kernel with its own "
       "backward; false: transformers' x * cos + rotate_half(x) * sin."),
+    // moe
+    C(KEY(moe.aux_loss), "auto", {"auto", "on", "off"},
+      "Mixture-of-experts models: add the router's load-balancing loss (transformers' "
+      "load_balancing_loss_func over all MoE layers, E x sum_e f_e P_e) times moe.aux_loss_coef "
+      "to the step's objective; auto: as the model's config.json says (output_router_logits)."),
+    F(KEY(moe.aux_loss_coef), -1.0, -1, kInf,
+      "The load-balancing loss's weight; -1: the model's router_aux_loss_coef (0.001 unless its "
+      "config.json says otherwise)."),
+    C(KEY(moe.aux_loss_scope), "micro_batch", {"micro_batch", "global"},
+      "What f_e (each expert's share of the picks) is counted over: each rank's micro-batch "
+      "(transformers), or the micro-batch of every data-parallel rank together (global-batch "
+      "balancing, as Qwen trained; one all-reduce of E x layers counts per micro-batch)."),
+    I(KEY(moe.collapse_steps), 100, 1, kMaxCount,
+      "An expert of a MoE layer that receives no token for this many optimizer steps in a row "
+      "is named in a warning (once per run): its router has collapsed."),
     // precision
     C(KEY(precision.mode), "bf16", {"fp32", "bf16", "fp16", "fp64"},
       "Compute dtype; bf16/fp16 keep fp32 master weights and optimizer state; fp64 is for exact numerical checks."),

@@ -141,6 +141,14 @@ struct LoraSettings {
   bool rslora = false;
 };
 
+// Mixture-of-experts models (model/moe.h); unused by dense ones.
+struct MoeSettings {
+  std::string aux_loss;        // auto (the model's output_router_logits) | on | off
+  double aux_loss_coef = -1;   // < 0: the model's router_aux_loss_coef
+  std::string aux_loss_scope;  // micro_batch | global (f_e over every rank's micro-batch)
+  int64_t collapse_steps = 0;  // steps an expert may get no token before the warning
+};
+
 struct HardwareSettings {
   std::string device;     // auto | cpu | cuda
   std::string preflight;  // refuse | warn | off
@@ -206,6 +214,7 @@ struct Settings {
   TrainSettings train;
   PrecisionSettings precision;
   LoraSettings lora;
+  MoeSettings moe;
   HardwareSettings hardware;
   StrategySettings strategy;
   OutputSettings output;

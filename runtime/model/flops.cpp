@@ -22,6 +22,11 @@ std::pair<int64_t, int64_t> projection_shape(const ModelConfig& c, const std::st
   throw ConfigError("FLOP count: unknown projection '" + name + "'");
 }
 
+bool is_mlp(const std::string& projection) {
+  return projection == "gate_proj" || projection == "up_proj" || projection == "down_proj" ||
+         projection == "gate_up_proj";
+}
+
 constexpr const char* kProjections[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                         "gate_proj", "up_proj", "down_proj"};
 
@@ -30,15 +35,21 @@ constexpr const char* kProjections[] = {"q_proj",    "k_proj",  "v_proj",   "o_p
 FlopCount training_flops(const ModelConfig& c, int64_t context,
                          const std::vector<std::string>& lora_targets, int64_t lora_r) {
   FlopCount f;
-  int64_t layer = 0;
+  int64_t attention = 0, mlp = 0;
   for (const char* p : kProjections) {
     const auto [in, out] = projection_shape(c, p);
-    layer += in * out;
+    (is_mlp(p) ? mlp : attention) += in * out;
   }
-  f.matmul_weights = c.num_hidden_layers * layer + c.hidden_size * c.vocab_size;  // + the head
+  // A MoE layer's token goes through the router and its k experts only.
+  const int64_t moe_layers = c.num_moe_layers(), dense_layers = c.num_hidden_layers - moe_layers;
+  const int64_t expert_mlp =
+      c.moe.experts_per_token * 3 * c.hidden_size * c.moe.expert_intermediate +
+      c.moe.num_experts * c.hidden_size;
+  f.matmul_weights = c.num_hidden_layers * attention + dense_layers * mlp +
+                     moe_layers * expert_mlp + c.hidden_size * c.vocab_size;  // + the head
   for (const auto& t : lora_targets) {
     const auto [in, out] = projection_shape(c, t);
-    f.adapter_weights += c.num_hidden_layers * lora_r * (in + out);
+    f.adapter_weights += (is_mlp(t) ? dense_layers : c.num_hidden_layers) * lora_r * (in + out);
   }
   // Q K^T and scores x V: 2 x heads x head_dim x context FLOPs each, per token and layer; a
   // windowed layer's context is its window where that is shorter.

@@ -25,6 +25,7 @@ const std::set<std::string> kModules = {"q_proj",   "k_proj",       "v_proj",
 const std::vector<std::string> kSeparate = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                             "gate_proj", "up_proj", "down_proj"};
 const std::vector<std::string> kFused = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"};
+const std::vector<std::string> kAttention = {"q_proj", "k_proj", "v_proj", "o_proj"};
 
 // (module path, projection) pairs of a layer, in PEFT's key order; those the family has.
 std::vector<std::pair<std::string, Linear*>> projections(DecoderLayer& L) {
@@ -78,6 +79,7 @@ void LoraConfig::validate(const std::string& where) const {
 }
 
 const std::vector<std::string>& lora_modules_of(const ModelConfig& model) {
+  if (model.moe.enabled() && model.num_moe_layers() == model.num_hidden_layers) return kAttention;
   return model.family().fused_projections ? kFused : kSeparate;
 }
 
@@ -87,7 +89,9 @@ void fit_lora_targets(LoraConfig& config, const ModelConfig& model) {
   std::sort(sorted.begin(), sorted.end());
   std::vector<std::string> all = kSeparate;
   std::sort(all.begin(), all.end());
-  if (sorted == all) config.target_modules = has;  // the default: every projection there is
+  // The default: every projection there is; in a MoE model the attention's (its experts are not
+  // projections; a Qwen3-MoE's dense layers' MLPs are adapted only when named).
+  if (sorted == all) config.target_modules = model.moe.enabled() ? kAttention : has;
   for (const auto& m : config.target_modules)
     FT_CHECK(std::find(has.begin(), has.end(), m) != has.end(), "lora.target_modules: '", m,
              "' is not a projection of a ", model.model_type, " model (it has ",

@@ -703,6 +703,16 @@ double Engine::scalar_collective(double v, bool max) {
 }
 
 double Engine::sum_over_ranks(double v) { return scalar_collective(v, false); }
+
+std::vector<double> Engine::sum_over_ranks(const std::vector<double>& v) {
+  if (world_size_ == 1 || v.empty()) return v;
+  std::vector<at::Tensor> t{at::tensor(v, at::kDouble).to(options_.device)};
+  auto w = backend(groups_.world).allreduce(t);
+  wait(*w);
+  acc_.scalar_collectives++;
+  const at::Tensor host = t[0].to(at::kCPU);
+  return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+}
 double Engine::max_over_ranks(double v) { return scalar_collective(v, true); }
 
 double Engine::global_sq_norm(double sharded_sq, double replicated_sq) {

@@ -160,6 +160,8 @@ class Engine : public model::UnitHooks {
 
   // Collectives over all ranks (counted as scalar collectives).
   double sum_over_ranks(double v);
+  // Element by element over every rank (one all-reduce).
+  std::vector<double> sum_over_ranks(const std::vector<double>& v);
   double max_over_ranks(double v);
   // Global squared gradient norm from this rank's sharded and replicated parts.
   double global_sq_norm(double sharded_sq, double replicated_sq);
@@ -241,7 +243,7 @@ class Engine : public model::UnitHooks {
   int64_t reduce_queue_elements_ = 0;
   bool last_micro_ = true;
   bool loaded_ = false;
-  bool grads_ = false;  // gradient accumulators allocated
+  bool grads_ = false;         // gradient accumulators allocated
   bool gather_hooks_ = false;  // before_unit / after_unit gather and release (sharded units)
   // Weights whose gradient may be sunk (grad_sink): the alias's TensorImpl -> index into sinks_.
   std::unordered_map<const c10::TensorImpl*, int64_t> sink_of_;

@@ -133,6 +133,8 @@ void MetricsLog::write(const StepRecord& r) {
     j["source_records"][c.name] = c.records;
     j["source_tokens"][c.name] = c.tokens;
   }
+  if (!s.expert_tokens.empty())
+    j["moe"] = {{"aux_loss", s.aux_loss}, {"expert_tokens", s.expert_tokens}};
   if (r.eval_tokens > 0) {
     j["eval_loss"] = r.eval_loss;
     j["eval_tokens"] = r.eval_tokens;

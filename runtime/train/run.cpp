@@ -625,8 +625,10 @@ void TrainingRun::write_run_files() {
 }
 
 void TrainingRun::build_trainer() {
-  trainer_ = std::make_unique<Trainer>(*model_, train_options(s_.train, s_.precision, total_steps_),
-                                       *engine_);
+  TrainOptions options = train_options(s_.train, s_.precision, total_steps_);
+  options.router_aux_coef = router_aux_coef(s_.moe, model_->config());
+  options.router_aux_global = s_.moe.aux_loss_scope == "global";
+  trainer_ = std::make_unique<Trainer>(*model_, options, *engine_);
   fault_delay_s_ = fault_delay(env_.rank);
   // LoRA dropout draws from LibTorch's default generators, which start from a random seed in each
   // process: seeding them makes a run with dropout repeat exactly.

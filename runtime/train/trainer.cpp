@@ -35,6 +35,12 @@ TrainOptions train_options(const config::TrainSettings& train,
   return o;
 }
 
+double router_aux_coef(const config::MoeSettings& moe, const model::ModelConfig& model) {
+  if (!model.moe.enabled() || moe.aux_loss == "off") return 0;
+  if (moe.aux_loss == "auto" && !model.moe.output_router_logits) return 0;
+  return moe.aux_loss_coef >= 0 ? moe.aux_loss_coef : model.moe.router_aux_loss_coef;
+}
+
 std::string warmup_warning(const config::TrainSettings& train, int64_t total_steps) {
   const int64_t warmup = train.warmup_for(total_steps);
   if (warmup < total_steps || warmup == 0) return "";
@@ -111,6 +117,11 @@ StepStats Trainer::compute_gradients(const std::vector<data::Batch>& micro_batch
   at::Tensor loss_sums =
       at::empty({static_cast<int64_t>(micro_batches.size())},
                 at::TensorOptions().dtype(at::kDouble).device(engine_.options().device));
+  const double micro_x_ranks =
+      static_cast<double>(micro_batches.size()) * static_cast<double>(engine_.world_size());
+  const bool moe = model_.config().moe.enabled();
+  std::vector<double> load;
+  double aux_sum = 0;
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const auto& b = micro_batches[i];
     engine_.begin_micro_batch(i + 1 == micro_batches.size());
@@ -127,6 +138,8 @@ StepStats Trainer::compute_gradients(const std::vector<data::Batch>& micro_batch
     // Each micro-batch contributes its token-loss sum over the whole step's tokens (all ranks):
     // the sum of these gradients is exactly the gradient of the step's mean token loss.
     at::Tensor loss = ls.sum * (scale / std::max<int64_t>(tokens, 1));
+    // The aux loss is the mean over micro-batches and ranks, its gradient added in backward.
+    if (moe) aux_sum += route_aux(scale / micro_x_ranks, load);
     loss.backward();
     engine_.end_backward();
     loss_sums[static_cast<int64_t>(i)].copy_(ls.sum.detach());
@@ -135,7 +148,32 @@ StepStats Trainer::compute_gradients(const std::vector<data::Batch>& micro_batch
   double loss_sum = 0;
   for (const double v : host_values(loss_sums)) loss_sum += v;
   st.loss = engine_.sum_over_ranks(loss_sum) / std::max<int64_t>(tokens, 1);
+  if (moe) {
+    if (options_.router_aux_coef > 0) st.aux_loss = engine_.sum_over_ranks(aux_sum) / micro_x_ranks;
+    for (const double v : engine_.sum_over_ranks(load)) st.expert_tokens.push_back(std::llround(v));
+  }
   return st;
+}
+
+double Trainer::route_aux(double scale, std::vector<double>& load) {
+  model::RouterAux& aux = model_.router_aux();
+  if (aux.counts.empty()) return 0;
+  const at::Tensor counts = at::stack(aux.counts).to(at::kDouble);  // [layers, E] on the host
+  load.resize(static_cast<size_t>(counts.numel()), 0.0);
+  const double* c = counts.data_ptr<double>();
+  for (size_t i = 0; i < load.size(); ++i) load[i] += c[i];
+  const double coef = options_.router_aux_coef;
+  if (coef <= 0) return 0;
+  const int64_t E = model_.config().moe.num_experts;
+  if (!options_.router_aux_global) return router_aux_loss(aux, E, coef * scale);
+  // f_e over every rank's micro-batch: the counts and token numbers summed over ranks first.
+  const at::Tensor per_expert = counts.sum(0).contiguous();
+  std::vector<double> both(per_expert.data_ptr<double>(), per_expert.data_ptr<double>() + E);
+  both.push_back(static_cast<double>(aux.tokens));
+  both = engine_.sum_over_ranks(both);
+  const int64_t tokens_total = std::llround(both.back());
+  both.pop_back();
+  return router_aux_loss(aux, E, coef * scale, at::tensor(both, at::kDouble), tokens_total);
 }
 
 StepStats Trainer::apply_update(StepStats st) {

@@ -29,6 +29,10 @@ struct TrainOptions {
   double loss_scale_init = 65536;  // fp16
   int64_t loss_scale_window = 1000;
   bool fused_loss = true;  // train.fused_loss: model/fused_loss.h
+  // Mixture-of-experts models: the load-balancing loss's weight (0: not added) and whether f_e
+  // counts every rank's micro-batch (moe.aux_loss_scope global).
+  double router_aux_coef = 0;
+  bool router_aux_global = false;
 };
 
 struct StepStats {
@@ -40,6 +44,11 @@ struct StepStats {
   bool skipped = false;  // fp16 overflow: no update
   int64_t skipped_total = 0;
   double loss_scale = 1;
+  // Mixture-of-experts models: the load-balancing loss (mean over micro-batches and ranks; not in
+  // `loss`, which stays the token loss) and the picks each expert received over the step on all
+  // ranks, [MoE layer][expert] flattened (empty for a dense model).
+  double aux_loss = 0;
+  std::vector<int64_t> expert_tokens;
 };
 
 // This rank's resident state and communication over one step (parallel::Accounting) plus the
@@ -106,10 +115,18 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   int64_t step_ = 0;
   int64_t skipped_ = 0;
-  at::Tensor loss_scale_;      // [] fp32 on the engine's device (fp16 only)
-  at::Tensor growth_tracker_;  // [] int32 on the engine's device (fp16 only)
+  at::Tensor loss_scale_;             // [] fp32 on the engine's device (fp16 only)
+  at::Tensor growth_tracker_;         // [] int32 on the engine's device (fp16 only)
   core::HostBlockCache loss_blocks_;  // the fused loss's logits and gradients on the CPU
+
+  // After a micro-batch's forward: its aux loss value, with the router gradient it adds set for
+  // the backward (`scale`: the loss scale over micro-batches x ranks); its picks added to `load`.
+  double route_aux(double scale, std::vector<double>& load);
 };
+
+// The load-balancing loss's weight a run uses: moe.aux_loss and moe.aux_loss_coef against the
+// model's config.json (0 for a dense model, or when off).
+double router_aux_coef(const config::MoeSettings& moe, const model::ModelConfig& model);
 
 // The loop's options from the preset's train and precision sections, for `total_steps` steps.
 TrainOptions train_options(const config::TrainSettings& train,
