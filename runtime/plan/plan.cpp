@@ -220,6 +220,16 @@ Acts activations(const model::ModelConfig& mc, const config::Settings& s, int64_
   return a;
 }
 
+// The elements of parameter `name`, of shape `sizes`, that one rank's engine lays out before its
+// strategy shards them (count_state counts the shards from the units): every element, for every
+// parameter today. The seam for a kind of parameter that not every rank holds: under expert
+// parallelism an MoE layer's experts live only on the ranks of their expert-parallel group, so a
+// rank counts its own experts here (whole per-expert tensors, or its slice of a fused [E, ...]
+// one), while the model's totals (Plan::parameters) still count every expert.
+int64_t rank_elements([[maybe_unused]] const std::string& name, at::IntArrayRef sizes) {
+  return c10::multiply_integers(sizes);
+}
+
 // One rank's model state, as the engine allocates it (engine.cpp load / ensure_grads), and the
 // sizes of what it gathers and reduces.
 struct State {
@@ -267,6 +277,7 @@ class Planner {
   }
 
  private:
+  void lay_out_parameters();
   void describe();
   void count_state();
   void count_unit(const parallel::UnitPlan& u);
@@ -302,7 +313,8 @@ class Planner {
   at::ScalarType compute_ = at::kFloat;
   int64_t c_ = 0, m_ = 0, r_ = 0;  // bytes per element: compute, master and reduce dtypes
   parallel::StrategyPlan sp_;
-  std::vector<parallel::UnitParam> params_;  // every parameter the forward reads, in file order
+  // Every parameter the forward reads, in file order, with the elements this rank holds of it.
+  std::vector<parallel::UnitParam> params_;
   parallel::UnitsPlan units_;
   State st_;
   int64_t state_dev_ = 0;  // this rank's model state on its device
@@ -330,13 +342,24 @@ Planner::Planner(const PlanInputs& in)
   m_ = static_cast<int64_t>(c10::elementSize(sp_.engine.master_dtype));
   r_ = static_cast<int64_t>(c10::elementSize(sp_.engine.reduce_dtype));
 
-  // The parameters as the run lays them out: a meta model (shapes only) with LoRA attached.
+  lay_out_parameters();
+}
+
+// The parameters as the run lays them out: a meta model (shapes only) with LoRA attached, each
+// parameter with the elements this rank holds of it, in the strategy's units. The model's totals
+// count whole tensors.
+void Planner::lay_out_parameters() {
+  const model::ModelConfig& mc = shape_.mc;
   model::DecoderModel meta(mc, at::TensorOptions().dtype(compute_), /*materialize=*/false);
   if (s_.lora.enabled)
-    model::attach_lora(meta, train::lora_config_from_preset(s_.lora, in.model_dir, &mc), 0,
+    model::attach_lora(meta, train::lora_config_from_preset(s_.lora, in_.model_dir, &mc), 0,
                        /*shapes_only=*/true);
-  for (const auto& q : parallel::param_specs(meta, s_.lora.enabled))
-    params_.push_back({q.name, q.slot->numel(), q.trained, q.decay});
+  for (const auto& q : parallel::param_specs(meta, s_.lora.enabled)) {
+    const int64_t numel = q.slot->numel();
+    if (q.trained) p_.trained_parameters += numel;
+    if (q.name.find("lora_") == std::string::npos) p_.parameters += numel;
+    params_.push_back({q.name, rank_elements(q.name, q.slot->sizes()), q.trained, q.decay});
+  }
   const parallel::EngineOptions& eo = sp_.engine;
   parallel::UnitsOptions uo;
   uo.shard_size = eo.shard_size;
@@ -347,17 +370,13 @@ Planner::Planner(const PlanInputs& in)
   units_ = parallel::plan_units(params_, uo, meta.num_units());
 }
 
-// What was planned: the model, the strategy, the parameters.
+// What was planned: the model, the strategy, the layout.
 void Planner::describe() {
   p_.layout = layout_;
   p_.model_from = shape_.from;
   p_.strategy = sp_.label;
   p_.device_name = gpu_ ? "GPU" : "host (CPU job)";
   p_.tokens_per_micro_batch = s_.train.micro_batch * s_.data.seq_len;
-  for (const auto& q : params_) {
-    if (q.trained) p_.trained_parameters += q.numel;
-    if (q.name.find("lora_") == std::string::npos) p_.parameters += q.numel;
-  }
 }
 
 // Model state per rank, exactly as the engine allocates it (engine.cpp load / ensure_grads).
