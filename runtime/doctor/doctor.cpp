@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "comm/dist_env.h"
@@ -326,353 +327,469 @@ ComputeProbe probe(const config::Settings& s, const model::ModelConfig& mc,
   return p;
 }
 
+// ---- the phases of one rank's `ft doctor` ----
+
+// What one rank measured of its own device, as every rank gathers it.
+struct RankDevice {
+  int node = 0, local_rank = 0;
+  int cuda_index = -1;  // -1: a CPU rank
+  double matmul_flops_s = 0, h2d_bytes_s = 0, disk_read_bytes_s = 0;
+};
+
+// Host-to-device bandwidth: 4 copies of 256 MiB from pinned memory, after one to warm up.
+double host_to_device_rate(const at::Device& device) {
+  const int64_t n = int64_t{256} << 20;
+  at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  at::Tensor dev = at::empty({n}, at::TensorOptions().dtype(at::kByte).device(device));
+  dev.copy_(host, true);
+  sync(device);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 4; ++i) dev.copy_(host, true);
+  sync(device);
+  return 4.0 * static_cast<double>(n) / since(t0);
+}
+
+// NVML's path kinds between two GPUs, in the codes the topology gather carries.
+constexpr int kTopologyGpus = 16;  // GPUs per node shown
+const char* const kPaths[] = {"X", "NVLink", "same board", "PIX", "PXB", "PHB", "NODE", "SYS", "?"};
+
+// This node's GPU topology as doubles (local rank 0; zeros elsewhere): the GPU count, then
+// kTopologyGpus x kTopologyGpus codes, the path's index + 10 when P2P reads work.
+std::vector<double> topology_codes(const comm::DistEnv& env) {
+  constexpr int kMax = kTopologyGpus;
+  std::vector<double> codes(1 + kMax * kMax, 0.0);
+  if (env.local_rank != 0) return codes;
+  const plan::GpuLinks links = plan::probe_gpu_links();
+  const int n = std::min(links.gpus, kMax);
+  codes[0] = n;
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b) {
+      const size_t k = static_cast<size_t>(a * links.gpus + b);
+      int idx = 8;
+      for (int i = 0; i < 9; ++i)
+        if (links.path[k] == kPaths[i]) idx = i;
+      codes[1 + a * kMax + b] = idx + (links.p2p_read[k] ? 10 : 0);
+    }
+  return codes;
+}
+
+// One rank's doctor, in phases (the training run's shape: open in the constructor, then run()).
+// Every rank runs every phase in the same order, so the collectives inside them (the gathers, the
+// sweeps over the world and its subgroups, the barriers) match; rank 0 prints and fills the report.
+class Doctor {
+ public:
+  explicit Doctor(const DoctorOptions& o);
+
+  void run() {
+    measure_devices();
+    if (ctx_.rank0()) report_devices();
+    gpu_topology();
+    if (ctx_.world) {
+      measure_collectives();
+      measure_node_pairs();
+      if (ctx_.rank0()) report_collectives();
+    }
+    if (settings_) {
+      probe_step();
+      if (ctx_.rank0()) report_prediction();
+    }
+    barrier(ctx_);
+    if (ctx_.rank0() && !o_.json_path.empty())
+      io::write_file_durably(o_.json_path, report_.dump(2) + "\n");
+  }
+
+ private:
+  void measure_devices();
+  void report_devices();
+  void gpu_topology();
+  void report_topology(const std::vector<double>& nodes, size_t per_node);
+  void measure_collectives();
+  std::vector<int> leaders() const;
+  void measure_node_pairs();
+  void report_collectives();
+  void report_pairs();
+  void flag_slow_pairs(double best);
+  void report_bottleneck();
+  void probe_step();
+  void report_prediction();
+
+  const DoctorOptions& o_;
+  Ctx ctx_;
+  std::optional<config::Settings> settings_;
+  int64_t max_bytes_ = 0;  // largest collective size
+  nlohmann::json report_;  // rank 0: what --json writes
+  at::ScalarType mm_dtype_ = at::kFloat;
+  train::PeakFlops mm_;            // this rank's matmul peak
+  std::vector<RankDevice> ranks_;  // every rank's device figures, rank order
+  std::string disk_from_;          // how this rank measured the model files' read
+  Measured measured_;
+  int64_t pair_bytes_ = 0;    // the node-pair all-reduce's size
+  std::vector<double> pair_;  // node-pair bus bandwidth [nnodes x nnodes], both halves
+};
+
+Doctor::Doctor(const DoctorOptions& o) : o_(o) {
+  ctx_.env = comm::read_dist_env();
+  const comm::DistEnv& env = ctx_.env;
+  if (!o.preset.empty()) settings_ = config::resolve_settings(o.preset, o.sets);
+  const cuda::DeviceChoice choice =
+      cuda::choose_device(settings_ ? settings_->hardware.device : "auto", env.local_rank);
+  ctx_.device = choice.device;
+  if (ctx_.device.is_cuda()) cuda::use_device(ctx_.device.index());
+  if (env.world_size > 1) {
+    comm::ProcessGroupOptions po;
+    po.device = ctx_.device;
+    po.timeout = std::chrono::seconds(120);
+    ctx_.world = std::make_unique<comm::ProcessGroup>(env, po);
+  }
+  max_bytes_ = o.max_bytes > 0 ? o.max_bytes
+                               : (ctx_.device.is_cuda() ? int64_t{256} << 20 : int64_t{64} << 20);
+  ctx_.say(fmt::format("{} node{} x {} rank{} per node, devices {} ({})", env.nnodes,
+                       env.nnodes == 1 ? "" : "s", env.local_world_size,
+                       env.local_world_size == 1 ? "" : "s", ctx_.device.is_cuda() ? "cuda" : "cpu",
+                       ctx_.world ? ctx_.world->backend_name() : "one process, no collectives"));
+}
+
+// ---- devices: every rank at once ----
+
+void Doctor::measure_devices() {
+  const comm::DistEnv& env = ctx_.env;
+  ctx_.say("timing each device's matrix multiplies");
+  mm_dtype_ = ctx_.device.is_cuda() ? at::kBFloat16 : at::kFloat;
+  mm_ = train::measure_matmul(ctx_.device, mm_dtype_, ctx_.device.is_cuda() ? 8192 : 512, 0.3);
+  const double h2d = ctx_.device.is_cuda() ? host_to_device_rate(ctx_.device) : 0;
+  double disk = 0;
+  if (!o_.model_dir.empty() && env.local_rank == 0)
+    disk = plan::measure_read_throughput(o_.model_dir, &disk_from_);
+  std::vector<double> mine = {static_cast<double>(env.node_rank),
+                              static_cast<double>(env.local_rank),
+                              ctx_.device.is_cuda() ? double(ctx_.device.index()) : -1.0,
+                              mm_.flops_per_s,
+                              h2d,
+                              disk};
+  const std::vector<double> all = ctx_.world ? gather(*ctx_.world, ctx_.device, mine) : mine;
+  for (int r = 0; r < env.world_size; ++r) {
+    const double* a = &all[6 * r];
+    ranks_.push_back(
+        {static_cast<int>(a[0]), static_cast<int>(a[1]), static_cast<int>(a[2]), a[3], a[4], a[5]});
+  }
+}
+
+// Each device's figures, one that is well below the median flagged.
+void Doctor::report_devices() {
+  std::vector<double> flops;
+  for (const auto& d : ranks_) flops.push_back(d.matmul_flops_s);
+  const double median_flops = train::lower_median(flops);
+  std::string t = fmt::format("devices ({} {} matmuls, the best of 5 rounds):\n",
+                              ctx_.device.is_cuda() ? "8192^3" : "512^3", dtype_name(mm_dtype_));
+  json devs = json::array();
+  for (int r = 0; r < static_cast<int>(ranks_.size()); ++r) {
+    const RankDevice& d = ranks_[r];
+    const std::string name = d.cuda_index < 0 ? "cpu" : fmt::format("cuda:{}", d.cuda_index);
+    const bool slow = d.matmul_flops_s < 0.8 * median_flops;
+    t += fmt::format(
+        "  node {} rank {} ({}): {:.3g} TFLOP/s{}{}{}\n", d.node, r, name, d.matmul_flops_s / 1e12,
+        d.h2d_bytes_s > 0 ? fmt::format(", host to device {}", rate(d.h2d_bytes_s)) : "",
+        d.disk_read_bytes_s > 0 ? fmt::format(", model files read at {}", rate(d.disk_read_bytes_s))
+                                : "",
+        slow
+            ? fmt::format("  <- SLOW: {:.0f}% of the median", 100 * d.matmul_flops_s / median_flops)
+            : "");
+    devs.push_back({{"rank", r},
+                    {"node", d.node},
+                    {"device", name},
+                    {"matmul_flops_per_s", d.matmul_flops_s},
+                    {"h2d_bytes_per_s", d.h2d_bytes_s},
+                    {"disk_read_bytes_per_s", d.disk_read_bytes_s},
+                    {"slow", slow}});
+  }
+  fmt::print("{}", t);
+  std::fflush(stdout);
+  report_["devices"] = devs;
+  if (!disk_from_.empty()) report_["disk_from"] = disk_from_;
+}
+
+// ---- each node's GPU topology (local rank 0 of each node; through NVML) ----
+
+void Doctor::gpu_topology() {
+  if (!ctx_.device.is_cuda()) {
+    ctx_.say("GPU topology: not applicable (CPU ranks)");
+    return;
+  }
+  const std::vector<double> codes = topology_codes(ctx_.env);
+  const std::vector<double> nodes = ctx_.world ? gather(*ctx_.world, ctx_.device, codes) : codes;
+  if (ctx_.rank0()) report_topology(nodes, codes.size());
+}
+
+// Each node's GPU pairs: the path between them, * where peer-to-peer reads do not work.
+void Doctor::report_topology(const std::vector<double>& nodes, size_t per_node) {
+  constexpr int kMax = kTopologyGpus;
+  json topo = json::array();
+  std::string t =
+      "GPU topology (NVML; * = no peer-to-peer reads: copies go through host memory):\n";
+  for (int r = 0; r < static_cast<int>(ranks_.size()); ++r) {
+    const double* c = &nodes[static_cast<size_t>(r) * per_node];
+    if (ranks_[r].local_rank != 0) continue;  // local rank 0 of each node
+    const int node = ranks_[r].node;
+    const int n = static_cast<int>(c[0]);
+    t += fmt::format("  node {}: {}\n", node, n == 0 ? "NVML shows no GPU" : "");
+    json m = json::array();
+    bool slow_pair = false;
+    for (int a = 0; a < n; ++a) {
+      std::string row = fmt::format("    GPU{:<2}", a);
+      json mr = json::array();
+      for (int b = 0; b < n; ++b) {
+        const int code = static_cast<int>(c[1 + a * kMax + b]);
+        const std::string path = kPaths[code % 10];
+        const bool read = code >= 10;
+        row += fmt::format(" {:>11}", path + (read || a == b ? "" : "*"));
+        mr.push_back({{"path", path}, {"p2p_read", read}});
+        if (a != b && !read) slow_pair = true;
+      }
+      t += row + "\n";
+      m.push_back(mr);
+    }
+    if (slow_pair)
+      t += fmt::format(
+          "  node {}: some GPU pairs have no peer-to-peer path; NCCL copies "
+          "through host memory between them (the collectives below show the "
+          "cost)\n",
+          node);
+    topo.push_back({{"node", node}, {"gpus", m}});
+  }
+  fmt::print("{}", t);
+  report_["gpu_topology"] = topo;
+}
+
+// ---- collectives ----
+
+// Over the whole job, inside each node (every node at once) and across nodes (local rank 0 of
+// each), where the job has those.
+void Doctor::measure_collectives() {
+  const comm::DistEnv& env = ctx_.env;
+  measured_.world =
+      sweep(ctx_, *ctx_.world, fmt::format("the whole job ({} ranks)", env.world_size), max_bytes_,
+            o_.seconds_per_size, ctx_.rank0());
+  barrier(ctx_);
+  if (env.nnodes > 1 && env.local_world_size > 1) {
+    std::vector<int> mates;
+    for (int r = 0; r < env.world_size; ++r)
+      if (ranks_[r].node == env.node_rank) mates.push_back(r);
+    auto g = ctx_.world->subgroup(fmt::format("doctor/node{}", env.node_rank), mates);
+    Curves c = sweep(ctx_, *g, fmt::format("one node ({} ranks)", mates.size()), max_bytes_,
+                     o_.seconds_per_size, ctx_.rank0());
+    if (env.node_rank == 0) measured_.intra = c;
+    barrier(ctx_);
+  } else if (env.nnodes == 1) {
+    measured_.intra = measured_.world;
+  }
+  if (env.nnodes > 1 && env.local_world_size > 1) {
+    const std::vector<int> heads = leaders();
+    if (env.local_rank == 0) {
+      auto g = ctx_.world->subgroup("doctor/nodes", heads);
+      measured_.inter =
+          sweep(ctx_, *g, fmt::format("across nodes ({} ranks, one per node)", heads.size()),
+                max_bytes_, o_.seconds_per_size, ctx_.rank0());
+    }
+    barrier(ctx_);
+  } else if (env.nnodes > 1) {
+    measured_.inter = measured_.world;
+  }
+}
+
+// Local rank 0 of each node, in node order.
+std::vector<int> Doctor::leaders() const {
+  std::vector<int> heads;
+  for (int r = 0; r < static_cast<int>(ranks_.size()); ++r)
+    if (ranks_[r].local_rank == 0) heads.push_back(r);
+  return heads;
+}
+
+// Node pairs, in rounds of disjoint pairs (the circle method), between local ranks 0.
+void Doctor::measure_node_pairs() {
+  const comm::DistEnv& env = ctx_.env;
+  const int N = env.nnodes;
+  pair_.assign(static_cast<size_t>(N * N), 0.0);
+  pair_bytes_ = std::min<int64_t>(max_bytes_, int64_t{8} << 20);
+  if (N < 2) return;
+  ctx_.say(
+      fmt::format("timing a {} all-reduce between every pair of nodes", human_bytes(pair_bytes_)));
+  const std::vector<int> heads = leaders();
+  const int M = N % 2 == 0 ? N : N + 1;  // with a bye when odd
+  for (int round = 0; round < M - 1; ++round) {
+    for (int k = 0; k < M / 2; ++k) {
+      int a = k == 0 ? 0 : (round + k) % (M - 1) + 1;
+      int b = (round + M - 1 - k) % (M - 1) + 1;
+      if (k == 0) b = (round % (M - 1)) + 1;
+      if (a > b) std::swap(a, b);
+      if (b >= N || a == b) continue;
+      if (env.local_rank == 0 && (env.node_rank == a || env.node_rank == b)) {
+        auto g =
+            ctx_.world->subgroup(fmt::format("doctor/pair{}_{}", a, b), {heads.at(a), heads.at(b)});
+        Curve c = sweep_op(*g, Op::kAllReduce, ctx_.device, pair_bytes_, o_.seconds_per_size);
+        // The largest size measured: its bus bandwidth (2 ranks: the size over the time).
+        if (env.node_rank == a)
+          pair_[static_cast<size_t>(a * N + b)] =
+              static_cast<double>(c.bytes.back()) / c.seconds.back();
+      }
+    }
+    barrier(ctx_);
+  }
+  pair_ = reduce(*ctx_.world, ctx_.device, pair_, false);
+  for (int a = 0; a < N; ++a)
+    for (int b = a + 1; b < N; ++b)
+      pair_[static_cast<size_t>(b * N + a)] = pair_[static_cast<size_t>(a * N + b)];
+}
+
+void Doctor::report_collectives() {
+  const comm::DistEnv& env = ctx_.env;
+  fmt::print("{}", curves_text(measured_.world));
+  json coll = {{"world", curves_json(measured_.world)}};
+  if (!measured_.intra.empty() && env.nnodes > 1) {
+    fmt::print("{}", curves_text(measured_.intra));
+    coll["intra"] = curves_json(measured_.intra);
+  }
+  if (!measured_.inter.empty() && env.local_world_size > 1) {
+    fmt::print("{}", curves_text(measured_.inter));
+    coll["inter"] = curves_json(measured_.inter);
+  }
+  report_["collectives"] = coll;
+  if (env.nnodes > 1) report_pairs();
+  report_bottleneck();
+}
+
+// The node-pair matrix, and the links or nodes well below the best pair.
+void Doctor::report_pairs() {
+  const int N = ctx_.env.nnodes;
+  std::string t = fmt::format(
+      "node pairs: bus bandwidth of a {} all-reduce between the nodes' local rank 0:\n  "
+      "{:>8}",
+      human_bytes(pair_bytes_), "");
+  for (int b = 0; b < N; ++b) t += fmt::format(" {:>11}", fmt::format("node {}", b));
+  t += "\n";
+  std::vector<double> links;
+  for (int a = 0; a < N; ++a) {
+    t += fmt::format("  {:>8}", fmt::format("node {}", a));
+    for (int b = 0; b < N; ++b)
+      t += fmt::format(" {:>11}", a == b ? "-" : rate(pair_[static_cast<size_t>(a * N + b)]));
+    t += "\n";
+    for (int b = a + 1; b < N; ++b) links.push_back(pair_[static_cast<size_t>(a * N + b)]);
+  }
+  fmt::print("{}", t);
+  report_["pairs"] = {{"bytes", pair_bytes_}, {"busbw_bytes_per_s", pair_}};
+  flag_slow_pairs(links.empty() ? 0 : *std::max_element(links.begin(), links.end()));
+}
+
+// A link well below the others is named, and a node whose links all are. Against the best pair
+// (a median would be a slow one when a third of 3 nodes' links are): a link below half of it is
+// slow; a node all of whose links are is the node's own fault (its network interface, its switch
+// port), not one link's.
+void Doctor::flag_slow_pairs(double best) {
+  const int N = ctx_.env.nnodes;
+  std::vector<bool> slow_node(static_cast<size_t>(N), false);
+  for (int a = 0; N > 2 && a < N; ++a) {
+    bool all_slow = true;
+    for (int b = 0; b < N; ++b)
+      if (b != a && pair_[static_cast<size_t>(a * N + b)] >= 0.5 * best) all_slow = false;
+    if (all_slow) {
+      slow_node[static_cast<size_t>(a)] = true;
+      fmt::print(
+          "ft doctor: SLOW NODE: node {}: every link to it is below half the best "
+          "pair's {}; look at its network interface and switch port\n",
+          a, rate(best));
+    }
+  }
+  for (int a = 0; a < N; ++a)
+    for (int b = a + 1; b < N; ++b) {
+      const double v = pair_[static_cast<size_t>(a * N + b)];
+      if (N > 2 && v < 0.5 * best && !slow_node[static_cast<size_t>(a)] &&
+          !slow_node[static_cast<size_t>(b)])
+        fmt::print("ft doctor: SLOW LINK: node {} - node {}: {} against {} for the best pair\n", a,
+                   b, rate(v), rate(best));
+    }
+}
+
+// The bottleneck: the slowest kind of path the job's collectives cross.
+void Doctor::report_bottleneck() {
+  const comm::DistEnv& env = ctx_.env;
+  std::string bottleneck;
+  if (env.nnodes > 1) {
+    const double across = sustained_busbw(measured_.inter);
+    const double inside = env.local_world_size > 1 ? sustained_busbw(measured_.intra) : 0;
+    bottleneck = fmt::format(
+        "the network between nodes: {} bus bandwidth ({:.0f} Mbit/s) across nodes{}; every "
+        "collective over the whole job runs at its pace",
+        rate(across), across * 8 / 1e6,
+        inside > 0
+            ? fmt::format(" against {} inside a node ({:.0f}x)", rate(inside), inside / across)
+            : "");
+  } else {
+    bottleneck = fmt::format("inside this node: {} bus bandwidth at the largest all-reduce",
+                             rate(sustained_busbw(measured_.world)));
+  }
+  fmt::print("ft doctor: bottleneck: {}\n", bottleneck);
+  report_["bottleneck"] = bottleneck;
+}
+
+// ---- the step-time model ----
+
+// One device's step of the preset's model, probed on every rank at once; the median rank's
+// figures (ranks sharing a CPU probed at once, as they will train).
+void Doctor::probe_step() {
+  ctx_.say(fmt::format("probing one device's training step of preset {}", settings_->name));
+  const model::ModelConfig mc = o_.model_dir.empty()
+                                    ? train::model_config_from_preset(settings_->model)
+                                    : model::load_model_config(o_.model_dir + "/config.json");
+  ComputeProbe& probed = measured_.probe;
+  probed = probe(*settings_, mc, o_.model_dir, ctx_.device, mm_.flops_per_s);
+  if (!ctx_.world) return;
+  const auto a = gather(*ctx_.world, ctx_.device, {probed.fwd_bwd_s, probed.optimizer_s});
+  std::vector<double> fb, up;
+  for (int r = 0; r < ctx_.env.world_size; ++r) {
+    fb.push_back(a[2 * r]);
+    up.push_back(a[2 * r + 1]);
+  }
+  probed.fwd_bwd_s = train::lower_median(fb);
+  probed.optimizer_s = train::lower_median(up);
+}
+
+// The step-time model at this job's layout, and its alternatives below 70% efficiency.
+void Doctor::report_prediction() {
+  const comm::DistEnv& env = ctx_.env;
+  Job job;
+  job.settings = *settings_;
+  job.model_dir = o_.model_dir;
+  job.layout = {env.nnodes, env.local_world_size, ctx_.device.is_cuda()};
+  const Prediction p = predict(job, measured_);
+  const std::vector<Alternative> alts =
+      p.efficiency < 0.7 ? alternatives(job, measured_) : std::vector<Alternative>{};
+  fmt::print("one device: forward + backward {} per micro-batch, update {} ({})\n",
+             human_seconds(measured_.probe.fwd_bwd_s), human_seconds(measured_.probe.optimizer_s),
+             measured_.probe.from);
+  fmt::print("{}", prediction_text(job, p, alts));
+  json pj = {{"compute_s", p.compute_s},
+             {"optimizer_s", p.optimizer_s},
+             {"comm_s", p.comm_s},
+             {"hidden_s", p.hidden_s},
+             {"exposed_s", p.exposed_s},
+             {"step_s", p.step_s},
+             {"tokens_per_s", p.tokens_per_s},
+             {"one_device_tokens_per_s", p.one_device_tokens_per_s},
+             {"efficiency", p.efficiency},
+             {"bottleneck", p.bottleneck}};
+  json aj = json::array();
+  for (const auto& a : alts)
+    aj.push_back({{"what", a.what},
+                  {"step_s", a.prediction.step_s},
+                  {"tokens_per_s", a.prediction.tokens_per_s},
+                  {"efficiency", a.prediction.efficiency}});
+  pj["alternatives"] = aj;
+  report_["prediction"] = pj;
+}
+
 }  // namespace
 
 int run_doctor(const DoctorOptions& o) {
-  Ctx ctx;
-  ctx.env = comm::read_dist_env();
-  const comm::DistEnv& env = ctx.env;
-  std::optional<config::Settings> settings;
-  if (!o.preset.empty()) settings = config::resolve_settings(o.preset, o.sets);
-  const cuda::DeviceChoice choice =
-      cuda::choose_device(settings ? settings->hardware.device : "auto", env.local_rank);
-  ctx.device = choice.device;
-  if (ctx.device.is_cuda()) cuda::use_device(ctx.device.index());
-  if (env.world_size > 1) {
-    comm::ProcessGroupOptions po;
-    po.device = ctx.device;
-    po.timeout = std::chrono::seconds(120);
-    ctx.world = std::make_unique<comm::ProcessGroup>(env, po);
-  }
-  const int64_t max_bytes = o.max_bytes > 0
-                                ? o.max_bytes
-                                : (ctx.device.is_cuda() ? int64_t{256} << 20 : int64_t{64} << 20);
-  json report;
-  ctx.say(fmt::format("{} node{} x {} rank{} per node, devices {} ({})", env.nnodes,
-                      env.nnodes == 1 ? "" : "s", env.local_world_size,
-                      env.local_world_size == 1 ? "" : "s", ctx.device.is_cuda() ? "cuda" : "cpu",
-                      ctx.world ? ctx.world->backend_name() : "one process, no collectives"));
-
-  // ---- devices: every rank at once ----
-  ctx.say("timing each device's matrix multiplies");
-  const at::ScalarType mm_dtype = ctx.device.is_cuda() ? at::kBFloat16 : at::kFloat;
-  const train::PeakFlops mm =
-      train::measure_matmul(ctx.device, mm_dtype, ctx.device.is_cuda() ? 8192 : 512, 0.3);
-  double h2d = 0;
-  if (ctx.device.is_cuda()) {
-    const int64_t n = int64_t{256} << 20;
-    at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-    at::Tensor dev = at::empty({n}, at::TensorOptions().dtype(at::kByte).device(ctx.device));
-    dev.copy_(host, true);
-    sync(ctx.device);
-    const auto t0 = Clock::now();
-    for (int i = 0; i < 4; ++i) dev.copy_(host, true);
-    sync(ctx.device);
-    h2d = 4.0 * static_cast<double>(n) / since(t0);
-  }
-  double disk = 0;
-  std::string disk_from;
-  if (!o.model_dir.empty() && env.local_rank == 0)
-    disk = plan::measure_read_throughput(o.model_dir, &disk_from);
-  std::vector<double> mine = {static_cast<double>(env.node_rank),
-                              static_cast<double>(env.local_rank),
-                              ctx.device.is_cuda() ? double(ctx.device.index()) : -1.0,
-                              mm.flops_per_s,
-                              h2d,
-                              disk};
-  const std::vector<double> all = ctx.world ? gather(*ctx.world, ctx.device, mine) : mine;
-  std::vector<double> flops;
-  for (int r = 0; r < env.world_size; ++r) flops.push_back(all[6 * r + 3]);
-  const double median_flops = train::lower_median(flops);
-  std::vector<int> node_of(env.world_size);
-  for (int r = 0; r < env.world_size; ++r) node_of[r] = static_cast<int>(all[6 * r]);
-  if (ctx.rank0()) {
-    std::string t = fmt::format("devices ({} {} matmuls, the best of 5 rounds):\n",
-                                ctx.device.is_cuda() ? "8192^3" : "512^3", dtype_name(mm_dtype));
-    json devs = json::array();
-    for (int r = 0; r < env.world_size; ++r) {
-      const double* a = &all[6 * r];
-      const int dev = static_cast<int>(a[2]);
-      const std::string name = dev < 0 ? "cpu" : fmt::format("cuda:{}", dev);
-      const bool slow = a[3] < 0.8 * median_flops;
-      t += fmt::format(
-          "  node {} rank {} ({}): {:.3g} TFLOP/s{}{}{}\n", node_of[r], r, name, a[3] / 1e12,
-          a[4] > 0 ? fmt::format(", host to device {}", rate(a[4])) : "",
-          a[5] > 0 ? fmt::format(", model files read at {}", rate(a[5])) : "",
-          slow ? fmt::format("  <- SLOW: {:.0f}% of the median", 100 * a[3] / median_flops) : "");
-      devs.push_back({{"rank", r},
-                      {"node", node_of[r]},
-                      {"device", name},
-                      {"matmul_flops_per_s", a[3]},
-                      {"h2d_bytes_per_s", a[4]},
-                      {"disk_read_bytes_per_s", a[5]},
-                      {"slow", slow}});
-    }
-    fmt::print("{}", t);
-    std::fflush(stdout);
-    report["devices"] = devs;
-    if (!disk_from.empty()) report["disk_from"] = disk_from;
-  }
-
-  // ---- each node's GPU topology (local rank 0 of each node; through NVML) ----
-  if (ctx.device.is_cuda()) {
-    constexpr int kMax = 16;  // GPUs per node shown
-    // Per node: the GPU count, then kMax x kMax codes: path index + 10 when P2P reads work.
-    static const char* kPaths[] = {"X",   "NVLink", "same board", "PIX", "PXB",
-                                   "PHB", "NODE",   "SYS",        "?"};
-    std::vector<double> codes(1 + kMax * kMax, 0.0);
-    if (env.local_rank == 0) {
-      const plan::GpuLinks links = plan::probe_gpu_links();
-      const int n = std::min(links.gpus, kMax);
-      codes[0] = n;
-      for (int a = 0; a < n; ++a)
-        for (int b = 0; b < n; ++b) {
-          const size_t k = static_cast<size_t>(a * links.gpus + b);
-          int idx = 8;
-          for (int i = 0; i < 9; ++i)
-            if (links.path[k] == kPaths[i]) idx = i;
-          codes[1 + a * kMax + b] = idx + (links.p2p_read[k] ? 10 : 0);
-        }
-    }
-    const std::vector<double> nodes = ctx.world ? gather(*ctx.world, ctx.device, codes) : codes;
-    if (ctx.rank0()) {
-      json topo = json::array();
-      std::string t =
-          "GPU topology (NVML; * = no peer-to-peer reads: copies go through host memory):\n";
-      for (int r = 0; r < env.world_size; ++r) {
-        const double* c = &nodes[static_cast<size_t>(r) * codes.size()];
-        if (all[6 * r + 1] != 0) continue;  // local rank 0 of each node
-        const int n = static_cast<int>(c[0]);
-        t += fmt::format("  node {}: {}\n", node_of[r], n == 0 ? "NVML shows no GPU" : "");
-        json m = json::array();
-        bool slow_pair = false;
-        for (int a = 0; a < n; ++a) {
-          std::string row = fmt::format("    GPU{:<2}", a);
-          json mr = json::array();
-          for (int b = 0; b < n; ++b) {
-            const int code = static_cast<int>(c[1 + a * kMax + b]);
-            const std::string path = kPaths[code % 10];
-            const bool read = code >= 10;
-            row += fmt::format(" {:>11}", path + (read || a == b ? "" : "*"));
-            mr.push_back({{"path", path}, {"p2p_read", read}});
-            if (a != b && !read) slow_pair = true;
-          }
-          t += row + "\n";
-          m.push_back(mr);
-        }
-        if (slow_pair)
-          t += fmt::format(
-              "  node {}: some GPU pairs have no peer-to-peer path; NCCL copies "
-              "through host memory between them (the collectives below show the "
-              "cost)\n",
-              node_of[r]);
-        topo.push_back({{"node", node_of[r]}, {"gpus", m}});
-      }
-      fmt::print("{}", t);
-      report["gpu_topology"] = topo;
-    }
-  } else {
-    ctx.say("GPU topology: not applicable (CPU ranks)");
-  }
-
-  // ---- collectives ----
-  Measured measured;
-  if (ctx.world) {
-    measured.world = sweep(ctx, *ctx.world, fmt::format("the whole job ({} ranks)", env.world_size),
-                           max_bytes, o.seconds_per_size, ctx.rank0());
-    barrier(ctx);
-    // Inside each node (every node at once), when the job has more than one node.
-    if (env.nnodes > 1 && env.local_world_size > 1) {
-      std::vector<int> mates;
-      for (int r = 0; r < env.world_size; ++r)
-        if (node_of[r] == env.node_rank) mates.push_back(r);
-      auto g = ctx.world->subgroup(fmt::format("doctor/node{}", env.node_rank), mates);
-      Curves c = sweep(ctx, *g, fmt::format("one node ({} ranks)", mates.size()), max_bytes,
-                       o.seconds_per_size, ctx.rank0());
-      if (env.node_rank == 0) measured.intra = c;
-      barrier(ctx);
-    } else if (env.nnodes == 1) {
-      measured.intra = measured.world;
-    }
-    // Across nodes: local rank 0 of each node.
-    std::vector<int> leaders;
-    for (int r = 0; r < env.world_size; ++r)
-      if (all[6 * r + 1] == 0) leaders.push_back(r);
-    if (env.nnodes > 1 && env.local_world_size > 1) {
-      if (env.local_rank == 0) {
-        auto g = ctx.world->subgroup("doctor/nodes", leaders);
-        measured.inter =
-            sweep(ctx, *g, fmt::format("across nodes ({} ranks, one per node)", leaders.size()),
-                  max_bytes, o.seconds_per_size, ctx.rank0());
-      }
-      barrier(ctx);
-    } else if (env.nnodes > 1) {
-      measured.inter = measured.world;
-    }
-    // Node pairs, in rounds of disjoint pairs (the circle method), between local ranks 0.
-    const int N = env.nnodes;
-    std::vector<double> pair(static_cast<size_t>(N * N), 0.0);
-    const int64_t pair_bytes = std::min<int64_t>(max_bytes, int64_t{8} << 20);
-    if (N > 1) {
-      ctx.say(fmt::format("timing a {} all-reduce between every pair of nodes",
-                          human_bytes(pair_bytes)));
-      const int M = N % 2 == 0 ? N : N + 1;  // with a bye when odd
-      for (int round = 0; round < M - 1; ++round) {
-        for (int k = 0; k < M / 2; ++k) {
-          int a = k == 0 ? 0 : (round + k) % (M - 1) + 1;
-          int b = (round + M - 1 - k) % (M - 1) + 1;
-          if (k == 0) b = (round % (M - 1)) + 1;
-          if (a > b) std::swap(a, b);
-          if (b >= N || a == b) continue;
-          if (env.local_rank == 0 && (env.node_rank == a || env.node_rank == b)) {
-            auto g = ctx.world->subgroup(fmt::format("doctor/pair{}_{}", a, b),
-                                         {leaders.at(a), leaders.at(b)});
-            Curve c = sweep_op(*g, Op::kAllReduce, ctx.device, pair_bytes, o.seconds_per_size);
-            // The largest size measured: its bus bandwidth (2 ranks: the size over the time).
-            if (env.node_rank == a)
-              pair[static_cast<size_t>(a * N + b)] =
-                  static_cast<double>(c.bytes.back()) / c.seconds.back();
-          }
-        }
-        barrier(ctx);
-      }
-      pair = reduce(*ctx.world, ctx.device, pair, false);
-      for (int a = 0; a < N; ++a)
-        for (int b = a + 1; b < N; ++b)
-          pair[static_cast<size_t>(b * N + a)] = pair[static_cast<size_t>(a * N + b)];
-    }
-    if (ctx.rank0()) {
-      fmt::print("{}", curves_text(measured.world));
-      json coll = {{"world", curves_json(measured.world)}};
-      if (!measured.intra.empty() && env.nnodes > 1) {
-        fmt::print("{}", curves_text(measured.intra));
-        coll["intra"] = curves_json(measured.intra);
-      }
-      if (!measured.inter.empty() && env.local_world_size > 1) {
-        fmt::print("{}", curves_text(measured.inter));
-        coll["inter"] = curves_json(measured.inter);
-      }
-      report["collectives"] = coll;
-      if (N > 1) {
-        std::string t = fmt::format(
-            "node pairs: bus bandwidth of a {} all-reduce between the nodes' local rank 0:\n  "
-            "{:>8}",
-            human_bytes(pair_bytes), "");
-        for (int b = 0; b < N; ++b) t += fmt::format(" {:>11}", fmt::format("node {}", b));
-        t += "\n";
-        std::vector<double> links;
-        for (int a = 0; a < N; ++a) {
-          t += fmt::format("  {:>8}", fmt::format("node {}", a));
-          for (int b = 0; b < N; ++b)
-            t += fmt::format(" {:>11}", a == b ? "-" : rate(pair[static_cast<size_t>(a * N + b)]));
-          t += "\n";
-          for (int b = a + 1; b < N; ++b) links.push_back(pair[static_cast<size_t>(a * N + b)]);
-        }
-        fmt::print("{}", t);
-        report["pairs"] = {{"bytes", pair_bytes}, {"busbw_bytes_per_s", pair}};
-        // A link well below the others' median is named, and a node whose links all are.
-        // Against the best pair (a median would be a slow one when a third of 3 nodes' links are):
-        // a link below half of it is slow; a node all of whose links are is the node's own fault
-        // (its network interface, its switch port), not one link's.
-        const double best = links.empty() ? 0 : *std::max_element(links.begin(), links.end());
-        std::vector<bool> slow_node(static_cast<size_t>(N), false);
-        for (int a = 0; N > 2 && a < N; ++a) {
-          bool all_slow = true;
-          for (int b = 0; b < N; ++b)
-            if (b != a && pair[static_cast<size_t>(a * N + b)] >= 0.5 * best) all_slow = false;
-          if (all_slow) {
-            slow_node[static_cast<size_t>(a)] = true;
-            fmt::print(
-                "ft doctor: SLOW NODE: node {}: every link to it is below half the best "
-                "pair's {}; look at its network interface and switch port\n",
-                a, rate(best));
-          }
-        }
-        for (int a = 0; a < N; ++a)
-          for (int b = a + 1; b < N; ++b) {
-            const double v = pair[static_cast<size_t>(a * N + b)];
-            if (N > 2 && v < 0.5 * best && !slow_node[static_cast<size_t>(a)] &&
-                !slow_node[static_cast<size_t>(b)])
-              fmt::print(
-                  "ft doctor: SLOW LINK: node {} - node {}: {} against {} for the best pair\n", a,
-                  b, rate(v), rate(best));
-          }
-      }
-      // The bottleneck: the slowest kind of path the job's collectives cross.
-      std::string bottleneck;
-      if (env.nnodes > 1) {
-        const double across = sustained_busbw(measured.inter);
-        const double inside = env.local_world_size > 1 ? sustained_busbw(measured.intra) : 0;
-        bottleneck = fmt::format(
-            "the network between nodes: {} bus bandwidth ({:.0f} Mbit/s) across nodes{}; every "
-            "collective over the whole job runs at its pace",
-            rate(across), across * 8 / 1e6,
-            inside > 0
-                ? fmt::format(" against {} inside a node ({:.0f}x)", rate(inside), inside / across)
-                : "");
-      } else {
-        bottleneck = fmt::format("inside this node: {} bus bandwidth at the largest all-reduce",
-                                 rate(sustained_busbw(measured.world)));
-      }
-      fmt::print("ft doctor: bottleneck: {}\n", bottleneck);
-      report["bottleneck"] = bottleneck;
-    }
-  }
-
-  // ---- the step-time model ----
-  if (settings) {
-    ctx.say(fmt::format("probing one device's training step of preset {}", settings->name));
-    const model::ModelConfig mc = o.model_dir.empty()
-                                      ? train::model_config_from_preset(settings->model)
-                                      : model::load_model_config(o.model_dir + "/config.json");
-    measured.probe = probe(*settings, mc, o.model_dir, ctx.device, mm.flops_per_s);
-    if (ctx.world) {
-      // The median rank's figures (ranks sharing a CPU probed at once, as they will train).
-      const auto a =
-          gather(*ctx.world, ctx.device, {measured.probe.fwd_bwd_s, measured.probe.optimizer_s});
-      std::vector<double> fb, up;
-      for (int r = 0; r < env.world_size; ++r) {
-        fb.push_back(a[2 * r]);
-        up.push_back(a[2 * r + 1]);
-      }
-      measured.probe.fwd_bwd_s = train::lower_median(fb);
-      measured.probe.optimizer_s = train::lower_median(up);
-    }
-    if (ctx.rank0()) {
-      Job job;
-      job.settings = *settings;
-      job.model_dir = o.model_dir;
-      job.layout = {env.nnodes, env.local_world_size, ctx.device.is_cuda()};
-      const Prediction p = predict(job, measured);
-      const std::vector<Alternative> alts =
-          p.efficiency < 0.7 ? alternatives(job, measured) : std::vector<Alternative>{};
-      fmt::print("one device: forward + backward {} per micro-batch, update {} ({})\n",
-                 human_seconds(measured.probe.fwd_bwd_s), human_seconds(measured.probe.optimizer_s),
-                 measured.probe.from);
-      fmt::print("{}", prediction_text(job, p, alts));
-      json pj = {{"compute_s", p.compute_s},
-                 {"optimizer_s", p.optimizer_s},
-                 {"comm_s", p.comm_s},
-                 {"hidden_s", p.hidden_s},
-                 {"exposed_s", p.exposed_s},
-                 {"step_s", p.step_s},
-                 {"tokens_per_s", p.tokens_per_s},
-                 {"one_device_tokens_per_s", p.one_device_tokens_per_s},
-                 {"efficiency", p.efficiency},
-                 {"bottleneck", p.bottleneck}};
-      json aj = json::array();
-      for (const auto& a : alts)
-        aj.push_back({{"what", a.what},
-                      {"step_s", a.prediction.step_s},
-                      {"tokens_per_s", a.prediction.tokens_per_s},
-                      {"efficiency", a.prediction.efficiency}});
-      pj["alternatives"] = aj;
-      report["prediction"] = pj;
-    }
-  }
-  barrier(ctx);
-  if (ctx.rank0() && !o.json_path.empty())
-    io::write_file_durably(o.json_path, report.dump(2) + "\n");
+  Doctor(o).run();
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 
 #include "comm/dist_env.h"
 #include "core/dtype.h"
@@ -219,6 +220,18 @@ Acts activations(const model::ModelConfig& mc, const config::Settings& s, int64_
   return a;
 }
 
+// The elements of parameter `name`, of shape `sizes`, that one rank's engine lays out before its
+// strategy shards them (count_state counts the shards from the units): every element, for every
+// parameter today. The seam for a kind of parameter that not every rank holds: under expert
+// parallelism an MoE layer's experts live only on the ranks of their expert-parallel group, so a
+// rank counts its own experts here (whole per-expert tensors, or its slice of a fused [E, ...]
+// one), while the model's totals (Plan::parameters) still count every expert.
+int64_t rank_elements([[maybe_unused]] const std::string& name, at::IntArrayRef sizes) {
+  return c10::multiply_integers(sizes);
+}
+
+// One rank's model state, as the engine allocates it (engine.cpp load / ensure_grads), and the
+// sizes of what it gathers and reduces.
 struct State {
   int64_t param = 0, master = 0, grad = 0, optimizer = 0;  // per rank, wherever they live
   int64_t host_param = 0, host_master = 0, host_grad = 0, host_optimizer = 0;
@@ -238,7 +251,700 @@ struct State {
   int64_t largest_param = 0;  // elements
   int units_ahead = 0;        // prefetched units
   bool sharded = false;
+  int64_t offloaded() const { return host_param + host_master + host_grad + host_optimizer; }
 };
+
+// The plan of one job, resource by resource: the constructor checks the inputs and lays the
+// parameters out as the run will (a meta model with LoRA attached, the strategy's units), and
+// plan() is the outline. Each resource's function adds its figures to the plan in the order plan()
+// calls them: host memory reads the device's peak, the first step the device's model state.
+class Planner {
+ public:
+  explicit Planner(const PlanInputs& in);
+  Planner(const Planner&) = delete;
+  Planner& operator=(const Planner&) = delete;
+
+  Plan plan() {
+    describe();
+    count_state();
+    device_memory();
+    host_memory();
+    disk();
+    communication();
+    first_step();
+    checks();
+    return std::move(p_);
+  }
+
+ private:
+  void lay_out_parameters();
+  void describe();
+  void count_state();
+  void count_unit(const parallel::UnitPlan& u);
+  void count_group(const parallel::GroupPlan& g);
+  void count_prefetch();
+  void device_memory();
+  void model_state_items();
+  Item gathered_item() const;
+  Item buckets_item() const;
+  Item retention_item() const;
+  void activation_items(const Acts& acts);
+  Item final_save_item() const;
+  Item overhead_item(int64_t base) const;
+  std::string rank_why() const;
+  void host_memory();
+  void gpu_host_items();
+  void cpu_host_items();
+  int64_t process_bytes() const;
+  int64_t staging_bytes() const;
+  bool saves() const;
+  void disk();
+  void communication();
+  void first_step();
+  double read_or_init();
+  void checks();
+
+  const PlanInputs& in_;
+  const config::Settings& s_;
+  const Layout& layout_;
+  const bool gpu_;
+  const int world_;
+  Shape shape_;
+  at::ScalarType compute_ = at::kFloat;
+  int64_t c_ = 0, m_ = 0, r_ = 0;  // bytes per element: compute, master and reduce dtypes
+  parallel::StrategyPlan sp_;
+  // Every parameter the forward reads, in file order, with the elements this rank holds of it.
+  std::vector<parallel::UnitParam> params_;
+  parallel::UnitsPlan units_;
+  State st_;
+  int64_t state_dev_ = 0;  // this rank's model state on its device
+  Plan p_;
+};
+
+Planner::Planner(const PlanInputs& in)
+    : in_(in), s_(in.settings), layout_(in.layout), gpu_(in.layout.gpu), world_(in.layout.world()) {
+  FT_CHECK(layout_.nnodes >= 1 && layout_.nproc_per_node >= 1,
+           "--nnodes and --nproc-per-node must be >= 1");
+  shape_ = model_shape(in);
+  const model::ModelConfig& mc = shape_.mc;
+  compute_ = parse_dtype(s_.precision.mode);
+  c_ = static_cast<int64_t>(c10::elementSize(compute_));
+  FT_CHECK(s_.data.seq_len <= mc.max_position_embeddings, "data.seq_len ", s_.data.seq_len,
+           " exceeds the model's max_position_embeddings ", mc.max_position_embeddings, " (",
+           shape_.from, "): --set data.seq_len=", mc.max_position_embeddings, " or less");
+
+  comm::DistEnv env;
+  env.world_size = world_;
+  env.local_world_size = layout_.nproc_per_node;
+  env.nnodes = layout_.nnodes;
+  const at::Device device = gpu_ ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  sp_ = parallel::plan_strategy(s_.strategy, s_.precision.mode, env, device);
+  m_ = static_cast<int64_t>(c10::elementSize(sp_.engine.master_dtype));
+  r_ = static_cast<int64_t>(c10::elementSize(sp_.engine.reduce_dtype));
+
+  lay_out_parameters();
+}
+
+// The parameters as the run lays them out: a meta model (shapes only) with LoRA attached, each
+// parameter with the elements this rank holds of it, in the strategy's units. The model's totals
+// count whole tensors.
+void Planner::lay_out_parameters() {
+  const model::ModelConfig& mc = shape_.mc;
+  model::DecoderModel meta(mc, at::TensorOptions().dtype(compute_), /*materialize=*/false);
+  if (s_.lora.enabled)
+    model::attach_lora(meta, train::lora_config_from_preset(s_.lora, in_.model_dir, &mc), 0,
+                       /*shapes_only=*/true);
+  for (const auto& q : parallel::param_specs(meta, s_.lora.enabled)) {
+    const int64_t numel = q.slot->numel();
+    if (q.trained) p_.trained_parameters += numel;
+    if (q.name.find("lora_") == std::string::npos) p_.parameters += numel;
+    params_.push_back({q.name, rank_elements(q.name, q.slot->sizes()), q.trained, q.decay});
+  }
+  const parallel::EngineOptions& eo = sp_.engine;
+  parallel::UnitsOptions uo;
+  uo.shard_size = eo.shard_size;
+  uo.buckets = eo.buckets;
+  uo.bucket_bytes = eo.bucket_bytes;
+  uo.master_element_size = m_;
+  uo.persistence_threshold = eo.persistence_threshold;
+  units_ = parallel::plan_units(params_, uo, meta.num_units());
+}
+
+// What was planned: the model, the strategy, the layout.
+void Planner::describe() {
+  p_.layout = layout_;
+  p_.model_from = shape_.from;
+  p_.strategy = sp_.label;
+  p_.device_name = gpu_ ? "GPU" : "host (CPU job)";
+  p_.tokens_per_micro_batch = s_.train.micro_batch * s_.data.seq_len;
+}
+
+// Model state per rank, exactly as the engine allocates it (engine.cpp load / ensure_grads).
+void Planner::count_state() {
+  st_.sharded = sp_.engine.shard_size > 1 && !sp_.engine.buckets;
+  for (const auto& u : units_.units) {
+    count_unit(u);
+    for (const auto& g : u.groups) count_group(g);
+  }
+  count_prefetch();
+  p_.param_bytes = st_.param + st_.master;
+  p_.grad_bytes = st_.grad;
+  p_.optimizer_bytes = st_.optimizer;
+}
+
+// A unit's gathered size and its local gradients, when it is sharded.
+void Planner::count_unit(const parallel::UnitPlan& u) {
+  if (!u.sharded) return;
+  const int64_t unit_bytes = u.padded_elements() * c_;
+  int64_t trained_padded = 0;  // only trained groups get a local gradient buffer
+  for (const auto& g : u.groups)
+    if (g.trained) trained_padded += g.layout.padded;
+  st_.sharded_bytes += unit_bytes;
+  st_.retained_frozen += unit_bytes - trained_padded * c_;
+  st_.retained_reduce += trained_padded * r_;
+  if (u.model_unit == 0) {
+    st_.root_bytes = unit_bytes;
+    st_.root_reduce_bytes = trained_padded * r_;
+  } else if (u.model_unit > 0) {
+    st_.layer_bytes = std::max(st_.layer_bytes, unit_bytes);
+    st_.layer_reduce_bytes = std::max(st_.layer_reduce_bytes, trained_padded * r_);
+  }
+}
+
+// A flat group's shard on this rank: its parameters, and for a trained group its masters,
+// gradients and optimizer state, each on the device or offloaded to host memory.
+void Planner::count_group(const parallel::GroupPlan& g) {
+  const parallel::EngineOptions& eo = sp_.engine;
+  const int S = g.layout.shards;
+  const int64_t shard = S == 1 ? g.layout.padded : g.layout.shard_numel;
+  const bool shard_host = S > 1 && eo.offload_params;
+  const bool master_host = g.trained && eo.offload_optimizer;
+  st_.param += shard * c_;
+  if (shard_host) st_.host_param += shard * c_;
+  for (size_t k = 0; k < g.members.size(); ++k) {
+    const auto& q = params_[g.members[k]];
+    st_.largest_param = std::max(st_.largest_param, q.numel);
+    const parallel::ShardPiece mine = parallel::intersect(g.layout, 0, g.offsets[k], q.numel);
+    st_.read_elements += mine.numel();
+    st_.largest_slice = std::max(st_.largest_slice, mine.numel());
+    if (q.trained && q.numel > st_.largest_tensor) {
+      st_.largest_tensor = q.numel;
+      st_.largest_name = q.name;
+    }
+  }
+  if (!g.trained) return;
+  st_.trained_groups++;
+  if (S > 1)
+    st_.trained_sharded += g.layout.padded;
+  else
+    st_.trained_replicated += g.layout.padded;
+  if (!(eo.master_dtype == eo.compute_dtype && master_host == shard_host)) {
+    st_.master += g.layout.shard_numel * m_;
+    if (master_host) st_.host_master += g.layout.shard_numel * m_;
+  }
+  st_.grad += g.layout.shard_numel * m_;
+  st_.optimizer += 2 * g.layout.shard_numel * m_ + 4;
+  if (master_host) {
+    st_.host_grad += g.layout.shard_numel * m_;
+    st_.host_optimizer += 2 * g.layout.shard_numel * m_ + 4;
+  }
+}
+
+// Units gathered ahead of the one running.
+void Planner::count_prefetch() {
+  const parallel::EngineOptions& eo = sp_.engine;
+  if (!st_.sharded) return;
+  if (eo.prefetch_elements >= 0) {
+    int64_t ahead = 0;
+    for (const auto& u : units_.units) {
+      if (u.model_unit < 1) continue;
+      ahead += u.padded_elements();
+      if (ahead > eo.prefetch_elements) break;
+      st_.units_ahead++;
+    }
+  } else {
+    st_.units_ahead =
+        eo.forward_prefetch || eo.backward_prefetch == parallel::BackwardPrefetch::kPre;
+  }
+}
+
+// ---- the device of one rank ----
+
+void Planner::device_memory() {
+  std::vector<Item>& d = p_.device;
+  model_state_items();
+  state_dev_ = d[0].bytes + d[1].bytes + d[2].bytes + d[3].bytes;
+  const Item gathered = gathered_item(), buckets = buckets_item(), retained = retention_item();
+  d.push_back(gathered);
+  d.push_back(buckets);
+  if (!gpu_) d.push_back(retained);
+  const Acts acts = activations(shape_.mc, s_, c_, gpu_);
+  activation_items(acts);
+  const int64_t step_transient =
+      gathered.bytes + buckets.bytes + retained.bytes + acts.kept + acts.outside +
+      (gpu_ ? std::max(acts.logits, acts.backward) : acts.logits + acts.backward);
+  const Item final_save = final_save_item();
+  d.push_back(final_save);
+  const Item overhead = overhead_item(state_dev_ + step_transient);
+  d.push_back(overhead);
+  p_.step_peak = state_dev_ + step_transient + overhead.bytes;
+  p_.save_peak = state_dev_ + final_save.bytes + overhead.bytes;
+  p_.device_peak = std::max(p_.step_peak, p_.save_peak);
+  p_.rank = 0;
+  p_.rank_why = rank_why();
+}
+
+// Parameters, masters, gradients and optimizer state: the first four items (state_dev_ sums them).
+void Planner::model_state_items() {
+  std::vector<Item>& d = p_.device;
+  const int S = sp_.engine.shard_size;
+  const std::string per = S > 1 ? fmt::format(" / {} ranks", S) : "";
+  auto on_dev = [&](int64_t total, int64_t host) { return gpu_ ? total - host : total; };
+  auto where = [&](int64_t host) { return gpu_ && host > 0 ? " (offloaded to host memory)" : ""; };
+  const std::string cdt = s_.precision.mode;
+  d.push_back(
+      {"parameters",
+       fmt::format("parameters ({}{}){}", cdt, S > 1 ? " shards" : "", where(st_.host_param)),
+       on_dev(st_.param, st_.host_param),
+       fmt::format("{} elements{} x {} B{}",
+                   n3(p_.parameters + (s_.lora.enabled ? p_.trained_parameters : 0)), per, c_,
+                   S > 1 ? ", padded to a multiple of the shard group" : "")});
+  d.push_back(
+      {"masters", fmt::format("fp32 masters{}", where(st_.host_master)),
+       on_dev(st_.master, st_.host_master),
+       st_.master == 0 && p_.trained_parameters > 0
+           ? std::string("none: the trained parameters are kept in ") + cdt +
+                 " already (they are the masters)"
+           : fmt::format("{} trained elements{} x {} B", n3(p_.trained_parameters), per, m_)});
+  d.push_back({"gradients", fmt::format("gradients (fp32 accumulators){}", where(st_.host_grad)),
+               on_dev(st_.grad, st_.host_grad),
+               fmt::format("{} trained elements{} x {} B", n3(p_.trained_parameters), per, m_)});
+  d.push_back({"optimizer_state",
+               fmt::format("optimizer state (AdamW exp_avg, exp_avg_sq, step){}",
+                           where(st_.host_optimizer)),
+               on_dev(st_.optimizer, st_.host_optimizer),
+               fmt::format("2 x {} B x {} trained elements{} + 4 B x {} groups", m_,
+                           n3(p_.trained_parameters), per, st_.trained_groups)});
+}
+
+// Sharded: the units gathered at once (the running one, those prefetched, the root).
+Item Planner::gathered_item() const {
+  Item i{"gathered", "gathered units in flight and prefetch", 0,
+         "nothing: every parameter is whole on every rank"};
+  if (!st_.sharded) return i;
+  const bool reshard = sp_.engine.reshard_after_forward;
+  const int64_t layers_held = reshard ? 1 + st_.units_ahead : shape_.mc.num_hidden_layers;
+  i.bytes = st_.root_bytes + layers_held * st_.layer_bytes;
+  i.from = fmt::format(
+      "the root unit (embedding and head: {}) kept gathered + {} layer unit(s) of {} "
+      "({})",
+      human_bytes(st_.root_bytes), layers_held, human_bytes(st_.layer_bytes),
+      reshard ? fmt::format("the running one and {} prefetched", st_.units_ahead)
+              : std::string("SHARD_GRAD_OP keeps every layer from forward to backward"));
+  return i;
+}
+
+Item Planner::buckets_item() const {
+  const parallel::EngineOptions& eo = sp_.engine;
+  Item i{"comm_buckets", "communication buckets", 0, ""};
+  if (st_.sharded) {
+    // zero3 queues gradients until a bucket is full (never more than all of them); fsdp issues
+    // each unit's reduce-scatter as soon as it is ready.
+    const int64_t queued =
+        std::min<int64_t>(std::max<int64_t>(eo.reduce_bucket_elements * r_, st_.layer_reduce_bytes),
+                          st_.trained_sharded * r_ - st_.root_reduce_bytes);
+    i.bytes = st_.root_reduce_bytes + queued + st_.layer_reduce_bytes;
+    i.from = fmt::format(
+        "local gradients before their reduce-scatter ({}): the root's {} (its head's gradient "
+        "comes first, its embedding's last) + {} queued + one layer's {} in flight",
+        c10::toString(eo.reduce_dtype), human_bytes(st_.root_reduce_bytes), human_bytes(queued),
+        human_bytes(st_.layer_reduce_bytes));
+  } else if (world_ > 1 && eo.reduce_dtype != eo.master_dtype) {
+    i.bytes = eo.bucket_bytes;
+    i.from = "one converted gradient bucket";
+  } else {
+    i.from = world_ > 1 ? "none: gradients are all-reduced in place in their fp32 buckets"
+                        : "none: one rank";
+  }
+  return i;
+}
+
+// On CPU, a sharded job's gathered units and their local gradients are allocated and freed
+// every step, and Gloo stages a copy of each collective's buffer of the same size (the
+// all-gather's flat output, the reduce-scatter's input clone). The step pool (core/host_alloc.h)
+// keeps every freed block for the next request of its size: it holds, per size, the most that
+// were ever live at once, which is more than the step's live peak by the copies in flight beside
+// it. Blocks of frozen units come back in the same order and are half counted; trained units'
+// blocks and their gradients' are counted whole (calibrated on bench/plan_accuracy.py). A GPU
+// job's figure is 0 and not shown.
+Item Planner::retention_item() const {
+  const int64_t retained_trained = st_.sharded_bytes - st_.retained_frozen;
+  const int64_t retained_kept =
+      (retained_trained + st_.retained_frozen / 2 + st_.retained_reduce) * kRetainedPercent / 100;
+  const int64_t retained_cast = r_ != c_ ? st_.retained_reduce * kCastPercent / 100 : 0;
+  const int64_t retained = !gpu_ && st_.sharded ? retained_kept + retained_cast : 0;
+  if (!st_.sharded)
+    return {"allocator_retention", "host allocator retention", retained,
+            "none: nothing is gathered"};
+  return {"allocator_retention", "host allocator retention", retained,
+          fmt::format("step pool blocks beyond the live peak (Gloo's staging copies, "
+                      "kept by size): {}% of trained units {} + half of frozen {} + "
+                      "their local gradients {}{}",
+                      kRetainedPercent, human_bytes(retained_trained),
+                      human_bytes(st_.retained_frozen), human_bytes(st_.retained_reduce),
+                      retained_cast > 0
+                          ? fmt::format(", and {}% of the gradients again for their "
+                                        "{} copies",
+                                        kCastPercent, c10::toString(sp_.engine.reduce_dtype))
+                          : std::string())};
+}
+
+void Planner::activation_items(const Acts& acts) {
+  std::vector<Item>& d = p_.device;
+  d.push_back(
+      {"activations", "activations of one micro-batch", acts.kept + acts.outside, acts.formula});
+  d.push_back({"logits", "logits and loss buffers", acts.logits, acts.logits_formula});
+  d.push_back({"backward", "backward working set", acts.backward,
+               acts.checkpointed > 0 ? "one checkpointed layer recomputed with its gradients"
+                                     : "the gradients of one layer's intermediate values"});
+}
+
+// Rank 0 gathers each whole trained tensor for the final model, one at a time (fp32 master),
+// on its device; LoRA keeps every adapter (in host memory) until they are written.
+Item Planner::final_save_item() const {
+  return {"final_save", "final save (rank 0)", st_.largest_tensor * m_,
+          fmt::format("one whole trained tensor at a time, the largest {} ({} elements x {} "
+                      "B); activations are gone by then",
+                      st_.largest_name, n3(st_.largest_tensor), m_)};
+}
+
+// A GPU's context, workspaces and fragmentation over `base`; a CPU rank's own process.
+Item Planner::overhead_item(int64_t base) const {
+  if (gpu_)
+    return {"overhead", "allocator and workspace overhead",
+            kCudaContextBytes + static_cast<int64_t>(kFragmentation * static_cast<double>(base)),
+            fmt::format("{} for the CUDA context and cuBLAS/NCCL workspaces + {:.0f}% of "
+                        "the rest for the caching allocator's fragmentation",
+                        human_bytes(kCudaContextBytes), kFragmentation * 100)};
+  const Budget& b = in_.budget;
+  return {"overhead", "the process itself",
+          (b.process_bytes > 0 ? b.process_bytes : kDefaultProcessBytes) + kCpuRuntimeBytes,
+          fmt::format("{} + {} of LibTorch kernels, thread pools and small blocks once a step has "
+                      "run",
+                      b.process_bytes > 0 ? b.process_from
+                                          : "ft's resident memory before it allocates (assumed)",
+                      human_bytes(kCpuRuntimeBytes))};
+}
+
+std::string Planner::rank_why() const {
+  if (world_ == 1) return "the only rank";
+  return fmt::format(
+      "every rank holds the same model state ({}), and rank 0 also gathers each whole trained "
+      "tensor for the final save",
+      sp_.engine.shard_size > 1 ? "shards are equal in size, padded" : "replicated");
+}
+
+// ---- host memory of one node (all its ranks) ----
+
+void Planner::host_memory() {
+  if (gpu_)
+    gpu_host_items();
+  else
+    cpu_host_items();
+  p_.host_peak = 0;
+  for (const auto& i : p_.host) p_.host_peak += i.bytes;
+  p_.host.push_back({"data", "data", 0,
+                     "batches are tokenized as they are read: a few micro-batches of token ids"});
+}
+
+// One ft process before it allocates, and on a GPU what LibTorch's CUDA side adds.
+int64_t Planner::process_bytes() const {
+  return (in_.budget.process_bytes > 0 ? in_.budget.process_bytes : kDefaultProcessBytes) +
+         (gpu_ ? kCudaHostBytes : 0);
+}
+
+bool Planner::saves() const { return s_.output.save_every > 0 || s_.output.save_every_minutes > 0; }
+
+// An async save copies the rank's masters, exp_avg and exp_avg_sq (3 x its gradient bytes).
+int64_t Planner::staging_bytes() const {
+  return saves() && s_.output.async_save ? 3 * st_.grad : 0;
+}
+
+void Planner::gpu_host_items() {
+  std::vector<Item>& hm = p_.host;
+  const int local = layout_.nproc_per_node;
+  const int64_t process = process_bytes();
+  // Loading: a rank reads its slices of each parameter (file dtype, then converted), or draws
+  // each whole parameter in fp32 (random init) before taking its slice.
+  const int64_t loading = shape_.file_bytes > 0 ? st_.largest_slice * (shape_.file_element + c_)
+                                                : st_.largest_param * 4;
+  const int64_t lora_final = s_.lora.enabled ? p_.trained_parameters * (4 + c_) : 0;
+  hm.push_back({"processes", "ft processes (LibTorch, CUDA, NCCL)", local * process,
+                fmt::format("{} local rank(s) x {}", local, human_bytes(process))});
+  hm.push_back({"offloaded", "offloaded state (pinned)", local * st_.offloaded(),
+                fmt::format("{} rank(s) x {}", local, human_bytes(st_.offloaded()))});
+  hm.push_back({"loading", "loading buffers", local * loading,
+                fmt::format("{} rank(s) x {}", local,
+                            shape_.file_bytes > 0
+                                ? "the largest slice read, in the file's dtype and converted"
+                                : "the largest parameter drawn whole in fp32 (random init)")});
+  hm.push_back({"checkpoint_staging", "checkpoint staging", local * staging_bytes(),
+                saves() && s_.output.async_save
+                    ? "async_save: a host copy of each rank's masters and optimizer state"
+                    : "none: no periodic checkpoint, or written synchronously"});
+  hm.push_back({"final_save", "final save (node 0)", lora_final + st_.largest_tensor * (4 + c_),
+                "rank 0 copies each whole tensor to host memory and converts it"});
+}
+
+// A CPU job's ranks live in host memory: each rank's device peak is host memory already.
+void Planner::cpu_host_items() {
+  std::vector<Item>& hm = p_.host;
+  const int local = layout_.nproc_per_node;
+  const int64_t lora_final = s_.lora.enabled ? p_.trained_parameters * (4 + c_) : 0;
+  hm.push_back({"ranks", "ranks (each rank's peak above)", local * p_.device_peak,
+                fmt::format("{} local rank(s) x {}", local, human_bytes(p_.device_peak))});
+  hm.push_back({"checkpoint_staging", "checkpoint staging", local * staging_bytes(),
+                saves() && s_.output.async_save
+                    ? "async_save: a copy of each rank's masters and optimizer state"
+                    : "none: no periodic checkpoint, or written synchronously"});
+  hm.push_back({"final_save", "final save (node 0)", lora_final,
+                s_.lora.enabled ? "rank 0 holds every adapter until they are written"
+                                : "counted in rank 0's peak"});
+}
+
+// ---- disk ----
+
+void Planner::disk() {
+  const int64_t ckpt_bytes = p_.trained_parameters * 3 * m_;
+  // final/ holds the model in the compute dtype, or the adapters in fp32 (final_save.cpp).
+  const int64_t final_bytes = s_.lora.enabled ? p_.trained_parameters * 4 : p_.parameters * c_;
+  const int64_t keep = std::max<int64_t>(1, s_.output.keep_last);
+  p_.disk.push_back({"checkpoint", "one checkpoint", ckpt_bytes,
+                     fmt::format("{} trained elements x (master + exp_avg + exp_avg_sq) x {} B",
+                                 n3(p_.trained_parameters), m_)});
+  // Without scheduled saves a SIGTERM or Ctrl-C still writes one checkpoint, and the resumed run
+  // writes final/ beside it.
+  const int64_t kept = saves() ? (keep + 1) * ckpt_bytes : ckpt_bytes;
+  p_.disk.push_back({"checkpoints", "checkpoints kept", kept,
+                     saves() ? fmt::format("output.keep_last {} + the one being written", keep)
+                             : "one: none is scheduled (output.save_every and save_every_minutes "
+                               "are 0), but a SIGTERM or Ctrl-C writes one"});
+  p_.disk.push_back({"final", "final model", final_bytes,
+                     fmt::format("{} {} elements x {} B", s_.lora.enabled ? "adapter" : "model",
+                                 n3(s_.lora.enabled ? p_.trained_parameters : p_.parameters),
+                                 s_.lora.enabled ? 4 : c_)});
+  p_.disk_need = kept + final_bytes;
+}
+
+// ---- communication per rank per step ----
+
+void Planner::communication() {
+  if (world_ == 1) return;
+  const parallel::EngineOptions& eo = sp_.engine;
+  const int64_t micro = s_.train.grad_accum;
+  if (st_.sharded) {
+    const int64_t layers_bytes = st_.sharded_bytes - st_.root_bytes;
+    const int64_t gathers = st_.root_bytes + layers_bytes * (eo.reshard_after_forward ? 2 : 1);
+    p_.comm.push_back(
+        {"all_gather", "all-gather (parameters, received)", micro * gathers,
+         fmt::format("{} micro-batches x ({} forward{})", micro, human_bytes(st_.sharded_bytes),
+                     eo.reshard_after_forward
+                         ? fmt::format(" + {} again in backward", human_bytes(layers_bytes))
+                         : "")});
+    p_.comm.push_back(
+        {"reduce_scatter", "reduce-scatter (gradients, sent)", micro * st_.trained_sharded * r_,
+         fmt::format("{} micro-batches x {} elements x {} B", micro, n3(st_.trained_sharded), r_)});
+  }
+  int64_t allreduce = st_.trained_replicated * r_;
+  std::string ar_from = fmt::format("{} replicated trained elements x {} B, once per step",
+                                    n3(st_.trained_replicated), r_);
+  if (sp_.replicas > 1) {
+    allreduce += st_.trained_sharded / eo.shard_size * r_;
+    ar_from += fmt::format(" + this rank's shard across {} replicas", sp_.replicas);
+  }
+  p_.comm.push_back({"all_reduce", "all-reduce (gradients)", allreduce, ar_from});
+}
+
+// ---- time to the first step ----
+
+void Planner::first_step() {
+  const double load_s = read_or_init();
+  const int64_t state_all = state_dev_ + (gpu_ ? st_.offloaded() : 0);
+  const double alloc_s = static_cast<double>(state_all) / kAllocBytesPerS;
+  p_.startup.push_back(
+      {"allocate", "allocate and fill this rank's state", state_all,
+       fmt::format("{} (offloaded host state included) at {}/s: {:.0f} s", human_bytes(state_all),
+                   human_bytes(static_cast<int64_t>(kAllocBytesPerS)), alloc_s)});
+  p_.first_step_s = load_s + alloc_s;
+}
+
+// Reading the model files, or drawing the random init: its item, and its seconds.
+double Planner::read_or_init() {
+  const Budget& b = in_.budget;
+  if (shape_.file_bytes > 0) {
+    const double bps = b.disk_read_bytes_per_s > 0 ? b.disk_read_bytes_per_s : kDefaultDiskBps;
+    // Ranks of a node reading the same bytes share the page cache.
+    const int64_t node_bytes =
+        std::min<int64_t>(shape_.file_bytes, layout_.nproc_per_node * st_.read_elements *
+                                                 std::max<int64_t>(1, shape_.file_element));
+    const double read_s = static_cast<double>(node_bytes) / bps;
+    p_.startup.push_back(
+        {"read", "read the model files", node_bytes,
+         fmt::format("{} per node at {}/s ({}): {:.0f} s", human_bytes(node_bytes),
+                     human_bytes(static_cast<int64_t>(bps)),
+                     b.disk_read_from.empty() ? "assumed" : b.disk_read_from, read_s)});
+    return read_s;
+  }
+  // Every rank draws the whole init stream (the values do not depend on the layout).
+  const double init_rate = b.init_elements_per_s > 0 ? b.init_elements_per_s : kDefaultInitPerS;
+  const double init_s = static_cast<double>(p_.parameters) / init_rate;
+  p_.startup.push_back(
+      {"init", "random init", p_.parameters * 4,
+       fmt::format("every rank draws all {} values at {:.0e}/s ({}): {:.0f} s", n3(p_.parameters),
+                   init_rate, b.init_elements_per_s > 0 ? "measured" : "assumed", init_s)});
+  return init_s;
+}
+
+// ---- checks ----
+
+void Planner::checks() {
+  const Budget& b = in_.budget;
+  if (gpu_)
+    p_.checks.push_back(
+        {"GPU memory", "each GPU (rank 0 needs most)", p_.device_peak, b.gpu_bytes, b.gpu_from});
+  p_.checks.push_back({"host memory", "each node", p_.host_peak, b.host_bytes, b.host_from});
+  p_.checks.push_back({"disk", "--output's filesystem", p_.disk_need, b.disk_bytes, b.disk_from});
+}
+
+// ---- what would make a job fit ----
+
+// `in` with `apply`'s change, re-planned, as a suggestion of `p` (none when the change is one
+// this job cannot take: a knob the layout refuses).
+void try_change(const PlanInputs& in, Plan& p, const std::string& what,
+                std::vector<std::string> sets,
+                const std::function<void(config::Settings&)>& apply) {
+  PlanInputs v = in;
+  apply(v.settings);
+  v.settings.strategy.user_keys.clear();
+  try {
+    const Plan q = make_plan(v, false);
+    p.suggestions.push_back({what, std::move(sets), 0, q.device_peak, q.host_peak, q.fits()});
+  } catch (const Error&) {
+    // Not a suggestion: the change is one this job cannot take.
+  }
+}
+
+// Less activation memory: checkpointing every layer, then smaller micro-batches with more
+// accumulation (the same global batch) until one fits.
+void suggest_activations(const PlanInputs& in, Plan& p) {
+  const config::Settings& s = in.settings;
+  if (s.train.activation_checkpointing != "full")
+    try_change(in, p, "activation checkpointing of every layer",
+               {"train.activation_checkpointing=full"},
+               [](config::Settings& v) { v.train.activation_checkpointing = "full"; });
+  for (int64_t mb = s.train.micro_batch / 2; mb >= 1; mb /= 2) {
+    if (s.train.micro_batch % mb != 0) continue;
+    const int64_t ga = s.train.grad_accum * (s.train.micro_batch / mb);
+    try_change(in, p,
+               fmt::format("micro-batch {} with {} accumulation steps (same global batch)", mb, ga),
+               {fmt::format("train.micro_batch={}", mb), fmt::format("train.grad_accum={}", ga)},
+               [=](config::Settings& v) {
+                 v.train.micro_batch = mb;
+                 v.train.grad_accum = ga;
+               });
+    if (!p.suggestions.empty() && p.suggestions.back().fits) break;
+  }
+}
+
+// Less model state per rank: sharding everything, then offloading it to host memory (GPUs).
+void suggest_sharding(const PlanInputs& in, Plan& p) {
+  const config::StrategySettings& st = in.settings.strategy;
+  const bool many = in.layout.world() > 1;
+  if (many &&
+      (st.kind == "ddp" || (st.kind == "fsdp" && st.fsdp.sharding_strategy != "FULL_SHARD")))
+    try_change(in, p, "fsdp FULL_SHARD instead of " + st.kind,
+               {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"},
+               [](config::Settings& v) {
+                 v.strategy.kind = "fsdp";
+                 v.strategy.fsdp.sharding_strategy = "FULL_SHARD";
+               });
+  if (!in.layout.gpu || !many) return;
+  if (st.kind == "fsdp" && !st.fsdp.cpu_offload)
+    try_change(in, p,
+               "fsdp cpu_offload (parameter shards, masters, gradients and optimizer state in "
+               "host memory)",
+               {"strategy.fsdp.cpu_offload=true"},
+               [](config::Settings& v) { v.strategy.fsdp.cpu_offload = true; });
+  if (st.kind != "fsdp" && !st.zero3.offload_optimizer)
+    try_change(in, p, "zero3 with the optimizer offloaded to host memory",
+               {"strategy.kind=zero3", "strategy.zero3.offload_optimizer=true"},
+               [](config::Settings& v) {
+                 v.strategy.kind = "zero3";
+                 v.strategy.zero3.offload_optimizer = true;
+               });
+  if (st.kind != "fsdp" && !st.zero3.offload_param)
+    try_change(in, p, "zero3 with the optimizer and the parameter shards offloaded to host memory",
+               {"strategy.kind=zero3", "strategy.zero3.offload_optimizer=true",
+                "strategy.zero3.offload_param=true"},
+               [](config::Settings& v) {
+                 v.strategy.kind = "zero3";
+                 v.strategy.zero3.offload_optimizer = true;
+                 v.strategy.zero3.offload_param = true;
+               });
+}
+
+// Fewer bytes per parameter, or far fewer trained parameters.
+void suggest_precision_and_lora(const PlanInputs& in, Plan& p) {
+  const config::Settings& s = in.settings;
+  if (s.precision.mode == "fp32" || s.precision.mode == "fp64")
+    try_change(in, p, "bf16 compute with fp32 masters", {"precision.mode=bf16"},
+               [](config::Settings& v) { v.precision.mode = "bf16"; });
+  if (!s.lora.enabled)
+    try_change(in, p, "LoRA (r=16) instead of a full fine-tune", {"lora.enabled=true"},
+               [](config::Settings& v) {
+                 v.lora.enabled = true;
+                 if (v.lora.r <= 0) v.lora.r = 16;
+               });
+}
+
+// The fewest nodes that fit: double until one fits, then halve the gap.
+void suggest_nodes(const PlanInputs& in, Plan& p) {
+  auto fits_on = [&](int n) {
+    PlanInputs v = in;
+    v.layout.nnodes = n;
+    try {
+      return make_plan(v, false);
+    } catch (const Error&) {
+      return Plan();
+    }
+  };
+  int lo = in.layout.nnodes, hi = 0;
+  for (int n = std::max(2, 2 * in.layout.nnodes); n <= 4096; n *= 2) {
+    const Plan q = fits_on(n);
+    if (q.fits() && !q.checks.empty()) {
+      hi = n;
+      break;
+    }
+    lo = n;
+  }
+  if (hi == 0) return;
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    const Plan q = fits_on(mid);
+    if (!q.checks.empty() && q.fits())
+      hi = mid;
+    else
+      lo = mid;
+  }
+  const Plan q = fits_on(hi);
+  p.suggestions.push_back(
+      {fmt::format("{} nodes of {} rank(s) (the fewest that fit)", hi, in.layout.nproc_per_node),
+       {},
+       hi,
+       q.device_peak,
+       q.host_peak,
+       true});
+}
 
 }  // namespace
 
@@ -251,526 +957,13 @@ const Check* Plan::shortfall() const {
 }
 
 Plan make_plan(const PlanInputs& in, bool suggest) {
-  const config::Settings& s = in.settings;
-  const Layout& L = in.layout;
-  FT_CHECK(L.nnodes >= 1 && L.nproc_per_node >= 1, "--nnodes and --nproc-per-node must be >= 1");
-  const Shape shape = model_shape(in);
-  const model::ModelConfig& mc = shape.mc;
-  const at::ScalarType compute = parse_dtype(s.precision.mode);
-  const int64_t c = static_cast<int64_t>(c10::elementSize(compute));
-  FT_CHECK(s.data.seq_len <= mc.max_position_embeddings, "data.seq_len ", s.data.seq_len,
-           " exceeds the model's max_position_embeddings ", mc.max_position_embeddings, " (",
-           shape.from, "): --set data.seq_len=", mc.max_position_embeddings, " or less");
-
-  comm::DistEnv env;
-  env.world_size = L.world();
-  env.local_world_size = L.nproc_per_node;
-  env.nnodes = L.nnodes;
-  const at::Device device = L.gpu ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
-  const parallel::StrategyPlan sp =
-      parallel::plan_strategy(s.strategy, s.precision.mode, env, device);
-  const parallel::EngineOptions& eo = sp.engine;
-  const int64_t m = static_cast<int64_t>(c10::elementSize(eo.master_dtype));
-  const int64_t r = static_cast<int64_t>(c10::elementSize(eo.reduce_dtype));
-
-  // The parameters as the run lays them out: a meta model (shapes only) with LoRA attached.
-  model::DecoderModel meta(mc, at::TensorOptions().dtype(compute), /*materialize=*/false);
-  model::LoraConfig lc;
-  if (s.lora.enabled) {
-    lc = train::lora_config_from_preset(s.lora, in.model_dir, &mc);
-    model::attach_lora(meta, lc, 0, /*shapes_only=*/true);
-  }
-  const auto specs = parallel::param_specs(meta, s.lora.enabled);
-  std::vector<parallel::UnitParam> params;
-  for (const auto& p : specs) params.push_back({p.name, p.slot->numel(), p.trained, p.decay});
-  parallel::UnitsOptions uo;
-  uo.shard_size = eo.shard_size;
-  uo.buckets = eo.buckets;
-  uo.bucket_bytes = eo.bucket_bytes;
-  uo.master_element_size = m;
-  uo.persistence_threshold = eo.persistence_threshold;
-  const parallel::UnitsPlan units = parallel::plan_units(params, uo, meta.num_units());
-
-  Plan p;
-  p.layout = L;
-  p.model_from = shape.from;
-  p.strategy = sp.label;
-  p.device_name = L.gpu ? "GPU" : "host (CPU job)";
-  p.tokens_per_micro_batch = s.train.micro_batch * s.data.seq_len;
-  for (const auto& q : params) {
-    if (q.trained) p.trained_parameters += q.numel;
-    if (q.name.find("lora_") == std::string::npos) p.parameters += q.numel;
-  }
-
-  // Model state per rank, exactly as the engine allocates it (engine.cpp load / ensure_grads).
-  State st;
-  st.sharded = eo.shard_size > 1 && !eo.buckets;
-  for (const auto& u : units.units) {
-    const int64_t unit_bytes = u.padded_elements() * c;
-    int64_t trained_padded = 0;  // only trained groups get a local gradient buffer
-    for (const auto& g : u.groups)
-      if (g.trained) trained_padded += g.layout.padded;
-    if (u.sharded) {
-      st.sharded_bytes += unit_bytes;
-      st.retained_frozen += unit_bytes - trained_padded * c;
-      st.retained_reduce += trained_padded * r;
-      if (u.model_unit == 0) {
-        st.root_bytes = unit_bytes;
-        st.root_reduce_bytes = trained_padded * r;
-      } else if (u.model_unit > 0) {
-        st.layer_bytes = std::max(st.layer_bytes, unit_bytes);
-        st.layer_reduce_bytes = std::max(st.layer_reduce_bytes, trained_padded * r);
-      }
-    }
-    for (const auto& g : u.groups) {
-      const int S = g.layout.shards;
-      const int64_t shard = S == 1 ? g.layout.padded : g.layout.shard_numel;
-      const bool shard_host = S > 1 && eo.offload_params;
-      const bool master_host = g.trained && eo.offload_optimizer;
-      st.param += shard * c;
-      if (shard_host) st.host_param += shard * c;
-      for (size_t k = 0; k < g.members.size(); ++k) {
-        const auto& q = params[g.members[k]];
-        st.largest_param = std::max(st.largest_param, q.numel);
-        const parallel::ShardPiece mine = parallel::intersect(g.layout, 0, g.offsets[k], q.numel);
-        st.read_elements += mine.numel();
-        st.largest_slice = std::max(st.largest_slice, mine.numel());
-        if (q.trained && q.numel > st.largest_tensor) {
-          st.largest_tensor = q.numel;
-          st.largest_name = q.name;
-        }
-      }
-      if (!g.trained) continue;
-      st.trained_groups++;
-      if (S > 1)
-        st.trained_sharded += g.layout.padded;
-      else
-        st.trained_replicated += g.layout.padded;
-      if (!(eo.master_dtype == eo.compute_dtype && master_host == shard_host)) {
-        st.master += g.layout.shard_numel * m;
-        if (master_host) st.host_master += g.layout.shard_numel * m;
-      }
-      st.grad += g.layout.shard_numel * m;
-      st.optimizer += 2 * g.layout.shard_numel * m + 4;
-      if (master_host) {
-        st.host_grad += g.layout.shard_numel * m;
-        st.host_optimizer += 2 * g.layout.shard_numel * m + 4;
-      }
-    }
-  }
-  // Units gathered ahead of the one running.
-  if (st.sharded) {
-    if (eo.prefetch_elements >= 0) {
-      int64_t ahead = 0;
-      for (const auto& u : units.units) {
-        if (u.model_unit < 1) continue;
-        ahead += u.padded_elements();
-        if (ahead > eo.prefetch_elements) break;
-        st.units_ahead++;
-      }
-    } else {
-      st.units_ahead =
-          eo.forward_prefetch || eo.backward_prefetch == parallel::BackwardPrefetch::kPre;
-    }
-  }
-  p.param_bytes = st.param + st.master;
-  p.grad_bytes = st.grad;
-  p.optimizer_bytes = st.optimizer;
-
-  const bool gpu = L.gpu;
-  const int W = L.world();
-  const int S = eo.shard_size;
-  const std::string per = S > 1 ? fmt::format(" / {} ranks", S) : "";
-  auto on_dev = [&](int64_t total, int64_t host) { return gpu ? total - host : total; };
-  auto where = [&](int64_t host) { return gpu && host > 0 ? " (offloaded to host memory)" : ""; };
-
-  // ---- the device of one rank ----
-  std::vector<Item>& d = p.device;
-  const std::string cdt = s.precision.mode;
-  d.push_back(
-      {"parameters",
-       fmt::format("parameters ({}{}){}", cdt, S > 1 ? " shards" : "", where(st.host_param)),
-       on_dev(st.param, st.host_param),
-       fmt::format("{} elements{} x {} B{}",
-                   n3(p.parameters + (s.lora.enabled ? p.trained_parameters : 0)), per, c,
-                   S > 1 ? ", padded to a multiple of the shard group" : "")});
-  d.push_back(
-      {"masters", fmt::format("fp32 masters{}", where(st.host_master)),
-       on_dev(st.master, st.host_master),
-       st.master == 0 && p.trained_parameters > 0
-           ? std::string("none: the trained parameters are kept in ") + cdt +
-                 " already (they are the masters)"
-           : fmt::format("{} trained elements{} x {} B", n3(p.trained_parameters), per, m)});
-  d.push_back({"gradients", fmt::format("gradients (fp32 accumulators){}", where(st.host_grad)),
-               on_dev(st.grad, st.host_grad),
-               fmt::format("{} trained elements{} x {} B", n3(p.trained_parameters), per, m)});
-  d.push_back(
-      {"optimizer_state",
-       fmt::format("optimizer state (AdamW exp_avg, exp_avg_sq, step){}", where(st.host_optimizer)),
-       on_dev(st.optimizer, st.host_optimizer),
-       fmt::format("2 x {} B x {} trained elements{} + 4 B x {} groups", m,
-                   n3(p.trained_parameters), per, st.trained_groups)});
-  int64_t gathered = 0;
-  std::string gathered_from = "nothing: every parameter is whole on every rank";
-  if (st.sharded) {
-    const int64_t layers_held =
-        eo.reshard_after_forward ? 1 + st.units_ahead : mc.num_hidden_layers;
-    gathered = st.root_bytes + layers_held * st.layer_bytes;
-    gathered_from = fmt::format(
-        "the root unit (embedding and head: {}) kept gathered + {} layer unit(s) of {} "
-        "({})",
-        human_bytes(st.root_bytes), layers_held, human_bytes(st.layer_bytes),
-        eo.reshard_after_forward
-            ? fmt::format("the running one and {} prefetched", st.units_ahead)
-            : std::string("SHARD_GRAD_OP keeps every layer from forward to backward"));
-  }
-  d.push_back({"gathered", "gathered units in flight and prefetch", gathered, gathered_from});
-  int64_t buckets = 0;
-  std::string buckets_from;
-  if (st.sharded) {
-    // zero3 queues gradients until a bucket is full (never more than all of them); fsdp issues
-    // each unit's reduce-scatter as soon as it is ready.
-    const int64_t queued =
-        std::min<int64_t>(std::max<int64_t>(eo.reduce_bucket_elements * r, st.layer_reduce_bytes),
-                          st.trained_sharded * r - st.root_reduce_bytes);
-    buckets = st.root_reduce_bytes + queued + st.layer_reduce_bytes;
-    buckets_from = fmt::format(
-        "local gradients before their reduce-scatter ({}): the root's {} (its head's gradient "
-        "comes first, its embedding's last) + {} queued + one layer's {} in flight",
-        c10::toString(eo.reduce_dtype), human_bytes(st.root_reduce_bytes), human_bytes(queued),
-        human_bytes(st.layer_reduce_bytes));
-  } else if (W > 1 && eo.reduce_dtype != eo.master_dtype) {
-    buckets = eo.bucket_bytes;
-    buckets_from = "one converted gradient bucket";
-  } else {
-    buckets_from =
-        W > 1 ? "none: gradients are all-reduced in place in their fp32 buckets" : "none: one rank";
-  }
-  d.push_back({"comm_buckets", "communication buckets", buckets, buckets_from});
-  // On CPU, a sharded job's gathered units and their local gradients are allocated and freed
-  // every step, and Gloo stages a copy of each collective's buffer of the same size (the
-  // all-gather's flat output, the reduce-scatter's input clone). The step pool (core/host_alloc.h)
-  // keeps every freed block for the next request of its size: it holds, per size, the most that
-  // were ever live at once, which is more than the step's live peak by the copies in flight beside
-  // it. Blocks of frozen units come back in the same order and are half counted; trained units'
-  // blocks and their gradients' are counted whole (calibrated on bench/plan_accuracy.py).
-  const int64_t retained_trained = st.sharded_bytes - st.retained_frozen;
-  const int64_t retained_kept =
-      (retained_trained + st.retained_frozen / 2 + st.retained_reduce) * kRetainedPercent / 100;
-  const int64_t retained_cast = r != c ? st.retained_reduce * kCastPercent / 100 : 0;
-  const int64_t retained = !gpu && st.sharded ? retained_kept + retained_cast : 0;
-  if (!gpu)
-    d.push_back({"allocator_retention", "host allocator retention", retained,
-                 st.sharded
-                     ? fmt::format("step pool blocks beyond the live peak (Gloo's staging copies, "
-                                   "kept by size): {}% of trained units {} + half of frozen {} + "
-                                   "their local gradients {}{}",
-                                   kRetainedPercent, human_bytes(retained_trained),
-                                   human_bytes(st.retained_frozen), human_bytes(st.retained_reduce),
-                                   retained_cast > 0
-                                       ? fmt::format(", and {}% of the gradients again for their "
-                                                     "{} copies",
-                                                     kCastPercent, c10::toString(eo.reduce_dtype))
-                                       : std::string())
-                     : std::string("none: nothing is gathered")});
-  const Acts acts = activations(mc, s, c, gpu);
-  d.push_back(
-      {"activations", "activations of one micro-batch", acts.kept + acts.outside, acts.formula});
-  d.push_back({"logits", "logits and loss buffers", acts.logits, acts.logits_formula});
-  d.push_back({"backward", "backward working set", acts.backward,
-               acts.checkpointed > 0 ? "one checkpointed layer recomputed with its gradients"
-                                     : "the gradients of one layer's intermediate values"});
-  const int64_t state_dev = d[0].bytes + d[1].bytes + d[2].bytes + d[3].bytes;
-  const int64_t step_transient =
-      gathered + buckets + retained + acts.kept + acts.outside +
-      (gpu ? std::max(acts.logits, acts.backward) : acts.logits + acts.backward);
-  // Rank 0 gathers each whole trained tensor for the final model, one at a time (fp32 master),
-  // on its device; LoRA keeps every adapter (in host memory) until they are written.
-  const int64_t final_dev = st.largest_tensor * m;
-  d.push_back({"final_save", "final save (rank 0)", final_dev,
-               fmt::format("one whole trained tensor at a time, the largest {} ({} elements x {} "
-                           "B); activations are gone by then",
-                           st.largest_name, n3(st.largest_tensor), m)});
-  int64_t overhead = 0;
-  std::string overhead_from;
-  if (gpu) {
-    const int64_t base = state_dev + step_transient;
-    overhead = kCudaContextBytes + static_cast<int64_t>(kFragmentation * static_cast<double>(base));
-    overhead_from = fmt::format(
-        "{} for the CUDA context and cuBLAS/NCCL workspaces + {:.0f}% of "
-        "the rest for the caching allocator's fragmentation",
-        human_bytes(kCudaContextBytes), kFragmentation * 100);
-  } else {
-    overhead = (in.budget.process_bytes > 0 ? in.budget.process_bytes : kDefaultProcessBytes) +
-               kCpuRuntimeBytes;
-    overhead_from = fmt::format(
-        "{} + {} of LibTorch kernels, thread pools and small blocks once a step has run",
-        in.budget.process_bytes > 0 ? in.budget.process_from
-                                    : "ft's resident memory before it allocates (assumed)",
-        human_bytes(kCpuRuntimeBytes));
-  }
-  d.push_back({"overhead", gpu ? "allocator and workspace overhead" : "the process itself",
-               overhead, overhead_from});
-  const int64_t step_peak = state_dev + step_transient + overhead;
-  const int64_t save_peak = state_dev + final_dev + overhead;
-  p.step_peak = step_peak;
-  p.save_peak = save_peak;
-  p.device_peak = std::max(step_peak, save_peak);
-  p.rank = 0;
-  p.rank_why = W == 1 ? "the only rank"
-                      : fmt::format(
-                            "every rank holds the same model state ({}), and rank 0 also gathers "
-                            "each whole trained tensor for the final save",
-                            S > 1 ? "shards are equal in size, padded" : "replicated");
-
-  // ---- host memory of one node (all its ranks) ----
-  std::vector<Item>& hm = p.host;
-  const int local = L.nproc_per_node;
-  const int64_t process =
-      (in.budget.process_bytes > 0 ? in.budget.process_bytes : kDefaultProcessBytes) +
-      (gpu ? kCudaHostBytes : 0);
-  // Loading: a rank reads its slices of each parameter (file dtype, then converted), or draws
-  // each whole parameter in fp32 (random init) before taking its slice.
-  const int64_t loading =
-      shape.file_bytes > 0 ? st.largest_slice * (shape.file_element + c) : st.largest_param * 4;
-  const bool saves = s.output.save_every > 0 || s.output.save_every_minutes > 0;
-  // An async save copies the rank's masters, exp_avg and exp_avg_sq (3 x its gradient bytes).
-  const int64_t staging_rank = saves && s.output.async_save ? 3 * st.grad : 0;
-  const int64_t lora_final = s.lora.enabled ? p.trained_parameters * (4 + c) : 0;
-  if (gpu) {
-    hm.push_back({"processes", "ft processes (LibTorch, CUDA, NCCL)", local * process,
-                  fmt::format("{} local rank(s) x {}", local, human_bytes(process))});
-    const int64_t offloaded = st.host_param + st.host_master + st.host_grad + st.host_optimizer;
-    hm.push_back({"offloaded", "offloaded state (pinned)", local * offloaded,
-                  fmt::format("{} rank(s) x {}", local, human_bytes(offloaded))});
-    hm.push_back({"loading", "loading buffers", local * loading,
-                  fmt::format("{} rank(s) x {}", local,
-                              shape.file_bytes > 0
-                                  ? "the largest slice read, in the file's dtype and converted"
-                                  : "the largest parameter drawn whole in fp32 (random init)")});
-    hm.push_back({"checkpoint_staging", "checkpoint staging", local * staging_rank,
-                  saves && s.output.async_save
-                      ? "async_save: a host copy of each rank's masters and optimizer state"
-                      : "none: no periodic checkpoint, or written synchronously"});
-    hm.push_back({"final_save", "final save (node 0)", lora_final + st.largest_tensor * (4 + c),
-                  "rank 0 copies each whole tensor to host memory and converts it"});
-    int64_t t = 0;
-    for (const auto& i : hm) t += i.bytes;
-    p.host_peak = t;
-  } else {
-    hm.push_back({"ranks", "ranks (each rank's peak above)", local * p.device_peak,
-                  fmt::format("{} local rank(s) x {}", local, human_bytes(p.device_peak))});
-    hm.push_back({"checkpoint_staging", "checkpoint staging", local * staging_rank,
-                  saves && s.output.async_save
-                      ? "async_save: a copy of each rank's masters and optimizer state"
-                      : "none: no periodic checkpoint, or written synchronously"});
-    hm.push_back({"final_save", "final save (node 0)", lora_final,
-                  s.lora.enabled ? "rank 0 holds every adapter until they are written"
-                                 : "counted in rank 0's peak"});
-    p.host_peak = 0;
-    for (const auto& i : hm) p.host_peak += i.bytes;
-  }
-  hm.push_back({"data", "data", 0,
-                "batches are tokenized as they are read: a few micro-batches of token ids"});
-
-  // ---- disk ----
-  const int64_t ckpt_bytes = p.trained_parameters * 3 * m;
-  // final/ holds the model in the compute dtype, or the adapters in fp32 (final_save.cpp).
-  const int64_t final_bytes = s.lora.enabled ? p.trained_parameters * 4 : p.parameters * c;
-  const int64_t keep = std::max<int64_t>(1, s.output.keep_last);
-  p.disk.push_back({"checkpoint", "one checkpoint", ckpt_bytes,
-                    fmt::format("{} trained elements x (master + exp_avg + exp_avg_sq) x {} B",
-                                n3(p.trained_parameters), m)});
-  // Without scheduled saves a SIGTERM or Ctrl-C still writes one checkpoint, and the resumed run
-  // writes final/ beside it.
-  const int64_t kept = saves ? (keep + 1) * ckpt_bytes : ckpt_bytes;
-  p.disk.push_back({"checkpoints", "checkpoints kept", kept,
-                    saves ? fmt::format("output.keep_last {} + the one being written", keep)
-                          : "one: none is scheduled (output.save_every and save_every_minutes "
-                            "are 0), but a SIGTERM or Ctrl-C writes one"});
-  p.disk.push_back({"final", "final model", final_bytes,
-                    fmt::format("{} {} elements x {} B", s.lora.enabled ? "adapter" : "model",
-                                n3(s.lora.enabled ? p.trained_parameters : p.parameters),
-                                s.lora.enabled ? 4 : c)});
-  p.disk_need = kept + final_bytes;
-
-  // ---- communication per rank per step ----
-  const int64_t micro = s.train.grad_accum;
-  if (W > 1) {
-    if (st.sharded) {
-      const int64_t layers_bytes = st.sharded_bytes - st.root_bytes;
-      const int64_t gathers = st.root_bytes + layers_bytes * (eo.reshard_after_forward ? 2 : 1);
-      p.comm.push_back(
-          {"all_gather", "all-gather (parameters, received)", micro * gathers,
-           fmt::format("{} micro-batches x ({} forward{})", micro, human_bytes(st.sharded_bytes),
-                       eo.reshard_after_forward
-                           ? fmt::format(" + {} again in backward", human_bytes(layers_bytes))
-                           : "")});
-      p.comm.push_back(
-          {"reduce_scatter", "reduce-scatter (gradients, sent)", micro * st.trained_sharded * r,
-           fmt::format("{} micro-batches x {} elements x {} B", micro, n3(st.trained_sharded), r)});
-    }
-    int64_t allreduce = st.trained_replicated * r;
-    std::string ar_from = fmt::format("{} replicated trained elements x {} B, once per step",
-                                      n3(st.trained_replicated), r);
-    if (sp.replicas > 1) {
-      allreduce += st.trained_sharded / S * r;
-      ar_from += fmt::format(" + this rank's shard across {} replicas", sp.replicas);
-    }
-    p.comm.push_back({"all_reduce", "all-reduce (gradients)", allreduce, ar_from});
-  }
-
-  // ---- time to the first step ----
-  const double bps =
-      in.budget.disk_read_bytes_per_s > 0 ? in.budget.disk_read_bytes_per_s : kDefaultDiskBps;
-  const double init_rate =
-      in.budget.init_elements_per_s > 0 ? in.budget.init_elements_per_s : kDefaultInitPerS;
-  double read_s = 0, init_s = 0;
-  if (shape.file_bytes > 0) {
-    // Ranks of a node reading the same bytes share the page cache.
-    const int64_t node_bytes = std::min<int64_t>(
-        shape.file_bytes, local * st.read_elements * std::max<int64_t>(1, shape.file_element));
-    read_s = static_cast<double>(node_bytes) / bps;
-    p.startup.push_back(
-        {"read", "read the model files", node_bytes,
-         fmt::format("{} per node at {}/s ({}): {:.0f} s", human_bytes(node_bytes),
-                     human_bytes(static_cast<int64_t>(bps)),
-                     in.budget.disk_read_from.empty() ? "assumed" : in.budget.disk_read_from,
-                     read_s)});
-  } else {
-    // Every rank draws the whole init stream (the values do not depend on the layout).
-    init_s = static_cast<double>(p.parameters) / init_rate;
-    p.startup.push_back(
-        {"init", "random init", p.parameters * 4,
-         fmt::format("every rank draws all {} values at {:.0e}/s ({}): {:.0f} s", n3(p.parameters),
-                     init_rate, in.budget.init_elements_per_s > 0 ? "measured" : "assumed",
-                     init_s)});
-  }
-  const int64_t state_all =
-      state_dev + (gpu ? st.host_param + st.host_master + st.host_grad + st.host_optimizer : 0);
-  const double alloc_s = static_cast<double>(state_all) / kAllocBytesPerS;
-  p.startup.push_back(
-      {"allocate", "allocate and fill this rank's state", state_all,
-       fmt::format("{} (offloaded host state included) at {}/s: {:.0f} s", human_bytes(state_all),
-                   human_bytes(static_cast<int64_t>(kAllocBytesPerS)), alloc_s)});
-  p.first_step_s = read_s + init_s + alloc_s;
-
-  // ---- checks ----
-  const Budget& b = in.budget;
-  if (gpu)
-    p.checks.push_back(
-        {"GPU memory", "each GPU (rank 0 needs most)", p.device_peak, b.gpu_bytes, b.gpu_from});
-  p.checks.push_back({"host memory", "each node", p.host_peak, b.host_bytes, b.host_from});
-  p.checks.push_back({"disk", "--output's filesystem", p.disk_need, b.disk_bytes, b.disk_from});
-
+  Plan p = Planner(in).plan();
   if (suggest && !p.fits()) {
     // Each change re-planned; the first that fits is what a refusal names.
-    auto variant = [&](const std::string& what, std::vector<std::string> sets,
-                       const std::function<void(config::Settings&)>& apply, int nnodes = 0) {
-      PlanInputs v = in;
-      apply(v.settings);
-      v.settings.strategy.user_keys.clear();
-      if (nnodes > 0) v.layout.nnodes = nnodes;
-      try {
-        const Plan q = make_plan(v, false);
-        p.suggestions.push_back(
-            {what, std::move(sets), nnodes, q.device_peak, q.host_peak, q.fits()});
-      } catch (const Error&) {
-        // A change this job cannot take (a knob the layout refuses) is not a suggestion.
-      }
-    };
-    if (s.train.activation_checkpointing != "full")
-      variant("activation checkpointing of every layer", {"train.activation_checkpointing=full"},
-              [](config::Settings& v) { v.train.activation_checkpointing = "full"; });
-    for (int64_t mb = s.train.micro_batch / 2; mb >= 1; mb /= 2) {
-      if (s.train.micro_batch % mb != 0) continue;
-      const int64_t ga = s.train.grad_accum * (s.train.micro_batch / mb);
-      variant(fmt::format("micro-batch {} with {} accumulation steps (same global batch)", mb, ga),
-              {fmt::format("train.micro_batch={}", mb), fmt::format("train.grad_accum={}", ga)},
-              [=](config::Settings& v) {
-                v.train.micro_batch = mb;
-                v.train.grad_accum = ga;
-              });
-      if (!p.suggestions.empty() && p.suggestions.back().fits) break;
-    }
-    if (W > 1 && (s.strategy.kind == "ddp" ||
-                  (s.strategy.kind == "fsdp" && s.strategy.fsdp.sharding_strategy != "FULL_SHARD")))
-      variant("fsdp FULL_SHARD instead of " + s.strategy.kind,
-              {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"},
-              [](config::Settings& v) {
-                v.strategy.kind = "fsdp";
-                v.strategy.fsdp.sharding_strategy = "FULL_SHARD";
-              });
-    if (gpu && W > 1) {
-      if (s.strategy.kind == "fsdp" && !s.strategy.fsdp.cpu_offload)
-        variant(
-            "fsdp cpu_offload (parameter shards, masters, gradients and optimizer state in "
-            "host memory)",
-            {"strategy.fsdp.cpu_offload=true"},
-            [](config::Settings& v) { v.strategy.fsdp.cpu_offload = true; });
-      if (s.strategy.kind != "fsdp" && !s.strategy.zero3.offload_optimizer)
-        variant("zero3 with the optimizer offloaded to host memory",
-                {"strategy.kind=zero3", "strategy.zero3.offload_optimizer=true"},
-                [](config::Settings& v) {
-                  v.strategy.kind = "zero3";
-                  v.strategy.zero3.offload_optimizer = true;
-                });
-      if (s.strategy.kind != "fsdp" && !s.strategy.zero3.offload_param)
-        variant("zero3 with the optimizer and the parameter shards offloaded to host memory",
-                {"strategy.kind=zero3", "strategy.zero3.offload_optimizer=true",
-                 "strategy.zero3.offload_param=true"},
-                [](config::Settings& v) {
-                  v.strategy.kind = "zero3";
-                  v.strategy.zero3.offload_optimizer = true;
-                  v.strategy.zero3.offload_param = true;
-                });
-    }
-    if (s.precision.mode == "fp32" || s.precision.mode == "fp64")
-      variant("bf16 compute with fp32 masters", {"precision.mode=bf16"},
-              [](config::Settings& v) { v.precision.mode = "bf16"; });
-    if (!s.lora.enabled)
-      variant("LoRA (r=16) instead of a full fine-tune", {"lora.enabled=true"},
-              [](config::Settings& v) {
-                v.lora.enabled = true;
-                if (v.lora.r <= 0) v.lora.r = 16;
-              });
-    // The fewest nodes that fit: double until one fits, then halve the gap.
-    auto fits_on = [&](int n) {
-      PlanInputs v = in;
-      v.layout.nnodes = n;
-      try {
-        return make_plan(v, false);
-      } catch (const Error&) {
-        return Plan();
-      }
-    };
-    int lo = L.nnodes, hi = 0;
-    for (int n = std::max(2, 2 * L.nnodes); n <= 4096; n *= 2) {
-      const Plan q = fits_on(n);
-      if (q.fits() && !q.checks.empty()) {
-        hi = n;
-        break;
-      }
-      lo = n;
-    }
-    if (hi > 0) {
-      while (hi - lo > 1) {
-        const int mid = lo + (hi - lo) / 2;
-        const Plan q = fits_on(mid);
-        if (!q.checks.empty() && q.fits())
-          hi = mid;
-        else
-          lo = mid;
-      }
-      const Plan q = fits_on(hi);
-      p.suggestions.push_back(
-          {fmt::format("{} nodes of {} rank(s) (the fewest that fit)", hi, local),
-           {},
-           hi,
-           q.device_peak,
-           q.host_peak,
-           true});
-    }
+    suggest_activations(in, p);
+    suggest_sharding(in, p);
+    suggest_precision_and_lora(in, p);
+    suggest_nodes(in, p);
   }
   return p;
 }
