@@ -333,11 +333,17 @@ TEST_CASE("expert exchange refuses experts that do not split, and rows that diff
     });
     // The group is still in step: a good exchange goes through. Every rank sends one row (its
     // rank's value) per expert; each EP rank gets, per local expert, rank 0's row then rank 1's.
+    // No grad here: the rows need no backward.
     attempt([&] {
       auto d = parallel::dispatch(ex, at::full({4, 8}, static_cast<double>(rank)), counts);
       const at::Tensor want = at::tensor({0.f, 1.f, 0.f, 1.f}).unsqueeze(1).expand({4, 8});
       if (!at::equal(d.rows, want))
         throw ConfigError("rank " + std::to_string(rank) + " received the wrong rows");
+      // Experts whose output is wider than their input: the rows come home all the same.
+      const at::Tensor back = parallel::combine(ex, at::cat({d.rows, 2 * d.rows}, 1), d.plan);
+      if (!at::equal(back, at::full({4, 16}, static_cast<double>(rank)) *
+                               at::cat({at::ones({8}), at::full({8}, 2.0)})))
+        throw ConfigError("rank " + std::to_string(rank) + " got the wrong rows back");
     });
     world.backend().barrier()->wait();
   });
