@@ -1,6 +1,7 @@
 #include "parallel/strategy.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdlib>
 
@@ -134,6 +135,28 @@ StrategyPlan plan_strategy(const config::StrategySettings& strategy,
            kind == "fsdp" ? strategy.fsdp.sharding_strategy : std::string("zero3"),
            ") splits nothing; run on 2 or more ranks with a sharding strategy, or remove it");
   return plan;
+}
+
+ExpertParallelLayout expert_parallel_layout(int world_size, int rank, int ep_size,
+                                            int ranks_per_node) {
+  FT_ASSERT(world_size >= 1 && rank >= 0 && rank < world_size && ranks_per_node >= 1, "rank ", rank,
+            " of world size ", world_size, ", ", ranks_per_node, " per node");
+  std::vector<int> divisors;
+  for (int d = 1; d <= world_size; ++d)
+    if (world_size % d == 0) divisors.push_back(d);
+  FT_CHECK(ep_size >= 1 && world_size % ep_size == 0, "strategy.expert_parallel=", ep_size,
+           " must divide the world size (", world_size, " ranks); use one of ",
+           fmt::format("{}", fmt::join(divisors, ", ")));
+  ExpertParallelLayout l;
+  l.ep_size = ep_size;
+  l.ep_rank = rank % ep_size;
+  l.ep_group = rank / ep_size;
+  for (int p = 0; p < ep_size; ++p) l.ep_ranks.push_back(l.ep_group * ep_size + p);
+  for (int r = l.ep_rank; r < world_size; r += ep_size) l.expert_dp_ranks.push_back(r);
+  // Nodes hold ranks_per_node consecutive ranks; a contiguous group of N fits in one exactly when
+  // N divides that (or the whole job is one node).
+  l.within_node = ranks_per_node >= world_size || ranks_per_node % ep_size == 0;
+  return l;
 }
 
 std::vector<ParamSpec> param_specs(model::DecoderModel& model, bool lora) {

@@ -30,6 +30,25 @@ StrategyPlan plan_strategy(const config::StrategySettings& strategy,
                            const std::string& precision_mode, const comm::DistEnv& env,
                            at::Device device);
 
+// The expert-parallel groups of a job (strategy.expert_parallel = N): the E experts of each MoE
+// layer split over the N ranks of an EP group, EP rank p holding experts [p * E/N, (p + 1) * E/N).
+// EP groups are contiguous world ranks ({g * N, ..., g * N + N - 1}), so with ranks numbered node
+// by node they stay inside a node whenever N divides the ranks per node; the ranks that hold the
+// same experts ({p, p + N, p + 2N, ...}: the expert-data-parallel group) reduce their gradients.
+struct ExpertParallelLayout {
+  int ep_size = 1;
+  int ep_rank = 0;                   // this rank's place in its EP group
+  int ep_group = 0;                  // which EP group (g), 0 .. world / N - 1
+  std::vector<int> ep_ranks;         // world ranks of this rank's EP group, in EP-rank order
+  std::vector<int> expert_dp_ranks;  // world ranks with this rank's EP rank, ascending
+  bool within_node = true;           // every EP group lies on one node
+};
+
+// The layout for `rank` of `world_size` ranks, `ranks_per_node` per node (LOCAL_WORLD_SIZE).
+// FT_CHECKs that `ep_size` is >= 1 and divides the world size, naming the divisors that would.
+ExpertParallelLayout expert_parallel_layout(int world_size, int rank, int ep_size,
+                                            int ranks_per_node);
+
 // Every parameter of `model` in file order (base, then LoRA adapters when `lora`), trained: the
 // adapters for LoRA, every base weight otherwise. AdamW decays neither norms nor biases.
 std::vector<ParamSpec> param_specs(model::DecoderModel& model, bool lora);

@@ -8,17 +8,13 @@
 #include "support/catch_torch.h"
 // (catch_torch.h first: c10 defines a CHECK macro of its own)
 #include <ATen/Parallel.h>
-#include <stdlib.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <exception>
 #include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "comm/dist_env.h"
@@ -29,7 +25,7 @@
 #include "model/decoder.h"
 #include "parallel/engine.h"
 #include "parallel/strategy.h"
-#include "store.h"  // launcher/: the store `ft launch` hosts for its workers
+#include "support/inproc_ranks.h"
 #include "support/model_fixtures.h"
 #include "support/numerics.h"
 #include "support/runs.h"
@@ -42,9 +38,6 @@ using ft::test::with;
 
 namespace {
 
-// Long enough for a loaded 2-core machine, short enough that a rank left waiting for a peer that
-// failed gives up quickly (its error is then reported beside the peer's).
-constexpr std::chrono::seconds kTimeout{20};
 constexpr int64_t kSteps = 3;
 
 // tiny-demo made smaller still. Adam's eps is 1e-6 for the reason support/runs.h gives (with
@@ -131,27 +124,12 @@ void train_steps(const config::Settings& s, model::DecoderModel& m, parallel::En
   }
 }
 
-// Rank `rank` of `world` ranks on one node, as `ft launch` would describe it to its worker.
-comm::DistEnv rank_env(int rank, int world, uint16_t port) {
-  comm::DistEnv env;
-  env.rank = rank;
-  env.world_size = world;
-  env.local_rank = rank;
-  env.local_world_size = world;
-  env.node_rank = 0;
-  env.nnodes = 1;
-  env.master_addr = "127.0.0.1";
-  env.master_port = port;
-  env.agent_store = true;
-  return env;
-}
-
 // One rank's run, on its own thread: its group, its shards of the shape-only model, filled from
 // the shared initial values.
 RankRun train_rank(const Setup& s, int rank, int world, uint16_t port) {
   at::set_num_threads(1);  // 2 cores shared by every rank
   RankRun run;
-  const comm::DistEnv env = rank_env(rank, world, port);
+  const comm::DistEnv env = test::inproc_rank_env(rank, world, port);
   const parallel::StrategyPlan plan =
       parallel::plan_strategy(s.settings.strategy, s.settings.precision.mode, env, at::kCPU);
   // One node, no HYBRID_SHARD: the shard group, when there is one, is the world.
@@ -160,7 +138,7 @@ RankRun train_rank(const Setup& s, int rank, int world, uint16_t port) {
     throw std::logic_error("this test forms the world group only, but the plan (" + plan.label +
                            ") needs subgroups");
   comm::ProcessGroupOptions po;
-  po.timeout = kTimeout;
+  po.timeout = test::kInprocTimeout;
   comm::ProcessGroup group(env, po);
   model::DecoderModel m(s.model, at::TensorOptions(s.dtype), /*materialize=*/false);
   parallel::Engine engine(m, parallel::param_specs(m, false), plan.engine,
@@ -174,43 +152,12 @@ RankRun train_rank(const Setup& s, int rank, int world, uint16_t port) {
   return run;
 }
 
-// LibTorch 2.11's flight recorder (on by default) enters each process group into a process-wide
-// map before it takes its lock (c10d FlightRecorderDetail.hpp, recordWithResetEnabled), so ranks
-// that are threads of one process race there on their first collectives: this test crashed there
-// (SIGSEGV inside the map) twice in its first few dozen runs. With one process per rank, as ft
-// runs, that cannot happen; these threads run without the recorder. Set once, before the first
-// group creates the recorder and before any other thread reads the environment.
-void disable_flight_recorder() {
-  static const bool set = ::setenv("TORCH_FR_BUFFER_SIZE", "0", 1) == 0;
-  if (!set) throw std::runtime_error("setenv TORCH_FR_BUFFER_SIZE failed");
-}
-
-// The ranks of `s` as threads of this process, joined whether they finish or throw.
+// The ranks of `s` as threads of this process (support/inproc_ranks.h).
 std::vector<RankRun> run_ranks(const Setup& s, int world) {
-  disable_flight_recorder();
-  auto store = launcher::RdzvStore::host(0, kTimeout);
-  const uint16_t port = store->port();
   std::vector<RankRun> runs(world);
-  std::vector<std::thread> threads;
-  auto join_all = [&] {
-    for (auto& t : threads) t.join();
-  };
-  try {
-    for (int r = 0; r < world; ++r)
-      threads.emplace_back([&s, &runs, r, world, port] {
-        try {
-          runs[r] = train_rank(s, r, world, port);
-        } catch (const std::exception& e) {
-          runs[r].error = e.what();
-        } catch (...) {
-          runs[r].error = "an exception that is not a std::exception";
-        }
-      });
-  } catch (...) {
-    join_all();  // the ranks started give up at kTimeout waiting for the others
-    throw;
-  }
-  join_all();
+  const std::vector<std::string> errors = test::run_rank_threads(
+      world, [&](int rank, uint16_t port) { runs[rank] = train_rank(s, rank, world, port); });
+  for (int r = 0; r < world; ++r) runs[r].error = errors[r];
   return runs;
 }
 
