@@ -468,7 +468,7 @@ const std::vector<Setting>& preset_schema() {
     C(KEY(moe.aux_loss_scope), "micro_batch", {"micro_batch", "global"},
       "What f_e (each expert's share of the picks) is counted over: each rank's micro-batch "
       "(transformers), or the micro-batch of every data-parallel rank together (global-batch "
-      "balancing, as Qwen trained; one all-reduce of E x layers counts per micro-batch)."),
+      "balancing, as Qwen trained; one all-reduce of E + 1 numbers per micro-batch)."),
     I(KEY(moe.collapse_steps), 100, 1, kMaxCount,
       "An expert of a MoE layer that receives no token for this many optimizer steps in a row "
       "is named in a warning (once per run): its router has collapsed."),

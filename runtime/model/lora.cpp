@@ -139,6 +139,13 @@ LoraConfig load_lora_config(const std::string& path) {
              "\" is not supported (ft trains no biases in LoRA)");
   FT_CHECK_T(FormatError, !j.contains("modules_to_save") || j["modules_to_save"].is_null(), path,
              ": modules_to_save is not supported");
+  FT_CHECK_T(FormatError,
+             !j.contains("target_parameters") || j["target_parameters"].is_null() ||
+                 j["target_parameters"].empty(),
+             path, ": target_parameters ", excerpt(j.value("target_parameters", json()).dump(), 120),
+             " (LoRA on a mixture-of-experts model's experts or router) is not supported yet: ft "
+             "adapts the projections target_modules names; train an adapter without "
+             "target_parameters");
   for (const char* k : {"rank_pattern", "alpha_pattern"})
     FT_CHECK_T(FormatError, !j.contains(k) || j[k].is_null() || j[k].empty(), path, ": ", k,
                " (per-layer ranks) is not supported");

@@ -155,6 +155,20 @@ int64_t family_extra(const model::ModelConfig& mc, int64_t layer, int64_t B, int
   return extra;
 }
 
+// How much more (or less) a MoE layer keeps for backward than the dense MLP layer_activations
+// counts: the router's fp32 logits, probabilities and their gradient's copy (N x E each), and for
+// the k rows of every token the gathered input, the gate and up outputs, their product and the
+// experts' output (weighted after), in place of the dense MLP's gate, up and product.
+int64_t moe_layer_delta(const model::ModelConfig& mc, int64_t layer, int64_t N, int64_t c,
+                        bool fused_swiglu) {
+  if (!mc.is_moe_layer(layer)) return 0;
+  const model::MoeConfig& m = mc.moe;
+  const int64_t rows = N * m.experts_per_token;
+  const int64_t moe = c * rows * (2 * mc.hidden_size + 3 * m.expert_intermediate) +
+                      3 * 4 * N * m.num_experts;
+  return moe - (fused_swiglu ? 3 : 4) * c * N * mc.intermediate_size;
+}
+
 struct Acts {
   int64_t kept = 0;          // all layers' saved activations (or checkpointed inputs)
   int64_t outside = 0;       // embedding output, final norm, RoPE tables, the packed mask
@@ -176,7 +190,9 @@ Acts activations(const model::ModelConfig& mc, const config::Settings& s, int64_
                       (mode == model::ActivationCheckpointing::kEveryN &&
                        i % std::max<int64_t>(1, s.train.checkpoint_every_n_layers) == 0);
     a.checkpointed += ckpt ? 1 : 0;
-    a.kept += ckpt ? c * N * h : la.saved + family_extra(mc, i, B, T, c);
+    a.kept += ckpt ? c * N * h
+                   : la.saved + family_extra(mc, i, B, T, c) +
+                         moe_layer_delta(mc, i, N, c, !gpu && s.train.fused_swiglu);
   }
   // The embedding's output, the final norm (fp32 copy, normalised value, the head's input), RoPE's
   // cos and sin, and a packed batch's [B, 1, T, T] bool mask with the [B, T, T] comparison it is

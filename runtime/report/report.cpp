@@ -304,6 +304,44 @@ std::string sources_section(const RunRecords& r) {
   return h + "</table></section>\n";
 }
 
+// A mixture-of-experts model (metrics.jsonl moe): per MoE layer, its most-loaded expert's tokens
+// over the mean (1 is perfect balance; k x E / k would be one expert taking every pick), and the
+// load-balancing loss when the run added it.
+std::string experts_section(const RunRecords& r) {
+  std::map<int64_t, Series> layers;
+  Series aux{"aux_loss", "load-balancing loss", kPurple, {}, {}};
+  const char* colors[] = {kBlue, kOrange, kGreen, kRed, kPurple, kSky, kGrey, kYellow};
+  for (const auto& p : r.steps) {
+    for (const auto& [layer, v] : p.expert_imbalance) {
+      auto it = layers.find(layer);
+      if (it == layers.end())
+        it = layers
+                 .emplace(layer, Series{fmt::format("imbalance.{}", layer),
+                                        fmt::format("layer {}", layer),
+                                        colors[layers.size() % 8], {}, {}})
+                 .first;
+      it->second.x.push_back(static_cast<double>(p.step));
+      it->second.y.push_back(v);
+    }
+    if (p.aux_loss) {
+      aux.x.push_back(static_cast<double>(p.step));
+      aux.y.push_back(*p.aux_loss);
+    }
+  }
+  if (layers.empty()) return "";
+  std::vector<Series> curves;
+  for (auto& [layer, series] : layers) curves.push_back(thin_extremes(std::move(series)));
+  std::string h = "<section><h2>Experts</h2><div class=\"grid\">\n";
+  h += line_chart(chart("expert_imbalance",
+                        "Expert load: most-loaded expert's tokens / mean, per MoE layer", "step",
+                        "max / mean (1 = balanced)"),
+                  curves);
+  if (!aux.x.empty())
+    h += line_chart(chart("aux_loss", "Load-balancing loss (E x sum f_e P_e)", "step", "aux loss"),
+                    {thin_extremes(std::move(aux))});
+  return h + "</div></section>\n";
+}
+
 std::string table_row(const std::string& key, const std::string& value) {
   return fmt::format("<tr><th>{}</th><td>{}</td></tr>", escape(key), escape(value));
 }
@@ -455,7 +493,7 @@ std::string render_report(const RunRecords& r) {
   h += "<section><h2>Training</h2><div class=\"grid\">\n";
   h += loss_chart(r) + lr_chart(r) + grad_norm_chart(r) + throughput_chart(r) + mfu_chart(r) +
        step_time_chart(r) + memory_chart(r);
-  h += "</div></section>\n" + sources_section(r);
+  h += "</div></section>\n" + sources_section(r) + experts_section(r);
   h += "<section><h2>Ranks</h2><div class=\"grid\">\n";
   h += rank_heat_map(r);
   h += "</div></section>\n<section><h2>Timeline</h2><div class=\"grid\">\n";

@@ -86,6 +86,17 @@ double number(const json& j, const char* key, double def = 0) {
   return it != j.end() && it->is_number() ? it->get<double>() : def;
 }
 
+// metrics.jsonl's "moe" object; fields of the wrong type are left out, as elsewhere.
+void read_moe(const json& m, StepPoint& p) {
+  if (m.contains("aux_loss") && m["aux_loss"].is_number() && m["aux_loss"].get<double>() > 0)
+    p.aux_loss = m["aux_loss"].get<double>();
+  if (!m.contains("layers") || !m["layers"].is_array()) return;
+  for (const json& l : m["layers"])
+    if (l.is_object() && l.contains("layer") && l["layer"].is_number_integer() &&
+        l.contains("imbalance") && l["imbalance"].is_number())
+      p.expert_imbalance[l["layer"].get<int64_t>()] = l["imbalance"].get<double>();
+}
+
 std::optional<StepPoint> to_step_fields(const json& j) {
   if (!j.contains("step") || !j["step"].is_number_integer() || !j.contains("loss") ||
       !j["loss"].is_number())
@@ -107,6 +118,7 @@ std::optional<StepPoint> to_step_fields(const json& j) {
     for (const auto& [name, v] : j[field].items())
       if (v.is_number()) (*out)[name] = static_cast<int64_t>(v.get<double>());
   }
+  if (j.contains("moe") && j["moe"].is_object()) read_moe(j["moe"], p);
   if (j.contains("time") && j["time"].is_object()) {
     const json& t = j["time"];
     p.data_s = number(t, "data_s");

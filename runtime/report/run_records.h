@@ -37,6 +37,10 @@ struct StepPoint {
   // A mixture's step (source_records, source_tokens): each source's records and input tokens,
   // over all ranks, by source name; empty for one file or the synthetic task.
   std::map<std::string, int64_t> source_records, source_tokens;
+  // A mixture-of-experts model's step (metrics.jsonl moe): the load-balancing loss when it was
+  // added, and per MoE layer (model index) its most-loaded expert's picks over the mean.
+  std::optional<double> aux_loss;
+  std::map<int64_t, double> expert_imbalance;
   // This rank's own work: step time less exposed communication.
   double busy_s() const { return step_time_s - comm_s; }
 };

@@ -19,6 +19,7 @@
 #include "io/durable_file.h"
 #include "model/decoder.h"
 #include "model/lora.h"
+#include "model/moe.h"
 #include "train/saved_model.h"
 #include "train/trainer.h"
 #include "train/weights.h"
@@ -196,7 +197,29 @@ class Trained {
   std::unique_ptr<io::SafetensorsIndex> model;   // full final/
   std::unique_ptr<io::SafetensorsFile> adapter;  // LoRA final/
 
+  // A full final/ holds a MoE model's experts per expert, as transformers saves them: each fused
+  // parameter (model/moe.h) with its shape and the file tensors it is made of.
+  std::map<std::string, std::pair<std::vector<int64_t>, std::vector<model::ExpertFilePiece>>> fused;
+  void map_experts(const model::ModelConfig& config, const ParamShapes& params) {
+    if (!model) return;
+    for (const auto& [name, shape] : params) {
+      if (model->has(name)) continue;
+      auto pieces = model::expert_file_pieces(config, name);
+      if (!pieces.empty() && model->has(pieces.front().file_name))
+        fused[name] = {shape, std::move(pieces)};
+    }
+  }
+
   std::vector<std::string> names() const {
+    if (model && !fused.empty()) {
+      std::set<std::string> held;
+      for (const auto& n : model->names()) held.insert(n);
+      for (const auto& [name, fp] : fused) {
+        for (const auto& piece : fp.second) held.erase(piece.file_name);
+        held.insert(name);
+      }
+      return {held.begin(), held.end()};
+    }
     if (model) return model->names();
     if (adapter) return adapter->names();
     std::vector<std::string> held;
@@ -205,6 +228,7 @@ class Trained {
     return held;
   }
   std::vector<int64_t> shape(const std::string& name) const {
+    if (const auto it = fused.find(name); it != fused.end()) return it->second.first;
     if (model) return model->info(name).shape;
     if (adapter) return adapter->info(name).shape;
     return ck->shape(kParam + name);
@@ -212,7 +236,12 @@ class Trained {
   // The whole tensor in fp32 (a checkpoint's chunks checksummed on the way).
   at::Tensor read(const std::string& name) const {
     at::Tensor t = at::empty(shape(name), at::kFloat);
-    if (model) {
+    if (const auto it = fused.find(name); it != fused.end()) {
+      for (const auto& piece : it->second.second) {
+        at::Tensor dst = t.view({-1}).narrow(0, piece.offset, piece.numel()).view(piece.shape);
+        model->copy_to(piece.file_name, dst);
+      }
+    } else if (model) {
       model->copy_to(name, t);
     } else if (adapter) {
       adapter->copy_to(name, t);
@@ -435,6 +464,7 @@ ExportPlan plan_export(const ExportOptions& o) {
   }
   check_options(o, p);
   resolve_model(p);
+  if (p.mc) p.trained.map_experts(*p.mc, p.params);
   p.held = p.trained.names();
   FT_CHECK_T(FormatError, !p.held.empty(), p.choice.dir, ": holds no trained tensors");
   if (p.run.lora) {

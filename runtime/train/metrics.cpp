@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "io/durable_file.h"
+#include "train/expert_load.h"
 
 namespace ft::train {
 
@@ -133,8 +134,7 @@ void MetricsLog::write(const StepRecord& r) {
     j["source_records"][c.name] = c.records;
     j["source_tokens"][c.name] = c.tokens;
   }
-  if (!s.expert_tokens.empty())
-    j["moe"] = {{"aux_loss", s.aux_loss}, {"expert_tokens", s.expert_tokens}};
+  if (!s.expert_tokens.empty()) j["moe"] = moe_record(s.aux_loss, s.expert_tokens, s.moe_layers);
   if (r.eval_tokens > 0) {
     j["eval_loss"] = r.eval_loss;
     j["eval_tokens"] = r.eval_tokens;
@@ -172,13 +172,28 @@ double Progress::eta(double elapsed_s, int64_t step) {
   return (elapsed_s - t0) / static_cast<double>(step - s0) * static_cast<double>(total_ - step);
 }
 
+namespace {
+
+// A MoE model's figures on the progress line: the aux loss (when added) and the worst layer's
+// most-loaded expert against the mean.
+std::string moe_text(const StepStats& s) {
+  if (s.expert_tokens.empty()) return "";
+  double worst = 0;
+  for (const LayerLoad& l : layer_loads(s.expert_tokens, s.moe_layers))
+    worst = std::max(worst, l.imbalance());
+  return fmt::format("{} experts max/mean {:.2f}",
+                     s.aux_loss > 0 ? fmt::format(" aux {:.4f}", s.aux_loss) : "", worst);
+}
+
+}  // namespace
+
 void Progress::update(const StepRecord& r) {
   const auto& s = r.stats;
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const double eta = this->eta(elapsed, s.step);
   std::string text = fmt::format(
-      "step {}/{} loss {:.4f} lr {:.2e} grad_norm {:.3f} {:.0f} tok/s MFU {:.1f}% comm {:.0f}%{}",
-      s.step, total_, s.loss, s.lr, s.grad_norm, r.tokens_per_s, 100 * r.mfu(),
+      "step {}/{} loss {:.4f}{} lr {:.2e} grad_norm {:.3f} {:.0f} tok/s MFU {:.1f}% comm {:.0f}%{}",
+      s.step, total_, s.loss, moe_text(s), s.lr, s.grad_norm, r.tokens_per_s, 100 * r.mfu(),
       100 * r.times.comm_s / std::max(r.step_time_s, 1e-12),
       s.skipped ? " (fp16 overflow: step skipped)" : "");
   if (tty_) {

@@ -39,6 +39,7 @@
 #include "train/profile.h"
 #include "train/run_events.h"
 #include "train/saved_model.h"
+#include "train/expert_load.h"
 #include "train/stragglers.h"
 #include "train/tensorboard.h"
 #include "train/train_state.h"
@@ -1006,6 +1007,8 @@ RunSummary TrainingRun::train() {
   measure_peak();
   int64_t steps_here = 0;  // steps this process ran (a resumed run starts past 0)
   StragglerWatch stragglers;
+  ExpertWatch experts(s_.moe.collapse_steps);
+  const double aux_coef = router_aux_coef(s_.moe, model_->config());
   while (trainer_->steps() < total_steps_) {
     const auto t0 = Clock::now();
     profiler.before_step(trainer_->steps() + 1);
@@ -1053,6 +1056,10 @@ RunSummary TrainingRun::train() {
     rank_log.write(r);
     if (tensorboard && !r.stats.skipped) tensorboard->write(r.stats.step, tensorboard_scalars(r));
     if (rank0_) progress.update(r);
+    if (const std::string w =
+            experts.observe(r.stats.step, r.stats.expert_tokens, r.stats.moe_layers, aux_coef);
+        rank0_ && !w.empty())
+      fmt::print(stderr, "ft train: {}\n", w);
     publish_stop_estimate(checkpointer, seconds_since(t0) - r.times.checkpoint_s);
     if (++steps_here == kRemeasurePeakStep) remeasure_peak();
     if (!r.stats.skipped) {

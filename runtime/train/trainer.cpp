@@ -151,6 +151,8 @@ StepStats Trainer::compute_gradients(const std::vector<data::Batch>& micro_batch
   if (moe) {
     if (options_.router_aux_coef > 0) st.aux_loss = engine_.sum_over_ranks(aux_sum) / micro_x_ranks;
     for (const double v : engine_.sum_over_ranks(load)) st.expert_tokens.push_back(std::llround(v));
+    for (int64_t i = 0; i < model_.config().num_hidden_layers; ++i)
+      if (model_.config().is_moe_layer(i)) st.moe_layers.push_back(i);
   }
   return st;
 }

@@ -49,6 +49,7 @@ struct StepStats {
   // ranks, [MoE layer][expert] flattened (empty for a dense model).
   double aux_loss = 0;
   std::vector<int64_t> expert_tokens;
+  std::vector<int64_t> moe_layers;  // the model's index of each MoE layer in expert_tokens
 };
 
 // This rank's resident state and communication over one step (parallel::Accounting) plus the

@@ -269,8 +269,26 @@ TEST_CASE("config.json: both rope formats, refusals name the file and key", "[un
   CHECK(c.layer_windows == std::vector<int64_t>{4096, 4096});
   // Families ft knows but does not train are refused by name, with the reason.
   CHECK_THROWS_WITH(
-      load_model_config(write("{" + base + R"(, "model_type": "qwen3_moe"})")),
-      Catch::Contains("config.json: model_type \"qwen3_moe\" is a mixture-of-experts"));
+      load_model_config(write("{" + base + R"(, "model_type": "qwen2_moe"})")),
+      Catch::Contains("config.json: model_type \"qwen2_moe\" is a mixture-of-experts"));
+  // MoE families (issue 31): which layers are MoE, and what ft refuses in them.
+  c = load_model_config(write("{" + base + R"(, "model_type": "qwen3_moe",
+      "decoder_sparse_step": 2, "num_experts": 8})"));
+  CHECK(c.moe.layers == std::vector<uint8_t>{0, 1});
+  CHECK(load_model_config(write("{" + base + R"(, "model_type": "qwen3_moe", "num_experts": 8,
+      "mlp_only_layers": [1]})")).moe.layers == std::vector<uint8_t>{1, 0});
+  CHECK(c.moe.experts_per_token == 8);
+  CHECK_FALSE(c.moe.norm_topk_prob);
+  c = load_model_config(write("{" + base + R"(, "model_type": "mixtral", "num_local_experts": 4})"));
+  CHECK(c.moe.layers == std::vector<uint8_t>{1, 1});
+  CHECK(c.moe.norm_topk_prob);
+  CHECK(c.moe.expert_intermediate == c.intermediate_size);
+  CHECK_THROWS_WITH(load_model_config(write("{" + base + R"(, "model_type": "mixtral",
+      "router_jitter_noise": 0.1})")),
+                    Catch::Contains("router_jitter_noise 0.1 is not supported"));
+  CHECK_THROWS_WITH(load_model_config(write("{" + base + R"(, "model_type": "mixtral",
+      "num_local_experts": 2, "num_experts_per_tok": 3})")),
+                    Catch::Contains("num_experts_per_tok (3) must be between 1 and num_experts (2)"));
   CHECK_THROWS_WITH(load_model_config(write("{" + base + R"(, "model_type": "qwen3_next"})")),
                     Catch::Contains("linear-attention layers"));
   CHECK_THROWS_WITH(load_model_config(write("{" + base + R"(, "model_type": "gemma3"})")),

@@ -13,6 +13,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/decoder.h"
+#include "model/lora.h"
 #include "model/moe.h"
 #include "support/numerics.h"
 #include "train/weights.h"
@@ -109,4 +110,16 @@ TEST_CASE("MoE checkpoints load from either layout to the same parameters", "[un
       CHECK(at::equal(*pa[i].tensor, *pb[i].tensor));
     }
   }
+}
+
+TEST_CASE("a PEFT adapter on the experts (target_parameters) is refused by name", "[unit]") {
+  // Written by PEFT 0.21.2 (make_moe_fixtures.py): LoRA on the fused experts of Qwen3-MoE.
+  const std::string config = moe_fixtures() + "/lora_qwen3_moe_experts/adapter_config.json";
+  REQUIRE(std::filesystem::exists(config));
+  CHECK_THROWS_WITH(load_lora_config(config),
+                    Catch::Contains("target_parameters") &&
+                        Catch::Contains("mixture-of-experts model's experts or router") &&
+                        Catch::Contains("not supported yet"));
+  // The attention-only adapter of Mixtral loads.
+  CHECK(load_lora_config(moe_fixtures() + "/lora_mixtral_attn/adapter_config.json").r == 4);
 }
