@@ -305,9 +305,9 @@ TEST_CASE("offload: the same run bit for bit, and the state accounted in host me
     DYNAMIC_SECTION(v.plain[0] << " " << v.plain[1] << " + " << v.offload[0]) {
       Job plain = run_job(2, with(base, v.plain));
       Job off = run_job(2, with(with(base, v.plain), v.offload), allow);
-      INFO(output_tail(off.output));
       require_ok(plain);
       require_ok(off);
+      INFO(output_tail(off.output));
       CHECK(off.output.find("in host memory") != std::string::npos);  // the plan says so
       same_losses(plain, off);
       same_weights(plain, off);
