@@ -736,11 +736,17 @@ void TrainingRun::measure_peak(bool quiet) {
 // A peak measured at start can come out low when another process was busy in those 0.15 s (MFU
 // of 173% and 355% were seen on a loaded machine): measured again once the run is steady, the
 // higher figure kept.
+// measure_peak is a collective (its barrier), so every rank takes part whatever its own figure:
+// a rank whose step outran its peak (keep_mfu_at_most_one) holds that step's rate, not a
+// measurement, and used to return before the barrier while the others waited in it. Their
+// barrier then paired with its next scalar collective, and every collective after it with the
+// wrong one: a hang in the final save (the offload test under load, 1 run in 3 of its fp16 job),
+// or Gloo's "Received data size doesn't match expected size" where the sizes differ.
 void TrainingRun::remeasure_peak() {
-  if (peak_.from.rfind("measured", 0) != 0) return;  // a data sheet's figure stands
   const PeakFlops before = peak_;
   measure_peak(/*quiet=*/true);
-  if (peak_.flops_per_s < before.flops_per_s) {
+  // A data sheet's figure or a step's own rate stands; of two measurements the higher.
+  if (before.from.rfind("measured", 0) != 0 || peak_.flops_per_s < before.flops_per_s) {
     peak_ = before;
     return;
   }

@@ -60,7 +60,7 @@ FullDiskJob full_disk_job(int nproc, const std::vector<std::string>& sets,
   FullDiskJob job;
   job.ref = make_temp_dir() + "/ref";
   Finished r = run(tiny_job_argv(nproc, job.ref, sets));
-  INFO(r.output);
+  INFO(output_tail(r.output));
   REQUIRE(r.code == 0);
   // The last checkpoint (keep_last may have pruned the others; all have the same size).
   job.checkpoint = tmpfs_bytes(job.ref + "/checkpoints/step-000000006");
@@ -82,7 +82,7 @@ std::string check_resumes_with_room(const FullDiskJob& job,
                                     const std::string& from = "step-000000002") {
   job.tmpfs->resize(8 * job.checkpoint);
   Finished again = run(job.argv);
-  INFO(again.output);
+  INFO(output_tail(again.output));
   REQUIRE(again.code == 0);
   CHECK_THAT(again.output, Catch::Contains("resuming from " + job.out + "/checkpoints/" + from));
   const auto got = read_metrics(job.out), want = read_metrics(job.ref);
@@ -133,7 +133,7 @@ TEST_CASE(
     const auto sets = disk_sets({async ? "output.async_save=true" : "output.async_save=false"});
     const FullDiskJob job = full_disk_job(1, sets);
     Finished full = run(job.argv);
-    INFO(full.output);
+    INFO(output_tail(full.output));
     CHECK(full.code == 74);
     // Said before the save, from the free space (best effort), then by the write itself.
     CHECK_THAT(full.output, Catch::Contains("the checkpoint of step 4 needs about") &&
@@ -157,7 +157,7 @@ TEST_CASE(
   const FullDiskJob job = full_disk_job(1, sets);
   const std::string& out = job.out;
   Finished r = run(job.argv);
-  INFO(r.output);
+  INFO(output_tail(r.output));
   REQUIRE(r.code == 0);
   CHECK_THAT(r.output, Catch::Contains("WARNING: checkpoint of step 4 not saved") &&
                            Catch::Contains("WARNING: checkpoint of step 6 not saved") &&
@@ -179,7 +179,7 @@ TEST_CASE(
   if (!can_mount(&why)) skip_test(why);
   const FullDiskJob job = full_disk_job(2, disk_sets({"train.micro_batch=4"}));
   Finished full = run(job.argv);
-  INFO(full.output);
+  INFO(output_tail(full.output));
   REQUIRE(full.code != -1);  // ended: no rank was left waiting for another
   CHECK(full.code == 1);     // the launcher's "a worker failed"
   CHECK_THAT(full.output, Catch::Contains("exited with code 74"));
@@ -202,7 +202,7 @@ TEST_CASE(
         nproc, disk_sets({"output.save_every=6", "train.micro_batch=4"}),
         [](int64_t checkpoint, int64_t final) { return kSmallFiles + checkpoint + final / 2; });
     Finished full = run(job.argv);
-    INFO(full.output);
+    INFO(output_tail(full.output));
     REQUIRE(full.code != -1);  // ended: no rank was left waiting in a gather
     CHECK(full.code == (nproc == 1 ? 74 : 1));
     if (nproc > 1) CHECK_THAT(full.output, Catch::Contains("exited with code 74"));
@@ -241,7 +241,7 @@ TEST_CASE("a read-only --output is refused with exit 2 before anything is loaded
     // ft train; ft launch given ft train's options (it refuses before starting any worker); and
     // ft launch -- ft train, whose workers refuse (exit 2), so the launcher reports a failure.
     Finished alone = run(tiny_job_argv(1, out, disk_sets({})));
-    INFO(alone.output);
+    INFO(output_tail(alone.output));
     CHECK(alone.code == 2);
     check_refused(alone.output);
     std::vector<std::string> launch = {ft_bin(),   "launch",        "--nproc-per-node",
@@ -250,12 +250,12 @@ TEST_CASE("a read-only --output is refused with exit 2 before anything is loaded
                                        out};
     for (const auto& set : disk_sets({})) launch.insert(launch.end(), {"--set", set});
     Finished launcher = run(launch);
-    INFO(launcher.output);
+    INFO(output_tail(launcher.output));
     CHECK(launcher.code == 2);
     check_refused(launcher.output);
     CHECK_THAT(launcher.output, !Catch::Contains("round 0"));
     Finished workers = run(tiny_job_argv(2, out, disk_sets({})));
-    INFO(workers.output);
+    INFO(output_tail(workers.output));
     CHECK(workers.code == 1);
     check_refused(workers.output);
     CHECK_THAT(workers.output, Catch::Contains("worker exited with code 2"));
@@ -270,7 +270,7 @@ TEST_CASE("an --output with a file in its path is refused with exit 2, nothing w
   std::ofstream(dir + "/file") << "not a directory";
   const std::string out = dir + "/file/run";
   Finished r = run(tiny_job_argv(1, out, disk_sets({})));
-  INFO(r.output);
+  INFO(output_tail(r.output));
   CHECK(r.code == 2);
   CHECK_THAT(r.output, Catch::Contains("--output " + out +
                                        " cannot be created: its nearest "

@@ -58,7 +58,7 @@ void check_killed_runs_resume(
     const std::vector<unsigned>& seeds) {
   const std::string ref = make_temp_dir() + "/ref";
   Finished r = run(argv(ref));
-  INFO(r.output);
+  INFO(output_tail(r.output));
   REQUIRE(r.code == 0);
   REQUIRE(read_metrics(ref).size() == 12);
   for (unsigned seed : seeds) {
@@ -82,7 +82,7 @@ void check_killed_runs_resume(
                                   fs::exists(d.path() / "meta.json"));
     // Restarted with the same command: it continues from its newest committed checkpoint.
     Finished again = run(argv(out));
-    INFO(again.output);
+    INFO(output_tail(again.output));
     REQUIRE(again.code == 0);
     if (committed) CHECK_THAT(again.output, Catch::Contains("resuming from"));
     CHECK(same_file(ref + "/final/model.safetensors", out + "/final/model.safetensors"));
@@ -126,7 +126,7 @@ TEST_CASE("SIGTERM to the launcher: every rank checkpoints, exit 75, the same co
                                          "output.save_every=0", "train.max_steps=40"};
   const std::string ref = make_temp_dir() + "/ref";
   Finished r = run(train_argv(2, ref, fsdp));
-  INFO(r.output);
+  INFO(output_tail(r.output));
   REQUIRE(r.code == 0);
   const std::string out = make_temp_dir() + "/run";
   const std::vector<std::string> argv = train_argv(2, out, fsdp);
@@ -135,7 +135,7 @@ TEST_CASE("SIGTERM to the launcher: every rank checkpoints, exit 75, the same co
   wait_for_steps(out, 5, deadline);
   ::kill(c.pid, SIGTERM);
   const int code = wait_for(c, 60).value_or(-1);
-  INFO(c.output());
+  INFO(output_tail(c.output()));
   REQUIRE(code == 75);
   CHECK_THAT(c.output(), Catch::Contains("stopped after step") &&
                              Catch::Contains("every worker saved a checkpoint"));
@@ -148,7 +148,7 @@ TEST_CASE("SIGTERM to the launcher: every rank checkpoints, exit 75, the same co
   // Nothing of the job is left running.
   for (pid_t pid : {c.pid}) CHECK_FALSE(pid_alive(pid));
   Finished again = run(argv);
-  INFO(again.output);
+  INFO(output_tail(again.output));
   REQUIRE(again.code == 0);
   CHECK(same_file(ref + "/final/model.safetensors", out + "/final/model.safetensors"));
 }
@@ -183,7 +183,7 @@ TEST_CASE(
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   const double detected =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - frozen).count();
-  INFO(n0.output());
+  INFO(output_tail(n0.output()));
   CHECK_THAT(n0.output(), Catch::Contains("node 1") && Catch::Contains("sent no heartbeat"));
   // Within --heartbeat-timeout of the freeze (the last beat came before it), with 0.3 s for this
   // test's polling and the log line's way here; the message gives the silence it measured.
@@ -195,7 +195,7 @@ TEST_CASE(
   const size_t before = read_metrics(out).size();
   Child again = start(launcher(1), {}, make_temp_dir() + "/n1b.txt");
   auto rc0 = wait_for(n0, 150), rc1 = wait_for(again, 150);
-  INFO(again.output());
+  INFO(output_tail(again.output()));
   if (!rc0) kill_and_reap(n0);
   if (!rc1) kill_and_reap(again);
   REQUIRE(rc0.value_or(-1) == 0);
@@ -287,7 +287,7 @@ TEST_CASE(
   ::kill(rank1, SIGKILL);
   const auto rc = wait_for(c, 60);
   if (!rc) kill_and_reap(c);
-  INFO(c.output());
+  INFO(output_tail(c.output()));
   REQUIRE(rc.value_or(-1) == 1);
   CHECK_THAT(c.output(), Catch::Contains("first failure on node 0 (") &&
                              Catch::Contains("rank 1 (local rank 1): worker was killed by signal "
@@ -319,12 +319,12 @@ TEST_CASE(
   while (n1.output().find("waiting up to") == std::string::npos &&
          std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  INFO(n1.output());
+  INFO(output_tail(n1.output()));
   REQUIRE_THAT(n1.output(), Catch::Contains("lost the rendezvous store"));
   CHECK_FALSE(wait_for(n1, 1).has_value());  // still there, waiting
   Child again = start(launcher(0), {}, make_temp_dir() + "/n0b.txt");
   auto rc0 = wait_for(again, 150), rc1 = wait_for(n1, 150);
-  INFO(again.output());
+  INFO(output_tail(again.output()));
   if (!rc0) kill_and_reap(again);
   if (!rc1) kill_and_reap(n1);
   REQUIRE(rc0.value_or(-1) == 0);
@@ -357,7 +357,7 @@ TEST_CASE("elastic --nnodes 1:2: after losing a node the job continues on one no
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   Child b = start(argv, {}, make_temp_dir() + "/b.txt");
   wait_for_steps(out, 7, deadline + std::chrono::seconds(60));
-  INFO(a.output());
+  INFO(output_tail(a.output()));
   REQUIRE(read_metrics(out).size() >= 7);
   REQUIRE_THAT(a.output(), Catch::Contains("world size 4"));
   ::kill(b.pid, SIGKILL);  // its workers die with it
@@ -393,7 +393,7 @@ TEST_CASE(
   Child a = start(argv, {}, make_temp_dir() + "/a.txt");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
   wait_for_steps(out, 5, deadline);
-  INFO(a.output());
+  INFO(output_tail(a.output()));
   REQUIRE(read_metrics(out).size() >= 5);
   REQUIRE_THAT(a.output(), Catch::Contains("round 0: 1 node(s) x 2 worker(s), world size 2"));
   const size_t before = read_metrics(out).size();
@@ -401,7 +401,7 @@ TEST_CASE(
   // a failure and uses no restart).
   Child b = start(argv, {}, make_temp_dir() + "/b.txt");
   auto rca = wait_for(a, 150), rcb = wait_for(b, 150);
-  INFO(b.output());
+  INFO(output_tail(b.output()));
   if (!rca) kill_and_reap(a);
   if (!rcb) kill_and_reap(b);
   REQUIRE(rca.value_or(-1) == 0);
@@ -447,7 +447,7 @@ TEST_CASE("a hung rank (no progress for --hang-timeout) gets the job restarted f
       std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
   auto rc = wait_for(c, 150);
   if (!rc) kill_and_reap(c);
-  INFO(c.output());
+  INFO(output_tail(c.output()));
   CHECK(detected < 3 + 1 + 1);  // the timeout, the last report's age (<= 1 s), the check period
   REQUIRE(rc.value_or(-1) == 0);
   CHECK_THAT(c.output(), Catch::Contains("hung: no progress") &&
@@ -462,28 +462,28 @@ TEST_CASE("checkpoints move between strategies and world sizes: fsdp x4 -> zero3
   const std::string tmp = make_temp_dir();
   // The reference: one rank, 8 sequences per step.
   Finished r = run(train_argv(1, tmp + "/ref", {"train.micro_batch=8"}));
-  INFO(r.output);
+  INFO(output_tail(r.output));
   REQUIRE(r.code == 0);
   Finished a = run(train_argv(4, tmp + "/a", {"strategy.kind=fsdp", "train.micro_batch=2"}));
-  INFO(a.output);
+  INFO(output_tail(a.output));
   REQUIRE(a.code == 0);
   Finished b = run(with_resume(train_argv(2, tmp + "/b",
                                           {"strategy.kind=zero3", "train.micro_batch=4",
                                            "strategy.zero3.param_persistence_threshold=1000"}),
                                tmp + "/a/checkpoints/step-000000004"));
-  INFO(b.output);
+  INFO(output_tail(b.output));
   REQUIRE(b.code == 0);
   CHECK_THAT(b.output, Catch::Contains("saved by 4 ranks"));
   Finished c = run(with_resume(train_argv(1, tmp + "/c", {"train.micro_batch=8"}),
                                tmp + "/b/checkpoints/step-000000008"));
-  INFO(c.output);
+  INFO(output_tail(c.output));
   REQUIRE(c.code == 0);
   // ddp x1 -> fsdp SHARD_GRAD_OP x2.
   Finished d = run(with_resume(train_argv(2, tmp + "/d",
                                           {"strategy.kind=fsdp", "train.micro_batch=4",
                                            "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP"}),
                                tmp + "/ref/checkpoints/step-000000004"));
-  INFO(d.output);
+  INFO(output_tail(d.output));
   REQUIRE(d.code == 0);
 
   auto ref = read_metrics(tmp + "/ref");
@@ -519,7 +519,7 @@ TEST_CASE("a damaged newest checkpoint is named and the previous one is used", "
   const std::string damaged = make_temp_dir() + "/step-000000008";
   fs::copy(f.substr(0, f.rfind('/')), damaged, fs::copy_options::recursive);
   Finished again = run(train_argv(1, out, {}));
-  INFO(again.output);
+  INFO(output_tail(again.output));
   REQUIRE(again.code == 0);
   CHECK_THAT(again.output, Catch::Contains("rank-00000.safetensors") &&
                                Catch::Contains("checksum") && Catch::Contains("falling back") &&
@@ -559,7 +559,7 @@ TEST_CASE("a changed meta.json is refused by its checksum, and an uncommitted st
   const std::string tampered = make_temp_dir() + "/step-000000008";
   fs::copy(out + "/checkpoints/step-000000008", tampered, fs::copy_options::recursive);
   Finished again = run(train_argv(1, out, {}));
-  INFO(again.output);
+  INFO(output_tail(again.output));
   REQUIRE(again.code == 0);
   CHECK_THAT(again.output, Catch::Contains("meta.json: checksum mismatch") &&
                                Catch::Contains("falling back") &&
@@ -577,7 +577,7 @@ TEST_CASE("a changed meta.json is refused by its checksum, and an uncommitted st
   const std::string out3 = make_temp_dir() + "/run3";
   fs::remove(prepare(out3));
   Finished skip = run(train_argv(1, out3, {}));
-  INFO(skip.output);
+  INFO(output_tail(skip.output));
   REQUIRE(skip.code == 0);
   CHECK_THAT(skip.output, Catch::Contains("step-000000008 is damaged") &&
                               Catch::Contains("resuming from") &&
@@ -626,7 +626,7 @@ TEST_CASE("ft train alone: a signal is answered at once, a second one stops at o
     Child c = start(argv(out), {}, make_temp_dir() + "/out.txt");
     wait_for_steps(out, 1, std::chrono::steady_clock::now() + std::chrono::seconds(120));
     ::kill(c.pid, SIGTERM);
-    INFO(c.output());
+    INFO(output_tail(c.output()));
     CHECK(wait_output(c, "SIGTERM: finishing step", 1.0));  // at once, not after the step
     CHECK(wait_output(c, "send it again to stop at once", 0.1));
     REQUIRE(wait_for(c, 120).value_or(-1) == 75);
@@ -641,7 +641,7 @@ TEST_CASE("ft train alone: a signal is answered at once, a second one stops at o
     const auto t0 = std::chrono::steady_clock::now();
     ::kill(c.pid, SIGINT);
     const auto code = wait_for(c, 30);
-    INFO(c.output());
+    INFO(output_tail(c.output()));
     CHECK(code.value_or(-1) == 128 + SIGINT);
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
     CHECK_THAT(c.output(), Catch::Contains("stopping now; the checkpoints already committed"));
@@ -649,7 +649,7 @@ TEST_CASE("ft train alone: a signal is answered at once, a second one stops at o
     // (It would run on; the test stops it once it has resumed.)
     Child again = start(argv(out), {}, make_temp_dir() + "/again.txt");
     CHECK(wait_output(again, "resuming from", 60));
-    INFO(again.output());
+    INFO(output_tail(again.output()));
     kill_and_reap(again);
   }
 }

@@ -56,7 +56,7 @@ TEST_CASE("ft presets prints a LoRA and a full command for every model family", 
   const std::string dir = make_temp_dir();
   REQUIRE(run_ft({"presets"}, dir + "/presets.log", 60) == 0);
   const std::string out = read_file(dir + "/presets.log");
-  INFO(out);
+  INFO(output_tail(out));
   // The preset list is still there, and the family commands come after it.
   const size_t heading = out.find("Commands per model family");
   REQUIRE(heading != std::string::npos);
@@ -115,7 +115,7 @@ TEST_CASE("the family commands are ones ft takes", "[multiproc]") {
     const Finished run =
         run_to_end(argv, {{"HF_HUB_CACHE", hub}, {"WORLD_SIZE", "\x01"}, {"RANK", "\x01"}},
                    dir + "/" + c.model_type + ".log", 60);
-    INFO(run.output);
+    INFO(output_tail(run.output));
     CHECK(run.code == 0);
     CHECK_THAT(run.output, Catch::Contains("layout: 1 node(s) x 8 worker(s) = world size 8"));
     std::string worker = c.full.substr(c.full.find("--preset"));

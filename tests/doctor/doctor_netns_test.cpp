@@ -79,7 +79,7 @@ TEST_CASE(
   const std::string dir = make_temp_dir();
 
   const Both limited = on_both(net, doctor(dir + "/limited.json"), dir + "/doctor-limited");
-  INFO(limited.out);
+  INFO(output_tail(limited.out));
   REQUIRE(limited.code0 == 0);
   REQUIRE(limited.code1 == 0);
   const json lj = read_json(dir + "/limited.json");
@@ -106,7 +106,7 @@ TEST_CASE(
                            ft_train_argv({"--preset", "tiny-demo", "--output", dir + "/run"},
                                          {"train.max_steps=12", "train.log_every=4"}),
                            dir + "/train-limited");
-  INFO(run.out);
+  INFO(output_tail(run.out));
   REQUIRE(run.code0 == 0);
   REQUIRE(run.code1 == 0);
   const double measured = median_step(dir + "/run");
@@ -118,7 +118,7 @@ TEST_CASE(
   net.limit(0, "");
   net.limit(1, "");
   const Both fast = on_both(net, doctor(dir + "/unlimited.json"), dir + "/doctor-unlimited");
-  INFO(fast.out);
+  INFO(output_tail(fast.out));
   REQUIRE(fast.code0 == 0);
   REQUIRE(fast.code1 == 0);
   const json fj = read_json(dir + "/unlimited.json");
@@ -152,7 +152,7 @@ TEST_CASE("netns, 3 nodes, one behind a 100 Mbit/s link: the node-pair matrix na
     CHECK(wait_for(n, 300).value_or(-1) == 0);
     out += n.output();
   }
-  INFO(out);
+  INFO(output_tail(out));
   CHECK_THAT(out, Catch::Contains("SLOW NODE: node 2"));
   CHECK_THAT(out, !Catch::Contains("SLOW NODE: node 0") && !Catch::Contains("SLOW NODE: node 1") &&
                       !Catch::Contains("SLOW LINK"));

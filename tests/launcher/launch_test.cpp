@@ -641,7 +641,7 @@ TEST_CASE("ft launch --preset: two workers train together, and bad forms are ref
                            {"--standalone", "--nproc-per-node", "2", "--preset", "tiny-demo",
                             "--set", "train.max_steps=1", "--output", dir + "/two"});
   auto st = wait_for(two, 60);
-  INFO(two.output());
+  INFO(output_tail(two.output()));
   REQUIRE(st == 0);
   CHECK(lines_with(read_file(dir + "/two/metrics.jsonl"), "\"step\":1").size() == 1);
   CHECK(::access((dir + "/two/metrics.rank1.jsonl").c_str(), F_OK) == 0);
@@ -718,7 +718,7 @@ TEST_CASE(
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // both ranks have published
   ::kill(c.pid, SIGTERM);
   const auto code = wait_for(c, 120);
-  INFO(c.output());
+  INFO(output_tail(c.output()));
   REQUIRE(code == 75);
   // Said at the signal: how long and why (step 2 of ~16 s, its checkpoint); beyond the old 15 s.
   CHECK_THAT(c.output(), Catch::Contains("received SIGTERM: stopping this node's workers; waiting "
@@ -732,7 +732,7 @@ TEST_CASE(
   // The same command, without the slow steps, continues from step 2 and finishes.
   Child again = launch_train(dir, "again", args);
   REQUIRE(wait_for(again, 120) == 0);
-  INFO(again.output());
+  INFO(output_tail(again.output()));
   CHECK_THAT(again.output(), Catch::Contains("resuming from") && Catch::Contains("(step 2,"));
   CHECK(read_metrics(out).size() == 4);
 }
@@ -752,7 +752,7 @@ TEST_CASE(
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // step 3's estimate is published
   ::kill(c.pid, SIGTERM);
   const auto code = wait_for(c, 60);
-  INFO(c.output());
+  INFO(output_tail(c.output()));
   CHECK(code == 128 + SIGTERM);
   CHECK_THAT(c.output(), Catch::Contains("warning: --term-grace 0.5 s is shorter than the ~") &&
                              Catch::Contains("the workers need to finish step 4"));

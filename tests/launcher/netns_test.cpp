@@ -84,7 +84,7 @@ TEST_CASE(
   REQUIRE(wait_output(n0, "hosting the rendezvous store", 30) >= 0);
   Child n1 = launcher(1), n2 = launcher(2);
   wait_for_steps(out, 5, Clock::now() + std::chrono::seconds(120));
-  INFO(n0.output());
+  INFO(output_tail(n0.output()));
   REQUIRE(read_metrics(out).size() >= 5);
   REQUIRE_THAT(n0.output(), Catch::Contains("world size 3"));
   const int lost = node_rank_in_round0(n2);
@@ -109,7 +109,7 @@ TEST_CASE(
   if (!rc0) kill_and_reap(n0);
   if (!rc1) kill_and_reap(n1);
   kill_and_reap(n2);  // cut off for good
-  INFO(n1.output());
+  INFO(output_tail(n1.output()));
   REQUIRE(rc0.value_or(-1) == 0);
   REQUIRE(rc1.value_or(-1) == 0);
   CHECK_THAT(n0.output(), Catch::Contains("round 1: 2 node(s) x 1 worker(s), world size 2"));
@@ -149,8 +149,8 @@ void link_down_and_back(int cut) {
   const auto rc0 = wait_for(n0, 150), rc1 = wait_for(n1, 150);
   if (!rc0) kill_and_reap(n0);
   if (!rc1) kill_and_reap(n1);
-  INFO(n0.output());
-  INFO(n1.output());
+  INFO(output_tail(n0.output()));
+  INFO(output_tail(n1.output()));
   REQUIRE(rc0.value_or(-1) == 0);
   REQUIRE(rc1.value_or(-1) == 0);
   CHECK_THAT(n0.output(), Catch::Contains("sent no heartbeat") && Catch::Contains("was lost"));

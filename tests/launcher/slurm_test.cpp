@@ -157,7 +157,7 @@ class Cluster {
     const Finished r =
         client({"sbatch", "--parsable", "--chdir=" + dir_, "--output=" + dir_ + "/slurm-%j.out",
                 "--export=ALL" + (export_vars.empty() ? "" : "," + export_vars), path});
-    INFO(r.output);
+    INFO(output_tail(r.output));
     REQUIRE(r.code == 0);
     const std::string id = r.output.substr(0, r.output.find_first_of(";\n"));
     REQUIRE(!id.empty());
@@ -307,7 +307,7 @@ void wait_steps(Cluster& c, const std::string& id, size_t steps, double timeout_
     const std::string state = c.job(id)["JobState"];
     return read_metrics(run).size() >= steps || (state != "PENDING" && state != "RUNNING");
   });
-  INFO(c.output(id) << c.logs());
+  INFO(output_tail(c.output(id)) << c.logs());
   REQUIRE(read_metrics(run).size() >= steps);
 }
 
@@ -347,7 +347,7 @@ void check_every_step_once(const std::string& run, int steps) {
 void check_resumed_to_the_end(Cluster& c, const std::string& id, int at, int steps) {
   const std::string state = c.wait_end(id, 180);
   const std::string out = c.output(id);
-  INFO(out);
+  INFO(output_tail(out));
   REQUIRE(state == "COMPLETED");
   CHECK_THAT(out, Catch::Contains("resuming from") &&
                       Catch::Contains("(step " + std::to_string(at) + ","));
@@ -376,7 +376,7 @@ TEST_CASE(
   CHECK(running["BatchHost"] == "node0");
   const std::string state = cluster.wait_end(id, 180);
   const std::string out = cluster.output(id);
-  INFO(out);
+  INFO(output_tail(out));
   REQUIRE(state == "COMPLETED");
   CHECK(cluster.job(id)["ExitCode"] == "0:0");
   // One launcher per node, ranks by SLURM_NODEID, the store on the first host of the node list.
@@ -406,7 +406,7 @@ TEST_CASE(
   // Noticed within --heartbeat-timeout (10 s) plus the wait for the worker's peer loss.
   const std::string state = kill_launcher_after(cluster, id, 3, 90);
   const std::string out = cluster.output(id);
-  INFO(out);
+  INFO(output_tail(out));
   CHECK(state == "FAILED");
   CHECK_THAT(out, Catch::Contains("[ft node 0] job stopped: node 1 (node1) was lost"));
   // Launcher exit code 1: a failure and no restart allowed.
@@ -427,7 +427,7 @@ TEST_CASE(
   const std::string run = run_dir(cluster);
   const std::string state = kill_launcher_after(cluster, id, 7, 150);  // a checkpoint at step 6
   const std::string out = cluster.output(id);
-  INFO(out);
+  INFO(output_tail(out));
   REQUIRE(!state.empty());
   CHECK_THAT(out, Catch::Contains("restarting the job: attempt 1 of 1"));
   CHECK_THAT(out, Catch::Contains("round 1: 1 node(s) x 1 worker(s), world size 1"));

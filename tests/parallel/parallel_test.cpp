@@ -61,13 +61,20 @@ Job run_job(int nproc, const std::vector<std::string>& sets,
   return j;
 }
 
+// A job that must have succeeded; when it did not, the end of its output (the launcher's summary
+// of the failure) is in the message.
+void require_ok(const Job& j) {
+  INFO(output_tail(j.output));
+  REQUIRE(j.code == 0);
+}
+
 // Loss trajectories within `tol` relative, step by step, and every saved tensor within `tol`
 // (relative to the tensor's largest value).
 void check_same_run(const Job& ref, const Job& got, const std::string& weights_file,
                     double tol = 1e-5) {
-  INFO(got.output);
-  REQUIRE(ref.code == 0);
-  REQUIRE(got.code == 0);
+  INFO(output_tail(got.output));
+  require_ok(ref);
+  require_ok(got);
   auto a = read_metrics(ref.dir), b = read_metrics(got.dir);
   REQUIRE(a.size() == 20);
   REQUIRE(b.size() == a.size());
@@ -201,7 +208,7 @@ TEST_CASE("on 4 ranks zero3 and FULL_SHARD hold a quarter of ddp's state plus on
           "[multiproc]") {
   const std::vector<std::string> small = {"train.max_steps=2", "train.micro_batch=2"};
   Job ddp = run_job(4, with(small, {"strategy.kind=ddp"}));
-  REQUIRE(ddp.code == 0);
+  require_ok(ddp);
   // Parameters of the run's model: tied 320x64 embedding, 2 layers, final norm.
   const int64_t h = 64, inter = 176, kv = 32;  // 4 heads of 16, 2 of them for keys/values
   const int64_t layer = 2 * h + h * h * 2 + h * kv * 2 + 3 * h * inter;
@@ -219,8 +226,8 @@ TEST_CASE("on 4 ranks zero3 and FULL_SHARD hold a quarter of ddp's state plus on
            {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"}}) {
     INFO(v[0]);
     Job j = run_job(4, with(small, v));
-    INFO(j.output);
-    REQUIRE(j.code == 0);
+    INFO(output_tail(j.output));
+    require_ok(j);
     for (int r = 0; r < 4; ++r) {
       json m = last_rank_record(j, r)["memory"];
       const int64_t total = m["param_bytes"].get<int64_t>() + m["grad_bytes"].get<int64_t>() +
@@ -298,9 +305,9 @@ TEST_CASE("offload: the same run bit for bit, and the state accounted in host me
     DYNAMIC_SECTION(v.plain[0] << " " << v.plain[1] << " + " << v.offload[0]) {
       Job plain = run_job(2, with(base, v.plain));
       Job off = run_job(2, with(with(base, v.plain), v.offload), allow);
-      INFO(off.output);
-      REQUIRE(plain.code == 0);
-      REQUIRE(off.code == 0);
+      require_ok(plain);
+      require_ok(off);
+      INFO(output_tail(off.output));
       CHECK(off.output.find("in host memory") != std::string::npos);  // the plan says so
       same_losses(plain, off);
       same_weights(plain, off);
@@ -391,8 +398,8 @@ TEST_CASE("sharded load: a rank's peak host memory stays below model/world size 
         {}, make_temp_dir() + "/out.txt", 150);
     j.code = f.code;
     j.output = f.output;
-    INFO(j.output);
-    REQUIRE(j.code == 0);
+    INFO(output_tail(j.output));
+    require_ok(j);
     return j;
   };
   auto record = [](const Job& j, int r) {
@@ -447,9 +454,9 @@ TEST_CASE("collectives: ddp once per step whatever the accumulation, FULL_SHARD 
   Job a1 = run_job(2, {"train.max_steps=2", "train.micro_batch=4", "strategy.kind=ddp"});
   Job a4 = run_job(
       2, {"train.max_steps=2", "train.micro_batch=1", "train.grad_accum=4", "strategy.kind=ddp"});
-  INFO(a1.output << a4.output);
-  REQUIRE(a1.code == 0);
-  REQUIRE(a4.code == 0);
+  INFO(output_tail(a1.output) << "\n" << output_tail(a4.output));
+  require_ok(a1);
+  require_ok(a4);
   // One 25 MiB bucket, split by weight decay into two flat tensors: two all-reduces per step.
   CHECK(comm(a1)["all_reduces"] == 2);
   CHECK(comm(a4)["all_reduces"] == 2);
@@ -460,9 +467,9 @@ TEST_CASE("collectives: ddp once per step whatever the accumulation, FULL_SHARD 
                                               "train.grad_accum=2", "strategy.kind=fsdp"};
   Job full = run_job(2, with(two_micro, {"strategy.fsdp.sharding_strategy=FULL_SHARD"}));
   Job grad_op = run_job(2, with(two_micro, {"strategy.fsdp.sharding_strategy=SHARD_GRAD_OP"}));
-  INFO(full.output << grad_op.output);
-  REQUIRE(full.code == 0);
-  REQUIRE(grad_op.code == 0);
+  INFO(output_tail(full.output) << "\n" << output_tail(grad_op.output));
+  require_ok(full);
+  require_ok(grad_op);
   // Units: the root (2 flat tensors: decayed embedding, undecayed norm) and 2 layers (2 each).
   // Per micro-batch FULL_SHARD gathers the root once and each layer in forward and backward;
   // SHARD_GRAD_OP gathers each layer once.
@@ -476,8 +483,8 @@ TEST_CASE("collectives: ddp once per step whatever the accumulation, FULL_SHARD 
   // waiting is all of the communication).
   Job serial = run_job(2, with(two_micro, {"strategy.fsdp.sharding_strategy=FULL_SHARD",
                                            "strategy.overlap_comm=false"}));
-  INFO(serial.output);
-  REQUIRE(serial.code == 0);
+  INFO(output_tail(serial.output));
+  require_ok(serial);
   for (const char* k : {"all_gathers", "all_gather_bytes", "reduce_scatters",
                         "reduce_scatter_bytes", "all_reduces", "scalar_collectives"})
     CHECK(comm(serial)[k] == comm(full)[k]);
@@ -513,7 +520,7 @@ TEST_CASE("two launchers x 2 workers with HYBRID_SHARD: shards inside a node, re
   json r0 = last_rank_record(hy, 0), r3 = last_rank_record(hy, 3);
   CHECK(r0["memory"]["param_bytes"] == r3["memory"]["param_bytes"]);
   Job ddp = run_job(1, {"train.max_steps=1"});
-  REQUIRE(ddp.code == 0);
+  require_ok(ddp);
   const int64_t whole = read_metrics(ddp.dir).back()["memory"]["param_bytes"];
   CHECK(r0["memory"]["param_bytes"].get<int64_t>() >= whole / 2);
   CHECK(r0["memory"]["param_bytes"].get<int64_t>() <= whole / 2 + 64);
@@ -548,7 +555,7 @@ TEST_CASE("strategy settings that do not apply are refused before anything is wr
     Child ch = start(ft_train_argv({"--preset", "tiny-demo", "--output", dir}, with(kBase, c.sets)),
                      c.env, make_temp_dir() + "/out.txt");
     auto rc = wait_for(ch, 60);
-    INFO(ch.output());
+    INFO(output_tail(ch.output()));
     CHECK(rc == 2);
     CHECK(ch.output().find(c.says) != std::string::npos);
     CHECK(!fs::exists(dir));

@@ -43,7 +43,7 @@ json plan_json(const std::vector<std::string>& sets, int nnodes, int nproc) {
   const auto a = set_args(sets);
   argv.insert(argv.end(), a.begin(), a.end());
   const Finished f = run_to_end(argv, {}, make_temp_dir() + "/plan.txt", 30);
-  INFO(f.output);
+  INFO(output_tail(f.output));
   REQUIRE(f.code >= 0);
   return json::parse(f.output);
 }
@@ -56,7 +56,7 @@ std::vector<std::vector<json>> run_job(const std::vector<std::string>& sets, int
   const std::vector<std::string> train = {"--preset", "tiny-demo", "--output", dir};
   if (nnodes * nproc == 1) {
     const Finished f = run_to_end(ft_train_argv(train, sets), {}, make_temp_dir() + "/o.txt", 200);
-    INFO(f.output);
+    INFO(output_tail(f.output));
     REQUIRE(f.code == 0);
     return {read_metrics(dir)};
   }
@@ -72,7 +72,7 @@ std::vector<std::vector<json>> run_job(const std::vector<std::string>& sets, int
   for (auto& c : nodes) {
     const auto rc = wait_for(c, 240);
     if (!rc) kill_and_reap(c);
-    INFO(c.output());
+    INFO(output_tail(c.output()));
     REQUIRE(rc.value_or(-1) == 0);
   }
   std::vector<std::vector<json>> ranks;
@@ -266,7 +266,7 @@ TEST_CASE("ft train of full-70b on a machine that cannot hold it is refused in s
                                                "data.format=synthetic", "train.max_steps=1"}),
                                 {}, dir + "/out.txt", 60);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  INFO(f.output);
+  INFO(output_tail(f.output));
   CHECK(f.code == 2);
   CHECK(s < 5);
   struct rusage ru {};
@@ -288,7 +288,7 @@ TEST_CASE("every ft launch prints the verdict and refuses before starting worker
                   "full-70b", "--output", out, "--set", "strategy.zero3.offload_optimizer=false",
                   "--set", "data.format=synthetic", "--set", "train.max_steps=1"},
                  {}, dir + "/out.txt", 60);
-  INFO(f.output);
+  INFO(output_tail(f.output));
   CHECK(f.code == 2);
   CHECK_THAT(f.output, Catch::Contains("preflight") && Catch::Contains("host memory"));
   CHECK(f.output.find("[rank") == std::string::npos);  // no worker started
@@ -300,7 +300,7 @@ TEST_CASE("a job that fits says so, and start-up says what it loads", "[multipro
   const Finished f = run_to_end(
       ft_train_argv({"--preset", "tiny-demo", "--output", dir + "/run"}, {"train.max_steps=1"}), {},
       dir + "/out.txt", 60);
-  INFO(f.output);
+  INFO(output_tail(f.output));
   REQUIRE(f.code == 0);
   CHECK_THAT(f.output, Catch::Contains("preflight on node 0: fits"));
   CHECK_THAT(f.output, Catch::Contains("loading 20 tensors from the seeded random init"));
@@ -319,7 +319,7 @@ TEST_CASE("ft plan prints every section, --json the same as one object, and bad 
       run_to_end({ft_bin(), "plan", "--preset", "full-70b", "--nnodes", "2", "--nproc-per-node",
                   "8", "--gpu-memory", "80GiB", "--host-memory", "768GiB"},
                  {}, dir + "/t.txt", 30);
-  INFO(text.output);
+  INFO(output_tail(text.output));
   CHECK(text.code == 0);
   for (const char* s :
        {"per rank, on its GPU", "rank 0 needs most", "fp32 masters", "optimizer state",
@@ -350,7 +350,7 @@ TEST_CASE("ft plan prints every section, --json the same as one object, and bad 
     std::vector<std::string> argv = {ft_bin(), "plan", "--preset", "tiny-demo"};
     argv.insert(argv.end(), b.args.begin(), b.args.end());
     const Finished f = run_to_end(argv, {}, dir + "/b.txt", 30);
-    INFO(f.output);
+    INFO(output_tail(f.output));
     CHECK(f.code == 2);
     CHECK_THAT(f.output, Catch::Contains(b.says));
     CHECK(f.output.find("terminate") == std::string::npos);
@@ -367,7 +367,7 @@ TEST_CASE("an ft train command pastes into ft plan, and its disk need counts a S
        dir + "/tokenizer.json", "--data-cache", dir + "/cache", "--output", dir + "/run",
        "--resume", "auto", "--set", "data.format=auto", "--json"},
       {}, dir + "/p.txt", 30);
-  INFO(f.output);
+  INFO(output_tail(f.output));
   REQUIRE(f.code == 0);
   const json j = json::parse(f.output);
   // tiny-demo schedules no checkpoint, yet a SIGTERM writes one: the need is one checkpoint plus

@@ -33,7 +33,7 @@ TEST_CASE("ft train of a 2-rank job writes report.html with every step and both 
           "[multiproc]") {
   const std::string out = make_temp_dir() + "/run";
   Finished r = run(tiny_job_argv(2, out, {"train.max_steps=6", "output.save_every=3"}));
-  INFO(r.output);
+  INFO(output_tail(r.output));
   REQUIRE(r.code == 0);
   CHECK_THAT(r.output, Catch::Contains("ft train: report " + out + "/report.html"));
   const std::string html = read_file(out + "/report.html");
@@ -69,13 +69,13 @@ TEST_CASE(
   CHECK_THAT(read_file(live), Catch::Contains("running or stopped"));
   ::kill(c.pid, SIGTERM);
   const int code = wait_for(c, 60).value_or(-1);
-  INFO(c.output());
+  INFO(output_tail(c.output()));
   REQUIRE(code == 75);
   const std::string stopped = read_file(out + "/report.html");  // written by the preempted run
   CHECK(points_of(stopped, "timeline\\.preempted") == "1");
   const size_t done = read_metrics(out).size();
   Finished again = run(argv);
-  INFO(again.output);
+  INFO(output_tail(again.output));
   REQUIRE(again.code == 0);
   const std::string html = read_file(out + "/report.html");
   CHECK(points_of(html, "loss") == "12");
@@ -103,7 +103,7 @@ TEST_CASE("a worker killed mid-run: the launcher's restart and its cause are on 
   ::kill(rank1, SIGKILL);
   const auto rc = wait_for(c, 180);
   if (!rc) kill_and_reap(c);
-  INFO(c.output());
+  INFO(output_tail(c.output()));
   REQUIRE(rc.value_or(-1) == 0);
   // The restarted workers were told why, and wrote it down.
   const auto events = read_jsonl(out + "/events.jsonl");
@@ -121,7 +121,7 @@ TEST_CASE("a worker killed mid-run: the launcher's restart and its cause are on 
 TEST_CASE("a damaged run directory still renders and says what is missing", "[multiproc]") {
   const std::string out = make_temp_dir() + "/run";
   Finished r = run(tiny_job_argv(1, out, {"train.max_steps=5"}));
-  INFO(r.output);
+  INFO(output_tail(r.output));
   REQUIRE(r.code == 0);
   // Cut the last record in half, lose the preset.
   std::string metrics = read_file(out + "/metrics.jsonl");

@@ -29,7 +29,7 @@ Shell sh(const std::string& cmd) {
 
 void must(const std::string& cmd) {
   const Shell r = sh(cmd);
-  INFO(cmd << "\n" << r.out);
+  INFO(cmd << "\n" << output_tail(r.out));
   REQUIRE(r.code == 0);
 }
 

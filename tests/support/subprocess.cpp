@@ -7,12 +7,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -90,7 +92,59 @@ Finished run_to_end(const std::vector<std::string>& argv,
   return {st.value_or(-1), c.output()};
 }
 
+namespace {
+
+// True when nothing holds TCP `port` on any address, IPv4 or IPv6 (the launcher's store listens on
+// both). A port some socket still holds in TIME_WAIT counts as taken.
+bool port_is_free(int port) {
+  int s = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s >= 0) {
+    const int v6only = 0;
+    ::setsockopt(s, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof v6only);
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_any;
+    a.sin6_port = htons(static_cast<uint16_t>(port));
+    const bool ok = ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(s);
+    return ok;
+  }
+  s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // no IPv6 here
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = s >= 0 && ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  if (s >= 0) ::close(s);
+  return ok;
+}
+
+// The first port of the kernel's ephemeral range (net.ipv4.ip_local_port_range), from which it
+// picks the ports of bind(0) and of outgoing connections; 32768 when unreadable.
+int first_ephemeral_port() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int lo = 0;
+  return in >> lo && lo > 0 ? lo : 32768;
+}
+
+}  // namespace
+
 int free_port() {
+  // Not a port from bind(0): that one is free only until the kernel hands it out again, and a
+  // launcher binds it a second or more later (its start-up). Meanwhile every bind(0) and outgoing
+  // connection on the machine may take it (the Gloo listeners of other tests' workers, their
+  // free_port()s, their store clients), and the launcher then fails with "port in use" (exit 3),
+  // or a second node joins whatever listens there. Below the ephemeral range only an explicit
+  // bind takes a port: a random one there, checked free, collides only with another test that
+  // drew the same port in the same second.
+  constexpr int kFirst = 20000;
+  const int end = first_ephemeral_port();
+  if (end - kFirst >= 1000) {
+    static std::mt19937 rng(std::random_device{}() ^ static_cast<unsigned>(::getpid()));
+    std::uniform_int_distribution<int> pick(kFirst, end - 1);
+    for (int i = 0; i < 200; ++i)
+      if (const int p = pick(rng); port_is_free(p)) return p;
+  }
   int s = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -218,6 +272,21 @@ std::vector<std::string> lines_with(const std::string& text, const std::string& 
   for (std::string line; std::getline(in, line);)
     if (line.find(needle) != std::string::npos) out.push_back(line);
   return out;
+}
+
+std::string output_tail(const std::string& output, size_t lines) {
+  // Back from the end (a final newline ends the last line, it starts none) to the newline before
+  // the lines-th line from the end.
+  size_t start = output.size();
+  if (start > 0 && output[start - 1] == '\n') --start;
+  for (size_t n = 0; n < lines; ++n) {
+    const size_t nl = start == 0 ? std::string::npos : output.rfind('\n', start - 1);
+    if (nl == std::string::npos) return output;  // no more lines than that: all of it
+    start = nl;
+  }
+  const auto left_out = std::count(output.begin(), output.begin() + static_cast<long>(start), '\n');
+  return "[the first " + std::to_string(left_out + 1) + " line(s) of the output left out]\n" +
+         output.substr(start + 1);
 }
 
 }  // namespace ft::test

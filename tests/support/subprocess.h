@@ -49,7 +49,8 @@ Finished run_to_end(const std::vector<std::string>& argv,
 int run_ft(const std::vector<std::string>& args, const std::string& out_path,
            double timeout_s = 240);
 
-// A free TCP port on loopback (bound then released).
+// A TCP port nothing holds, for a launcher to bind soon after: below the kernel's ephemeral range,
+// so that no bind(0) or outgoing connection of another process takes it meanwhile.
 int free_port();
 // A socket listening on all addresses at a free port (a port some other program holds); -1 on
 // error.
@@ -69,6 +70,10 @@ std::string make_temp_dir();
 void flip_bits(const std::string& path, int64_t from_end, unsigned char mask);
 // All lines of `text` containing `needle`.
 std::vector<std::string> lines_with(const std::string& text, const std::string& needle);
+// What a failed assertion shows of a program's output: its last `lines` lines (where the error and
+// a launcher's failure summary are), after a line counting those left out. A log that keeps only
+// the start of a long message (CI's) then still shows the cause, not the start-up banner.
+std::string output_tail(const std::string& output, size_t lines = 60);
 
 inline std::string ft_bin() { return FT_BIN; }
 inline std::string ft_python() { return FT_PYTHON; }

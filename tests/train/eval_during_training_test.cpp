@@ -58,7 +58,7 @@ void check_eval_equals_ft_eval(int nproc, const std::vector<std::string>& extra)
                                      "eval.data=" + data, "eval.batch_tokens=512"},
                                     extra)),
                  {}, dir + "/out.txt", 240);
-  INFO(r.output);
+  INFO(output_tail(r.output));
   REQUIRE(r.code == 0);
   CHECK_THAT(r.output, Catch::Contains("ft train: step 3: eval loss"));
   const auto metrics = read_metrics(out);

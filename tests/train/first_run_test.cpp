@@ -60,7 +60,7 @@ TEST_CASE("a malformed line stops ft train and ft launch before the model loads 
           ft_train_argv({"--preset", "tiny-demo", "--data", data, "--output", dir + "/launched"},
                         sets)),
       {}, dir + "/launch.log", 120);
-  INFO(launched.output);
+  INFO(output_tail(launched.output));
   CHECK(launched.code != 0);
   CHECK_THAT(launched.output, Catch::Contains("ids.jsonl:5:"));
   CHECK_FALSE(exists(dir + "/launched"));

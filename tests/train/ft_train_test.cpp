@@ -320,7 +320,7 @@ TEST_CASE(
     for (const auto& s : sets) a.insert(a.end(), {"--set", s});
     const int rc = run(a, dir + "/" + log);
     const std::string out = read_file(dir + "/" + log);
-    INFO(out);
+    INFO(output_tail(out));
     REQUIRE(rc == 0);
     return nlohmann::json::parse(out.substr(out.rfind('{')));
   };
@@ -401,7 +401,7 @@ TEST_CASE("ft data show prints records as the trainer sees them, and the file's 
     return std::make_pair(rc, read_file(dir + "/" + log));
   };
   auto [rc, out] = show({"-n", "2", "--set", "data.on_bad_record=skip"}, "show.log");
-  INFO(out);
+  INFO(output_tail(out));
   REQUIRE(rc == 0);
   // The llama3 template's rendering, only the answer and its end of turn carrying the loss.
   CHECK_THAT(out, Catch::Contains("chat.jsonl:1 (chat): 25 tokens, 5 carry the loss") &&
@@ -647,7 +647,7 @@ TEST_CASE("output.profile_steps writes a Chrome trace and prints where the step 
                         "train.max_steps=6", "--set", "output.profile_steps=2"},
                        dir + "/out.txt");
   const std::string out = read_file(dir + "/out.txt");
-  INFO(out);
+  INFO(output_tail(out));
   REQUIRE(code == 0);
   CHECK(out.find("ft train: profiled steps 4-5") != std::string::npos);
   CHECK(out.find("aten::mm") != std::string::npos);  // the table names operators

@@ -49,7 +49,7 @@ TEST_CASE("ft train --model ORG/NAME trains from the hub cache and records the d
   const Finished r = run_ft_with({"train", "--preset", "tiny-demo", "--model", "acme/tiny-llama",
                                   "--output", out, "--set", "train.max_steps=1", "--set", kSeqLen},
                                  hub_env({{"HF_HUB_CACHE", cache}}), dir + "/train.log");
-  INFO(r.output);
+  INFO(output_tail(r.output));
   REQUIRE(r.code == 0);
   CHECK(lines_with(r.output, "ft train: --model acme/tiny-llama: " + snapshot + " (").size() == 1);
   CHECK_THAT(r.output, Catch::Contains("ft train: loading") && Catch::Contains(snapshot));
@@ -71,7 +71,7 @@ TEST_CASE("ft plan, ft launch and ft data take a hub id from HF_HOME or the home
   const Finished plan =
       run_ft_with({"plan", "--preset", "tiny-demo", "--model", "acme/tiny-llama", "--set", kSeqLen},
                   hub_env({{"HF_HOME", hf_home}}), dir + "/plan.log");
-  INFO(plan.output);
+  INFO(output_tail(plan.output));
   CHECK(plan.code == 0);
   CHECK(lines_with(plan.output, "ft plan: --model acme/tiny-llama: " + in_hf_home).size() == 1);
   CHECK_THAT(plan.output, Catch::Contains(in_hf_home + "/config.json"));
@@ -81,7 +81,7 @@ TEST_CASE("ft plan, ft launch and ft data take a hub id from HF_HOME or the home
       run_ft_with({"launch", "--nproc-per-node", "1", "--dry-run", "--preset", "tiny-demo",
                    "--model", "acme/tiny-llama", "--output", dir + "/run", "--set", kSeqLen},
                   hub_env({{"HOME", home}}), dir + "/launch.log");
-  INFO(launch.output);
+  INFO(output_tail(launch.output));
   CHECK(launch.code == 0);
   CHECK(lines_with(launch.output, "ft launch: --model acme/tiny-llama: " + in_home).size() == 1);
   CHECK_THAT(launch.output, Catch::Contains("--model " + in_home));
@@ -100,7 +100,7 @@ TEST_CASE("ft plan, ft launch and ft data take a hub id from HF_HOME or the home
   const Finished show =
       run_ft_with({"data", "show", "--data", data, "--model", "acme/tok", "-n", "1"},
                   hub_env({{"HF_HOME", hf_home}}), dir + "/show.log");
-  INFO(show.output);
+  INFO(output_tail(show.output));
   CHECK(show.code == 0);
   CHECK(lines_with(show.output, "ft data: --model acme/tok: " + tok).size() == 1);
   CHECK_THAT(show.output, Catch::Contains("hello hub cache"));
@@ -112,7 +112,7 @@ TEST_CASE("a hub id the cache lacks is refused naming the paths tried, and a dir
   put_tiny_llama(cache);
   const Finished absent = run_ft_with({"plan", "--preset", "tiny-demo", "--model", "acme/absent"},
                                       hub_env({{"HF_HUB_CACHE", cache}}), dir + "/absent.log");
-  INFO(absent.output);
+  INFO(output_tail(absent.output));
   CHECK(absent.code == 2);
   CHECK_THAT(absent.output, Catch::Contains("--model acme/absent: not a directory here") &&
                                 Catch::Contains(cache + "/models--acme--absent/refs/main") &&
@@ -127,7 +127,7 @@ TEST_CASE("a hub id the cache lacks is refused naming the paths tried, and a dir
                   "cd " + dir + " && exec " + ft_bin() +
                       " plan --preset tiny-demo --model acme/tiny-llama --set " + kSeqLen},
                  hub_env({{"HF_HUB_CACHE", cache}}), dir + "/local.log", 120);
-  INFO(here.output);
+  INFO(output_tail(here.output));
   CHECK(here.code == 0);
   CHECK(lines_with(here.output, "ft plan: --model").empty());
   CHECK_THAT(here.output, Catch::Contains("from acme/tiny-llama/config.json"));

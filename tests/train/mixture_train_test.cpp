@@ -59,7 +59,7 @@ TEST_CASE("a 70/30 mixture trains with its proportions: 4 sigma over 10,000 reco
   Finished r = run(train_argv(
       dir + "/out", {a + ":0.7", b + ":0.3"},
       {"data.seq_len=16", "data.pack=false", "train.micro_batch=100", "train.max_steps=100"}));
-  INFO(r.output);
+  INFO(output_tail(r.output));
   REQUIRE(r.code == 0);
   CHECK_THAT(r.output, Catch::Contains("a mixture of 2 sources (a.jsonl 70.0% of 300 records, "
                                        "b.jsonl 30.0% of 200 records)"));
@@ -97,7 +97,7 @@ TEST_CASE("a mixture run killed with SIGKILL mid-epoch resumes bit-identically",
                                          "output.keep_last=3"};
   const std::string ref = dir + "/ref";
   Finished r = run(train_argv(ref, data, sets));
-  INFO(r.output);
+  INFO(output_tail(r.output));
   REQUIRE(r.code == 0);
   for (const size_t kill_after : {6u, 9u}) {
     INFO("SIGKILL after " << kill_after << " steps");
@@ -107,7 +107,7 @@ TEST_CASE("a mixture run killed with SIGKILL mid-epoch resumes bit-identically",
     ::kill(c.pid, SIGKILL);
     REQUIRE(wait_for(c, 30).value_or(-1) == 128 + SIGKILL);
     Finished again = run(train_argv(out, data, sets));
-    INFO(again.output);
+    INFO(output_tail(again.output));
     REQUIRE(again.code == 0);
     CHECK(read_file(ref + "/final/model.safetensors") ==
           read_file(out + "/final/model.safetensors"));
@@ -132,14 +132,14 @@ TEST_CASE("a mixture checkpoint of one rank continues on two with the same recor
   const std::vector<std::string> sets = {"data.seq_len=16", "data.pack=false", "train.max_steps=8",
                                          "output.save_every=4"};
   Finished one = run(train_argv(dir + "/one", data, with(sets, {"train.micro_batch=8"})));
-  INFO(one.output);
+  INFO(output_tail(one.output));
   REQUIRE(one.code == 0);
   std::vector<std::string> argv =
       train_argv(dir + "/two", data, with(sets, {"train.micro_batch=4"}));
   argv.insert(argv.end(), {"--resume", dir + "/one/checkpoints/step-000000004"});
   Finished two = run(ft_launch_argv(
       {"--nproc-per-node", "2", "--master-port", std::to_string(free_port())}, argv));
-  INFO(two.output);
+  INFO(output_tail(two.output));
   REQUIRE(two.code == 0);
   const auto ref = read_metrics(dir + "/one"), m = read_metrics(dir + "/two");
   REQUIRE(ref.size() == 8);
@@ -164,7 +164,7 @@ TEST_CASE("eval.split holds out the same records at world size 1 and 2 and acros
                                          "eval.split=0.1",    "eval.every=4"};
   const std::string ref = dir + "/ref";
   Finished r = run(train_argv(ref, data, sets));
-  INFO(r.output);
+  INFO(output_tail(r.output));
   REQUIRE(r.code == 0);
   CHECK_THAT(r.output, Catch::Contains("eval.split (10 records held out of"));
   const json held = json::parse(read_file(ref + "/eval_split.json"));
@@ -187,7 +187,7 @@ TEST_CASE("eval.split holds out the same records at world size 1 and 2 and acros
   ::kill(c.pid, SIGKILL);
   REQUIRE(wait_for(c, 30).value_or(-1) == 128 + SIGKILL);
   Finished again = run(train_argv(resumed, data, sets));
-  INFO(again.output);
+  INFO(output_tail(again.output));
   REQUIRE(again.code == 0);
   CHECK(json::parse(read_file(resumed + "/eval_split.json")) == held);
   CHECK(read_metrics(resumed)[7]["eval_loss"] == ref_metrics[7]["eval_loss"]);
@@ -197,7 +197,7 @@ TEST_CASE("eval.split holds out the same records at world size 1 and 2 and acros
   Finished w2 =
       run(ft_launch_argv({"--nproc-per-node", "2", "--master-port", std::to_string(free_port())},
                          train_argv(two, data, sets)));
-  INFO(w2.output);
+  INFO(output_tail(w2.output));
   REQUIRE(w2.code == 0);
   CHECK(json::parse(read_file(two + "/eval_split.json")) == held);
   CHECK(read_metrics(two)[7]["eval_tokens"] == ref_metrics[7]["eval_tokens"]);
