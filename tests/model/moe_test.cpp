@@ -123,3 +123,34 @@ TEST_CASE("a PEFT adapter on the experts (target_parameters) is refused by name"
   // The attention-only adapter of Mixtral loads.
   CHECK(load_lora_config(moe_fixtures() + "/lora_mixtral_attn/adapter_config.json").r == 4);
 }
+
+TEST_CASE("PEFT's LoRA adapter on a Mixtral's attention: logits and adapter gradients", "[unit]") {
+  const std::string dir = moe_fixtures() + "/lora_mixtral_attn";
+  DecoderModel m = load_moe(moe_fixtures() + "/mixtral_tiny");
+  const LoraConfig lc = load_lora_config(dir + "/adapter_config.json");
+  attach_lora(m, lc, 0);
+  train::load_adapter(m, dir);
+  auto params = lora_parameters(m);
+  CHECK(params.size() == 2 * 4 * 2);  // A and B, q k v o, 2 layers
+  for (auto& p : params) p.tensor->set_requires_grad(true);
+  auto expected = io::SafetensorsFile::open(dir + "/expected.safetensors");
+  const at::Tensor ids = expected.tensor("input_ids").clone();
+  const at::Tensor logits = m.forward(ids);
+  CHECK(rel(logits, expected.tensor("logits")) < 1e-5);
+  const LossSum ls = causal_lm_loss_sum(logits, ids);
+  const at::Tensor ce = ls.sum / static_cast<double>(ls.tokens);
+  // The fixture's gradients are of transformers' loss, aux term included (it reaches the
+  // attention's adapters through the routers' inputs).
+  const double coef = m.config().moe.router_aux_loss_coef;
+  const double aux = router_aux_loss(m.router_aux(), m.config().moe.num_experts, coef);
+  const double ref = expected.tensor("loss").item<double>();
+  CHECK(std::abs(ce.item<double>() + coef * aux - ref) / ref < 1e-5);
+  ce.backward();
+  for (auto& p : params) {
+    // PEFT's in-memory names carry the adapter name: "...lora_A.default.weight".
+    const std::string key = "grad." + p.name.substr(0, p.name.size() - 6) + "default.weight";
+    INFO(key);
+    REQUIRE(expected.has(key));
+    CHECK(rel(p.tensor->grad(), expected.tensor(key)) < 1e-4);
+  }
+}

@@ -114,8 +114,9 @@ FAMILIES = {
         residual_multiplier=0.22, attention_multiplier=0.5, logits_scaling=0.5, pad_token_id=0,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), PROJECTIONS),
     # Mixture-of-experts (issue 31): 4 experts top 2 in both layers; the aux loss on (it is not in
-    # the evaluated loss, but training with it moves the router). The experts are not projections:
-    # PEFT adapts the attention only (all-linear adds Qwen3-MoE's dense layers' MLPs).
+    # the evaluated loss, but training with it moves the router). PEFT adapts the attention only:
+    # naming gate/up/down_proj (or all-linear) makes PEFT 0.21 adapt the fused experts through
+    # target_parameters too, which ft refuses by name (LoRA on experts is not done yet).
     "mixtral": (MixtralConfig, dict(GQA, num_local_experts=4, num_experts_per_tok=2,
                                     output_router_logits=True, router_aux_loss_coef=0.02,
                                     tie_word_embeddings=False),
@@ -126,7 +127,7 @@ FAMILIES = {
                                        output_router_logits=True, router_aux_loss_coef=0.02,
                                        tie_word_embeddings=False, rope_parameters={
                                            "rope_type": "default", "rope_theta": 1000000.0}),
-                  PROJECTIONS),
+                  ["q_proj", "k_proj", "v_proj", "o_proj"]),
 }
 # Switches that turn each family's distinguishing features off: on the evaluation records each must
 # move transformers' loss by more than 5x the tolerance, so that an ft without that feature fails.
