@@ -43,17 +43,18 @@ at::Tensor expert_mlp(const at::Tensor& x, const at::Tensor& gate_up, const at::
   return at::linear(m, down);
 }
 
-// Rows grouped by local expert (`counts` each) through their experts, in the same order.
+// Rows grouped by local expert (`counts` each) through their experts, in the same order. The
+// weights are unbound and the rows split once, so backward has one node per tensor gathering
+// every expert's gradient; indexing each expert (gate_up[e], rows.narrow) instead gave each
+// slice's gradient as a zero tensor of the whole parameter, E of them added per step (45% of a
+// 32-expert step: bench/moe_block.py, docs/performance.md).
 at::Tensor run_experts(const MoeWeights& w, const at::Tensor& rows,
                        const std::vector<int64_t>& counts, const MoeOptions& o) {
+  const std::vector<at::Tensor> gate_up = w.gate_up.unbind(0), down = w.down.unbind(0);
+  const std::vector<at::Tensor> parts = rows.split_with_sizes(counts);
   std::vector<at::Tensor> outs;
-  int64_t at_row = 0;
-  for (size_t e = 0; e < counts.size(); ++e) {
-    if (counts[e] == 0) continue;
-    const int64_t i = static_cast<int64_t>(e);
-    outs.push_back(expert_mlp(rows.narrow(0, at_row, counts[e]), w.gate_up[i], w.down[i], o));
-    at_row += counts[e];
-  }
+  for (size_t e = 0; e < counts.size(); ++e)
+    if (counts[e] > 0) outs.push_back(expert_mlp(parts[e], gate_up[e], down[e], o));
   if (outs.empty()) return rows.new_zeros({0, w.down.size(1)});
   return outs.size() == 1 ? outs[0] : at::cat(outs);
 }
