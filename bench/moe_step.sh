@@ -18,6 +18,8 @@
 #       tokens x top-k x 3 x expert_intermediate x hidden floats; a model past this is not run with it
 #     BENCH_REPEATS (default 1): each variant that many times, interleaved, its best median kept
 #     BENCH_KEEP=DIR: keep the model directories, data and ft's outputs there
+#     BENCH_FT_SET: more arguments for ft train, split on spaces, e.g. "--set output.profile_steps=2"
+#       (ft's profile.txt is then in BENCH_KEEP/ft-MODEL-0/)
 # Needs transformers in the venv ft builds against (scripts/setup.sh installs it).
 set -euo pipefail
 build=${1:-build}
@@ -78,6 +80,7 @@ declare -A labels=(
 run_ft() {
   local model=$1 out=$work/ft-$1-$2
   rm -rf "$out"
+  # shellcheck disable=SC2086 # BENCH_FT_SET is split into its arguments on purpose
   "$ft" train --preset full --model "$work/$model" --data "$work/records.jsonl" \
     --tokenizer "$tokenizer" --output "$out" \
     --set precision.mode=fp32 --set strategy.kind=ddp --set train.activation_checkpointing=none \
