@@ -676,12 +676,8 @@ at::Tensor DecoderModel::mlp(const DecoderLayer& L, const at::Tensor& x, bool tr
     gate = L.gate_proj.forward(x, training, hooks_);
     up = L.up_proj.forward(x, training, hooks_);
   }
-  at::Tensor m;
-  if (config_.activation == Activation::kGeluTanh)
-    m = at::gelu(gate, "tanh") * up;
-  else
-    m = fused_.swiglu && gate.is_cpu() ? fused_swiglu(gate.contiguous(), up.contiguous())
-                                       : at::silu(gate) * up;
+  const at::Tensor m =
+      gated_product(gate, up, config_.activation == Activation::kGeluTanh, fused_.swiglu);
   return L.down_proj.forward(m, training, hooks_);
 }
 

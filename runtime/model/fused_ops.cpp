@@ -679,4 +679,10 @@ double cross_entropy_rows(at::Tensor& logits, const at::Tensor& targets, bool to
   return sum;
 }
 
+at::Tensor gated_product(const at::Tensor& gate, const at::Tensor& up, bool gelu_tanh, bool fused) {
+  if (gelu_tanh) return at::gelu(gate, "tanh") * up;
+  return fused && gate.is_cpu() ? fused_swiglu(gate.contiguous(), up.contiguous())
+                                : at::silu(gate) * up;
+}
+
 }  // namespace ft::model

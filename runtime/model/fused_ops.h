@@ -36,6 +36,9 @@ std::pair<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& h, const 
 
 // silu(gate) * up, elementwise; gate and up of one shape and dtype.
 at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
+// A gated MLP's product: gelu_tanh(gate) * up (GeGLU), else silu(gate) * up, through
+// fused_swiglu on the CPU when `fused` (the dense MLP's and each expert's).
+at::Tensor gated_product(const at::Tensor& gate, const at::Tensor& up, bool gelu_tanh, bool fused);
 
 // The rotary embedding x * cos + rotate_half(x) * sin. x [B, T, heads, head_dim] (any strides),
 // cos and sin [B, T, head_dim] of x's dtype, no gradient. Returns a contiguous [B, T, heads, hd].

@@ -34,13 +34,8 @@ at::Tensor expert_mlp(const at::Tensor& x, const at::Tensor& gate_up, const at::
   const at::Tensor y = at::linear(x, gate_up);
   const int64_t inter = gate_up.size(0) / 2;
   const at::Tensor gate = y.narrow(-1, 0, inter), up = y.narrow(-1, inter, inter);
-  at::Tensor m;
-  if (o.activation == Activation::kGeluTanh)
-    m = at::gelu(gate, "tanh") * up;
-  else
-    m = o.fused_swiglu && gate.is_cpu() ? fused_swiglu(gate.contiguous(), up.contiguous())
-                                        : at::silu(gate) * up;
-  return at::linear(m, down);
+  return at::linear(gated_product(gate, up, o.activation == Activation::kGeluTanh, o.fused_swiglu),
+                    down);
 }
 
 // Rows grouped by local expert (`counts` each) through their experts, in the same order. The
