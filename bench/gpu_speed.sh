@@ -15,7 +15,7 @@
 # Also: ft plan's GPU prediction (its figures less the assumed overhead) against the CUDA
 # allocator's peak.
 #   bench/gpu_speed.sh [BUILD] [full-1b] [lora-8b]   BENCH_STEPS (10), BENCH_WARMUP (3),
-#   FULL_MB (2), BENCH_PROFILE (steps to profile in ft and the reference; 0), GPU_PEAK_TFLOPS (989.4, H100 SXM dense bf16), OUT_DIR (kept runs; default a temp dir)
+#   FULL_MB (2), REF_COMPILE (1: the reference under torch.compile; 0), BENCH_PROFILE (steps to profile in ft and the reference; 0), GPU_PEAK_TFLOPS (989.4, H100 SXM dense bf16), OUT_DIR (kept runs; default a temp dir)
 set -euo pipefail
 build=${1:-build}
 shift || true
@@ -27,6 +27,8 @@ steps=${BENCH_STEPS:-10}
 warm=${BENCH_WARMUP:-3}
 full_mb=${FULL_MB:-2}
 profile=${BENCH_PROFILE:-0}
+ref_compile=()
+[[ ${REF_COMPILE:-0} == 1 ]] && ref_compile=(--compile)
 peak=${GPU_PEAK_TFLOPS:-989.4}
 out=${OUT_DIR:-$(mktemp -d)}
 mkdir -p "$out"
@@ -77,7 +79,7 @@ run_case() {
   tie=$([[ ${sets[*]} == *tie_embeddings=true* ]] && echo 1 || echo 0)
   "$py" bench/gpu_speed_ref.py --mode "$mode" --hidden "$h" --inter "$inter" --layers "$layers" \
     --tie "$tie" --batch "$mb" --seq $seq --steps "$steps" --warmup "$warm" --profile "$profile" \
-    2>"$out/$name-ref.err" | tee "$out/$name-ref.json" || tail -n 20 "$out/$name-ref.err"
+    "${ref_compile[@]}" 2>"$out/$name-ref.err" | tee "$out/$name-ref.json" || tail -n 20 "$out/$name-ref.err"
 }
 
 for w in "${what[@]}"; do

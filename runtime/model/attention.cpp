@@ -80,7 +80,7 @@ at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
   const int64_t rd = cos.size(-1), hd = x.size(-1);
   const at::Tensor xr = rd == hd ? x : x.narrow(-1, 0, rd);
   at::Tensor r;
-  if (fused && x.is_cpu()) {
+  if (fused && fuses_on_device(x)) {
     r = fused_rope(xr, cos, sin);
   } else {
     const at::Tensor cos4 = cos.unsqueeze(2), sin4 = sin.unsqueeze(2);  // [B, T, 1, rd]

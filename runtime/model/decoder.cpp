@@ -528,7 +528,7 @@ std::pair<at::Tensor, at::Tensor> DecoderModel::rope_cos_sin(const at::Tensor& p
 // dtype, except fp64, whose norm transformers computes in fp32 (the unfused path does the same);
 // for the fp32-weighted styles (OLMo 2, Gemma) in fp32 only, where they round as Llama's does.
 bool DecoderModel::fuses_norm(const at::Tensor& x, const at::Tensor& weight) const {
-  return fused_.rms_norm && x.is_cpu() && weight.scalar_type() == x.scalar_type() &&
+  return fused_.rms_norm && fuses_on_device(x) && weight.scalar_type() == x.scalar_type() &&
          x.scalar_type() != at::kDouble &&
          (family_->norm == NormStyle::kScale || x.scalar_type() == at::kFloat);
 }

@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -679,10 +681,18 @@ double cross_entropy_rows(at::Tensor& logits, const at::Tensor& targets, bool to
   return sum;
 }
 
+bool fuses_on_device(const at::Tensor& x) {
+  static const bool cuda = [] {
+    const char* v = std::getenv("FT_CUDA_FUSED_KERNELS");
+    return v && std::string(v) == "1";
+  }();
+  return x.is_cpu() || (cuda && x.is_cuda());
+}
+
 at::Tensor gated_product(const at::Tensor& gate, const at::Tensor& up, bool gelu_tanh, bool fused) {
   if (gelu_tanh) return at::gelu(gate, "tanh") * up;
-  return fused && gate.is_cpu() ? fused_swiglu(gate.contiguous(), up.contiguous())
-                                : at::silu(gate) * up;
+  return fused && fuses_on_device(gate) ? fused_swiglu(gate.contiguous(), up.contiguous())
+                                        : at::silu(gate) * up;
 }
 
 }  // namespace ft::model

@@ -20,6 +20,11 @@
 
 namespace ft::model {
 
+// Whether the model sends tensors on `x`'s device to the fused kernels: always on the CPU; on a
+// GPU only with FT_CUDA_FUSED_KERNELS=1 in the environment, until a GPU run has checked the CUDA
+// kernels against the unfused ops (the gpu test's check_fused_kernels, issue 34).
+bool fuses_on_device(const at::Tensor& x);
+
 // Which fused kernels the model uses (train.fused_rms_norm, train.fused_swiglu, train.fused_rope).
 struct FusedOps {
   bool rms_norm = true;

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Issue 34's runs on a lent GPU machine, one command (the device tool's run), over a working tree
+# that carries .gpu/ (bench/gpu_carry.sh: ft and the gpu tests built here). Puts the binaries
+# where the tests' compiled-in paths expect them, points their LibTorch run path at the machine's
+# own torch 2.11 (cu130), then, each phase under a time limit, its log in $OUT:
+#   1. gpu_test.log, ranks_*.log: the gpu test (collectives, the fused CUDA kernels against the
+#      unfused ops, offload bit for bit, SIGKILL resume, ft doctor) beside the multi-rank gpu test
+#      (test_cuda_gpu_ranks: NCCL ranks on one GPU, every strategy against one rank), in parallel
+#   2. speed.log: bench/gpu_speed.sh full-1b with the fused CUDA kernels off (against transformers)
+#      and on (FT_CUDA_FUSED_KERNELS=1, against transformers + torch.compile)
+#   3. doctor.log: ft doctor at 2 "nodes" on the GPU
+#   bench/gpu_session.sh [PHASE...]     phases: tests speed doctor (default: all)
+set -uo pipefail
+out=${OUT:?OUT must name the folder whose files come back}
+phases=("$@")
+((${#phases[@]})) || phases=(tests speed doctor)
+t0=$(date +%s)
+say() { echo "== +$(($(date +%s) - t0))s $*"; }
+here=$PWD
+[[ -d .gpu/bin ]] || { echo "gpu_session: no .gpu/ here (bench/gpu_carry.sh, and carry it)" >&2; exit 1; }
+site=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+want=$(cat .gpu/site-packages)
+mkdir -p "$(dirname "$want")"
+[[ -e $want ]] || ln -s "$site" "$want"
+if [[ $here != /work/main ]]; then
+  mkdir -p /work
+  [[ -e /work/main ]] || ln -s "$here" /work/main
+fi
+mkdir -p build/bin build/lib
+cp .gpu/bin/* build/bin/
+cp .gpu/lib/libft_cuda.so build/lib/
+export LD_LIBRARY_PATH=$here/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export FT_PYTHON=python3 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+say "built from $(head -1 .gpu/commit); working tree at $here"
+nvidia-smi --query-gpu=name,memory.total,driver_version,compute_mode --format=csv,noheader
+python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "NCCL", torch.cuda.nccl.version())'
+nproc
+build/bin/ft --version || { echo "gpu_session: the carried ft does not run here" >&2; exit 1; }
+
+has() { [[ " ${phases[*]} " == *" $1 "* ]]; }
+if has tests; then
+  say "phase tests: the gpu test beside test_cuda_gpu_ranks (two streams)"
+  timeout 300 build/bin/test_cuda_gpu > "$out/gpu_test.log" 2>&1 &
+  p1=$!
+  timeout 300 build/bin/test_cuda_gpu_ranks fp32 > "$out/ranks_fp32.log" 2>&1 &
+  p2=$!
+  timeout 300 build/bin/test_cuda_gpu_ranks offload lora bf16 resume > "$out/ranks_rest.log" 2>&1 &
+  p3=$!
+  wait $p1; r1=$?
+  wait $p2; r2=$?
+  wait $p3; r3=$?
+  say "gpu test exit $r1; ranks fp32 exit $r2; ranks offload/lora/bf16/resume exit $r3"
+  grep -h -E '^(FAIL|SKIP|all checks|[0-9]+ check)' "$out/gpu_test.log" "$out"/ranks_*.log
+fi
+if has speed; then
+  say "phase speed: full-1b, fused CUDA kernels off, transformers eager"
+  OUT_DIR=/tmp/speed-off timeout 170 env -u OMP_NUM_THREADS bash bench/gpu_speed.sh build full-1b > "$out/speed.log" 2>&1
+  say "phase speed: full-1b, fused CUDA kernels on, transformers + torch.compile"
+  FT_CUDA_FUSED_KERNELS=1 REF_COMPILE=1 OUT_DIR=/tmp/speed-on timeout 220 \
+    env -u OMP_NUM_THREADS bash bench/gpu_speed.sh build full-1b >> "$out/speed.log" 2>&1
+  grep -E -A4 '^case ' "$out/speed.log"
+fi
+if has doctor; then
+  say "phase doctor: 2 nodes on one GPU"
+  port=29611
+  for n in 0 1; do
+    CUDA_VISIBLE_DEVICES=0 NCCL_HOSTID=doctor-node$n NCCL_NET=Socket NCCL_SOCKET_IFNAME==lo \
+      NCCL_IB_DISABLE=1 timeout 120 build/bin/ft launch --nnodes 2 --node-rank $n \
+      --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $port --max-restarts 0 -- \
+      build/bin/ft doctor --preset tiny-demo --set hardware.device=cuda --set precision.mode=bf16 \
+      --max-size 64MiB --json /tmp/doctor$n.json > "$out/doctor$n.log" 2>&1 &
+  done
+  wait
+  cat "$out/doctor1.log" >> "$out/doctor0.log" && rm "$out/doctor1.log"
+  tail -n 40 "$out/doctor0.log"
+fi
+say "done"
