@@ -17,7 +17,9 @@ phases=("$@")
 t0=$(date +%s)
 say() { echo "== +$(($(date +%s) - t0))s $*"; }
 here=$PWD
-[[ -d .gpu/bin ]] || { echo "gpu_session: no .gpu/ here (bench/gpu_carry.sh, and carry it)" >&2; exit 1; }
+[[ -f .gpu/pack.tar.xz ]] || { echo "gpu_session: no .gpu/ here (bench/gpu_carry.sh, and carry it)" >&2; exit 1; }
+tar -C .gpu -xJf .gpu/pack.tar.xz ||
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' .gpu/pack.tar.xz .gpu || exit 1
 site=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
 want=$(cat .gpu/site-packages)
 mkdir -p "$(dirname "$want")"
@@ -34,7 +36,7 @@ export FT_PYTHON=python3 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 say "built from $(head -1 .gpu/commit); working tree at $here"
 nvidia-smi --query-gpu=name,memory.total,driver_version,compute_mode --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "NCCL", torch.cuda.nccl.version())'
-nproc
+nproc --all
 build/bin/ft --version || { echo "gpu_session: the carried ft does not run here" >&2; exit 1; }
 
 has() { [[ " ${phases[*]} " == *" $1 "* ]]; }
