@@ -9,7 +9,10 @@
 #   2. speed.log: bench/gpu_speed.sh full-1b with the fused CUDA kernels off (against transformers)
 #      and on (FT_CUDA_FUSED_KERNELS=1, against transformers + torch.compile)
 #   3. doctor.log: ft doctor at 2 "nodes" on the GPU
-#   bench/gpu_session.sh [PHASE...]     phases: tests speed doctor (default: all)
+#   offload: the offload checks alone (both gpu tests); profile: ft's full-1b step profiled
+#   (fused kernels off and on) and without the chunked loss (profile.log)
+#   bench/gpu_session.sh [PHASE...]     phases: tests speed doctor offload profile
+#                                       (default: tests speed doctor)
 set -uo pipefail
 out=${OUT:?OUT must name the folder whose files come back}
 phases=("$@")
@@ -54,6 +57,22 @@ if has tests; then
   say "gpu test exit $r1; ranks fp32 exit $r2; ranks offload/lora/bf16/resume exit $r3"
   grep -h -E '^(FAIL|SKIP|all checks|[0-9]+ check)' "$out/gpu_test.log" "$out"/ranks_*.log
 fi
+if has offload; then
+  say "phase offload: the offload checks of both gpu tests"
+  timeout 150 build/bin/test_cuda_gpu offload > "$out/gpu_test.log" 2>&1 &
+  timeout 150 build/bin/test_cuda_gpu_ranks offload > "$out/ranks_offload.log" 2>&1 &
+  wait
+  grep -h -E '^(ok|FAIL|SKIP|all checks|[0-9]+ check|     median)' "$out/gpu_test.log" "$out/ranks_offload.log"
+fi
+if has profile; then
+  for v in "profile:BENCH_PROFILE=2" "no-chunked-loss:FT_SETS=train.fused_loss=false" \
+           "fused-kernels-profile:BENCH_PROFILE=2 FT_CUDA_FUSED_KERNELS=1"; do
+    say "phase profile: full-1b, ft only, ${v%%:*}"
+    env ${v#*:} BENCH_REF=0 OUT_DIR=/tmp/prof-${v%%:*} timeout 100 env -u OMP_NUM_THREADS \
+      bash bench/gpu_speed.sh build full-1b >> "$out/profile.log" 2>&1
+  done
+  grep -E -A2 '^case ' "$out/profile.log"
+fi
 if has speed; then
   say "phase speed: full-1b, fused CUDA kernels off, transformers eager"
   OUT_DIR=/tmp/speed-off timeout 170 env -u OMP_NUM_THREADS bash bench/gpu_speed.sh build full-1b > "$out/speed.log" 2>&1
@@ -70,7 +89,7 @@ if has doctor; then
       NCCL_IB_DISABLE=1 timeout 120 build/bin/ft launch --nnodes 2 --node-rank $n \
       --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $port --max-restarts 0 -- \
       build/bin/ft doctor --preset tiny-demo --set hardware.device=cuda --set precision.mode=bf16 \
-      --max-size 64MiB --json /tmp/doctor$n.json > "$out/doctor$n.log" 2>&1 &
+      --max-size 64MiB --json /tmp/doctor.json > "$out/doctor$n.log" 2>&1 &
   done
   wait
   cat "$out/doctor1.log" >> "$out/doctor0.log" && rm "$out/doctor1.log"

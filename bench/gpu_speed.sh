@@ -15,7 +15,8 @@
 # Also: ft plan's GPU prediction (its figures less the assumed overhead) against the CUDA
 # allocator's peak.
 #   bench/gpu_speed.sh [BUILD] [full-1b] [lora-8b]   BENCH_STEPS (10), BENCH_WARMUP (3),
-#   FULL_MB (2), REF_COMPILE (1: the reference under torch.compile; 0), BENCH_PROFILE (steps to profile in ft and the reference; 0), GPU_PEAK_TFLOPS (989.4, H100 SXM dense bf16), OUT_DIR (kept runs; default a temp dir)
+#   FULL_MB (2), FT_SETS (more KEY=VALUE settings for ft's runs, space-separated), BENCH_REF (0: ft
+#   only; 1), REF_COMPILE (1: the reference under torch.compile; 0), BENCH_PROFILE (steps to profile in ft and the reference; 0), GPU_PEAK_TFLOPS (989.4, H100 SXM dense bf16), OUT_DIR (kept runs; default a temp dir)
 set -euo pipefail
 build=${1:-build}
 shift || true
@@ -27,6 +28,8 @@ steps=${BENCH_STEPS:-10}
 warm=${BENCH_WARMUP:-3}
 full_mb=${FULL_MB:-2}
 profile=${BENCH_PROFILE:-0}
+ft_sets=()
+for kv in ${FT_SETS:-}; do ft_sets+=(--set "$kv"); done
 ref_compile=()
 [[ ${REF_COMPILE:-0} == 1 ]] && ref_compile=(--compile)
 peak=${GPU_PEAK_TFLOPS:-989.4}
@@ -61,7 +64,7 @@ shape_lora=(--set model.hidden_size=4096 --set model.intermediate_size=14336
 run_case() {
   local name=$1 mode=$2 mb=$3
   shift 3
-  local sets=("$@") ref=1
+  local sets=("$@" "${ft_sets[@]}") ref=${BENCH_REF:-1}
   [[ $mode == none ]] && ref=0
   echo "== $name: ft plan"
   "$ft" plan --preset tiny-demo "${common[@]}" "${sets[@]}" --gpu-memory 80GiB --host-memory 120GiB \

@@ -218,13 +218,18 @@ StepStats Trainer::apply_update(StepStats st) {
       for (const at::Tensor& t : ts) s += host_sq_norm(t);
       return s;
     }
-    // Each tensor's norm in its own dtype (fp32 masters: fp32; asking for fp64 copies every
-    // gradient first, 4.5x slower and a fifth of a small model's step), their squares summed in
-    // fp64 on the host, with one copy to the host for all of them (one wait for the GPU). ATen's
-    // reduction splits a tensor by its length and the thread count only, so a resumed process
-    // gets the same bits (tests/train/ft_train_test.cpp, "fresh processes ...").
-    for (const double n : host_values(at::stack(at::_foreach_norm(ts, 2)).to(at::kDouble)))
-      s += n * n;
+    // Each tensor's norm, their squares summed in fp64 on the host, with one copy to the host
+    // for all of them (one wait for the GPU). On a GPU the norms accumulate in fp64 (the kernel
+    // widens each element; no copy): the clip factor then rounds to the same fp32 as the host
+    // pass's (host_sq_norm) for the offloaded optimizer, which keeps an offloaded run's bits
+    // those of the same run without offload (the gpu tests). On the CPU each norm in its own
+    // dtype (fp32 masters: fp32; asking for fp64 there copies every gradient first, 4.5x slower
+    // and a fifth of a small model's step). ATen's reduction splits a tensor by its length and the
+    // thread count only, so a resumed process gets the same bits (tests/train/ft_train_test.cpp,
+    // "fresh processes ...").
+    const std::vector<at::Tensor> norms =
+        ts.front().is_cuda() ? at::_foreach_norm(ts, 2, at::kDouble) : at::_foreach_norm(ts, 2);
+    for (const double n : host_values(at::stack(norms).to(at::kDouble))) s += n * n;
     return s;
   };
   const double norm = std::sqrt(engine_.global_sq_norm(sq(sharded), sq(replicated)));

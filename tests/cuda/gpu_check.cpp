@@ -274,20 +274,25 @@ void check_resume() {
 
 }  // namespace
 
-int main() {
+// test_cuda_gpu [CHECK...]: collectives kernels train offload resume doctor (default: all).
+int main(int argc, char** argv) {
   const ft::cuda::DeviceProbe p = ft::cuda::probe_devices();
   if (!p.cuda_compiled || p.visible_gpus == 0) {
     fmt::print("SKIP: no GPU visible to the CUDA driver (this test needs one)\n");
     return 77;
   }
+  const std::vector<std::string> only(argv + 1, argv + argc);
+  auto want = [&](const std::string& c) {
+    return only.empty() || std::find(only.begin(), only.end(), c) != only.end();
+  };
   try {
     ft::cuda::use_device(0);
-    check_collectives();
-    check_fused_kernels();
-    check_train();
-    check_offload();
-    check_resume();
-    check_doctor();
+    if (want("collectives")) check_collectives();
+    if (want("kernels")) check_fused_kernels();
+    if (want("train")) check_train();
+    if (want("offload")) check_offload();
+    if (want("resume")) check_resume();
+    if (want("doctor")) check_doctor();
   } catch (const std::exception& e) {
     fmt::print("FAIL: {}\n", e.what());
     return 1;
