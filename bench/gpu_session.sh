@@ -9,9 +9,10 @@
 #   2. speed.log: bench/gpu_speed.sh full-1b with the fused CUDA kernels off (against transformers)
 #      and on (FT_CUDA_FUSED_KERNELS=1, against transformers + torch.compile)
 #   3. doctor.log: ft doctor at 2 "nodes" on the GPU
+#   kernels: the fused CUDA kernels against the unfused ops alone (the gpu test's check);
 #   offload: the offload checks alone (both gpu tests); profile: ft's full-1b step profiled
 #   (fused kernels off and on) and without the chunked loss (profile.log)
-#   bench/gpu_session.sh [PHASE...]     phases: tests speed doctor offload profile
+#   bench/gpu_session.sh [PHASE...]     phases: tests speed doctor kernels offload profile
 #                                       (default: tests speed doctor)
 set -uo pipefail
 out=${OUT:?OUT must name the folder whose files come back}
@@ -57,6 +58,11 @@ if has tests; then
   say "gpu test exit $r1; ranks fp32 exit $r2; ranks offload/lora/bf16/resume exit $r3"
   grep -h -E '^(FAIL|SKIP|all checks|[0-9]+ check)' "$out/gpu_test.log" "$out"/ranks_*.log
 fi
+if has kernels; then
+  say "phase kernels: the fused CUDA kernels against the unfused ops"
+  timeout 60 build/bin/test_cuda_gpu kernels > "$out/kernels.log" 2>&1
+  grep -E '^(ok|FAIL|all checks|[0-9]+ check)' "$out/kernels.log"
+fi
 if has offload; then
   say "phase offload: the offload checks of both gpu tests"
   timeout 150 build/bin/test_cuda_gpu offload > "$out/gpu_test.log" 2>&1 &
@@ -75,9 +81,9 @@ if has profile; then
 fi
 if has speed; then
   say "phase speed: full-1b, fused CUDA kernels off, transformers eager"
-  OUT_DIR=/tmp/speed-off timeout 170 env -u OMP_NUM_THREADS bash bench/gpu_speed.sh build full-1b > "$out/speed.log" 2>&1
+  OUT_DIR=/tmp/speed-off timeout 120 env -u OMP_NUM_THREADS bash bench/gpu_speed.sh build full-1b > "$out/speed.log" 2>&1
   say "phase speed: full-1b, fused CUDA kernels on, transformers + torch.compile"
-  FT_CUDA_FUSED_KERNELS=1 REF_COMPILE=1 OUT_DIR=/tmp/speed-on timeout 220 \
+  FT_CUDA_FUSED_KERNELS=1 REF_COMPILE=1 OUT_DIR=/tmp/speed-on timeout 160 \
     env -u OMP_NUM_THREADS bash bench/gpu_speed.sh build full-1b >> "$out/speed.log" 2>&1
   grep -E -A4 '^case ' "$out/speed.log"
 fi

@@ -113,6 +113,11 @@ ChunkResult run_chunks(const at::Tensor& h2, const at::Tensor& w, const at::Tens
       // zero-filled pass over the head's size first).
       if (same)
         r.grad_weight.addmm_(gc.t(), h, /*beta=*/s == 0 ? 0 : 1);
+      else if (gc.is_cuda())
+        // bf16 / fp16 on a GPU: the product accumulated into the fp32 gradient by the matrix
+        // multiply itself (fp32 output, beta 1), with no compute-dtype product of the head's size
+        // and no separate addition over it.
+        at::addmm_out(r.grad_weight, r.grad_weight, gc.t(), h, acc, /*beta=*/s == 0 ? 0 : 1);
       else if (s == 0)
         r.grad_weight.copy_(at::mm(gc.t(), h));
       else

@@ -164,8 +164,8 @@ int64_t moe_layer_delta(const model::ModelConfig& mc, int64_t layer, int64_t N, 
   if (!mc.is_moe_layer(layer)) return 0;
   const model::MoeConfig& m = mc.moe;
   const int64_t rows = N * m.experts_per_token;
-  const int64_t moe = c * rows * (2 * mc.hidden_size + 3 * m.expert_intermediate) +
-                      3 * 4 * N * m.num_experts;
+  const int64_t moe =
+      c * rows * (2 * mc.hidden_size + 3 * m.expert_intermediate) + 3 * 4 * N * m.num_experts;
   return moe - (fused_swiglu ? 3 : 4) * c * N * mc.intermediate_size;
 }
 
@@ -211,16 +211,19 @@ Acts activations(const model::ModelConfig& mc, const config::Settings& s, int64_
   // states' and, when the head is trained, the head's (with one compute-dtype product of the
   // head's size beside it where the dtypes differ).
   if (s.train.fused_loss) {
-    const int64_t chunk = std::min<int64_t>(N, std::max<int64_t>(1, model::kLossChunkElements / V));
+    const int64_t chunk =
+        std::min<int64_t>(N, std::max<int64_t>(1, model::loss_chunk_elements(gpu) / V));
     const int64_t acc = c == 8 ? 8 : 4;
     const int64_t per = acc + (c == acc ? 0 : c);
-    const int64_t head = s.lora.enabled ? 0 : (acc + (c == acc ? 0 : c)) * V * h;
+    // On a GPU the head's product accumulates into its fp32 gradient inside the matrix multiply.
+    const int64_t head = s.lora.enabled ? 0 : (acc + (c == acc || gpu ? 0 : c)) * V * h;
     a.logits = per * chunk * V + acc * N * h + head;
     a.logits_formula = fmt::format(
         "train.fused_loss: a chunk of {} tokens x vocabulary {} x {} B, the gradients of the "
         "head's input (N x h x {} B){}",
         chunk, V, per, acc,
-        s.lora.enabled ? "" : fmt::format(" and of the head (vocabulary x h x {} B)", per));
+        s.lora.enabled ? ""
+                       : fmt::format(" and of the head (vocabulary x h x {} B)", gpu ? acc : per));
   } else {
     a.logits = (c + 12) * N * V;
     a.logits_formula = fmt::format(

@@ -130,8 +130,9 @@ StepStats Trainer::compute_gradients(const std::vector<data::Batch>& micro_batch
             ? model::chunked_lm_loss_sum(
                   model_.hidden_states(b.input_ids, b.position_ids,
                                        /*training=*/true, b.attention_segments()),
-                  model_.lm_head(), b.labels, /*count_tokens=*/false, model::kLossChunkElements,
-                  &loss_blocks_, model_.unit_hooks(), model_.logit_map())
+                  model_.lm_head(), b.labels, /*count_tokens=*/false,
+                  model::loss_chunk_elements(engine_.options().device.is_cuda()), &loss_blocks_,
+                  model_.unit_hooks(), model_.logit_map())
             : model::causal_lm_loss_sum(model_.forward(b.input_ids, b.position_ids,
                                                        /*training=*/true, b.attention_segments()),
                                         b.labels, /*count_tokens=*/false);
