@@ -6,8 +6,9 @@
 #   1. gpu_test.log, ranks_*.log: the gpu test (collectives, the fused CUDA kernels against the
 #      unfused ops, offload bit for bit, SIGKILL resume, ft doctor) beside the multi-rank gpu test
 #      (test_cuda_gpu_ranks: NCCL ranks on one GPU, every strategy against one rank), in parallel
-#   2. speed.log: bench/gpu_speed.sh full-1b with the fused CUDA kernels off (against transformers)
-#      and on (FT_CUDA_FUSED_KERNELS=1, against transformers + torch.compile)
+#   2. speed.log: bench/gpu_speed.sh full-1b with the fused kernels off (train.fused_rms_norm,
+#      fused_swiglu, fused_rope false; against transformers) and on (ft's default; against
+#      transformers + torch.compile)
 #   3. doctor.log: ft doctor at 2 "nodes" on the GPU
 #   kernels: the fused CUDA kernels against the unfused ops alone (the gpu test's check);
 #   offload: the offload checks alone (both gpu tests); profile: ft's full-1b step profiled
@@ -72,7 +73,7 @@ if has offload; then
 fi
 if has profile; then
   for v in "profile:BENCH_PROFILE=2" "no-chunked-loss:FT_SETS=train.fused_loss=false" \
-           "fused-kernels-profile:BENCH_PROFILE=2 FT_CUDA_FUSED_KERNELS=1"; do
+           "unfused-kernels:FT_SETS=train.fused_rms_norm=false,train.fused_swiglu=false,train.fused_rope=false"; do
     say "phase profile: full-1b, ft only, ${v%%:*}"
     env ${v#*:} BENCH_REF=0 OUT_DIR=/tmp/prof-${v%%:*} timeout 100 env -u OMP_NUM_THREADS \
       bash bench/gpu_speed.sh build full-1b >> "$out/profile.log" 2>&1
@@ -80,10 +81,11 @@ if has profile; then
   grep -E -A2 '^case ' "$out/profile.log"
 fi
 if has speed; then
-  say "phase speed: full-1b, fused CUDA kernels off, transformers eager"
-  OUT_DIR=/tmp/speed-off timeout 120 env -u OMP_NUM_THREADS bash bench/gpu_speed.sh build full-1b > "$out/speed.log" 2>&1
-  say "phase speed: full-1b, fused CUDA kernels on, transformers + torch.compile"
-  FT_CUDA_FUSED_KERNELS=1 REF_COMPILE=1 OUT_DIR=/tmp/speed-on timeout 160 \
+  say "phase speed: full-1b, fused kernels off, transformers eager"
+  FT_SETS="train.fused_rms_norm=false train.fused_swiglu=false train.fused_rope=false" \
+    OUT_DIR=/tmp/speed-off timeout 120 env -u OMP_NUM_THREADS bash bench/gpu_speed.sh build full-1b > "$out/speed.log" 2>&1
+  say "phase speed: full-1b, fused kernels on (the default), transformers + torch.compile"
+  REF_COMPILE=1 OUT_DIR=/tmp/speed-on timeout 160 \
     env -u OMP_NUM_THREADS bash bench/gpu_speed.sh build full-1b >> "$out/speed.log" 2>&1
   grep -E -A4 '^case ' "$out/speed.log"
 fi

@@ -15,7 +15,7 @@
 # Also: ft plan's GPU prediction (its figures less the assumed overhead) against the CUDA
 # allocator's peak.
 #   bench/gpu_speed.sh [BUILD] [full-1b] [lora-8b]   BENCH_STEPS (10), BENCH_WARMUP (3),
-#   FULL_MB (2), FT_SETS (more KEY=VALUE settings for ft's runs, space-separated), BENCH_REF (0: ft
+#   FULL_MB (2), FT_SETS (more KEY=VALUE settings for ft's runs, space- or comma-separated), BENCH_REF (0: ft
 #   only; 1), REF_COMPILE (1: the reference under torch.compile; 0), BENCH_PROFILE (steps to profile in ft and the reference; 0), GPU_PEAK_TFLOPS (989.4, H100 SXM dense bf16), OUT_DIR (kept runs; default a temp dir)
 set -euo pipefail
 build=${1:-build}
@@ -29,7 +29,8 @@ warm=${BENCH_WARMUP:-3}
 full_mb=${FULL_MB:-2}
 profile=${BENCH_PROFILE:-0}
 ft_sets=()
-for kv in ${FT_SETS:-}; do ft_sets+=(--set "$kv"); done
+ft_sets_text=${FT_SETS:-}
+for kv in ${ft_sets_text//,/ }; do ft_sets+=(--set "$kv"); done
 ref_compile=()
 [[ ${REF_COMPILE:-0} == 1 ]] && ref_compile=(--compile)
 peak=${GPU_PEAK_TFLOPS:-989.4}

@@ -448,15 +448,15 @@ const std::vector<Setting>& preset_schema() {
       "whole step's logits (tokens x vocabulary); false: the unfused path. Same loss and "
       "gradients within rounding."),
     B(KEY(train.fused_rms_norm), true,
-      "RMSNorm (and the residual add before the second norm of a layer) as one fused CPU "
-      "kernel with its own backward; false: transformers' op sequence. Same values within "
+      "RMSNorm (and the residual add before the second norm of a layer) as one fused kernel "
+      "(CPU and CUDA) with its own backward; false: transformers' op sequence. Same values within "
       "rounding."),
     B(KEY(train.fused_swiglu), true,
-      "silu(gate) * up as one fused CPU kernel with its own backward (keeps two tensors for "
+      "silu(gate) * up as one fused kernel (CPU and CUDA) with its own backward (keeps two tensors for "
       "backward instead of three); false: the unfused ops."),
     B(KEY(train.fused_rope), true,
-      "The rotary embedding of queries and keys as one fused CPU kernel with its own "
-      "backward; false: transformers' x * cos + rotate_half(x) * sin."),
+      "The rotary embedding of queries and keys as one fused kernel (CPU and CUDA) with its "
+      "own backward; false: transformers' x * cos + rotate_half(x) * sin."),
     // moe
     C(KEY(moe.aux_loss), "auto", {"auto", "on", "off"},
       "Mixture-of-experts models: add the router's load-balancing loss (transformers' "

@@ -179,8 +179,8 @@ class DecoderModel {
   void set_activation_checkpointing(ActivationCheckpointing mode, int64_t every_n = 1);
   bool checkpoints_layer(int64_t index) const;
 
-  // Which fused CPU kernels (model/fused_ops.h) the forward uses; all by default. The unfused
-  // path (transformers' op sequence) runs where one is off, and on CUDA tensors.
+  // Which fused kernels (model/fused_ops.h, CPU and CUDA) the forward uses; all by default. The
+  // unfused path (transformers' op sequence) runs where one is off.
   void set_fused_ops(FusedOps ops) { fused_ = ops; }
   // The embedding's gradient as a sparse COO tensor (one row per token) instead of a dense
   // [vocab, hidden] one: for a consumer that adds it into its own buffer (parallel/engine.cpp on

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -681,13 +680,7 @@ double cross_entropy_rows(at::Tensor& logits, const at::Tensor& targets, bool to
   return sum;
 }
 
-bool fuses_on_device(const at::Tensor& x) {
-  static const bool cuda = [] {
-    const char* v = std::getenv("FT_CUDA_FUSED_KERNELS");
-    return v && std::string(v) == "1";
-  }();
-  return x.is_cpu() || (cuda && x.is_cuda());
-}
+bool fuses_on_device(const at::Tensor& x) { return x.is_cpu() || x.is_cuda(); }
 
 at::Tensor gated_product(const at::Tensor& gate, const at::Tensor& up, bool gelu_tanh, bool fused) {
   if (gelu_tanh) return at::gelu(gate, "tanh") * up;

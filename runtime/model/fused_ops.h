@@ -10,7 +10,7 @@
 // width: AVX-512, AVX2, SSE2) with an exp of their own built from IEEE arithmetic, so a vector
 // lane and the scalar tail give the same bits. CUDA tensors (fp32, bf16, fp16) go to the same
 // kernels in libft_cuda.so (cuda/kernels.h): compiled everywhere, checked against the unfused ops
-// by the gpu test; the model uses them on CPUs only until a GPU run has checked them (issue 18).
+// by the gpu test (an H200, 2026-11-27); the model uses them on both.
 // Not thread-safe beyond what autograd guarantees.
 #pragma once
 
@@ -20,9 +20,8 @@
 
 namespace ft::model {
 
-// Whether the model sends tensors on `x`'s device to the fused kernels: always on the CPU; on a
-// GPU only with FT_CUDA_FUSED_KERNELS=1 in the environment, until a GPU run has checked the CUDA
-// kernels against the unfused ops (the gpu test's check_fused_kernels, issue 34).
+// Whether the fused kernels take tensors on `x`'s device: the CPU's and CUDA's (checked against
+// the unfused ops on an H200 by the gpu test's check_fused_kernels, issue 34).
 bool fuses_on_device(const at::Tensor& x);
 
 // Which fused kernels the model uses (train.fused_rms_norm, train.fused_swiglu, train.fused_rope).

@@ -91,16 +91,16 @@ struct LayerActs {
 };
 
 LayerActs layer_activations(const model::ModelConfig& mc, const config::Settings& s, int64_t N,
-                            int64_t c, bool gpu) {
+                            int64_t c) {
   const int64_t h = mc.hidden_size, I = mc.intermediate_size;
   const int64_t hq = mc.num_attention_heads * mc.head_dim;
   const int64_t hkv = mc.num_key_value_heads * mc.head_dim;
   const bool lora = s.lora.enabled;
   LayerActs a;
-  // The fused CPU kernels (model/fused_ops.h; RMSNorm not in fp64) keep less than the op
-  // sequences they replace.
-  const bool fused_norm = !gpu && s.train.fused_rms_norm && s.precision.mode != "fp64";
-  const bool fused_swiglu = !gpu && s.train.fused_swiglu;
+  // The fused kernels (model/fused_ops.h, CPU and CUDA; RMSNorm not in fp64) keep less than the
+  // op sequences they replace.
+  const bool fused_norm = s.train.fused_rms_norm && s.precision.mode != "fp64";
+  const bool fused_swiglu = s.train.fused_swiglu;
   if (fused_norm) {
     // Two RMSNorms: each keeps its input (the layer's input; the residual sum after attention)
     // and one fp32 scale per token.
@@ -182,7 +182,7 @@ struct Acts {
 Acts activations(const model::ModelConfig& mc, const config::Settings& s, int64_t c, bool gpu) {
   const int64_t B = s.train.micro_batch, T = s.data.seq_len, N = B * T;
   const int64_t h = mc.hidden_size, V = mc.vocab_size, L = mc.num_hidden_layers;
-  const LayerActs la = layer_activations(mc, s, N, c, gpu);
+  const LayerActs la = layer_activations(mc, s, N, c);
   Acts a;
   const auto mode = model::parse_activation_checkpointing(s.train.activation_checkpointing);
   for (int64_t i = 0; i < L; ++i) {
@@ -192,14 +192,14 @@ Acts activations(const model::ModelConfig& mc, const config::Settings& s, int64_
     a.checkpointed += ckpt ? 1 : 0;
     a.kept += ckpt ? c * N * h
                    : la.saved + family_extra(mc, i, B, T, c) +
-                         moe_layer_delta(mc, i, N, c, !gpu && s.train.fused_swiglu);
+                         moe_layer_delta(mc, i, N, c, s.train.fused_swiglu);
   }
   // The embedding's output, the final norm (fp32 copy, normalised value, the head's input), RoPE's
   // cos and sin, and a packed batch's [B, 1, T, T] bool mask with the [B, T, T] comparison it is
   // built from; on the CPU also the mask's 0 / -inf form in the compute dtype, made once and kept
   // by every layer's attention (model/decoder.cpp).
   // Fused, the final norm keeps its input and a scale per token instead of the fp32 copy.
-  const bool fused_norm = !gpu && s.train.fused_rms_norm && s.precision.mode != "fp64";
+  const bool fused_norm = s.train.fused_rms_norm && s.precision.mode != "fp64";
   const int64_t final_norm = fused_norm ? c * N * h + 4 * N + c * N * h : 4 * N * h + 2 * c * N * h;
   a.outside = c * N * h + final_norm + 2 * c * N * mc.head_dim +
               (s.data.pack ? (gpu ? 2 : 2 + c) * B * T * T : 0);
