@@ -85,19 +85,46 @@ void barrier(Ctx& c) {
 
 // ---- collectives ----
 
-enum class Op { kAllReduce, kAllGather, kReduceScatter };
-constexpr Op kOps[] = {Op::kAllReduce, Op::kAllGather, Op::kReduceScatter};
+enum class Op { kAllReduce, kAllGather, kReduceScatter, kAllToAll };
+constexpr Op kOps[] = {Op::kAllReduce, Op::kAllGather, Op::kReduceScatter, Op::kAllToAll};
 const char* op_name(Op op) {
-  return op == Op::kAllReduce   ? "all-reduce"
-         : op == Op::kAllGather ? "all-gather"
-                                : "reduce-scatter";
+  switch (op) {
+    case Op::kAllReduce:
+      return "all-reduce";
+    case Op::kAllGather:
+      return "all-gather";
+    case Op::kReduceScatter:
+      return "reduce-scatter";
+    case Op::kAllToAll:
+      break;
+  }
+  return "all-to-all";
 }
-// nccl-tests' bus bandwidth factor: what each rank's link carries relative to the size.
+// nccl-tests' bus bandwidth factor: what each rank's link carries relative to the size (for
+// all-to-all the size is what each rank sends, a 1/n share to every rank, itself included).
 double bus_factor(Op op, int n) {
   return op == Op::kAllReduce ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
 }
 
-void run_op(comm::ProcessGroup& g, Op op, at::Tensor& full, at::Tensor& part,
+// The curve of `op` in `cs` (Curves or const Curves).
+template <typename C>
+auto& curve_of(C& cs, Op op) {
+  switch (op) {
+    case Op::kAllReduce:
+      return cs.all_reduce;
+    case Op::kAllGather:
+      return cs.all_gather;
+    case Op::kReduceScatter:
+      return cs.reduce_scatter;
+    case Op::kAllToAll:
+      break;
+  }
+  return cs.all_to_all;
+}
+
+// `full` and `other`: the size; `part`: a 1/n share of it. All-to-all sends `full` in equal
+// shares and receives into `other` (as expert parallelism's token exchange does, even).
+void run_op(comm::ProcessGroup& g, Op op, at::Tensor& full, at::Tensor& part, at::Tensor& other,
             const at::Device& dev) {
   c10d::Backend& b = g.backend();
   if (op == Op::kAllReduce) {
@@ -105,8 +132,11 @@ void run_op(comm::ProcessGroup& g, Op op, at::Tensor& full, at::Tensor& part,
     b.allreduce(v)->wait();
   } else if (op == Op::kAllGather) {
     b._allgather_base(full, part)->wait();
-  } else {
+  } else if (op == Op::kReduceScatter) {
     b._reduce_scatter_base(part, full)->wait();
+  } else {
+    std::vector<int64_t> even;  // empty: equal shares
+    b.alltoall_base(other, full, even, even)->wait();
   }
   sync(dev);
 }
@@ -121,19 +151,20 @@ Curve sweep_op(comm::ProcessGroup& g, Op op, const at::Device& dev, int64_t max_
     const int64_t numel = (size / 4 + n - 1) / n * n;
     const auto opts = at::TensorOptions().dtype(at::kFloat).device(dev);
     at::Tensor full = at::ones({numel}, opts), part = at::ones({numel / n}, opts);
+    at::Tensor other = op == Op::kAllToAll ? at::empty({numel}, opts) : at::Tensor();
     // Two warm-up calls (connections, buffers), then 3 batches sized from the second; the best
     // batch's time per call on each rank (a batch another process interrupted does not count),
     // the slowest rank's.
-    run_op(g, op, full, part, dev);
+    run_op(g, op, full, part, other, dev);
     auto t0 = Clock::now();
-    run_op(g, op, full, part, dev);
+    run_op(g, op, full, part, other, dev);
     const double warm = reduce(g, dev, {since(t0)}, true)[0];
     const int iters =
         std::clamp(static_cast<int>(seconds_per_size / 3 / std::max(warm, 1e-6)), 1, 20);
     double best = 1e30;
     for (int batch = 0; batch < 3; ++batch) {
       t0 = Clock::now();
-      for (int i = 0; i < iters; ++i) run_op(g, op, full, part, dev);
+      for (int i = 0; i < iters; ++i) run_op(g, op, full, part, other, dev);
       best = std::min(best, since(t0) / iters);
       if (warm > 0.3) break;  // a slow size: one batch is enough
     }
@@ -155,10 +186,7 @@ Curves sweep(Ctx& ctx, comm::ProcessGroup& g, const std::string& what, int64_t m
       fmt::print("ft doctor: timing {} over {}, 1 KiB to {}\n", op_name(op), what,
                  human_bytes(max_bytes));
     std::fflush(stdout);
-    Curve c = sweep_op(g, op, ctx.device, max_bytes, seconds_per_size);
-    (op == Op::kAllReduce   ? cs.all_reduce
-     : op == Op::kAllGather ? cs.all_gather
-                            : cs.reduce_scatter) = std::move(c);
+    curve_of(cs, op) = sweep_op(g, op, ctx.device, max_bytes, seconds_per_size);
   }
   return cs;
 }
@@ -175,16 +203,16 @@ std::string rate(double bytes_per_s) {
 std::string curves_text(const Curves& cs) {
   std::string o =
       fmt::format("collectives over {} (time per call, nccl-tests' bus bandwidth):\n", cs.what);
-  o += fmt::format("  {:>9}  {:>22}  {:>22}  {:>22}\n", "size", "all-reduce", "all-gather",
-                   "reduce-scatter");
-  const Curve* cols[] = {&cs.all_reduce, &cs.all_gather, &cs.reduce_scatter};
+  o += fmt::format("  {:>9}  {:>22}  {:>22}  {:>22}  {:>22}\n", "size", "all-reduce", "all-gather",
+                   "reduce-scatter", "all-to-all");
+  const Curve* cols[] = {&cs.all_reduce, &cs.all_gather, &cs.reduce_scatter, &cs.all_to_all};
   size_t rows = 0;
   for (const Curve* c : cols) rows = std::max(rows, c->bytes.size());
   for (size_t i = 0; i < rows; ++i) {
     std::string line = fmt::format(
         "  {:>9}",
         human_bytes(cs.all_reduce.bytes.size() > i ? cs.all_reduce.bytes[i] : cols[1]->bytes[i]));
-    for (int k = 0; k < 3; ++k) {
+    for (int k = 0; k < 4; ++k) {
       const Curve& c = *cols[k];
       line += i < c.bytes.size() ? fmt::format("  {:>9.3f} ms {:>9}", c.seconds[i] * 1e3,
                                                rate(busbw(c, i, kOps[k], cs.ranks)))
@@ -204,14 +232,14 @@ double sustained_busbw(const Curves& cs) {
 
 json curves_json(const Curves& cs) {
   json j = {{"what", cs.what}, {"ranks", cs.ranks}};
-  const Curve* cols[] = {&cs.all_reduce, &cs.all_gather, &cs.reduce_scatter};
-  for (int k = 0; k < 3; ++k) {
+  for (Op op : kOps) {
+    const Curve& c = curve_of(cs, op);
     json rows = json::array();
-    for (size_t i = 0; i < cols[k]->bytes.size(); ++i)
-      rows.push_back({{"bytes", cols[k]->bytes[i]},
-                      {"seconds", cols[k]->seconds[i]},
-                      {"busbw_bytes_per_s", busbw(*cols[k], i, kOps[k], cs.ranks)}});
-    j[op_name(kOps[k])] = rows;
+    for (size_t i = 0; i < c.bytes.size(); ++i)
+      rows.push_back({{"bytes", c.bytes[i]},
+                      {"seconds", c.seconds[i]},
+                      {"busbw_bytes_per_s", busbw(c, i, op, cs.ranks)}});
+    j[op_name(op)] = rows;
   }
   return j;
 }

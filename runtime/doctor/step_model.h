@@ -27,11 +27,12 @@ struct Curve {
   double time(int64_t size) const;
 };
 
-// The three collectives over one kind of group.
+// The collectives over one kind of group. all_to_all: the bytes each rank sends, in equal shares
+// (expert parallelism's token exchange).
 struct Curves {
   std::string what;  // "across nodes (2 ranks)"
   int ranks = 0;
-  Curve all_reduce, all_gather, reduce_scatter;
+  Curve all_reduce, all_gather, reduce_scatter, all_to_all;
   bool empty() const { return all_reduce.empty(); }
 };
 
