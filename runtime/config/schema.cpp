@@ -496,6 +496,7 @@ const std::vector<Setting>& preset_schema() {
       "warn = print that and run anyway; off = skip the check."),
     // strategy (consumed by the distributed strategies)
     C(KEY(strategy.kind), "ddp", {"ddp", "zero3", "fsdp"}, "How parameters, gradients and optimizer state are spread over ranks."),
+    I(KEY(strategy.expert_parallel), 1, 1, 65536, "Mixture-of-experts models: split each MoE layer's experts over this many ranks (contiguous ranks, so inside a node when it divides the ranks per node); tokens travel to their experts' ranks and back by all-to-all. Must divide the world size and the number of experts. The other parameters follow strategy.kind over the whole world; the experts are replicated over the ranks that hold the same ones. 1: every rank holds every expert."),
     B(KEY(strategy.overlap_comm), true, "Overlap communication with compute (gathers ahead of use, gradient reductions while backward runs). false waits for every collective as soon as it is issued: slower, but comm.wait_s in the metrics is then the whole communication time, to measure what overlap hides."),
     F(KEY(strategy.ddp.bucket_mb), 25.0, 0.001, kInf, "ddp: gradient all-reduce bucket size (MiB); a bucket is all-reduced as soon as backward has filled it."),
     F(KEY(strategy.zero3.prefetch_bucket_size), 5e7, 0, kInf, "zero3: elements prefetched ahead of use."),

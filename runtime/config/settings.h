@@ -178,6 +178,7 @@ struct FsdpSettings {
 struct StrategySettings {
   std::string kind;  // ddp | zero3 | fsdp
   bool overlap_comm = true;
+  int64_t expert_parallel = 1;  // ranks each MoE layer's experts are split over (1: none)
   DdpSettings ddp;
   Zero3Settings zero3;
   FsdpSettings fsdp;

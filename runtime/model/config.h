@@ -35,7 +35,12 @@ struct MoeConfig {
   double router_aux_loss_coef = 0.001;
   bool output_router_logits = false;  // transformers adds the aux loss only with this set
   std::vector<uint8_t> layers;        // per layer: 1 MoE, 0 dense MLP (empty: dense model)
+  // Expert parallelism (strategy.expert_parallel; not in config.json): this rank holds experts
+  // [ep_rank * E / ep_size, (ep_rank + 1) * E / ep_size) of every MoE layer.
+  int64_t ep_size = 1, ep_rank = 0;
   bool enabled() const { return num_experts > 0; }
+  int64_t local_experts() const { return num_experts / ep_size; }
+  int64_t first_local_expert() const { return ep_rank * local_experts(); }
 };
 
 struct ModelConfig {

@@ -386,10 +386,12 @@ DecoderModel::DecoderModel(const ModelConfig& config, at::TensorOptions options,
     if (f.placement != NormPlacement::kPre) L.post_feedforward_layernorm = make({c.hidden_size});
     const int64_t index = &L - layers_.data();
     if (c.is_moe_layer(index)) {
-      const int64_t E = c.moe.num_experts, inter = c.moe.expert_intermediate;
+      // The router scores every expert; the expert weights are this rank's (expert parallelism).
+      const int64_t E = c.moe.num_experts, local = c.moe.local_experts();
+      const int64_t inter = c.moe.expert_intermediate;
       L.moe.router = make({E, c.hidden_size});
-      L.moe.gate_up = make({E, 2 * inter, c.hidden_size});
-      L.moe.down = make({E, c.hidden_size, inter});
+      L.moe.gate_up = make({local, 2 * inter, c.hidden_size});
+      L.moe.down = make({local, c.hidden_size, inter});
       continue;
     }
     if (fused) {

@@ -50,7 +50,10 @@ at::Tensor run_experts(const MoeWeights& w, const at::Tensor& rows,
   std::vector<at::Tensor> outs;
   for (size_t e = 0; e < counts.size(); ++e)
     if (counts[e] > 0) outs.push_back(expert_mlp(parts[e], gate_up[e], down[e], o));
-  if (outs.empty()) return rows.new_zeros({0, w.down.size(1)});
+  // No rows for any local expert: a product over zero rows, so that the result depends on the
+  // weights as every other rank's does (under expert parallelism combine's backward is a
+  // collective, and a rank whose output needed no gradient would leave the others waiting).
+  if (outs.empty()) return expert_mlp(parts.empty() ? rows : parts[0], gate_up[0], down[0], o);
   return outs.size() == 1 ? outs[0] : at::cat(outs);
 }
 

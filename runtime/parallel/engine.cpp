@@ -23,11 +23,16 @@ struct Engine::Member {
   std::vector<int64_t> shape;
   int64_t offset = 0;  // in the group's flat buffer
   int64_t numel = 0;
+  // Expert parallelism: this rank's experts are elements [source_offset, source_offset + numel)
+  // of the parameter of `full_shape` (the slot's shape otherwise, offset 0).
+  std::vector<int64_t> full_shape;
+  int64_t source_offset = 0;
 };
 
 struct Engine::Group {
   std::vector<Member> members;
   bool trained = false, decay = true;
+  bool expert = false;  // this rank's experts: replicated over the expert-data-parallel group
   // The members side by side, split over layout.shards ranks (S; set once every member is in).
   FlatLayout layout;
   bool shard_host = false;   // `shard` is in host memory (offload_params, S > 1)
@@ -139,7 +144,8 @@ Engine::Engine(model::DecoderModel& model, std::vector<ParamSpec> specs, EngineO
   shard_rank_ = S > 1 ? groups_.shard->rank() : 0;
   // Which unit and group each spec goes to: units.h, shared with the planner.
   std::vector<UnitParam> params;
-  for (const auto& p : specs_) params.push_back({p.name, p.slot->numel(), p.trained, p.decay});
+  for (const auto& p : specs_)
+    params.push_back({p.name, p.slot->numel(), p.trained, p.decay, p.expert});
   UnitsOptions uo;
   uo.shard_size = S;
   uo.buckets = options_.buckets;
@@ -158,6 +164,7 @@ Engine::Engine(model::DecoderModel& model, std::vector<ParamSpec> specs, EngineO
       Group g;
       g.trained = gp.trained;
       g.decay = gp.decay;
+      g.expert = gp.expert;
       g.layout = gp.layout;
       for (size_t k = 0; k < gp.members.size(); ++k) {
         const ParamSpec& p = specs_[gp.members[k]];
@@ -167,6 +174,8 @@ Engine::Engine(model::DecoderModel& model, std::vector<ParamSpec> specs, EngineO
         m.shape = p.slot->sizes().vec();
         m.numel = p.slot->numel();
         m.offset = gp.offsets[k];
+        m.full_shape = p.full_shape.empty() ? m.shape : p.full_shape;
+        m.source_offset = p.source_offset;
         g.members.push_back(std::move(m));
       }
       if (g.trained) u->trained_members += static_cast<int>(g.members.size());
@@ -238,7 +247,8 @@ void Engine::load(const ParamSource& source) {
     Group& g = units_[ui]->groups[gi];
     const Member& m = g.members[mi];
     const ShardPiece mine = intersect(g.layout, my_shard(g), m.offset, m.numel);
-    source(p.name, mine.begin, mine.end, g.shard.narrow(0, mine.shard_offset, mine.numel()));
+    source(p.name, m.source_offset + mine.begin, m.source_offset + mine.end,
+           g.shard.narrow(0, mine.shard_offset, mine.numel()));
   }
   // Aliases into the full buffers; masters; hooks.
   sink_of_.clear();
@@ -276,7 +286,7 @@ void Engine::load(const ParamSource& source) {
           g.master = at::empty({g.layout.shard_numel}, master_options(g));
           g.master.copy_(g.shard);
         }
-        masters_.push_back({g.master, g.decay, g.layout.shards > 1});
+        masters_.push_back({g.master, g.decay, g.layout.shards > 1, g.expert});
       }
     }
     if (u.sharded) {
@@ -489,6 +499,10 @@ void Engine::finalize(int ui) {
         g.grad_full = at::zeros({g.layout.padded}, g.full.options().dtype(options_.reduce_dtype));
       reduce_queue_.emplace_back(ui, static_cast<int>(gi));
       reduce_queue_elements_ += g.layout.padded;
+    } else if (g.expert) {
+      // Each expert's gradient already holds its EP group's tokens (they came to it); the other
+      // EP groups' copies add theirs.
+      if (last_micro_ && groups_.expert_dp) all_reduce_grad(g, groups_.expert_dp);
     } else if (last_micro_ && world_size_ > 1) {
       all_reduce_grad(g, groups_.world);
     }
@@ -649,15 +663,19 @@ std::vector<Engine::Piece> Engine::pieces(bool to_write) const {
       const Range shard = g.layout.shard(my_shard(g));
       Range held = shard;
       if (to_write) {
-        const int copies = g.layout.shards == 1 ? world_size_ : world_size_ / g.layout.shards;
-        const int copy =
-            g.layout.shards == 1 ? rank_ : (groups_.replica ? groups_.replica->rank() : 0);
+        int copies = g.layout.shards == 1 ? world_size_ : world_size_ / g.layout.shards;
+        int copy = g.layout.shards == 1 ? rank_ : (groups_.replica ? groups_.replica->rank() : 0);
+        if (g.expert) {  // the ranks holding the same experts
+          copies = groups_.expert_dp ? groups_.expert_dp->size() : 1;
+          copy = groups_.expert_dp ? groups_.expert_dp->rank() : 0;
+        }
         held = share_of(shard, copies, copy);
       }
       for (const auto& m : g.members) {
         const ShardPiece p = intersect(m.offset, m.numel, held, shard.begin);
         if (p.empty()) continue;
-        out.push_back({m.name, m.shape, p.begin, p.end, master, p.shard_offset});
+        out.push_back({m.name, m.full_shape, m.source_offset + p.begin, m.source_offset + p.end,
+                       master, p.shard_offset});
       }
       ++master;
     }
@@ -715,16 +733,20 @@ std::vector<double> Engine::sum_over_ranks(const std::vector<double>& v) {
 }
 double Engine::max_over_ranks(double v) { return scalar_collective(v, true); }
 
-double Engine::global_sq_norm(double sharded_sq, double replicated_sq) {
-  if (options_.shard_size > 1 && !options_.buckets) {
+double Engine::global_sq_norm(double sharded_sq, double replicated_sq, double expert_sq) {
+  auto sum_over = [&](comm::ProcessGroup* g, double v) {
     std::vector<at::Tensor> t{
-        at::full({1}, sharded_sq, at::TensorOptions().dtype(at::kDouble).device(options_.device))};
-    auto w = backend(groups_.shard).allreduce(t);
+        at::full({1}, v, at::TensorOptions().dtype(at::kDouble).device(options_.device))};
+    auto w = backend(g).allreduce(t);
     wait(*w);
     acc_.scalar_collectives++;
-    sharded_sq = t[0].item<double>();
-  }
-  return sharded_sq + replicated_sq;
+    return t[0].item<double>();
+  };
+  if (options_.shard_size > 1 && !options_.buckets)
+    sharded_sq = sum_over(groups_.shard, sharded_sq);
+  // Each EP rank holds other experts: their squares add over the EP group.
+  if (groups_.ep) expert_sq = sum_over(groups_.ep, expert_sq);
+  return sharded_sq + replicated_sq + expert_sq;
 }
 
 std::vector<double> Engine::all_gather_values(const std::vector<double>& values) {
@@ -753,7 +775,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> Engine::parameter_shap
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
   for (const auto& u : units_)
     for (const auto& g : u->groups)
-      for (const auto& m : g.members) out.emplace_back(m.name, m.shape);
+      for (const auto& m : g.members) out.emplace_back(m.name, m.full_shape);
   return out;
 }
 
@@ -764,6 +786,7 @@ at::Tensor Engine::full_on_rank0(const std::string& name) {
       for (const auto& m : g.members) {
         if (m.name != name) continue;
         const at::Tensor& src = g.trained ? g.master : g.shard;
+        if (g.expert && groups_.ep) return experts_on_rank0(src.narrow(0, m.offset, m.numel), m);
         if (g.layout.shards == 1)
           return rank_ == 0 ? src.narrow(0, m.offset, m.numel).view(m.shape) : at::Tensor();
         // HYBRID_SHARD: the other nodes' replicas hold the same values and take no part.
@@ -805,6 +828,33 @@ at::Tensor Engine::full_on_rank0(const std::string& name) {
       }
   FT_ASSERT(false, "full_on_rank0: no parameter named ", name);
   return at::Tensor();
+}
+
+// An expert parameter from the EP group holding world rank 0 (EP groups are contiguous ranks, so
+// its EP rank p is world rank p): each sends its experts, rank 0 lays them side by side.
+at::Tensor Engine::experts_on_rank0(const at::Tensor& mine, const Member& m) {
+  // Every rank counts the call, so that the tags of later point-to-point calls agree.
+  const int tag = p2p_tag_++;
+  if (rank_ >= groups_.ep->size()) return at::Tensor();
+  c10d::Backend& pg = backend(groups_.ep);
+  at::Tensor local = mine.device() == options_.device ? mine : mine.to(options_.device);
+  if (rank_ != 0) {
+    std::vector<at::Tensor> v{local.contiguous()};
+    wait(*pg.send(v, 0, tag));
+    return at::Tensor();
+  }
+  const int64_t n = m.numel, ranks = groups_.ep->size();
+  at::Tensor out = at::empty({n * ranks}, local.options());
+  out.narrow(0, 0, n).copy_(local);
+  std::vector<std::vector<at::Tensor>> bufs;
+  bufs.reserve(ranks);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (int p = 1; p < ranks; ++p) {
+    bufs.push_back({out.narrow(0, p * n, n)});
+    works.push_back(pg.recv(bufs.back(), p, tag));
+  }
+  for (auto& w : works) wait(*w);
+  return out.view(m.full_shape);
 }
 
 Accounting Engine::take_accounting() {

@@ -75,18 +75,28 @@ struct EngineOptions {
 
 struct ParamSpec {
   std::string name;  // HF (or PEFT) name
-  at::Tensor* slot;  // the model's tensor, replaced by an alias into the engine's storage
+  at::Tensor* slot = nullptr;  // the model's tensor, replaced by an alias into the engine's storage
   bool trained = false;
   bool decay = true;  // AdamW weight decay applies
+  // Expert parallelism: the slot holds this rank's experts, elements [source_offset,
+  // source_offset + slot->numel()) of the parameter `full_shape` flattened; replicated over the
+  // ranks holding the same experts (Groups::expert_dp), its gradient reduced over them.
+  bool expert = false;
+  int64_t source_offset = 0;
+  std::vector<int64_t> full_shape;  // empty: the slot's shape
 };
 
 // The process groups a strategy communicates over. `shard` splits sharded groups (S ranks);
 // `replica` joins the ranks holding the same shard (HYBRID_SHARD: one per node). Null when the
 // group would have one rank.
+// Expert parallelism adds `ep` (the ranks that split one MoE layer's experts; the world when
+// they are all of it) and `expert_dp` (the ranks holding the same experts: null when one).
 struct Groups {
   comm::ProcessGroup* world = nullptr;
   comm::ProcessGroup* shard = nullptr;
   comm::ProcessGroup* replica = nullptr;
+  comm::ProcessGroup* ep = nullptr;
+  comm::ProcessGroup* expert_dp = nullptr;
 };
 
 // Fills `dst` (end - begin elements, the engine's dtype and device) with elements [begin, end) of
@@ -137,6 +147,7 @@ class Engine : public model::UnitHooks {
     at::Tensor tensor;  // [n] master dtype, .grad() the reduced gradient
     bool decay = true;
     bool sharded = false;  // a 1/S slice (its norm is summed over the shard group)
+    bool expert = false;   // this rank's experts (their norm is summed over the EP group)
   };
   const std::vector<Master>& masters() const { return masters_; }
 
@@ -163,17 +174,19 @@ class Engine : public model::UnitHooks {
   // Element by element over every rank (one all-reduce).
   std::vector<double> sum_over_ranks(const std::vector<double>& v);
   double max_over_ranks(double v);
-  // Global squared gradient norm from this rank's sharded and replicated parts.
-  double global_sq_norm(double sharded_sq, double replicated_sq);
+  // Global squared gradient norm from this rank's sharded, replicated and expert parts.
+  double global_sq_norm(double sharded_sq, double replicated_sq, double expert_sq = 0);
   // Every rank's `values` (each rank passes as many), in rank order: one all-gather over all
   // ranks (counted as a scalar collective, its wait as communication).
   std::vector<double> all_gather_values(const std::vector<double>& values);
 
-  // Every parameter's name and shape in the engine's order (units, groups, members).
+  // Every parameter's name and shape (an expert parameter's whole shape) in the engine's order
+  // (units, groups, members).
   std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes() const;
   // The full value of parameter `name` on world rank 0 (on the engine's device: the fp32 master
   // if trained, else its compute value), an undefined tensor on every other rank. Collective over
-  // the ranks holding its pieces (world rank 0's shard group; nothing for a replicated one): all
+  // the ranks holding its pieces (world rank 0's shard group, or its EP group for an expert
+  // parameter; nothing for a replicated one): all
   // ranks call it with the same names in the same order. Each piece travels once, point to point
   // to rank 0, which holds this one tensor and nothing else of the model beyond its own shards.
   at::Tensor full_on_rank0(const std::string& name);
@@ -227,6 +240,7 @@ class Engine : public model::UnitHooks {
   void wait(c10d::Work& work);
   void issued(c10d::Work& work);
   double scalar_collective(double v, bool max);
+  at::Tensor experts_on_rank0(const at::Tensor& mine, const Member& m);
 
   model::DecoderModel& model_;
   std::vector<ParamSpec> specs_;

@@ -291,4 +291,17 @@ at::Tensor combine(const ExpertExchange& ex, const at::Tensor& expert_out,
   return CombineFn::apply(expert_out, keep);
 }
 
+at::Tensor ModelExpertExchange::dispatch(const at::Tensor& rows, const std::vector<int64_t>& counts,
+                                         std::vector<int64_t>& local_counts) {
+  Dispatched d = parallel::dispatch(ex_, rows, counts);
+  local_counts = std::move(d.local_counts);
+  plan_ = std::move(d.plan);
+  return d.rows;
+}
+
+at::Tensor ModelExpertExchange::combine(const at::Tensor& expert_rows) {
+  FT_ASSERT(plan_, "ModelExpertExchange::combine without a dispatch before it");
+  return parallel::combine(ex_, expert_rows, plan_);
+}
+
 }  // namespace ft::parallel

@@ -19,6 +19,8 @@
 #include <memory>
 #include <vector>
 
+#include "model/moe.h"
+
 namespace ft::comm {
 class ProcessGroup;
 }
@@ -106,5 +108,23 @@ Dispatched dispatch(const ExpertExchange& ex, const at::Tensor& rows_sorted,
 // `expert_out` does not, this FT_CHECKs instead of letting the other ranks' backward hang.
 at::Tensor combine(const ExpertExchange& ex, const at::Tensor& expert_out,
                    const std::shared_ptr<const ExchangePlan>& plan);
+
+// The model's side of the exchange (model::ExpertExchange) over an EP group: each MoE layer's
+// dispatch keeps its plan for the combine that follows it (an activation-checkpointed layer's
+// recompute dispatches and combines again, in the same order). One per model; not thread-safe.
+class ModelExpertExchange : public model::ExpertExchange {
+ public:
+  explicit ModelExpertExchange(parallel::ExpertExchange ex) : ex_(std::move(ex)) {}
+  int64_t first_local_expert() const override { return ex_.first_local_expert(); }
+  int64_t num_local_experts() const override { return ex_.local_experts(); }
+  at::Tensor dispatch(const at::Tensor& rows, const std::vector<int64_t>& counts,
+                      std::vector<int64_t>& local_counts) override;
+  at::Tensor combine(const at::Tensor& expert_rows) override;
+  const parallel::ExpertExchange& exchange() const { return ex_; }
+
+ private:
+  parallel::ExpertExchange ex_;
+  std::shared_ptr<const ExchangePlan> plan_;
+};
 
 }  // namespace ft::parallel

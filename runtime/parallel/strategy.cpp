@@ -165,9 +165,31 @@ std::vector<ParamSpec> param_specs(model::DecoderModel& model, bool lora) {
     const bool bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
     return n.find("norm") == std::string::npos && !bias;
   };
-  for (auto& p : model.parameters()) specs.push_back({p.name, p.tensor, !lora, decays(p.name)});
+  const model::MoeConfig& moe = model.config().moe;
+  for (auto& p : model.parameters()) {
+    ParamSpec spec;
+    spec.name = p.name;
+    spec.slot = p.tensor;
+    spec.trained = !lora;
+    spec.decay = decays(p.name);
+    // Expert parallelism: the model holds its local experts of each [E, ...] expert tensor.
+    const bool expert = p.name.find(".mlp.experts.") != std::string::npos;
+    if (moe.ep_size > 1 && expert) {
+      spec.expert = true;
+      spec.full_shape = p.tensor->sizes().vec();
+      spec.full_shape[0] = moe.num_experts;
+      spec.source_offset = moe.first_local_expert() * (p.tensor->numel() / moe.local_experts());
+    }
+    specs.push_back(std::move(spec));
+  }
   if (lora)
-    for (auto& p : model::lora_parameters(model)) specs.push_back({p.name, p.tensor, true, true});
+    for (auto& p : model::lora_parameters(model)) {
+      ParamSpec spec;
+      spec.name = p.name;
+      spec.slot = p.tensor;
+      spec.trained = true;
+      specs.push_back(std::move(spec));
+    }
   return specs;
 }
 

@@ -35,20 +35,31 @@ UnitsPlan plan_units(const std::vector<UnitParam>& params, const UnitsOptions& o
     return u.groups.back();
   };
 
+  // Expert parallelism: this rank's experts in a unit of their own, never sharded or bucketed
+  // (their gradients are reduced over another group), reduced last.
+  UnitPlan experts;
+  experts.name = "experts";
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].expert) {
+      GroupPlan& g = group_in(experts, params[i].trained, params[i].decay);
+      g.expert = true;
+      add_member(g, i);
+    }
+
   if (o.buckets || S == 1) {
     // Everything replicated. Frozen parameters: one group, no communication. Trained ones: ddp
     // buckets in reverse model order (the order backward produces their gradients).
     UnitPlan frozen;
     frozen.name = "frozen";
     for (size_t i = 0; i < params.size(); ++i)
-      if (!params[i].trained) add_member(group_in(frozen, false, true), i);
+      if (!params[i].trained && !params[i].expert) add_member(group_in(frozen, false, true), i);
     const int64_t bucket_elems = std::max<int64_t>(1, o.bucket_bytes / o.master_element_size);
     bool open = false;
     UnitPlan bucket;
     int64_t in_bucket = 0;
     for (size_t k = params.size(); k-- > 0;) {
       const UnitParam& p = params[k];
-      if (!p.trained) continue;
+      if (!p.trained || p.expert) continue;
       if (!open || (in_bucket > 0 && in_bucket + p.numel > bucket_elems)) {
         if (open) plan.units.push_back(std::move(bucket));
         bucket = UnitPlan();
@@ -76,6 +87,7 @@ UnitsPlan plan_units(const std::vector<UnitParam>& params, const UnitsOptions& o
     persistent.name = "persistent";
     for (size_t i = 0; i < params.size(); ++i) {
       const UnitParam& p = params[i];
+      if (p.expert) continue;
       if (p.numel < o.persistence_threshold) {
         add_member(group_in(persistent, p.trained, p.decay), i);
         continue;
@@ -90,6 +102,10 @@ UnitsPlan plan_units(const std::vector<UnitParam>& params, const UnitsOptions& o
       plan.launch_order.push_back(static_cast<int>(plan.units.size()));
       plan.units.push_back(std::move(persistent));
     }
+  }
+  if (!experts.groups.empty()) {
+    plan.launch_order.push_back(static_cast<int>(plan.units.size()));
+    plan.units.push_back(std::move(experts));
   }
   for (auto& u : plan.units)
     for (auto& g : u.groups) g.layout = FlatLayout::of(g.layout.numel, u.sharded ? S : 1);

@@ -17,17 +17,19 @@ struct UnitParam {
   int64_t numel = 0;
   bool trained = false;
   bool decay = true;
+  bool expert = false;  // this rank's experts (expert parallelism): the "experts" unit
 };
 
 struct GroupPlan {
   bool trained = false, decay = true;
-  std::vector<size_t> members;   // indices into the params given to plan_units, in order
+  bool expert = false;          // replicated; gradients reduced over the expert-data-parallel group
+  std::vector<size_t> members;  // indices into the params given to plan_units, in order
   std::vector<int64_t> offsets;  // each member's first element in the group's flat buffer
   FlatLayout layout;             // the members side by side, split over `shards`
 };
 
 struct UnitPlan {
-  std::string name;     // "root", "layer3", "bucket0", "frozen", "persistent"
+  std::string name;     // "root", "layer3", "bucket0", "frozen", "persistent", "experts"
   int model_unit = -1;  // the model unit it is (-1: a ddp bucket, the frozen or persistent group)
   bool sharded = false;
   std::vector<GroupPlan> groups;

@@ -58,11 +58,14 @@ void save_final(parallel::Engine& engine, const FinalSaveOptions& o) {
       save_hf_model(o.config, final_tensors, final_dir);
     } catch (const Error& e) {
       error = e.what();
-      for (size_t i : io::write_order(final_tensors))
+      for (size_t i : hf_make_order(o.config, final_tensors))
         if (!gathered[i]) engine.full_on_rank0(final_tensors[i].name);
     }
   } else {
-    for (size_t i : io::write_order(final_tensors)) engine.full_on_rank0(final_tensors[i].name);
+    // In the order rank 0's writer makes them (a MoE model's experts as their first piece is
+    // written): gathering an expert parallel tensor is a collective too.
+    for (size_t i : hf_make_order(o.config, final_tensors))
+      engine.full_on_rank0(final_tensors[i].name);
   }
   if (rank0 && error.empty()) {
     try {

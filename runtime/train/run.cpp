@@ -31,15 +31,16 @@
 #include "model/decoder.h"
 #include "model/flops.h"
 #include "model/lora.h"
+#include "parallel/expert_exchange.h"
 #include "parallel/strategy.h"
 #include "train/device_peak.h"
 #include "train/evaluate.h"
+#include "train/expert_load.h"
 #include "train/final_save.h"
 #include "train/metrics.h"
 #include "train/profile.h"
 #include "train/run_events.h"
 #include "train/saved_model.h"
-#include "train/expert_load.h"
 #include "train/stragglers.h"
 #include "train/tensorboard.h"
 #include "train/train_state.h"
@@ -268,6 +269,8 @@ class TrainingRun {
  private:
   void choose_device();
   void build_model();
+  model::ModelConfig expert_placement();
+  void form_expert_groups();
   void open_data();
   void open_eval_data();
   void form_groups();
@@ -317,7 +320,10 @@ class TrainingRun {
   int64_t rows_per_epoch_ = 0;  // --data counted for train.epochs; 0 otherwise
   std::string chat_template_;   // the records' chat template (Jinja), "" when none is rendered
   int64_t total_steps_ = 0;
-  std::unique_ptr<comm::ProcessGroup> world_, shard_group_, replica_group_;
+  std::unique_ptr<comm::ProcessGroup> world_, shard_group_, replica_group_, ep_group_,
+      expert_dp_group_;
+  parallel::ExpertParallelLayout ep_;                        // strategy.expert_parallel
+  std::unique_ptr<parallel::ModelExpertExchange> exchange_;  // EP > 1 only
   // World size 1 under a launcher: its store, for progress and stop estimates (no group forms).
   c10::intrusive_ptr<c10d::Store> launcher_store_;
   parallel::Groups groups_;
@@ -359,14 +365,39 @@ void TrainingRun::build_model() {
   const auto checkpointing =
       model::parse_activation_checkpointing(s_.train.activation_checkpointing);
   plan_ = parallel::plan_strategy(s_.strategy, s_.precision.mode, env_, device_);
-  model_ = std::make_unique<model::DecoderModel>(
-      mc_, at::TensorOptions().dtype(dtype_).device(device_), /*materialize=*/false);
+  model_ = std::make_unique<model::DecoderModel>(expert_placement(),
+                                                 at::TensorOptions().dtype(dtype_).device(device_),
+                                                 /*materialize=*/false);
   model_->set_activation_checkpointing(checkpointing, s_.train.checkpoint_every_n_layers);
   model_->set_fused_ops(fused_ops(s_.train));
   if (s_.lora.enabled) {
     lora_config_ = lora_config_from_preset(s_.lora, o_.model_dir, &mc_);
     model::attach_lora(*model_, lora_config_, s_.train.seed + 1);
   }
+}
+
+// The model's config with this rank's experts (strategy.expert_parallel), checked against the
+// model and the world; mc_ itself keeps describing the whole model (files, shapes, saving).
+model::ModelConfig TrainingRun::expert_placement() {
+  const int64_t n = s_.strategy.expert_parallel;
+  model::ModelConfig placed = mc_;
+  if (n == 1) return placed;
+  FT_CHECK(mc_.moe.enabled(), "strategy.expert_parallel=", n, ": the model (", mc_.model_type,
+           ") has no mixture-of-experts layers, so there are no experts to split; remove it");
+  ep_ = parallel::expert_parallel_layout(env_.world_size, env_.rank, static_cast<int>(n),
+                                         env_.local_world_size);
+  FT_CHECK(mc_.moe.num_experts % n == 0, "strategy.expert_parallel=", n, " must divide the ",
+           mc_.moe.num_experts, " experts of each MoE layer; use a divisor of both ",
+           mc_.moe.num_experts, " and the world size (", env_.world_size, " ranks)");
+  if (env_.rank == 0 && !ep_.within_node)
+    fmt::print(stderr,
+               "ft train: warning: strategy.expert_parallel={} spans nodes ({} ranks per node): "
+               "every MoE layer's tokens cross the network twice per forward and backward; a "
+               "divisor of the ranks per node keeps the exchange inside a node\n",
+               n, env_.local_world_size);
+  placed.moe.ep_size = n;
+  placed.moe.ep_rank = ep_.ep_rank;
+  return placed;
 }
 
 // This rank's batches: the synthetic task, or --data read with the model's tokenizer (counted
@@ -526,6 +557,27 @@ void TrainingRun::form_groups() {
     replica_group_ = world_->subgroup(fmt::format("replica{}", env_.rank % S), plan_.replica_ranks);
     groups_.replica = replica_group_.get();
   }
+  form_expert_groups();
+}
+
+// Expert parallelism: the EP group (the ranks splitting the experts), the expert-data-parallel
+// group (the ranks holding the same ones) and the model's token exchange over the first.
+void TrainingRun::form_expert_groups() {
+  if (ep_.ep_size == 1) return;
+  if (ep_.ep_size == env_.world_size) {
+    groups_.ep = world_.get();
+  } else {
+    ep_group_ = world_->subgroup(fmt::format("ep{}", ep_.ep_group), ep_.ep_ranks);
+    groups_.ep = ep_group_.get();
+  }
+  if (ep_.expert_dp_ranks.size() > 1) {
+    expert_dp_group_ =
+        world_->subgroup(fmt::format("expert_dp{}", ep_.ep_rank), ep_.expert_dp_ranks);
+    groups_.expert_dp = expert_dp_group_.get();
+  }
+  exchange_ = std::make_unique<parallel::ModelExpertExchange>(
+      parallel::ExpertExchange(groups_.ep, mc_.moe.num_experts));
+  model_->set_expert_exchange(exchange_.get());
 }
 
 // The engine's storage for this rank's shards, filled from the checkpoint the ranks agree on, the

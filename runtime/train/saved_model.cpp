@@ -95,6 +95,34 @@ io::DeferredTensors per_expert_layout(const model::ModelConfig& config,
 
 }  // namespace
 
+std::vector<size_t> hf_make_order(const model::ModelConfig& config,
+                                  const io::DeferredTensors& fused_tensors,
+                                  uint64_t max_shard_bytes) {
+  // The same expansion as per_expert_layout, each piece remembering its fused tensor.
+  io::DeferredTensors expanded;
+  std::vector<size_t> owner;
+  for (size_t i = 0; i < fused_tensors.size(); ++i) {
+    const auto& t = fused_tensors[i];
+    const auto pieces = model::expert_file_pieces(config, t.name);
+    if (pieces.empty()) {
+      expanded.push_back({t.name, t.shape, t.dtype, {}});
+      owner.push_back(i);
+    }
+    for (const auto& p : pieces) {
+      expanded.push_back({p.file_name, p.shape, t.dtype, {}});
+      owner.push_back(i);
+    }
+  }
+  std::vector<size_t> order;
+  std::vector<char> made(fused_tensors.size(), 0);
+  for (const size_t k : io::write_order(expanded, max_shard_bytes))
+    if (!made[owner[k]]) {
+      made[owner[k]] = 1;
+      order.push_back(owner[k]);
+    }
+  return order;
+}
+
 std::vector<std::string> save_hf_model(const model::ModelConfig& config,
                                        const io::DeferredTensors& fused_tensors,
                                        const std::string& dir, uint64_t max_shard_bytes,

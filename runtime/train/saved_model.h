@@ -47,6 +47,14 @@ std::vector<std::string> save_hf_model(const model::ModelConfig& config,
                                        const io::DeferredTensors& tensors, const std::string& dir,
                                        uint64_t max_shard_bytes = io::kDefaultMaxShardBytes,
                                        const io::ShardWritten& on_written = {});
+
+// The order in which save_hf_model(config, fused_tensors, dir, max_shard_bytes) makes the fused
+// tensors (indices into `fused_tensors`, each once: a MoE layer's expert tensor when its first
+// per-expert piece is written). When making a tensor is a collective, the ranks that do not write
+// walk this order to take part in step with rank 0.
+std::vector<size_t> hf_make_order(const model::ModelConfig& config,
+                                  const io::DeferredTensors& fused_tensors,
+                                  uint64_t max_shard_bytes = io::kDefaultMaxShardBytes);
 // A PEFT adapter directory: adapter_config.json + adapter_model.safetensors (`tensors` in fp32).
 void save_peft_adapter(const model::LoraConfig& lora, const io::NamedTensors& tensors,
                        const std::string& dir);

@@ -2,9 +2,14 @@
 // Mixtral and Qwen3-MoE of tests/model/fixtures/moe (issue 31): the aux loss is added as the
 // settings say and changes the training, every step records each expert's picks (k per token,
 // every position), the final model and the export hold transformers' per-expert tensors, and 2
-// data-parallel ranks under ddp, zero3 and fsdp follow the 1-rank run.
+// data-parallel ranks under ddp, zero3 and fsdp follow the 1-rank run. Expert parallelism
+// (strategy.expert_parallel): EP 2 at world 2 and EP 2 x 2 replicas on 2 launcher nodes follow the
+// 1-rank run, the final model holds every expert, checkpoints reshard between EP sizes, and a job
+// killed with SIGKILL resumes bit for bit.
 #include "support/catch_torch.h"
 // (catch_torch.h first: c10 defines a CHECK macro of its own)
+#include <signal.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -68,6 +73,62 @@ std::vector<json> train_ok(const std::vector<std::string>& argv, const std::stri
   INFO(f.output);
   REQUIRE(f.code == 0);
   return read_metrics(out);
+}
+
+// `ft launch --nproc-per-node n` of moe_train (n > 1), run to the end.
+std::vector<json> launch_ok(int n, const std::string& model, const std::string& out,
+                            const std::vector<std::string>& sets) {
+  const Finished f = run_to_end(ft_launch_argv({"--nproc-per-node", std::to_string(n),
+                                                "--master-port", std::to_string(free_port())},
+                                               moe_train(model, "", out, sets)),
+                                {}, make_temp_dir() + "/launch.txt", 240);
+  INFO(output_tail(f.output));
+  REQUIRE(f.code == 0);
+  return read_metrics(out);
+}
+
+// Step by step: the same losses and aux losses within 1e-5 relative, the same expert picks.
+void check_follows(const std::vector<json>& one, const std::vector<json>& got, size_t from = 0) {
+  REQUIRE(got.size() == one.size());
+  for (size_t i = from; i < one.size(); ++i) {
+    INFO("step " << i + 1);
+    const double a = one[i]["loss"].get<double>(), b = got[i]["loss"].get<double>();
+    CHECK(std::abs(a - b) / a < 1e-5);
+    const double x = one[i]["moe"]["aux_loss"].get<double>(),
+                 y = got[i]["moe"]["aux_loss"].get<double>();
+    CHECK(std::abs(x - y) / x < 1e-5);
+    CHECK(got[i]["moe"]["expert_tokens"] == one[i]["moe"]["expert_tokens"]);
+  }
+}
+
+// The largest difference of any tensor of two final models, relative to the tensor's largest
+// value; 1 when the names differ.
+double final_models_apart(const std::string& a, const std::string& b) {
+  auto fa = ft::io::SafetensorsFile::open(a + "/final/model.safetensors");
+  auto fb = ft::io::SafetensorsFile::open(b + "/final/model.safetensors");
+  if (fa.names() != fb.names()) return 1;
+  double worst = 0;
+  for (const auto& n : fa.names()) {
+    const at::Tensor x = fa.tensor(n).to(at::kDouble), y = fb.tensor(n).to(at::kDouble);
+    worst = std::max(
+        worst, (x - y).abs().max().item<double>() / std::max(x.abs().max().item<double>(), 1e-30));
+  }
+  return worst;
+}
+
+// A copy of run `from` as if it had stopped after step `step`: its checkpoints past that step,
+// the pointer to the newest and final/ removed.
+std::string stopped_copy(const std::string& from, int step) {
+  const std::string to = make_temp_dir() + "/run";
+  std::filesystem::copy(from, to, std::filesystem::copy_options::recursive);
+  std::filesystem::remove_all(to + "/final");
+  std::filesystem::remove(to + "/checkpoints/latest");
+  for (const auto& d : std::filesystem::directory_iterator(to + "/checkpoints")) {
+    const std::string name = d.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && std::stoi(name.substr(5)) > step)
+      std::filesystem::remove_all(d.path());
+  }
+  return to;
 }
 
 std::set<std::string> tensor_names(const std::string& file) {
@@ -161,4 +222,148 @@ TEST_CASE("a Qwen3-MoE model on 2 ranks follows the 1-rank run under ddp, zero3 
     }
   }
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("expert parallelism: EP 2 at world 2 follows the 1-rank run under ddp, zero3 and fsdp",
+          "[multiproc]") {
+  const std::string dir = make_temp_dir();
+  const std::string model = moe_fixture("qwen3_moe_tiny");  // 8 experts: 4 on each EP rank
+  const std::vector<std::string> sets = {"moe.aux_loss_scope=global", "train.grad_accum=1"};
+  const auto one = train_ok(moe_train(model, "", dir + "/one", sets), dir + "/one");
+  // 2 data-parallel ranks without EP: the same split of the batch, so the final weights differ
+  // from the EP runs' only by the order sums are taken in.
+  launch_ok(2, model, dir + "/dp", with(sets, {"train.micro_batch=1"}));
+  for (const std::string kind : {"ddp", "zero3", "fsdp"}) {
+    INFO(kind);
+    const std::string out = dir + "/ep-" + kind;
+    const auto ep = launch_ok(
+        2, model, out,
+        with(sets, {"strategy.kind=" + kind, "train.micro_batch=1", "strategy.expert_parallel=2"}));
+    check_follows(one, ep);
+    // Every expert in final/, each in its place, whichever rank trained it.
+    CHECK(final_models_apart(dir + "/dp", out) < 1e-4);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "expert parallelism: 2 ft launch nodes x 2 workers, EP 2 inside each node, follow the "
+    "1-rank run",
+    "[multiproc]") {
+  const std::string dir = make_temp_dir();
+  const std::string model = moe_fixture("mixtral_tiny");
+  const std::vector<std::string> sets = {"moe.aux_loss_scope=global", "train.grad_accum=1"};
+  const auto one = train_ok(moe_train(model, "", dir + "/one", with(sets, {"train.micro_batch=4"})),
+                            dir + "/one");
+  launch_ok(4, model, dir + "/dp", with(sets, {"train.micro_batch=1"}));
+  // Two launchers on loopback, as two machines run them: each node's 2 ranks form an EP group,
+  // the two copies of an expert are on different nodes.
+  const std::string port = std::to_string(free_port());
+  std::vector<Child> nodes;
+  for (int node = 0; node < 2; ++node)
+    nodes.push_back(
+        start(ft_launch_argv(
+                  {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "2",
+                   "--master-addr", "127.0.0.1", "--master-port", port, "--max-restarts", "0"},
+                  moe_train(model, "", dir + "/ep",
+                            with(sets, {"train.micro_batch=1", "strategy.expert_parallel=2",
+                                        "strategy.kind=zero3"}))),
+              {}, dir + "/node" + std::to_string(node) + ".txt"));
+  std::string output;
+  bool ok = true;
+  for (auto& c : nodes) {
+    const auto rc = wait_for(c, 240);
+    if (!rc) kill_and_reap(c);
+    output += c.output();
+    ok = ok && rc.value_or(-1) == 0;
+  }
+  INFO(output_tail(output));
+  REQUIRE(ok);
+  CHECK_THAT(output, !Catch::Contains("spans nodes"));
+  check_follows(one, read_metrics(dir + "/ep"));
+  CHECK(final_models_apart(dir + "/dp", dir + "/ep") < 1e-4);
+  // Each expert's gradient was reduced over the two ranks holding it (expert_dp): a replica that
+  // skipped it would have drifted from the other, and rank 0 writes its own.
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "expert parallelism: checkpoints reshard EP 2 -> 1 rank -> EP 2, and SIGKILL resumes "
+    "bit for bit",
+    "[multiproc]") {
+  const std::string dir = make_temp_dir();
+  const std::string model = moe_fixture("qwen3_moe_tiny");
+  const std::vector<std::string> sets = {"moe.aux_loss_scope=global", "train.grad_accum=1",
+                                         "train.max_steps=6", "output.save_every=2",
+                                         "output.keep_last=10"};
+  const std::vector<std::string> ep2 = {"train.micro_batch=1", "strategy.expert_parallel=2",
+                                        "strategy.kind=zero3"};
+  const auto one = train_ok(moe_train(model, "", dir + "/one", sets), dir + "/one");
+  launch_ok(2, model, dir + "/ep", with(sets, ep2));
+  // Saved by EP 2 at step 2, continued by 1 rank (every expert on it) ...
+  const std::string a = stopped_copy(dir + "/ep", 2);
+  const Finished ra = run_to_end(moe_train(model, "", a, sets), {}, dir + "/a.txt", 240);
+  INFO(output_tail(ra.output));
+  REQUIRE(ra.code == 0);
+  CHECK_THAT(ra.output, Catch::Contains("resuming from") && Catch::Contains("(step 2, saved by 2"));
+  check_follows(one, read_metrics(a), 2);
+  // ... whose step-4 checkpoint EP 2 (fsdp) continues.
+  const std::string b = stopped_copy(a, 4);
+  const auto rb = launch_ok(
+      2, model, b,
+      with(sets, {"train.micro_batch=1", "strategy.expert_parallel=2", "strategy.kind=fsdp"}));
+  check_follows(one, rb, 4);
+  // SIGKILL of the launcher after a random step, the same command again: the same bytes.
+  std::mt19937 gen(std::random_device{}());
+  const size_t kill_after = 2 + gen() % 3;
+  INFO("SIGKILL after " << kill_after << " steps");
+  const std::string k = dir + "/killed";
+  const std::string port = std::to_string(free_port());
+  const auto argv = ft_launch_argv({"--nproc-per-node", "2", "--master-port", port},
+                                   moe_train(model, "", k, with(sets, ep2)));
+  Child c = start(argv, {}, dir + "/k.txt");
+  wait_for_steps(k, kill_after, std::chrono::steady_clock::now() + std::chrono::seconds(120));
+  ::kill(c.pid, SIGKILL);
+  REQUIRE(wait_for(c, 30).value_or(-1) == 128 + SIGKILL);
+  const Finished again = run_to_end(argv, {}, dir + "/again.txt", 240);
+  INFO(output_tail(again.output));
+  REQUIRE(again.code == 0);
+  CHECK(read_file(dir + "/ep/final/model.safetensors") ==
+        read_file(k + "/final/model.safetensors"));
+  const auto ref = read_metrics(dir + "/ep"), got = read_metrics(k);
+  REQUIRE(got.size() == ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) CHECK(got[i]["loss"] == ref[i]["loss"]);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("strategy.expert_parallel is refused by key where it cannot apply", "[multiproc]") {
+  const std::string dir = make_temp_dir();
+  // Not dividing the world, the experts, or a dense model: exit 2 and a message naming the key.
+  struct Bad {
+    std::string model;
+    int n;
+    std::string set, says;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {moe_fixture("qwen3_moe_tiny"), 2, "strategy.expert_parallel=3",
+            "must divide the world size"},
+           {moe_fixture("qwen3_moe_tiny"), 1, "strategy.expert_parallel=3",
+            "must divide the world size"},
+           {"", 2, "strategy.expert_parallel=2", "has no mixture-of-experts layers"}}) {
+    INFO(b.set << " on " << (b.model.empty() ? "tiny-demo" : b.model));
+    std::vector<std::string> train =
+        b.model.empty() ? ft_train_argv({"--preset", "tiny-demo", "--output", dir + "/out"},
+                                        {b.set, "train.max_steps=1"})
+                        : moe_train(b.model, "", dir + "/out", {b.set});
+    const Finished f = run_to_end(
+        b.n == 1 ? train
+                 : ft_launch_argv({"--nproc-per-node", std::to_string(b.n), "--master-port",
+                                   std::to_string(free_port()), "--max-restarts", "0"},
+                                  train),
+        {}, dir + "/bad.txt", 120);
+    CHECK(f.code != 0);
+    CHECK_THAT(f.output, Catch::Contains("strategy.expert_parallel=") && Catch::Contains(b.says));
+    CHECK_THAT(f.output, !Catch::Contains("terminate called"));
+    std::filesystem::remove_all(dir + "/out");
+  }
 }
