@@ -121,6 +121,7 @@ class ModelExpertExchange : public model::ExpertExchange {
                       std::vector<int64_t>& local_counts) override;
   at::Tensor combine(const at::Tensor& expert_rows) override;
   const parallel::ExpertExchange& exchange() const { return ex_; }
+  void reset_stats() { ex_.reset_stats(); }
 
  private:
   parallel::ExpertExchange ex_;

@@ -159,6 +159,23 @@ ExpertParallelLayout expert_parallel_layout(int world_size, int rank, int ep_siz
   return l;
 }
 
+model::ModelConfig place_experts(const model::ModelConfig& mc, int64_t n, const comm::DistEnv& env,
+                                 ExpertParallelLayout* layout) {
+  model::ModelConfig placed = mc;
+  if (n == 1) return placed;
+  FT_CHECK(mc.moe.enabled(), "strategy.expert_parallel=", n, ": the model (", mc.model_type,
+           ") has no mixture-of-experts layers, so there are no experts to split; remove it");
+  const ExpertParallelLayout l =
+      expert_parallel_layout(env.world_size, env.rank, static_cast<int>(n), env.local_world_size);
+  FT_CHECK(mc.moe.num_experts % n == 0, "strategy.expert_parallel=", n, " must divide the ",
+           mc.moe.num_experts, " experts of each MoE layer; use a divisor of both ",
+           mc.moe.num_experts, " and the world size (", env.world_size, " ranks)");
+  placed.moe.ep_size = n;
+  placed.moe.ep_rank = l.ep_rank;
+  if (layout) *layout = l;
+  return placed;
+}
+
 std::vector<ParamSpec> param_specs(model::DecoderModel& model, bool lora) {
   std::vector<ParamSpec> specs;
   auto decays = [](const std::string& n) {

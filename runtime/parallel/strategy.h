@@ -49,6 +49,13 @@ struct ExpertParallelLayout {
 ExpertParallelLayout expert_parallel_layout(int world_size, int rank, int ep_size,
                                             int ranks_per_node);
 
+// `mc` with rank env.rank's experts placed (ModelConfig::moe's ep_size and ep_rank) under
+// strategy.expert_parallel = `n`, and that rank's layout in `layout`; `mc` itself for n == 1.
+// FT_CHECKs, naming the key, that the model has MoE layers and that n divides the world size
+// and the experts.
+model::ModelConfig place_experts(const model::ModelConfig& mc, int64_t n, const comm::DistEnv& env,
+                                 ExpertParallelLayout* layout = nullptr);
+
 // Every parameter of `model` in file order (base, then LoRA adapters when `lora`), trained: the
 // adapters for LoRA, every base weight otherwise. AdamW decays neither norms nor biases.
 std::vector<ParamSpec> param_specs(model::DecoderModel& model, bool lora);

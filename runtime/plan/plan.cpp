@@ -239,16 +239,6 @@ Acts activations(const model::ModelConfig& mc, const config::Settings& s, int64_
   return a;
 }
 
-// The elements of parameter `name`, of shape `sizes`, that one rank's engine lays out before its
-// strategy shards them (count_state counts the shards from the units): every element, for every
-// parameter today. The seam for a kind of parameter that not every rank holds: under expert
-// parallelism an MoE layer's experts live only on the ranks of their expert-parallel group, so a
-// rank counts its own experts here (whole per-expert tensors, or its slice of a fused [E, ...]
-// one), while the model's totals (Plan::parameters) still count every expert.
-int64_t rank_elements([[maybe_unused]] const std::string& name, at::IntArrayRef sizes) {
-  return c10::multiply_integers(sizes);
-}
-
 // One rank's model state, as the engine allocates it (engine.cpp load / ensure_grads), and the
 // sizes of what it gathers and reduces.
 struct State {
@@ -261,6 +251,7 @@ struct State {
   int64_t retained_reduce = 0;  // those units' local gradients before their reduce-scatter
   int64_t trained_sharded = 0;  // padded elements of trained sharded groups
   int64_t trained_replicated = 0;
+  int64_t trained_experts = 0;           // of those, this rank's experts (reduced over expert_dp)
   int64_t replicated_trained_shard = 0;  // HYBRID: this rank's trained shard elements
   int64_t trained_groups = 0;
   int64_t largest_tensor = 0;  // elements of the largest trained tensor
@@ -319,6 +310,7 @@ class Planner {
   bool saves() const;
   void disk();
   void communication();
+  void expert_exchange();
   void first_step();
   double read_or_init();
   void checks();
@@ -332,6 +324,7 @@ class Planner {
   at::ScalarType compute_ = at::kFloat;
   int64_t c_ = 0, m_ = 0, r_ = 0;  // bytes per element: compute, master and reduce dtypes
   parallel::StrategyPlan sp_;
+  model::ModelConfig placed_;  // the model with rank 0's experts (strategy.expert_parallel)
   // Every parameter the forward reads, in file order, with the elements this rank holds of it.
   std::vector<parallel::UnitParam> params_;
   parallel::UnitsPlan units_;
@@ -358,6 +351,7 @@ Planner::Planner(const PlanInputs& in)
   env.nnodes = layout_.nnodes;
   const at::Device device = gpu_ ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   sp_ = parallel::plan_strategy(s_.strategy, s_.precision.mode, env, device);
+  placed_ = parallel::place_experts(mc, s_.strategy.expert_parallel, env);
   m_ = static_cast<int64_t>(c10::elementSize(sp_.engine.master_dtype));
   r_ = static_cast<int64_t>(c10::elementSize(sp_.engine.reduce_dtype));
 
@@ -365,19 +359,20 @@ Planner::Planner(const PlanInputs& in)
 }
 
 // The parameters as the run lays them out: a meta model (shapes only) with LoRA attached, each
-// parameter with the elements this rank holds of it, in the strategy's units. The model's totals
-// count whole tensors.
+// parameter with the elements this rank holds of it (under expert parallelism its own experts
+// only), in the strategy's units. The model's totals count whole tensors, every expert.
 void Planner::lay_out_parameters() {
   const model::ModelConfig& mc = shape_.mc;
-  model::DecoderModel meta(mc, at::TensorOptions().dtype(compute_), /*materialize=*/false);
+  model::DecoderModel meta(placed_, at::TensorOptions().dtype(compute_), /*materialize=*/false);
   if (s_.lora.enabled)
     model::attach_lora(meta, train::lora_config_from_preset(s_.lora, in_.model_dir, &mc), 0,
                        /*shapes_only=*/true);
   for (const auto& q : parallel::param_specs(meta, s_.lora.enabled)) {
-    const int64_t numel = q.slot->numel();
+    const int64_t numel =
+        q.full_shape.empty() ? q.slot->numel() : c10::multiply_integers(q.full_shape);
     if (q.trained) p_.trained_parameters += numel;
     if (q.name.find("lora_") == std::string::npos) p_.parameters += numel;
-    params_.push_back({q.name, rank_elements(q.name, q.slot->sizes()), q.trained, q.decay});
+    params_.push_back({q.name, q.slot->numel(), q.trained, q.decay, q.expert});
   }
   const parallel::EngineOptions& eo = sp_.engine;
   parallel::UnitsOptions uo;
@@ -457,6 +452,7 @@ void Planner::count_group(const parallel::GroupPlan& g) {
     st_.trained_sharded += g.layout.padded;
   else
     st_.trained_replicated += g.layout.padded;
+  if (g.expert) st_.trained_experts += g.layout.padded;
   if (!(eo.master_dtype == eo.compute_dtype && master_host == shard_host)) {
     st_.master += g.layout.shard_numel * m_;
     if (master_host) st_.host_master += g.layout.shard_numel * m_;
@@ -781,7 +777,48 @@ void Planner::communication() {
     allreduce += st_.trained_sharded / eo.shard_size * r_;
     ar_from += fmt::format(" + this rank's shard across {} replicas", sp_.replicas);
   }
+  if (st_.trained_experts > 0) {
+    // This rank's experts are reduced over the ranks holding the same ones, if there are any.
+    const int64_t holders = world_ / placed_.moe.ep_size;
+    if (holders == 1) allreduce -= st_.trained_experts * r_;
+    ar_from += holders > 1 ? fmt::format(
+                                 " (of them {} of this rank's experts, over the {} ranks "
+                                 "holding them)",
+                                 n3(st_.trained_experts), holders)
+                           : fmt::format(
+                                 ", less this rank's {} expert elements, which no other "
+                                 "rank holds",
+                                 n3(st_.trained_experts));
+  }
   p_.comm.push_back({"all_reduce", "all-reduce (gradients)", allreduce, ar_from});
+  expert_exchange();
+}
+
+// Expert parallelism's token exchange: every MoE layer sends each of its rows (tokens x k, h
+// wide in the compute dtype) to its expert's rank and gets the output back, in forward and again
+// in backward (and once more in the recompute of a checkpointed layer); with even routing a share
+// (N-1)/N of them leaves the rank, with a headroom for the imbalance routers show.
+constexpr double kExchangeHeadroom = 1.25;
+
+void Planner::expert_exchange() {
+  const int64_t n = placed_.moe.ep_size;
+  if (n == 1) return;
+  const model::ModelConfig& mc = shape_.mc;
+  int64_t moe_layers = 0;
+  for (int64_t i = 0; i < mc.num_hidden_layers; ++i) moe_layers += mc.is_moe_layer(i) ? 1 : 0;
+  const int64_t rows = s_.train.micro_batch * s_.data.seq_len * mc.moe.experts_per_token;
+  const bool recompute = s_.train.activation_checkpointing == "full";
+  const int64_t passes = recompute ? 6 : 4;
+  const double bytes =
+      static_cast<double>(s_.train.grad_accum * moe_layers * passes * rows * mc.hidden_size * c_) *
+      static_cast<double>(n - 1) / static_cast<double>(n) * kExchangeHeadroom;
+  p_.comm.push_back(
+      {"all_to_all", "all-to-all (expert parallelism's tokens, sent)", static_cast<int64_t>(bytes),
+       fmt::format("{} micro-batches x {} MoE layers x {} exchanges{} x {} rows x {} x {} B x "
+                   "{}/{} leaving the rank x {} for uneven routing",
+                   s_.train.grad_accum, moe_layers, passes,
+                   recompute ? " (with the checkpointed recompute)" : "", n3(rows), mc.hidden_size,
+                   c_, n - 1, n, kExchangeHeadroom)});
 }
 
 // ---- time to the first step ----

@@ -135,6 +135,11 @@ void MetricsLog::write(const StepRecord& r) {
     j["source_tokens"][c.name] = c.tokens;
   }
   if (!s.expert_tokens.empty()) j["moe"] = moe_record(s.aux_loss, s.expert_tokens, s.moe_layers);
+  if (r.exchanged)
+    j["moe"]["exchange"] = {{"dispatch_s", r.dispatch_s},
+                            {"combine_s", r.combine_s},
+                            {"bytes_sent", r.exchange_bytes_sent},
+                            {"bytes_received", r.exchange_bytes_received}};
   if (r.eval_tokens > 0) {
     j["eval_loss"] = r.eval_loss;
     j["eval_tokens"] = r.eval_tokens;

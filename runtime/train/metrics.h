@@ -60,6 +60,12 @@ struct StepRecord {
   int64_t peak_rss_bytes = 0;
   int64_t samples_consumed = 0;
   std::vector<SourceCount> sources;  // a mixture's sources (data/mixture.h); empty otherwise
+  // Expert parallelism's token exchange this step (parallel/expert_exchange.h: ExchangeStats), a
+  // part of times.compute_s: wall seconds in dispatches and combines (forward and backward), and
+  // the bytes that left and reached this rank.
+  bool exchanged = false;
+  double dispatch_s = 0, combine_s = 0;
+  int64_t exchange_bytes_sent = 0, exchange_bytes_received = 0;
   // A step after which eval.data was evaluated (eval_tokens > 0): the mean token loss over the
   // whole file, its token count and the seconds it took (not part of step_time_s).
   double eval_loss = 0;

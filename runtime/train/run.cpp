@@ -271,6 +271,7 @@ class TrainingRun {
   void build_model();
   model::ModelConfig expert_placement();
   void form_expert_groups();
+  void take_exchange_stats(StepRecord& r);
   void open_data();
   void open_eval_data();
   void form_groups();
@@ -380,24 +381,25 @@ void TrainingRun::build_model() {
 // model and the world; mc_ itself keeps describing the whole model (files, shapes, saving).
 model::ModelConfig TrainingRun::expert_placement() {
   const int64_t n = s_.strategy.expert_parallel;
-  model::ModelConfig placed = mc_;
-  if (n == 1) return placed;
-  FT_CHECK(mc_.moe.enabled(), "strategy.expert_parallel=", n, ": the model (", mc_.model_type,
-           ") has no mixture-of-experts layers, so there are no experts to split; remove it");
-  ep_ = parallel::expert_parallel_layout(env_.world_size, env_.rank, static_cast<int>(n),
-                                         env_.local_world_size);
-  FT_CHECK(mc_.moe.num_experts % n == 0, "strategy.expert_parallel=", n, " must divide the ",
-           mc_.moe.num_experts, " experts of each MoE layer; use a divisor of both ",
-           mc_.moe.num_experts, " and the world size (", env_.world_size, " ranks)");
-  if (env_.rank == 0 && !ep_.within_node)
+  const model::ModelConfig placed = parallel::place_experts(mc_, n, env_, &ep_);
+  if (n > 1 && env_.rank == 0 && !ep_.within_node)
     fmt::print(stderr,
                "ft train: warning: strategy.expert_parallel={} spans nodes ({} ranks per node): "
                "every MoE layer's tokens cross the network twice per forward and backward; a "
                "divisor of the ranks per node keeps the exchange inside a node\n",
                n, env_.local_world_size);
-  placed.moe.ep_size = n;
-  placed.moe.ep_rank = ep_.ep_rank;
   return placed;
+}
+
+// The step's token exchange (expert parallelism), then counted afresh for the next step.
+void TrainingRun::take_exchange_stats(StepRecord& r) {
+  const parallel::ExchangeStats& x = exchange_->exchange().stats();
+  r.exchanged = true;
+  r.dispatch_s = x.dispatch_s;
+  r.combine_s = x.combine_s;
+  r.exchange_bytes_sent = x.bytes_sent;
+  r.exchange_bytes_received = x.bytes_received;
+  exchange_->reset_stats();
 }
 
 // This rank's batches: the synthetic task, or --data read with the model's tokenizer (counted
@@ -860,6 +862,7 @@ StepRecord TrainingRun::step(ckpt::Checkpointer& checkpointer) {
   r.times.optimizer_s = seconds_since(t3) - (comm3 - comm2);
   r.times.comm_s = (comm1 - comm0) + (comm3 - comm2);
   r.step_time_s = seconds_since(t0);
+  if (exchange_) take_exchange_stats(r);
   for (const auto& b : mbs) r.input_tokens += b.input_tokens();
   r.flops = step_flops(mbs);
   r.peak_flops_s = peak_.flops_per_s;

@@ -30,7 +30,9 @@ std::vector<std::string> set_args(const std::vector<std::string>& sets) {
   return a;
 }
 
-json plan_json(const std::vector<std::string>& sets, int nnodes, int nproc) {
+// `model`: a model directory (--model), "" for tiny-demo's own shape.
+json plan_json(const std::vector<std::string>& sets, int nnodes, int nproc,
+               const std::string& model = "") {
   std::vector<std::string> argv = {ft_bin(),
                                    "plan",
                                    "--preset",
@@ -40,6 +42,7 @@ json plan_json(const std::vector<std::string>& sets, int nnodes, int nproc) {
                                    std::to_string(nnodes),
                                    "--nproc-per-node",
                                    std::to_string(nproc)};
+  if (!model.empty()) argv.insert(argv.end(), {"--model", model});
   const auto a = set_args(sets);
   argv.insert(argv.end(), a.begin(), a.end());
   const Finished f = run_to_end(argv, {}, make_temp_dir() + "/plan.txt", 30);
@@ -50,10 +53,11 @@ json plan_json(const std::vector<std::string>& sets, int nnodes, int nproc) {
 
 // A real job of `nnodes` launchers x `nproc` workers (one plain ft train for 1 x 1); each rank's
 // records of its steps.
-std::vector<std::vector<json>> run_job(const std::vector<std::string>& sets, int nnodes,
-                                       int nproc) {
+std::vector<std::vector<json>> run_job(const std::vector<std::string>& sets, int nnodes, int nproc,
+                                       const std::string& model = "") {
   const std::string dir = make_temp_dir() + "/run";
-  const std::vector<std::string> train = {"--preset", "tiny-demo", "--output", dir};
+  std::vector<std::string> train = {"--preset", "tiny-demo", "--output", dir};
+  if (!model.empty()) train.insert(train.end(), {"--model", model});
   if (nnodes * nproc == 1) {
     const Finished f = run_to_end(ft_train_argv(train, sets), {}, make_temp_dir() + "/o.txt", 200);
     INFO(output_tail(f.output));
@@ -123,6 +127,39 @@ void check_state_exact(const Layout& l) {
 }
 
 }  // namespace
+
+// Expert parallelism: a rank holds only its experts (replicated over the ranks holding the same
+// ones), which the plan counts from the same units as the engine.
+TEST_CASE("plan state bytes equal the run's under expert parallelism (EP 2 at 2 and 4 ranks)",
+          "[multiproc]") {
+  const std::string model = std::string(FT_TEST_DIR) + "/model/fixtures/moe/qwen3_moe_tiny";
+  for (const int nproc : {2, 4})
+    for (const std::string kind : {"ddp", "zero3"}) {
+      const std::vector<std::string> sets = {"strategy.kind=" + kind, "strategy.expert_parallel=2",
+                                             "data.seq_len=32",       "train.micro_batch=1",
+                                             "train.max_steps=1",     "hardware.device=cpu",
+                                             "precision.mode=fp32"};
+      INFO(kind << " on " << nproc << " ranks");
+      const json plan = plan_json(sets, 1, nproc, model);
+      // Fewer bytes than the same job without expert parallelism: the other half of the experts
+      // is not here.
+      const json whole = plan_json(with(sets, {"strategy.expert_parallel=1"}), 1, nproc, model);
+      CHECK(plan["rank"]["param_bytes"].get<int64_t>() <
+            whole["rank"]["param_bytes"].get<int64_t>());
+      const auto ranks = run_job(sets, 1, nproc, model);
+      for (size_t r = 0; r < ranks.size(); ++r) {
+        INFO("rank " << r);
+        REQUIRE_FALSE(ranks[r].empty());
+        const json& mem = ranks[r].back()["memory"];
+        CHECK(mem["param_bytes"] == plan["rank"]["param_bytes"]);
+        CHECK(mem["grad_bytes"] == plan["rank"]["grad_bytes"]);
+        CHECK(mem["optimizer_bytes"] == plan["rank"]["optimizer_bytes"]);
+      }
+      bool a2a = false;
+      for (const auto& c : plan["comm_per_step"]) a2a = a2a || c["key"] == "all_to_all";
+      CHECK(a2a);
+    }
+}
 
 TEST_CASE("plan state bytes equal the run's at world size 1", "[multiproc]") {
   check_state_exact({"ddp", {"strategy.kind=ddp"}, 1, 1});

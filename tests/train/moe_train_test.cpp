@@ -240,6 +240,14 @@ TEST_CASE("expert parallelism: EP 2 at world 2 follows the 1-rank run under ddp,
         2, model, out,
         with(sets, {"strategy.kind=" + kind, "train.micro_batch=1", "strategy.expert_parallel=2"}));
     check_follows(one, ep);
+    // The step breakdown carries the exchange: rows left the rank and came back, in time spent.
+    for (const auto& r : ep) {
+      CHECK(r["moe"]["exchange"]["bytes_sent"].get<int64_t>() > 0);
+      CHECK(r["moe"]["exchange"]["bytes_received"].get<int64_t>() > 0);
+      CHECK(r["moe"]["exchange"]["dispatch_s"].get<double>() > 0);
+      CHECK(r["moe"]["exchange"]["combine_s"].get<double>() > 0);
+    }
+    CHECK_FALSE(one.back()["moe"].contains("exchange"));
     // Every expert in final/, each in its place, whichever rank trained it.
     CHECK(final_models_apart(dir + "/dp", out) < 1e-4);
   }
