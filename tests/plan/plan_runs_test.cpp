@@ -85,6 +85,18 @@ std::vector<std::vector<json>> run_job(const std::vector<std::string>& sets, int
   return ranks;
 }
 
+// Every rank's last record of its model state equals the plan's figures exactly.
+void check_ranks_match(const std::vector<std::vector<json>>& ranks, const json& plan) {
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    INFO("rank " << r);
+    REQUIRE_FALSE(ranks[r].empty());
+    const json& mem = ranks[r].back()["memory"];
+    CHECK(mem["param_bytes"] == plan["rank"]["param_bytes"]);
+    CHECK(mem["grad_bytes"] == plan["rank"]["grad_bytes"]);
+    CHECK(mem["optimizer_bytes"] == plan["rank"]["optimizer_bytes"]);
+  }
+}
+
 struct Layout {
   std::string name;
   std::vector<std::string> sets;
@@ -115,14 +127,7 @@ void check_state_exact(const Layout& l) {
       const json plan = plan_json(sets, l.nnodes, l.nproc);
       const auto ranks = run_job(sets, l.nnodes, l.nproc);
       REQUIRE(ranks.size() == static_cast<size_t>(l.nnodes * l.nproc));
-      for (size_t r = 0; r < ranks.size(); ++r) {
-        INFO("rank " << r);
-        REQUIRE_FALSE(ranks[r].empty());
-        const json& mem = ranks[r].back()["memory"];
-        CHECK(mem["param_bytes"] == plan["rank"]["param_bytes"]);
-        CHECK(mem["grad_bytes"] == plan["rank"]["grad_bytes"]);
-        CHECK(mem["optimizer_bytes"] == plan["rank"]["optimizer_bytes"]);
-      }
+      check_ranks_match(ranks, plan);
     }
 }
 
@@ -147,14 +152,7 @@ TEST_CASE("plan state bytes equal the run's under expert parallelism (EP 2 at 2 
       CHECK(plan["rank"]["param_bytes"].get<int64_t>() <
             whole["rank"]["param_bytes"].get<int64_t>());
       const auto ranks = run_job(sets, 1, nproc, model);
-      for (size_t r = 0; r < ranks.size(); ++r) {
-        INFO("rank " << r);
-        REQUIRE_FALSE(ranks[r].empty());
-        const json& mem = ranks[r].back()["memory"];
-        CHECK(mem["param_bytes"] == plan["rank"]["param_bytes"]);
-        CHECK(mem["grad_bytes"] == plan["rank"]["grad_bytes"]);
-        CHECK(mem["optimizer_bytes"] == plan["rank"]["optimizer_bytes"]);
-      }
+      check_ranks_match(ranks, plan);
       bool a2a = false;
       for (const auto& c : plan["comm_per_step"]) a2a = a2a || c["key"] == "all_to_all";
       CHECK(a2a);
