@@ -111,6 +111,20 @@ Prediction predict(const Job& job, const Measured& m) {
                                 : (eo.shard_size > 1 ? units : 1);
       add("all-reduce", c, c.all_reduce, calls, ar);
     }
+    // Expert parallelism's token exchange (the plan's all_to_all): each MoE layer's dispatch and
+    // combine, in forward and backward (and the recompute of a checkpointed layer), over the EP
+    // group, inside a node when the group fits one. The plan's bytes are what leaves the rank,
+    // against curves of what each rank sends in all (its own share included): a slight
+    // over-estimate of the time.
+    if (const int64_t a2a = comm_bytes(plan, "all_to_all"); a2a > 0) {
+      const int64_t ep = s.strategy.expert_parallel;
+      int64_t moe_layers = 0;
+      for (int64_t i = 0; i < mc.num_hidden_layers; ++i) moe_layers += mc.is_moe_layer(i) ? 1 : 0;
+      const int64_t passes = s.train.activation_checkpointing == "full" ? 6 : 4;
+      const bool in_node = job.layout.nproc_per_node % ep == 0 && !m.intra.empty();
+      const Curves& c = in_node ? m.intra : wc;
+      add("all-to-all", c, c.all_to_all, micro * moe_layers * passes, a2a);
+    }
     // The step's small collectives: token count, gradient norm, the checkpointer's agreement and
     // the ranks' busy times.
     if (!wc.empty()) {
@@ -120,7 +134,9 @@ Prediction predict(const Job& job, const Measured& m) {
     double largest_call = 0, overlappable = 0;
     for (const auto& c : p.comm) {
       p.comm_s += c.seconds;
-      if (c.op == "scalars") continue;  // each waited for at once: never hidden
+      // Each waited for at once, never hidden: the scalars, and the token exchange (a MoE
+      // layer waits for its rows).
+      if (c.op == "scalars" || c.op == "all-to-all") continue;
       overlappable += c.seconds;
       largest_call = std::max(largest_call, c.seconds / static_cast<double>(c.calls));
     }

@@ -31,6 +31,7 @@ Curves curves(const std::string& what, int ranks, double bytes_per_s, double lat
   c.all_reduce = link(bytes_per_s, latency_s, 2 * (n - 1) / n);
   c.all_gather = link(bytes_per_s, latency_s, (n - 1) / n);
   c.reduce_scatter = link(bytes_per_s, latency_s, (n - 1) / n);
+  c.all_to_all = link(bytes_per_s, latency_s, (n - 1) / n);
   return c;
 }
 
@@ -151,4 +152,27 @@ TEST_CASE("step model: FULL_SHARD gathers per unit and micro-batch, and overlap 
   job.settings.strategy.overlap_comm = true;
   job.layout.gpu = false;
   CHECK(predict(job, measured()).hidden_s == 0);
+}
+
+TEST_CASE("step model: expert parallelism's token exchange, by hand") {
+  // Qwen3-MoE's tiny fixture (1 MoE layer, top 2, hidden 32) on 2 nodes x 1, EP 2 across them.
+  Job job;
+  job.settings = ft::config::resolve_settings(
+      "tiny-demo", {"strategy.expert_parallel=2", "data.seq_len=32", "train.micro_batch=2"});
+  job.model_dir = std::string(FT_TEST_DIR) + "/model/fixtures/moe/qwen3_moe_tiny";
+  job.layout = {2, 1, false};
+  const Prediction p = predict(job, measured());
+  const CommPart* a2a = nullptr;
+  for (const auto& c : p.comm)
+    if (c.op == "all-to-all") a2a = &c;
+  REQUIRE(a2a != nullptr);
+  // 1 micro-batch x 1 MoE layer x 4 exchanges; each 2 x 32 tokens x top 2 = 128 rows of 32 fp32
+  // values (16,384 B), half of them leaving the rank, x 1.25 headroom: 10,240 B a call, at 1 ms +
+  // 10,240 x (1/2) / 25e6 s (log-log between the sizes measured: within a few percent).
+  CHECK(a2a->calls == 4);
+  CHECK(a2a->bytes_per_call == 10240);
+  CHECK(a2a->seconds == Approx(4 * (1e-3 + 10240 * 0.5 / 25e6)).epsilon(0.05));
+  CHECK(a2a->group == "the whole job (2 ranks)");
+  // Never hidden: all of it is in the exposed time.
+  CHECK(p.exposed_s >= a2a->seconds);
 }
