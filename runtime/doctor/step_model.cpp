@@ -118,12 +118,10 @@ Prediction predict(const Job& job, const Measured& m) {
     // over-estimate of the time.
     if (const int64_t a2a = comm_bytes(plan, "all_to_all"); a2a > 0) {
       const int64_t ep = s.strategy.expert_parallel;
-      int64_t moe_layers = 0;
-      for (int64_t i = 0; i < mc.num_hidden_layers; ++i) moe_layers += mc.is_moe_layer(i) ? 1 : 0;
-      const int64_t passes = s.train.activation_checkpointing == "full" ? 6 : 4;
       const bool in_node = job.layout.nproc_per_node % ep == 0 && !m.intra.empty();
       const Curves& c = in_node ? m.intra : wc;
-      add("all-to-all", c, c.all_to_all, micro * moe_layers * passes, a2a);
+      add("all-to-all", c, c.all_to_all, micro * plan::expert_exchanges_per_micro_batch(mc, s),
+          a2a);
     }
     // The step's small collectives: token count, gradient norm, the checkpointer's agreement and
     // the ranks' busy times.

@@ -804,11 +804,11 @@ void Planner::expert_exchange() {
   const int64_t n = placed_.moe.ep_size;
   if (n == 1) return;
   const model::ModelConfig& mc = shape_.mc;
-  int64_t moe_layers = 0;
-  for (int64_t i = 0; i < mc.num_hidden_layers; ++i) moe_layers += mc.is_moe_layer(i) ? 1 : 0;
+  const int64_t moe_layers = mc.num_moe_layers();
   const int64_t rows = s_.train.micro_batch * s_.data.seq_len * mc.moe.experts_per_token;
   const bool recompute = s_.train.activation_checkpointing == "full";
-  const int64_t passes = recompute ? 6 : 4;
+  const int64_t passes =
+      expert_exchanges_per_micro_batch(mc, s_) / std::max<int64_t>(1, moe_layers);
   const double bytes =
       static_cast<double>(s_.train.grad_accum * moe_layers * passes * rows * mc.hidden_size * c_) *
       static_cast<double>(n - 1) / static_cast<double>(n) * kExchangeHeadroom;
@@ -1010,6 +1010,10 @@ const Check* Plan::shortfall() const {
   for (const auto& c : checks)
     if (!c.fits()) return &c;
   return nullptr;
+}
+
+int64_t expert_exchanges_per_micro_batch(const model::ModelConfig& mc, const config::Settings& s) {
+  return mc.num_moe_layers() * (s.train.activation_checkpointing == "full" ? 6 : 4);
 }
 
 Plan make_plan(const PlanInputs& in, bool suggest) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "config/settings.h"
+#include "model/config.h"
 
 namespace ft::plan {
 
@@ -108,6 +109,11 @@ struct Plan {
 // the file and key). With `suggest`, a plan that does not fit gets its suggestions, each
 // re-planned.
 Plan make_plan(const PlanInputs& in, bool suggest = true);
+
+// Expert parallelism's token exchanges in one micro-batch of `mc` trained with `s`: dispatch and
+// combine of every MoE layer in forward and backward, and again in the recompute of a layer under
+// full activation checkpointing. The plan's all-to-all bytes and the doctor's call count.
+int64_t expert_exchanges_per_micro_batch(const model::ModelConfig& mc, const config::Settings& s);
 
 // The plan as text (what `ft plan` prints) and as one JSON object (`ft plan --json`).
 std::string plan_text(const Plan& plan);
