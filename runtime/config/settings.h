@@ -138,6 +138,7 @@ struct LoraSettings {
   double alpha = 0;
   double dropout = 0;
   std::vector<std::string> target_modules;
+  std::vector<std::string> target_parameters;  // expert weights (model/lora.h)
   bool rslora = false;
 };
 

@@ -301,7 +301,8 @@ bool DecoderLayer::requires_grad() const {
     if (l->requires_grad()) return true;
   for (const at::Tensor* t :
        {&input_layernorm, &q_norm, &k_norm, &post_attention_layernorm, &pre_feedforward_layernorm,
-        &post_feedforward_layernorm, &moe.router, &moe.gate_up, &moe.down})
+        &post_feedforward_layernorm, &moe.router, &moe.gate_up, &moe.down, &moe.gate_up_lora.a,
+        &moe.gate_up_lora.b, &moe.down_lora.a, &moe.down_lora.b})
     if (t->defined() && t->requires_grad()) return true;
   return false;
 }

@@ -43,6 +43,22 @@ std::vector<std::pair<std::string, Linear*>> projections(DecoderLayer& L) {
 
 std::string leaf(const std::string& path) { return path.substr(path.rfind('.') + 1); }
 
+// A target_parameters entry as the expert parameter it names. PEFT matches an entry against
+// "<module path>.<parameter>" by equality or as a dotted suffix; ft adapts the experts of every
+// MoE layer, so an entry names one of kExpertParameters whole or by a suffix of it.
+std::string expert_parameter_of(const std::string& entry, const std::string& path) {
+  for (const auto& p : kExpertParameters)
+    if (p == entry ||
+        (p.size() > entry.size() && p.compare(p.size() - entry.size(), entry.size(), entry) == 0 &&
+         p[p.size() - entry.size() - 1] == '.'))
+      return p;
+  FT_CHECK_T(FormatError, false, path, ": target_parameters entry '", entry,
+             "' is not an expert weight ft adapts (",
+             fmt::format("{}", fmt::join(kExpertParameters, " ")),
+             "; LoRA on the router or on one layer's experts is not supported)");
+  return "";
+}
+
 // A target_modules entry as the projection it names. PEFT matches a listed entry against a module
 // path by equality or as a dotted suffix, and saves `target_modules="all-linear"` as every
 // projection's full path ("model.layers.0.mlp.down_proj"): such an entry names the projection in
@@ -62,6 +78,9 @@ std::string projection_of_target(const std::string& entry, const std::string& pa
 }
 }  // namespace
 
+const std::vector<std::string> kExpertParameters = {"mlp.experts.gate_up_proj",
+                                                    "mlp.experts.down_proj"};
+
 double LoraConfig::scale() const {
   return use_rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r);
 }
@@ -70,7 +89,16 @@ void LoraConfig::validate(const std::string& where) const {
   FT_CHECK(r >= 1, where, ": lora r must be >= 1, got ", r);
   FT_CHECK(alpha > 0, where, ": lora alpha must be > 0, got ", alpha);
   FT_CHECK(dropout >= 0 && dropout < 1, where, ": lora dropout must be in [0, 1), got ", dropout);
-  FT_CHECK(!target_modules.empty(), where, ": lora target_modules is empty");
+  FT_CHECK(!target_modules.empty() || !target_parameters.empty(), where,
+           ": lora target_modules and target_parameters are both empty: nothing to adapt");
+  for (const auto& p : target_parameters)
+    FT_CHECK(
+        std::find(kExpertParameters.begin(), kExpertParameters.end(), p) != kExpertParameters.end(),
+        where, ": lora target parameter '", p, "' is not an expert weight ft adapts (",
+        fmt::format("{}", fmt::join(kExpertParameters, " ")), ")");
+  FT_CHECK(target_parameters.empty() || dropout == 0, where, ": lora dropout is ", dropout,
+           " but target_parameters adapt the experts: PEFT cannot load an adapter on expert "
+           "weights with dropout (its ParamWrapper refuses it), so set lora.dropout to 0");
   for (const auto& m : target_modules)
     FT_CHECK(
         kModules.count(m), where, ": lora target module '", m,
@@ -96,6 +124,26 @@ void fit_lora_targets(LoraConfig& config, const ModelConfig& model) {
     FT_CHECK(std::find(has.begin(), has.end(), m) != has.end(), "lora.target_modules: '", m,
              "' is not a projection of a ", model.model_type, " model (it has ",
              fmt::format("{}", fmt::join(has, " ")), ")");
+  FT_CHECK(config.target_parameters.empty() || model.moe.enabled(),
+           "lora.target_parameters: ", fmt::format("{}", fmt::join(config.target_parameters, " ")),
+           " adapt experts, but a ", model.model_type,
+           " model has none; leave target_parameters empty");
+}
+
+std::pair<std::string, std::string> expert_lora_keys(const std::string& param,
+                                                     const LoraConfig& config) {
+  const auto& targets = config.target_parameters;
+  const auto it =
+      std::find(targets.begin(), targets.end(),
+                param.substr(param.find(".mlp.") == std::string::npos ? param.size()
+                                                                      : param.find(".mlp.") + 1));
+  if (param.rfind("model.layers.", 0) != 0 || it == targets.end()) return {};
+  // Wrapped in kExpertParameters' order: the targets registered after this one wrap it.
+  const auto own = std::find(kExpertParameters.begin(), kExpertParameters.end(), *it);
+  std::string module = param.substr(0, param.rfind('.'));  // "model.layers.1.mlp.experts"
+  for (auto later = own + 1; later != kExpertParameters.end(); ++later)
+    if (std::find(targets.begin(), targets.end(), *later) != targets.end()) module += ".base_layer";
+  return {peft_key(module, 'A'), peft_key(module, 'B')};
 }
 
 std::string peft_key(const std::string& module, char which) {
@@ -139,13 +187,6 @@ LoraConfig load_lora_config(const std::string& path) {
              "\" is not supported (ft trains no biases in LoRA)");
   FT_CHECK_T(FormatError, !j.contains("modules_to_save") || j["modules_to_save"].is_null(), path,
              ": modules_to_save is not supported");
-  FT_CHECK_T(FormatError,
-             !j.contains("target_parameters") || j["target_parameters"].is_null() ||
-                 j["target_parameters"].empty(),
-             path, ": target_parameters ", excerpt(j.value("target_parameters", json()).dump(), 120),
-             " (LoRA on a mixture-of-experts model's experts or router) is not supported yet: ft "
-             "adapts the projections target_modules names; train an adapter without "
-             "target_parameters");
   for (const char* k : {"rank_pattern", "alpha_pattern"})
     FT_CHECK_T(FormatError, !j.contains(k) || j[k].is_null() || j[k].empty(), path, ": ", k,
                " (per-layer ranks) is not supported");
@@ -175,6 +216,12 @@ LoraConfig load_lora_config(const std::string& path) {
       for (const auto& m : t) names.insert(projection_of_target(m.get<std::string>(), path));
       c.target_modules.assign(names.begin(), names.end());  // sorted, each projection once
     }
+    if (j.contains("target_parameters") && !j["target_parameters"].is_null()) {
+      std::set<std::string> names;
+      for (const auto& p : j["target_parameters"])
+        names.insert(expert_parameter_of(p.get<std::string>(), path));
+      c.target_parameters.assign(names.begin(), names.end());
+    }
   } catch (const json::exception& e) {
     throw FormatError(fmt::format("{}: {}", path, e.what()));
   }
@@ -194,6 +241,8 @@ std::string lora_config_json(const LoraConfig& c) {
             {"lora_alpha", c.alpha},
             {"lora_dropout", c.dropout},
             {"target_modules", c.target_modules},
+            {"target_parameters",
+             c.target_parameters.empty() ? json(nullptr) : json(c.target_parameters)},
             {"use_rslora", c.use_rslora},
             {"bias", "none"},
             {"fan_in_fan_out", false},
@@ -204,6 +253,35 @@ std::string lora_config_json(const LoraConfig& c) {
   return j.dump(2) + "\n";
 }
 
+namespace {
+// The adapters of a MoE layer's targeted expert weights (model/moe.h: ExpertLora): A drawn as a
+// projection's (PEFT's kaiming-uniform of nn.Linear(in, r E)), B zero; every expert's, also
+// under expert parallelism.
+void attach_expert_lora(MoeWeights& moe, const ModelConfig& mc, const LoraConfig& config,
+                        at::Generator& gen, bool shapes_only) {
+  const int64_t E = mc.moe.num_experts, r = config.r;
+  for (const auto& target : config.target_parameters) {
+    const bool gate_up = target == kExpertParameters[0];
+    const at::Tensor& w = gate_up ? moe.gate_up : moe.down;
+    ExpertLora& l = gate_up ? moe.gate_up_lora : moe.down_lora;
+    const int64_t out = w.size(1), in = w.size(2);
+    l.scale = config.scale();
+    auto opts = w.options();
+    if (shapes_only || w.is_meta()) opts = opts.device(shapes_only ? at::kMeta : at::kCPU);
+    if (shapes_only) {
+      l.a = at::empty({E * r, in}, opts);
+      l.b = at::empty({out, r * E}, opts);
+      continue;
+    }
+    at::Tensor a = at::empty({E * r, in}, at::kFloat);
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    a.uniform_(-bound, bound, gen);
+    l.a = a.to(opts);
+    l.b = at::zeros({out, r * E}, opts);
+  }
+}
+}  // namespace
+
 void attach_lora(DecoderModel& model, const LoraConfig& config, uint64_t seed, bool shapes_only) {
   config.validate("lora");
   const std::vector<std::string>& has = lora_modules_of(model.config());
@@ -211,6 +289,9 @@ void attach_lora(DecoderModel& model, const LoraConfig& config, uint64_t seed, b
     FT_CHECK(std::find(has.begin(), has.end(), m) != has.end(), "lora target module '", m,
              "' is not a projection of a ", model.config().model_type, " model (it has ",
              fmt::format("{}", fmt::join(has, " ")), ")");
+  FT_CHECK(config.target_parameters.empty() || model.config().moe.enabled(),
+           "lora target_parameters adapt experts, but a ", model.config().model_type,
+           " model has none");
   at::NoGradGuard no_grad;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const std::set<std::string> targets(config.target_modules.begin(), config.target_modules.end());
@@ -238,6 +319,7 @@ void attach_lora(DecoderModel& model, const LoraConfig& config, uint64_t seed, b
       lin->lora_scale = config.scale();
       lin->lora_dropout = config.dropout;
     }
+    if (L.moe.defined()) attach_expert_lora(L.moe, model.config(), config, gen, shapes_only);
   }
 }
 
@@ -250,6 +332,17 @@ std::vector<NamedTensor> lora_parameters(DecoderModel& model) {
       std::string module = fmt::format("model.layers.{}.{}", i, path);
       out.push_back({peft_key(module, 'A'), &lin->lora_a});
       out.push_back({peft_key(module, 'B'), &lin->lora_b});
+    }
+    MoeWeights& moe = layers[i].moe;
+    for (auto [target, l] : {std::pair{&kExpertParameters[0], &moe.gate_up_lora},
+                             std::pair{&kExpertParameters[1], &moe.down_lora}}) {
+      if (!l->defined()) continue;
+      LoraConfig targets;
+      if (moe.gate_up_lora.defined()) targets.target_parameters.push_back(kExpertParameters[0]);
+      if (moe.down_lora.defined()) targets.target_parameters.push_back(kExpertParameters[1]);
+      const auto [a, b] = expert_lora_keys(fmt::format("model.layers.{}.{}", i, *target), targets);
+      out.push_back({a, &l->a});
+      out.push_back({b, &l->b});
     }
   }
   return out;

@@ -19,6 +19,10 @@ struct LoraConfig {
   double dropout = 0.0;
   std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                              "gate_proj", "up_proj", "down_proj"};
+  // Fused expert weights of a mixture-of-experts model that get adapters, PEFT's
+  // target_parameters: kExpertParameters (model/moe.h: ExpertLora for the layout). Needs dropout 0
+  // (PEFT cannot load such an adapter with dropout). Sorted.
+  std::vector<std::string> target_parameters;
   bool use_rslora = false;
   std::string base_model_name_or_path;  // identity of the base, written into adapter_config.json
   double scale() const;
@@ -26,12 +30,16 @@ struct LoraConfig {
   void validate(const std::string& where) const;
 };
 
+// The expert weights LoRA can adapt, in the order a transformers experts module registers them
+// (which fixes PEFT's nesting of their adapters: lora_parameters).
+extern const std::vector<std::string> kExpertParameters;  // mlp.experts.gate_up_proj, ...down_proj
+
 // The projections a model of `model`'s family has, in PEFT's names: q/k/v/o/gate/up/down, or
 // Phi-3's qkv_proj o_proj gate_up_proj down_proj.
 const std::vector<std::string>& lora_modules_of(const ModelConfig& model);
 // Makes `config` name what the model has: the default list (all seven separate projections)
-// becomes lora_modules_of(model); a named module the model lacks is refused (ConfigError), as
-// PEFT refuses a target that matches nothing.
+// becomes lora_modules_of(model); a named module the model lacks, or target_parameters on a model
+// without experts, is refused (ConfigError), as PEFT refuses a target that matches nothing.
 void fit_lora_targets(LoraConfig& config, const ModelConfig& model);
 
 // Reads a PEFT adapter_config.json; refuses (FormatError naming the file and key) what ft does not
@@ -57,6 +65,14 @@ std::string peft_key(const std::string& module, char which);
 // "model.layers.3.mlp.up_proj" for "model.layers.3.mlp.up_proj.weight" when up_proj is a target;
 // "" for a parameter that gets none (norms, embeddings, biases, untargeted projections).
 std::string lora_module_of(const std::string& param, const LoraConfig& config);
+
+// The PEFT keys (A, B) of the adapter `config` puts on a fused expert parameter
+// ("model.layers.1.mlp.experts.gate_up_proj"); empty strings when it gets none. PEFT nests one
+// wrapper per targeted parameter of the experts module, the first registered innermost, so with
+// both targeted gate_up_proj's keys are "...mlp.experts.base_layer.lora_A.weight" and
+// down_proj's "...mlp.experts.lora_A.weight".
+std::pair<std::string, std::string> expert_lora_keys(const std::string& param,
+                                                     const LoraConfig& config);
 
 // The weight with its adapter folded in, as PEFT's merge_and_unload computes it:
 // W + (B @ A) * scale. weight [out, in], a [r, in], b [out, r], any float dtypes; fp32 result.

@@ -27,15 +27,47 @@ struct AuxGradFn : public torch::autograd::Function<AuxGradFn> {
   }
 };
 
+// One fused expert weight's per-expert matrices, and its adapter's per-expert factors for the
+// local experts [first, first + local) when it has one (undefined entries when not).
+struct ExpertMats {
+  std::vector<at::Tensor> w, a, b;
+  double scale = 0;
+};
+
+ExpertMats expert_mats(const at::Tensor& weight, const ExpertLora& lora, int64_t num_experts,
+                       int64_t first) {
+  ExpertMats m;
+  m.w = weight.unbind(0);
+  const int64_t local = weight.size(0), out = weight.size(1), in = weight.size(2);
+  if (!lora.defined()) {
+    m.a.resize(local);
+    m.b.resize(local);
+    return m;
+  }
+  const int64_t r = lora.a.size(0) / num_experts;
+  m.a = lora.a.reshape({num_experts, r, in}).narrow(0, first, local).unbind(0);
+  m.b = lora.b.reshape({out, r, num_experts}).permute({2, 0, 1}).narrow(0, first, local).unbind(0);
+  m.scale = lora.scale;
+  return m;
+}
+
+// x W_e^T, plus scale (x A_e^T) B_e^T with an adapter: PEFT's x (W_e + scale B_e A_e)^T without
+// making the merged weight.
+at::Tensor expert_linear(const at::Tensor& x, const ExpertMats& m, size_t e) {
+  const at::Tensor y = at::linear(x, m.w[e]);
+  if (!m.a[e].defined()) return y;
+  return y + at::linear(at::linear(x, m.a[e]), m.b[e]) * m.scale;
+}
+
 // One expert's SwiGLU on its rows [n, hidden]: down(act(gate(x)) * up(x)), transformers'
 // op sequence (or ft's fused SwiGLU, the same bits, on fp32 CPU rows).
-at::Tensor expert_mlp(const at::Tensor& x, const at::Tensor& gate_up, const at::Tensor& down,
-                      const MoeOptions& o) {
-  const at::Tensor y = at::linear(x, gate_up);
-  const int64_t inter = gate_up.size(0) / 2;
+at::Tensor expert_mlp(const at::Tensor& x, const ExpertMats& gate_up, const ExpertMats& down,
+                      size_t e, const MoeOptions& o) {
+  const at::Tensor y = expert_linear(x, gate_up, e);
+  const int64_t inter = gate_up.w[e].size(0) / 2;
   const at::Tensor gate = y.narrow(-1, 0, inter), up = y.narrow(-1, inter, inter);
-  return at::linear(gated_product(gate, up, o.activation == Activation::kGeluTanh, o.fused_swiglu),
-                    down);
+  return expert_linear(
+      gated_product(gate, up, o.activation == Activation::kGeluTanh, o.fused_swiglu), down, e);
 }
 
 // Rows grouped by local expert (`counts` each) through their experts, in the same order. The
@@ -43,17 +75,19 @@ at::Tensor expert_mlp(const at::Tensor& x, const at::Tensor& gate_up, const at::
 // every expert's gradient; indexing each expert (gate_up[e], rows.narrow) instead gave each
 // slice's gradient as a zero tensor of the whole parameter, E of them added per step (45% of a
 // 32-expert step: bench/moe_block.py, docs/performance.md).
-at::Tensor run_experts(const MoeWeights& w, const at::Tensor& rows,
+at::Tensor run_experts(const MoeWeights& w, const MoeConfig& config, const at::Tensor& rows,
                        const std::vector<int64_t>& counts, const MoeOptions& o) {
-  const std::vector<at::Tensor> gate_up = w.gate_up.unbind(0), down = w.down.unbind(0);
+  const int64_t first = o.exchange ? o.exchange->first_local_expert() : 0;
+  const ExpertMats gate_up = expert_mats(w.gate_up, w.gate_up_lora, config.num_experts, first);
+  const ExpertMats down = expert_mats(w.down, w.down_lora, config.num_experts, first);
   const std::vector<at::Tensor> parts = rows.split_with_sizes(counts);
   std::vector<at::Tensor> outs;
   for (size_t e = 0; e < counts.size(); ++e)
-    if (counts[e] > 0) outs.push_back(expert_mlp(parts[e], gate_up[e], down[e], o));
+    if (counts[e] > 0) outs.push_back(expert_mlp(parts[e], gate_up, down, e, o));
   // No rows for any local expert: a product over zero rows, so that the result depends on the
   // weights as every other rank's does (under expert parallelism combine's backward is a
   // collective, and a rank whose output needed no gradient would leave the others waiting).
-  if (outs.empty()) return expert_mlp(parts.empty() ? rows : parts[0], gate_up[0], down[0], o);
+  if (outs.empty()) return expert_mlp(parts.empty() ? rows : parts[0], gate_up, down, 0, o);
   return outs.size() == 1 ? outs[0] : at::cat(outs);
 }
 
@@ -101,6 +135,20 @@ std::vector<ExpertFilePiece> expert_file_pieces(const ModelConfig& c, const std:
   return out;
 }
 
+at::Tensor merge_expert_lora(const at::Tensor& weight, const at::Tensor& a, const at::Tensor& b,
+                             double scale) {
+  FT_ASSERT(weight.dim() == 3 && a.dim() == 2 && b.dim() == 2, "merge_expert_lora: weight ",
+            weight.sizes(), ", A ", a.sizes(), ", B ", b.sizes());
+  const int64_t E = weight.size(0), out = weight.size(1), in = weight.size(2);
+  const int64_t r = a.size(0) / E;
+  FT_ASSERT(a.size(0) == E * r && a.size(1) == in && b.size(0) == out && b.size(1) == r * E,
+            "merge_expert_lora: weight ", weight.sizes(), ", A ", a.sizes(), ", B ", b.sizes());
+  at::NoGradGuard no_grad;
+  const at::Tensor be = b.to(at::kFloat).reshape({out, r, E}).permute({2, 0, 1});
+  const at::Tensor ae = a.to(at::kFloat).reshape({E, r, in});
+  return weight.to(at::kFloat) + at::bmm(be, ae).mul_(scale);
+}
+
 double router_aux_loss(RouterAux& aux, int64_t num_experts, double grad_scale,
                        const at::Tensor& counts_total, int64_t tokens_total) {
   if (aux.counts.empty()) return 0;
@@ -145,9 +193,9 @@ at::Tensor moe_forward(const MoeWeights& w, const MoeConfig& config, const at::T
   if (o.exchange) {
     std::vector<int64_t> local_counts;
     const at::Tensor mine = o.exchange->dispatch(rows, counts, local_counts);
-    out = o.exchange->combine(run_experts(w, mine, local_counts, o));
+    out = o.exchange->combine(run_experts(w, config, mine, local_counts, o));
   } else {
-    out = run_experts(w, rows, counts, o);
+    out = run_experts(w, config, rows, counts, o);
   }
   const at::Tensor weight = top.reshape({-1}).index_select(0, order).unsqueeze(1);
   const at::Tensor weighted = (out * weight).to(x.scalar_type());

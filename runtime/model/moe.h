@@ -42,13 +42,31 @@ struct RouterAux {
 double router_aux_loss(RouterAux& aux, int64_t num_experts, double grad_scale,
                        const at::Tensor& counts_total = {}, int64_t tokens_total = 0);
 
+// A LoRA adapter on one fused expert weight [E, out, in], in the layout PEFT's ParamWrapper
+// (LoraConfig.target_parameters) keeps: expert e's update is scale * B_e @ A_e with
+// A_e = a.reshape(E, r, in)[e] (rows grouped by expert) and B_e = b.reshape(out, r, E)[:, :, e]
+// (columns grouped by rank). Every expert's adapter is held even under expert parallelism (they
+// are small); a rank uses its own experts' slices.
+struct ExpertLora {
+  at::Tensor a;  // [E r, in]
+  at::Tensor b;  // [out, r E]
+  double scale = 0;
+  bool defined() const { return a.defined(); }
+};
+
 // The expert weights of one MoE layer (transformers 5's names under model.layers.i.mlp.).
 struct MoeWeights {
   at::Tensor router;   // gate.weight [E, hidden]
   at::Tensor gate_up;  // experts.gate_up_proj [E_local, 2 inter, hidden], rows gate then up
   at::Tensor down;     // experts.down_proj [E_local, hidden, inter]
+  ExpertLora gate_up_lora, down_lora;  // undefined: no adapter (model/lora.h adds them)
   bool defined() const { return router.defined(); }
 };
+
+// The weight with its adapter folded in, as PEFT's merge_and_unload computes it for a 3-D
+// parameter: W_e + scale * B_e @ A_e for every expert. weight [E, out, in]; fp32 result.
+at::Tensor merge_expert_lora(const at::Tensor& weight, const at::Tensor& a, const at::Tensor& b,
+                             double scale);
 
 // Moves the rows of the experts other ranks hold there and back (expert parallelism); the model
 // itself holds every expert without one. Implemented by parallel/ (the token exchange).

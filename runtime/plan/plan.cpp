@@ -158,15 +158,18 @@ int64_t family_extra(const model::ModelConfig& mc, int64_t layer, int64_t B, int
 // How much more (or less) a MoE layer keeps for backward than the dense MLP layer_activations
 // counts: the router's fp32 logits, probabilities and their gradient's copy (N x E each), and for
 // the k rows of every token the gathered input, the gate and up outputs, their product and the
-// experts' output (weighted after), in place of the dense MLP's gate, up and product.
+// experts' output (weighted after), in place of the dense MLP's gate, up and product; with LoRA
+// on the experts also each adapter's x A^T (r wide) per row.
 int64_t moe_layer_delta(const model::ModelConfig& mc, int64_t layer, int64_t N, int64_t c,
-                        bool fused_swiglu) {
+                        const config::Settings& s) {
   if (!mc.is_moe_layer(layer)) return 0;
   const model::MoeConfig& m = mc.moe;
   const int64_t rows = N * m.experts_per_token;
-  const int64_t moe =
-      c * rows * (2 * mc.hidden_size + 3 * m.expert_intermediate) + 3 * 4 * N * m.num_experts;
-  return moe - (fused_swiglu ? 3 : 4) * c * N * mc.intermediate_size;
+  const int64_t adapters =
+      s.lora.enabled ? s.lora.r * static_cast<int64_t>(s.lora.target_parameters.size()) : 0;
+  const int64_t moe = c * rows * (2 * mc.hidden_size + 3 * m.expert_intermediate + adapters) +
+                      3 * 4 * N * m.num_experts;
+  return moe - (s.train.fused_swiglu ? 3 : 4) * c * N * mc.intermediate_size;
 }
 
 struct Acts {
@@ -191,8 +194,7 @@ Acts activations(const model::ModelConfig& mc, const config::Settings& s, int64_
                        i % std::max<int64_t>(1, s.train.checkpoint_every_n_layers) == 0);
     a.checkpointed += ckpt ? 1 : 0;
     a.kept += ckpt ? c * N * h
-                   : la.saved + family_extra(mc, i, B, T, c) +
-                         moe_layer_delta(mc, i, N, c, s.train.fused_swiglu);
+                   : la.saved + family_extra(mc, i, B, T, c) + moe_layer_delta(mc, i, N, c, s);
   }
   // The embedding's output, the final norm (fp32 copy, normalised value, the head's input), RoPE's
   // cos and sin, and a packed batch's [B, 1, T, T] bool mask with the [B, T, T] comparison it is

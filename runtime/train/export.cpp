@@ -407,12 +407,20 @@ void check_adapters(ExportPlan& p) {
   std::set<std::string> expected;
   for (const auto& [name, shape] : p.params) {
     const std::string module = model::lora_module_of(name, p.lc);
-    if (module.empty()) continue;
-    const std::string a = model::peft_key(module, 'A'), b = model::peft_key(module, 'B');
-    const std::vector<int64_t> a_shape = {p.lc.r, shape[1]}, b_shape = {shape[0], p.lc.r};
+    auto [a, b] = model::expert_lora_keys(name, p.lc);
+    if (module.empty() && a.empty()) continue;
+    std::vector<int64_t> a_shape = {p.lc.r, shape[1]}, b_shape = {shape[0], p.lc.r};
+    if (!a.empty()) {  // [E, out, in] experts: A [E r, in], B [out, r E]
+      a_shape = {shape[0] * p.lc.r, shape[2]};
+      b_shape = {shape[1], p.lc.r * shape[0]};
+    } else {
+      a = model::peft_key(module, 'A');
+      b = model::peft_key(module, 'B');
+    }
     for (const auto& [t, want] : {std::pair{a, a_shape}, std::pair{b, b_shape}}) {
-      FT_CHECK_T(FormatError, held.count(t), src, ": holds no ", t,
-                 ", but the run's lora.target_modules adapt ", module, kOtherModel);
+      FT_CHECK_T(FormatError, held.count(t), src, ": holds no ", t, ", but the run's lora.",
+                 module.empty() ? "target_parameters adapt " : "target_modules adapt ",
+                 module.empty() ? name : module, kOtherModel);
       FT_CHECK_T(FormatError, p.trained.shape(t) == want, src, ": ", t, " has shape ",
                  at::IntArrayRef(p.trained.shape(t)), " but lora.r and the model make it ",
                  at::IntArrayRef(want), kOtherModel);
@@ -491,7 +499,9 @@ io::DeferredTensors model_tensors(const ExportPlan& p, BaseWeights* base, Export
               ab = it == p.adapters.end() ? std::pair<std::string, std::string>{} : it->second] {
         at::Tensor w = base->fp32(name, compute);
         if (!ab.first.empty())
-          w = model::merge_lora(w, tr->read(ab.first), tr->read(ab.second), scale);
+          w = w.dim() == 3
+                  ? model::merge_expert_lora(w, tr->read(ab.first), tr->read(ab.second), scale)
+                  : model::merge_lora(w, tr->read(ab.first), tr->read(ab.second), scale);
         return w.to(dtype);
       };
     }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -48,6 +49,10 @@ model::LoraConfig lora_config_from_preset(const config::LoraSettings& l,
   c.alpha = l.alpha;
   c.dropout = l.dropout;
   c.target_modules = l.target_modules;
+  c.target_parameters = l.target_parameters;
+  std::sort(c.target_parameters.begin(), c.target_parameters.end());
+  c.target_parameters.erase(std::unique(c.target_parameters.begin(), c.target_parameters.end()),
+                            c.target_parameters.end());
   c.use_rslora = l.rslora;
   c.base_model_name_or_path = base_model;
   c.validate("preset lora");

@@ -7,6 +7,7 @@
 // (catch_torch.h first: c10 defines a CHECK macro of its own)
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "model/lora.h"
 #include "model/moe.h"
 #include "support/numerics.h"
+#include "support/subprocess.h"
 #include "train/weights.h"
 
 using namespace ft;
@@ -49,6 +51,33 @@ DecoderModel load_moe(const std::string& dir) {
 }
 
 double rel(const at::Tensor& a, const at::Tensor& b) { return test::rel_error(a, b); }
+
+// A PEFT adapter fixture's checks on `m` with the adapter loaded: the logits (1e-5), transformers'
+// loss with the aux term (1e-5) and every adapter tensor's gradient of it (1e-4). The fixture's
+// gradients are of that loss, so the aux term reaches the attention's adapters through the
+// routers' inputs.
+void check_adapter_fixture(DecoderModel& m, io::SafetensorsFile& expected, size_t adapters) {
+  auto params = lora_parameters(m);
+  REQUIRE(params.size() == adapters);
+  for (auto& p : params) p.tensor->set_requires_grad(true);
+  const at::Tensor ids = expected.tensor("input_ids").clone();
+  const at::Tensor logits = m.forward(ids);
+  CHECK(rel(logits, expected.tensor("logits")) < 1e-5);
+  const LossSum ls = causal_lm_loss_sum(logits, ids);
+  const at::Tensor ce = ls.sum / static_cast<double>(ls.tokens);
+  const double coef = m.config().moe.router_aux_loss_coef;
+  const double aux = router_aux_loss(m.router_aux(), m.config().moe.num_experts, coef);
+  const double ref = expected.tensor("loss").item<double>();
+  CHECK(std::abs(ce.item<double>() + coef * aux - ref) / ref < 1e-5);
+  ce.backward();
+  for (auto& p : params) {
+    // PEFT's in-memory names carry the adapter name: "...lora_A.default.weight".
+    const std::string key = "grad." + p.name.substr(0, p.name.size() - 6) + "default.weight";
+    INFO(key);
+    REQUIRE(expected.has(key));
+    CHECK(rel(p.tensor->grad(), expected.tensor(key)) < 1e-4);
+  }
+}
 
 }  // namespace
 
@@ -112,16 +141,74 @@ TEST_CASE("MoE checkpoints load from either layout to the same parameters", "[un
   }
 }
 
-TEST_CASE("a PEFT adapter on the experts (target_parameters) is refused by name", "[unit]") {
+TEST_CASE("PEFT's expert adapter config: keys, nesting and refusals", "[unit]") {
   // Written by PEFT 0.21.2 (make_moe_fixtures.py): LoRA on the fused experts of Qwen3-MoE.
-  const std::string config = moe_fixtures() + "/lora_qwen3_moe_experts/adapter_config.json";
-  REQUIRE(std::filesystem::exists(config));
-  CHECK_THROWS_WITH(load_lora_config(config),
-                    Catch::Contains("target_parameters") &&
-                        Catch::Contains("mixture-of-experts model's experts or router") &&
-                        Catch::Contains("not supported yet"));
+  const LoraConfig lc =
+      load_lora_config(moe_fixtures() + "/lora_qwen3_moe_experts/adapter_config.json");
+  CHECK(lc.target_modules.empty());
+  CHECK(lc.target_parameters ==
+        std::vector<std::string>{"mlp.experts.down_proj", "mlp.experts.gate_up_proj"});
+  // Both targeted: gate_up_proj (registered first) is the inner wrapper.
+  CHECK(expert_lora_keys("model.layers.1.mlp.experts.gate_up_proj", lc).first ==
+        "base_model.model.model.layers.1.mlp.experts.base_layer.lora_A.weight");
+  CHECK(expert_lora_keys("model.layers.1.mlp.experts.down_proj", lc).second ==
+        "base_model.model.model.layers.1.mlp.experts.lora_B.weight");
+  CHECK(expert_lora_keys("model.layers.1.mlp.gate.weight", lc).first.empty());
+  CHECK(expert_lora_keys("model.layers.1.self_attn.q_proj.weight", lc).first.empty());
+  LoraConfig one = lc;
+  one.target_parameters = {"mlp.experts.gate_up_proj"};
+  CHECK(expert_lora_keys("model.layers.1.mlp.experts.gate_up_proj", one).first ==
+        "base_model.model.model.layers.1.mlp.experts.lora_A.weight");
+  CHECK(expert_lora_keys("model.layers.1.mlp.experts.down_proj", one).first.empty());
+  // ft writes what it read back.
+  const std::string tmp = test::make_temp_dir();
+  { std::ofstream(tmp + "/adapter_config.json") << lora_config_json(lc); }
+  CHECK(load_lora_config(tmp + "/adapter_config.json").target_parameters == lc.target_parameters);
+  // Dropout with expert targets would make an adapter PEFT cannot load: refused, not dropped.
+  LoraConfig dropped = lc;
+  dropped.dropout = 0.05;
+  CHECK_THROWS_WITH(dropped.validate("preset lora"),
+                    Catch::Contains("lora.dropout to 0") && Catch::Contains("ParamWrapper"));
+  // The router and one layer's experts are not adapted: refused by name.
+  for (const char* entry : {"mlp.gate.weight", "model.layers.0.mlp.experts.gate_up_proj"}) {
+    std::ofstream(tmp + "/adapter_config.json")
+        << R"({"peft_type": "LORA", "r": 2, "target_modules": [], "target_parameters": [")" << entry
+        << R"("]})";
+    CHECK_THROWS_WITH(load_lora_config(tmp + "/adapter_config.json"),
+                      Catch::Contains(entry) && Catch::Contains("not an expert weight ft adapts"));
+  }
+  // A dense model has no experts to adapt.
+  ModelConfig dense =
+      load_model_config(std::string(FT_TEST_DIR) + "/model/fixtures/llama3_gqa_tied/config.json");
+  LoraConfig on_dense = lc;
+  CHECK_THROWS_WITH(fit_lora_targets(on_dense, dense), Catch::Contains("target_parameters"));
   // The attention-only adapter of Mixtral loads.
   CHECK(load_lora_config(moe_fixtures() + "/lora_mixtral_attn/adapter_config.json").r == 4);
+}
+
+TEST_CASE("PEFT's LoRA adapter on Qwen3-MoE's fused experts: logits, loss, gradients, merge",
+          "[unit]") {
+  const std::string dir = moe_fixtures() + "/lora_qwen3_moe_experts";
+  auto expected = io::SafetensorsFile::open(dir + "/expected.safetensors");
+  const at::Tensor ids = expected.tensor("input_ids").clone();
+  for (const char* base : {"qwen3_moe_tiny", "qwen3_moe_tiny_fused"}) {
+    INFO(base);
+    DecoderModel m = load_moe(moe_fixtures() + "/" + base);
+    const LoraConfig lc = load_lora_config(dir + "/adapter_config.json");
+    attach_lora(m, lc, 0);
+    train::load_adapter(m, dir);
+    check_adapter_fixture(m, expected, 4);  // A and B of gate_up_proj and down_proj, 1 layer
+    // The same experts as transformers chose with the adapter.
+    CHECK(at::equal(m.router_aux().picks.at(0), expected.tensor("topk_index.1")));
+    // The adapter folded into the experts (ft export --merge-lora) gives the same logits.
+    DecoderModel merged = load_moe(moe_fixtures() + "/" + base);
+    at::NoGradGuard no_grad;
+    MoeWeights& w = merged.layers().at(1).moe;
+    const MoeWeights& l = m.layers().at(1).moe;
+    w.gate_up.copy_(merge_expert_lora(w.gate_up, l.gate_up_lora.a, l.gate_up_lora.b, lc.scale()));
+    w.down.copy_(merge_expert_lora(w.down, l.down_lora.a, l.down_lora.b, lc.scale()));
+    CHECK(rel(merged.forward(ids), expected.tensor("logits")) < 1e-5);
+  }
 }
 
 TEST_CASE("PEFT's LoRA adapter on a Mixtral's attention: logits and adapter gradients", "[unit]") {
@@ -130,27 +217,6 @@ TEST_CASE("PEFT's LoRA adapter on a Mixtral's attention: logits and adapter grad
   const LoraConfig lc = load_lora_config(dir + "/adapter_config.json");
   attach_lora(m, lc, 0);
   train::load_adapter(m, dir);
-  auto params = lora_parameters(m);
-  CHECK(params.size() == 2 * 4 * 2);  // A and B, q k v o, 2 layers
-  for (auto& p : params) p.tensor->set_requires_grad(true);
   auto expected = io::SafetensorsFile::open(dir + "/expected.safetensors");
-  const at::Tensor ids = expected.tensor("input_ids").clone();
-  const at::Tensor logits = m.forward(ids);
-  CHECK(rel(logits, expected.tensor("logits")) < 1e-5);
-  const LossSum ls = causal_lm_loss_sum(logits, ids);
-  const at::Tensor ce = ls.sum / static_cast<double>(ls.tokens);
-  // The fixture's gradients are of transformers' loss, aux term included (it reaches the
-  // attention's adapters through the routers' inputs).
-  const double coef = m.config().moe.router_aux_loss_coef;
-  const double aux = router_aux_loss(m.router_aux(), m.config().moe.num_experts, coef);
-  const double ref = expected.tensor("loss").item<double>();
-  CHECK(std::abs(ce.item<double>() + coef * aux - ref) / ref < 1e-5);
-  ce.backward();
-  for (auto& p : params) {
-    // PEFT's in-memory names carry the adapter name: "...lora_A.default.weight".
-    const std::string key = "grad." + p.name.substr(0, p.name.size() - 6) + "default.weight";
-    INFO(key);
-    REQUIRE(expected.has(key));
-    CHECK(rel(p.tensor->grad(), expected.tensor(key)) < 1e-4);
-  }
+  check_adapter_fixture(m, expected, 2 * 4 * 2);  // A and B, q k v o, 2 layers
 }
