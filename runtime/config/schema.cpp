@@ -484,6 +484,7 @@ const std::vector<Setting>& preset_schema() {
     F(KEY(lora.dropout), 0.05, 0, 0.99, "Dropout on the adapter input."),
     L(KEY(lora.target_modules), kProjections, kAdaptable, "Projections that get adapters (PEFT names). The default, all seven, means every projection the model has: Phi-3's qkv_proj o_proj gate_up_proj down_proj."),
     L(KEY(lora.target_parameters), {}, {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}, "Mixture-of-experts models: the fused expert weights that get adapters too (PEFT's target_parameters: one adapter per weight holding every expert's, loadable by PEFT). Needs lora.dropout 0. The router stays frozen."),
+    B(KEY(lora.train_router), false, "Mixture-of-experts models: train every MoE layer's router in full beside the adapters (PEFT's modules_to_save [\"gate\"]: saved in the adapter file, loaded by PEFT); false keeps the routers frozen."),
     B(KEY(lora.rslora), false, "Rank-stabilised scaling alpha/sqrt(r)."),
     // hardware
     C(KEY(hardware.device), "auto", {"auto", "cpu", "cuda"},

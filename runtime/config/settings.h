@@ -139,6 +139,7 @@ struct LoraSettings {
   double dropout = 0;
   std::vector<std::string> target_modules;
   std::vector<std::string> target_parameters;  // expert weights (model/lora.h)
+  bool train_router = false;
   bool rslora = false;
 };
 

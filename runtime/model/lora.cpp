@@ -128,6 +128,8 @@ void fit_lora_targets(LoraConfig& config, const ModelConfig& model) {
            "lora.target_parameters: ", fmt::format("{}", fmt::join(config.target_parameters, " ")),
            " adapt experts, but a ", model.model_type,
            " model has none; leave target_parameters empty");
+  FT_CHECK(!config.train_router || model.moe.enabled(), "lora.train_router: a ", model.model_type,
+           " model has no router (it is not a mixture of experts); leave it false");
 }
 
 std::pair<std::string, std::string> expert_lora_keys(const std::string& param,
@@ -185,8 +187,14 @@ LoraConfig load_lora_config(const std::string& path) {
              str("peft_type", ""), "\" is not LORA");
   FT_CHECK_T(FormatError, str("bias", "none") == "none", path, ": bias \"", str("bias", ""),
              "\" is not supported (ft trains no biases in LoRA)");
-  FT_CHECK_T(FormatError, !j.contains("modules_to_save") || j["modules_to_save"].is_null(), path,
-             ": modules_to_save is not supported");
+  const json none = json::array();
+  const json& saved = j.contains("modules_to_save") && !j["modules_to_save"].is_null()
+                          ? j["modules_to_save"]
+                          : none;
+  FT_CHECK_T(FormatError, saved.empty() || saved == json::array({"gate"}), path,
+             ": modules_to_save ", excerpt(saved.dump(), 120),
+             " is not supported: ft trains only a mixture-of-experts model's routers in full "
+             "(modules_to_save [\"gate\"], lora.train_router)");
   for (const char* k : {"rank_pattern", "alpha_pattern"})
     FT_CHECK_T(FormatError, !j.contains(k) || j[k].is_null() || j[k].empty(), path, ": ", k,
                " (per-layer ranks) is not supported");
@@ -206,6 +214,7 @@ LoraConfig load_lora_config(const std::string& path) {
     c.alpha = j.value("lora_alpha", static_cast<double>(c.r));
     c.dropout = j.value("lora_dropout", 0.0);
     c.use_rslora = j.value("use_rslora", false);
+    c.train_router = !saved.empty();
     c.base_model_name_or_path = str("base_model_name_or_path", "");
     const json& t = j.at("target_modules");
     c.target_modules.clear();
@@ -248,7 +257,7 @@ std::string lora_config_json(const LoraConfig& c) {
             {"fan_in_fan_out", false},
             {"init_lora_weights", true},
             {"inference_mode", true},
-            {"modules_to_save", nullptr},
+            {"modules_to_save", c.train_router ? json::array({"gate"}) : json(nullptr)},
             {"base_model_name_or_path", c.base_model_name_or_path}};
   return j.dump(2) + "\n";
 }
@@ -289,9 +298,10 @@ void attach_lora(DecoderModel& model, const LoraConfig& config, uint64_t seed, b
     FT_CHECK(std::find(has.begin(), has.end(), m) != has.end(), "lora target module '", m,
              "' is not a projection of a ", model.config().model_type, " model (it has ",
              fmt::format("{}", fmt::join(has, " ")), ")");
-  FT_CHECK(config.target_parameters.empty() || model.config().moe.enabled(),
-           "lora target_parameters adapt experts, but a ", model.config().model_type,
-           " model has none");
+  FT_CHECK(
+      (config.target_parameters.empty() && !config.train_router) || model.config().moe.enabled(),
+      "lora target_parameters or train_router adapt experts or routers, but a ",
+      model.config().model_type, " model has none");
   at::NoGradGuard no_grad;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const std::set<std::string> targets(config.target_modules.begin(), config.target_modules.end());
@@ -319,7 +329,9 @@ void attach_lora(DecoderModel& model, const LoraConfig& config, uint64_t seed, b
       lin->lora_scale = config.scale();
       lin->lora_dropout = config.dropout;
     }
-    if (L.moe.defined()) attach_expert_lora(L.moe, model.config(), config, gen, shapes_only);
+    if (!L.moe.defined()) continue;
+    attach_expert_lora(L.moe, model.config(), config, gen, shapes_only);
+    L.moe.router_trained = config.train_router;
   }
 }
 
@@ -344,6 +356,9 @@ std::vector<NamedTensor> lora_parameters(DecoderModel& model) {
       out.push_back({a, &l->a});
       out.push_back({b, &l->b});
     }
+    if (moe.router_trained)
+      out.push_back(
+          {fmt::format("base_model.model.model.layers.{}.mlp.gate.weight", i), &moe.router});
   }
   return out;
 }

@@ -23,6 +23,10 @@ struct LoraConfig {
   // target_parameters: kExpertParameters (model/moe.h: ExpertLora for the layout). Needs dropout 0
   // (PEFT cannot load such an adapter with dropout). Sorted.
   std::vector<std::string> target_parameters;
+  // Mixture-of-experts models: every MoE layer's router (mlp.gate.weight) trained in full beside
+  // the adapters, as PEFT's modules_to_save ["gate"] keeps it: saved in the adapter file as
+  // "base_model.model.model.layers.L.mlp.gate.weight".
+  bool train_router = false;
   bool use_rslora = false;
   std::string base_model_name_or_path;  // identity of the base, written into adapter_config.json
   double scale() const;
@@ -55,7 +59,9 @@ std::string lora_config_json(const LoraConfig& c);
 void attach_lora(DecoderModel& model, const LoraConfig& config, uint64_t seed,
                  bool shapes_only = false);
 
-// The adapter tensors with their PEFT names, in a fixed order.
+// The adapter tensors with their PEFT names, in a fixed order; with train_router also each MoE
+// layer's router under its PEFT name (the same tensor DecoderModel::parameters() names
+// "model.layers.L.mlp.gate.weight").
 std::vector<NamedTensor> lora_parameters(DecoderModel& model);
 
 // The PEFT key of a module's adapter matrix: peft_key("model.layers.0.self_attn.q_proj", 'A').

@@ -60,6 +60,7 @@ struct MoeWeights {
   at::Tensor gate_up;  // experts.gate_up_proj [E_local, 2 inter, hidden], rows gate then up
   at::Tensor down;     // experts.down_proj [E_local, hidden, inter]
   ExpertLora gate_up_lora, down_lora;  // undefined: no adapter (model/lora.h adds them)
+  bool router_trained = false;         // a LoRA run trains the router in full (lora.train_router)
   bool defined() const { return router.defined(); }
 };
 

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <cstdlib>
+#include <set>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -183,7 +184,13 @@ std::vector<ParamSpec> param_specs(model::DecoderModel& model, bool lora) {
     return n.find("norm") == std::string::npos && !bias;
   };
   const model::MoeConfig& moe = model.config().moe;
+  // A LoRA run's fully trained tensors (the routers with lora.train_router) go by their PEFT
+  // names among the adapters, not by their base names.
+  std::set<const at::Tensor*> by_adapter_name;
+  if (lora)
+    for (auto& p : model::lora_parameters(model)) by_adapter_name.insert(p.tensor);
   for (auto& p : model.parameters()) {
+    if (by_adapter_name.count(p.tensor)) continue;
     ParamSpec spec;
     spec.name = p.name;
     spec.slot = p.tensor;

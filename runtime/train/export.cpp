@@ -319,6 +319,7 @@ struct ExportPlan {
   std::vector<std::string> held;
   // The adapter of each adapted module: (A, B) names.
   std::map<std::string, std::pair<std::string, std::string>> adapters;
+  std::map<std::string, std::string> replaced;  // base name -> the trained tensor in its place
   std::vector<std::string> tokenizer_files, notes;
 };
 
@@ -428,6 +429,21 @@ void check_adapters(ExportPlan& p) {
     }
     p.adapters[name] = {a, b};
   }
+  // The routers a run with lora.train_router trained in full, under their PEFT names.
+  const std::string router = ".mlp.gate.weight";
+  for (const auto& [name, shape] : p.params) {
+    if (!p.lc.train_router || name.size() < router.size() ||
+        name.compare(name.size() - router.size(), router.size(), router) != 0)
+      continue;
+    const std::string t = "base_model.model." + name;
+    FT_CHECK_T(FormatError, held.count(t), src, ": holds no ", t,
+               ", but the run's lora.train_router trains ", name, kOtherModel);
+    FT_CHECK_T(FormatError, p.trained.shape(t) == shape, src, ": ", t, " has shape ",
+               at::IntArrayRef(p.trained.shape(t)), " but the model makes it ",
+               at::IntArrayRef(shape), kOtherModel);
+    expected.insert(t);
+    p.replaced[name] = t;
+  }
   for (const auto& name : p.held)
     FT_CHECK_T(FormatError, expected.count(name), src, ": holds ", name,
                ", which adapts no projection of the model", kOtherModel);
@@ -491,8 +507,11 @@ io::DeferredTensors model_tensors(const ExportPlan& p, BaseWeights* base, Export
   const Trained* tr = &p.trained;
   for (const auto& [name, shape] : p.params) {
     std::function<at::Tensor()> make;
-    if (!p.run.lora) {
-      make = [tr, name = name, dtype = p.dtype] { return tr->read(name).to(dtype); };
+    const auto replaced = p.replaced.find(name);
+    if (!p.run.lora || replaced != p.replaced.end()) {
+      make = [tr, name = p.run.lora ? replaced->second : name, dtype = p.dtype] {
+        return tr->read(name).to(dtype);
+      };
     } else {
       auto it = p.adapters.find(name);
       make = [tr, base, name = name, dtype = p.dtype, compute = p.compute, scale,

@@ -53,6 +53,7 @@ model::LoraConfig lora_config_from_preset(const config::LoraSettings& l,
   std::sort(c.target_parameters.begin(), c.target_parameters.end());
   c.target_parameters.erase(std::unique(c.target_parameters.begin(), c.target_parameters.end()),
                             c.target_parameters.end());
+  c.train_router = l.train_router;
   c.use_rslora = l.rslora;
   c.base_model_name_or_path = base_model;
   c.validate("preset lora");

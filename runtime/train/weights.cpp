@@ -159,6 +159,11 @@ parallel::ParamSource run_param_source(BaseWeights& base, const ckpt::Checkpoint
   return [&base, ck, trained, adapters](const std::string& name, int64_t b, int64_t e,
                                         const at::Tensor& dst) {
     if (ck && trained.count(name)) return ck->read_range("param/" + name, b, e, dst);
+    // A base tensor a LoRA run trains in full (a router, lora.train_router) goes by its PEFT
+    // name, "base_model.model." before the base's: it starts as the base's value.
+    static const std::string kPeft = "base_model.model.";
+    if (name.rfind(kPeft, 0) == 0 && name.find(".lora_") == std::string::npos)
+      return base.read_range(name.substr(kPeft.size()), b, e, dst);
     if (name.rfind("base_model.", 0) == 0) return adapters(name, b, e, dst);
     base.read_range(name, b, e, dst);
   };

@@ -177,11 +177,28 @@ TEST_CASE("PEFT's expert adapter config: keys, nesting and refusals", "[unit]") 
     CHECK_THROWS_WITH(load_lora_config(tmp + "/adapter_config.json"),
                       Catch::Contains(entry) && Catch::Contains("not an expert weight ft adapts"));
   }
-  // A dense model has no experts to adapt.
+  // modules_to_save: the routers ("gate") train in full; anything else is refused by name.
+  for (const char* saved : {R"(["gate"])", R"(["lm_head"])", R"(["gate", "embed_tokens"])"}) {
+    std::ofstream(tmp + "/adapter_config.json")
+        << R"({"peft_type": "LORA", "r": 2, "target_modules": ["q_proj"], "modules_to_save": )"
+        << saved << "}";
+    if (std::string(saved) == R"(["gate"])") {
+      const LoraConfig routed = load_lora_config(tmp + "/adapter_config.json");
+      CHECK(routed.train_router);
+      CHECK_THAT(lora_config_json(routed), Catch::Contains(R"("modules_to_save": [)"));
+    } else {
+      CHECK_THROWS_WITH(load_lora_config(tmp + "/adapter_config.json"),
+                        Catch::Contains("modules_to_save") && Catch::Contains("lora.train_router"));
+    }
+  }
+  // A dense model has no experts to adapt, nor a router to train.
   ModelConfig dense =
       load_model_config(std::string(FT_TEST_DIR) + "/model/fixtures/llama3_gqa_tied/config.json");
   LoraConfig on_dense = lc;
   CHECK_THROWS_WITH(fit_lora_targets(on_dense, dense), Catch::Contains("target_parameters"));
+  LoraConfig router_on_dense;
+  router_on_dense.train_router = true;
+  CHECK_THROWS_WITH(fit_lora_targets(router_on_dense, dense), Catch::Contains("lora.train_router"));
   // The attention-only adapter of Mixtral loads.
   CHECK(load_lora_config(moe_fixtures() + "/lora_mixtral_attn/adapter_config.json").r == 4);
 }

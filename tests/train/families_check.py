@@ -10,7 +10,8 @@ original_max_position_embeddings, Gemma 3's local and global rotary, Granite's m
 and untied heads, GQA; every norm weight and bias random. Then, per family:
 
   1. base: `ft eval --model BASE` equals transformers' loss on the same records;
-  2. LoRA: `ft train --preset tiny-lora --model BASE` for 3 steps; PeftModel.from_pretrained(BASE,
+  2. LoRA: `ft train --preset tiny-lora --model BASE` for 3 steps (MoE families: the experts too,
+     lora.target_parameters, and the routers, lora.train_router); PeftModel.from_pretrained(BASE,
      final/) loads the adapter and its loss equals `ft eval --model BASE --adapter final/`'s, and
      transformers' loss of the `ft export --merge-lora` model equals PEFT's;
   3. full: `ft train --model BASE` for 3 fp32 steps, `ft export` of the run; transformers loads the
@@ -19,7 +20,9 @@ and untied heads, GQA; every norm weight and bias random. Then, per family:
      `ft eval --model EXPORT`'s;
   4. PEFT-written adapter: get_peft_model on the base (every projection, fused ones for Phi-3, lora_B
      random; every other family target_modules="all-linear", which PEFT saves as full module paths,
-     with rsLoRA), save_pretrained; `ft eval --model BASE --adapter THAT` equals PEFT's loss.
+     with rsLoRA; MoE families the attention, the fused experts (target_parameters) and the routers
+     (modules_to_save ["gate"])),
+     save_pretrained; `ft eval --model BASE --adapter THAT` equals PEFT's loss.
 
 Losses are the mean next-token loss over pre-tokenized records (both sides see the same ids),
 within 1e-4 relative; each trained model must move the loss by more than 10x that, so a file that
@@ -114,9 +117,8 @@ FAMILIES = {
         residual_multiplier=0.22, attention_multiplier=0.5, logits_scaling=0.5, pad_token_id=0,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), PROJECTIONS),
     # Mixture-of-experts (issue 31): 4 experts top 2 in both layers; the aux loss on (it is not in
-    # the evaluated loss, but training with it moves the router). PEFT adapts the attention only:
-    # naming gate/up/down_proj (or all-linear) makes PEFT 0.21 adapt the fused experts through
-    # target_parameters too, which ft refuses by name (LoRA on experts is not done yet).
+    # the evaluated loss, but training with it moves the router). LoRA adapts the attention by
+    # name and the fused experts through target_parameters (EXPERT_PARAMETERS), in ft and PEFT.
     "mixtral": (MixtralConfig, dict(GQA, num_local_experts=4, num_experts_per_tok=2,
                                     output_router_logits=True, router_aux_loss_coef=0.02,
                                     tie_word_embeddings=False),
@@ -277,8 +279,17 @@ def check_features_live(fam, records, base_loss):
         fam.notes.append(f"features live (loss moves >= {min(moves):.0e} without each)")
 
 
+# LoRA on a MoE family's experts too: PEFT's target_parameters, which need dropout 0.
+EXPERT_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+MOE_FAMILIES = ("mixtral", "qwen3_moe")
+
+
 def check_lora(fam, train_path, eval_path, records, base_loss):
-    run_dir = train(fam, "lora", train_path, [])
+    extra = []
+    if fam.name in MOE_FAMILIES:
+        extra = ["--set", "lora.target_parameters=" + json.dumps(EXPERT_PARAMETERS),
+                 "--set", "lora.dropout=0", "--set", "lora.train_router=true"]
+    run_dir = train(fam, "lora", train_path, extra)
     final = os.path.join(run_dir, "final")
     peft_model = PeftModel.from_pretrained(hf_model(fam.base), final).eval()
     if not any("lora_" in n for n, _ in peft_model.named_parameters()):
@@ -331,18 +342,22 @@ def tensor_names(model_dir):
 def check_peft_adapter(fam, eval_path, records):
     """An adapter PEFT wrote, evaluated by ft: on the family's projections by name, or (every other
     family) with "all-linear", which PEFT saves as every projection's full path, and rsLoRA."""
-    # all-linear on a MoE model makes PEFT adapt the experts and the router (target_parameters),
-    # which ft refuses by name (LoRA on experts is not done yet): MoE families name their targets.
-    all_linear = list(FAMILIES).index(fam.name) % 2 == 1 and fam.name not in ("mixtral", "qwen3_moe")
+    # MoE families name their targets, the experts through target_parameters (all-linear on a MoE
+    # model would also adapt the router, which ft keeps frozen).
+    all_linear = list(FAMILIES).index(fam.name) % 2 == 1 and fam.name not in MOE_FAMILIES
+    experts = (dict(target_parameters=EXPERT_PARAMETERS, modules_to_save=["gate"])
+               if fam.name in MOE_FAMILIES else {})
     lcfg = LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=8, lora_dropout=0.0, bias="none",
                       target_modules="all-linear" if all_linear else FAMILIES[fam.name][2],
-                      use_rslora=all_linear)
+                      use_rslora=all_linear, **experts)
     torch.manual_seed(fam.seed + 100)
     peft_model = get_peft_model(hf_model(fam.base), lcfg)
     with torch.no_grad():  # PEFT starts lora_B at zero, which would hide the adapter
         for pname, p in peft_model.named_parameters():
             if "lora_B" in pname:
                 p.normal_(0.0, 0.05)
+            if "modules_to_save" in pname:  # a router trained in full: moved off the base's
+                p.add_(torch.randn_like(p) * 0.05)
     adapter = os.path.join(fam.dir, "peft-adapter")
     peft_model.save_pretrained(adapter)
     fam.compare("peft-adapter" + (" (all-linear, rslora)" if all_linear else ""),
