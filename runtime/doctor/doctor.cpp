@@ -804,6 +804,14 @@ void Doctor::report_prediction() {
              {"one_device_tokens_per_s", p.one_device_tokens_per_s},
              {"efficiency", p.efficiency},
              {"bottleneck", p.bottleneck}};
+  json cj = json::array();
+  for (const auto& c : p.comm)
+    cj.push_back({{"op", c.op},
+                  {"group", c.group},
+                  {"calls", c.calls},
+                  {"bytes_per_call", c.bytes_per_call},
+                  {"seconds", c.seconds}});
+  pj["comm"] = cj;
   json aj = json::array();
   for (const auto& a : alts)
     aj.push_back({{"what", a.what},

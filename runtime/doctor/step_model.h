@@ -54,7 +54,7 @@ struct Measured {
 
 // One collective kind of the step.
 struct CommPart {
-  std::string op;     // "all-reduce" | "all-gather" | "reduce-scatter" | "scalars"
+  std::string op;     // "all-reduce" | "all-gather" | "reduce-scatter" | "all-to-all" | "scalars"
   std::string group;  // the curves' `what`
   int64_t calls = 0;
   int64_t bytes_per_call = 0;

@@ -159,7 +159,10 @@ ExchangePlan plan_exchange(State& s, const at::Tensor& rows, const std::vector<i
   }
   at::Tensor in = header.to(rows.device());
   at::Tensor out = at::empty_like(in);
-  all_to_all(s, out, in, {}, {}, "row counts");
+  {
+    Timed t(s.stats.counts_s);
+    all_to_all(s, out, in, {}, {}, "row counts");
+  }
   const int64_t header_bytes = block * static_cast<int64_t>(sizeof(int64_t)) * (N - 1);
   s.stats.bytes_sent += header_bytes;
   s.stats.bytes_received += header_bytes;

@@ -36,6 +36,10 @@ namespace ft::parallel {
 struct ExchangeStats {
   int64_t dispatches = 0, combines = 0;
   double dispatch_s = 0, combine_s = 0;
+  // Of dispatch_s, the seconds in the exchange of row counts that starts each dispatch: a few
+  // bytes, so mostly this rank waiting for the slowest of its EP group to reach the layer (their
+  // skew: load imbalance, a slower rank), not moving rows.
+  double counts_s = 0;
   // What left this rank for, and arrived from, other ranks: rows and the count headers (a rank's
   // rows for its own experts are not counted: they never leave it).
   int64_t bytes_sent = 0, bytes_received = 0;

@@ -138,6 +138,7 @@ void MetricsLog::write(const StepRecord& r) {
   if (r.exchanged)
     j["moe"]["exchange"] = {{"dispatch_s", r.dispatch_s},
                             {"combine_s", r.combine_s},
+                            {"counts_s", r.exchange_counts_s},
                             {"bytes_sent", r.exchange_bytes_sent},
                             {"bytes_received", r.exchange_bytes_received}};
   if (r.eval_tokens > 0) {

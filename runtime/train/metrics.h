@@ -65,6 +65,7 @@ struct StepRecord {
   // the bytes that left and reached this rank.
   bool exchanged = false;
   double dispatch_s = 0, combine_s = 0;
+  double exchange_counts_s = 0;  // of dispatch_s: the row-count exchange, mostly waiting
   int64_t exchange_bytes_sent = 0, exchange_bytes_received = 0;
   // A step after which eval.data was evaluated (eval_tokens > 0): the mean token loss over the
   // whole file, its token count and the seconds it took (not part of step_time_s).

@@ -397,6 +397,7 @@ void TrainingRun::take_exchange_stats(StepRecord& r) {
   r.exchanged = true;
   r.dispatch_s = x.dispatch_s;
   r.combine_s = x.combine_s;
+  r.exchange_counts_s = x.counts_s;
   r.exchange_bytes_sent = x.bytes_sent;
   r.exchange_bytes_received = x.bytes_received;
   exchange_->reset_stats();

@@ -159,6 +159,35 @@ TEST_CASE("plan state bytes equal the run's under expert parallelism (EP 2 at 2 
     }
 }
 
+// LoRA on the experts with a trained router under EP 2: every rank holds all experts' adapters
+// and the routers as trained tensors, which the plan lays out as the run does.
+TEST_CASE("plan state bytes equal the run's with expert adapters and trained routers under EP 2",
+          "[multiproc]") {
+  const std::string model = std::string(FT_TEST_DIR) + "/model/fixtures/moe/qwen3_moe_tiny";
+  for (const std::string kind : {"ddp", "zero3"}) {
+    const std::vector<std::string> sets = {
+        "strategy.kind=" + kind,
+        "strategy.expert_parallel=2",
+        "data.seq_len=32",
+        "train.micro_batch=1",
+        "train.max_steps=1",
+        "hardware.device=cpu",
+        "precision.mode=fp32",
+        "lora.enabled=true",
+        "lora.dropout=0",
+        R"(lora.target_parameters=["mlp.experts.gate_up_proj","mlp.experts.down_proj"])",
+        "lora.train_router=true"};
+    INFO(kind);
+    const json plan = plan_json(sets, 1, 2, model);
+    // More trained state than attention adapters alone.
+    const json attention = plan_json(
+        with(sets, {"lora.target_parameters=[]", "lora.train_router=false"}), 1, 2, model);
+    CHECK(plan["rank"]["optimizer_bytes"].get<int64_t>() >
+          attention["rank"]["optimizer_bytes"].get<int64_t>());
+    check_ranks_match(run_job(sets, 1, 2, model), plan);
+  }
+}
+
 TEST_CASE("plan state bytes equal the run's at world size 1", "[multiproc]") {
   check_state_exact({"ddp", {"strategy.kind=ddp"}, 1, 1});
 }

@@ -246,6 +246,10 @@ TEST_CASE("expert parallelism: EP 2 at world 2 follows the 1-rank run under ddp,
       CHECK(r["moe"]["exchange"]["bytes_received"].get<int64_t>() > 0);
       CHECK(r["moe"]["exchange"]["dispatch_s"].get<double>() > 0);
       CHECK(r["moe"]["exchange"]["combine_s"].get<double>() > 0);
+      // The row-count exchange that starts each dispatch is a part of its time.
+      CHECK(r["moe"]["exchange"]["counts_s"].get<double>() > 0);
+      CHECK(r["moe"]["exchange"]["counts_s"].get<double>() <=
+            r["moe"]["exchange"]["dispatch_s"].get<double>());
     }
     CHECK_FALSE(one.back()["moe"].contains("exchange"));
     // Every expert in final/, each in its place, whichever rank trained it.
