@@ -44,33 +44,11 @@ else
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
 fi
-# The models (random init, saved by save_pretrained: both sides load the same weights):
-# MoE-dominated (the experts hold 80% of the parameters), vocabulary 8000 so the head
-# does not hide the experts. mixtral: 8 experts of intermediate 1024, top 2 renormalised; qwen3moe:
-# 32 smaller experts (256), top 4, norm_topk_prob, every layer sparse. The records: random ids.
-"$FT_PYTHON" - "$work" "$aux" "$seq" "$((batch * (warmup + steps)))" <<'PY'
-import json, random, sys
-import torch
-from transformers import AutoModelForCausalLM, MixtralConfig, Qwen3MoeConfig
-out, aux, seq, records = sys.argv[1], sys.argv[2] == "on", int(sys.argv[3]), int(sys.argv[4])
-common = dict(vocab_size=8000, hidden_size=512, num_hidden_layers=4, num_attention_heads=8,
-              num_key_value_heads=4, max_position_embeddings=max(seq, 1024),
-              output_router_logits=aux, router_aux_loss_coef=0.001, tie_word_embeddings=False,
-              rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
-configs = {
-    "mixtral": MixtralConfig(**common, intermediate_size=1024, num_local_experts=8,
-                             num_experts_per_tok=2, sliding_window=None),
-    "qwen3moe": Qwen3MoeConfig(**common, head_dim=64, intermediate_size=1024,
-                               moe_intermediate_size=256, num_experts=32, num_experts_per_tok=4,
-                               norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])}
-for name, config in configs.items():
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).float().save_pretrained(f"{out}/{name}")
-rng = random.Random(0)
-with open(f"{out}/records.jsonl", "w") as f:
-    for _ in range(records):
-        f.write(json.dumps({"input_ids": [rng.randrange(4, 8000) for _ in range(seq)]}) + "\n")
-PY
+# The models and records (bench/moe_models.py: random init, saved by save_pretrained, so both sides
+# load the same weights).
+"$FT_PYTHON" "$here/bench/moe_models.py" "$work" "$aux" "$seq" "$((batch * (warmup + steps)))" \
+  >"$work/models.log" 2>&1 ||
+  { echo "moe_step: moe_models.py failed:" >&2; cat "$work/models.log" >&2; exit 1; }
 declare -A labels=(
   [mixtral]="Mixtral-like: d=512, 4 layers, 8 experts x 1024, top-2"
   [qwen3moe]="Qwen3-MoE-like: d=512, 4 layers, 32 experts x 256, top-4"
