@@ -12,8 +12,10 @@
 #   3. doctor.log: ft doctor at 2 "nodes" on the GPU
 #   kernels: the fused CUDA kernels against the unfused ops alone (the gpu test's check);
 #   offload: the offload checks alone (both gpu tests); profile: ft's full-1b step profiled
-#   (fused kernels off and on) and without the chunked loss (profile.log)
-#   bench/gpu_session.sh [PHASE...]     phases: tests speed doctor kernels offload profile
+#   (fused kernels off and on) and without the chunked loss (profile.log); moe: expert
+#   parallelism over NCCL (test_cuda_gpu_ranks moe: EP 2 across 2 "nodes" and inside one, zero3
+#   and fsdp, full and LoRA on the experts)
+#   bench/gpu_session.sh [PHASE...]     phases: tests speed doctor kernels offload profile moe
 #                                       (default: tests speed doctor)
 set -uo pipefail
 out=${OUT:?OUT must name the folder whose files come back}
@@ -59,6 +61,12 @@ if has tests; then
   say "gpu test exit $r1; ranks fp32 exit $r2; ranks offload/lora/bf16/resume exit $r3"
   grep -h -E '^(FAIL|SKIP|all checks|[0-9]+ check)' "$out/gpu_test.log" "$out"/ranks_*.log
 fi
+if has moe; then
+  say "phase moe: expert parallelism over NCCL"
+  timeout 300 build/bin/test_cuda_gpu_ranks moe > "$out/ranks_moe.log" 2>&1
+  say "ranks moe exit $?"
+  grep -E '^(ok|FAIL|SKIP|all checks|[0-9]+ check)' "$out/ranks_moe.log"
+fi
 if has kernels; then
   say "phase kernels: the fused CUDA kernels against the unfused ops"
   timeout 60 build/bin/test_cuda_gpu kernels > "$out/kernels.log" 2>&1
@@ -93,7 +101,7 @@ if has doctor; then
   say "phase doctor: 2 nodes on one GPU"
   port=29611
   for n in 0 1; do
-    CUDA_VISIBLE_DEVICES=0 NCCL_HOSTID=doctor-node$n NCCL_NET=Socket NCCL_SOCKET_IFNAME==lo \
+    CUDA_VISIBLE_DEVICES=0 NCCL_HOSTID=doctor-node$n NCCL_NET=Socket NCCL_SOCKET_IFNAME='=lo' \
       NCCL_IB_DISABLE=1 timeout 120 build/bin/ft launch --nnodes 2 --node-rank $n \
       --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $port --max-restarts 0 -- \
       build/bin/ft doctor --preset tiny-demo --set hardware.device=cuda --set precision.mode=bf16 \
