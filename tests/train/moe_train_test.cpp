@@ -13,6 +13,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -77,11 +78,12 @@ std::vector<json> train_ok(const std::vector<std::string>& argv, const std::stri
 
 // `ft launch --nproc-per-node n` of moe_train (n > 1), run to the end.
 std::vector<json> launch_ok(int n, const std::string& model, const std::string& out,
-                            const std::vector<std::string>& sets) {
+                            const std::vector<std::string>& sets,
+                            const std::map<std::string, std::string>& env = {}) {
   const Finished f = run_to_end(ft_launch_argv({"--nproc-per-node", std::to_string(n),
                                                 "--master-port", std::to_string(free_port())},
                                                moe_train(model, "", out, sets)),
-                                {}, make_temp_dir() + "/launch.txt", 240);
+                                env, make_temp_dir() + "/launch.txt", 240);
   INFO(output_tail(f.output));
   REQUIRE(f.code == 0);
   return read_metrics(out);
@@ -315,6 +317,48 @@ TEST_CASE(
   std::filesystem::remove_all(dir);
 }
 
+// What works for dense models works under expert parallelism: gradient accumulation (the
+// defaults: 2 micro-batches), full activation checkpointing (a recomputed MoE layer exchanges its
+// rows again, on every rank alike), bf16 and offload.
+TEST_CASE(
+    "expert parallelism with gradient accumulation, activation checkpointing, bf16 and offload",
+    "[multiproc]") {
+  const std::string dir = make_temp_dir();
+  const std::string model = moe_fixture("qwen3_moe_tiny");
+  const std::vector<std::string> sets = {"moe.aux_loss_scope=global",
+                                         "train.activation_checkpointing=full"};
+  const std::vector<std::string> ep2 = {"train.micro_batch=1", "strategy.expert_parallel=2",
+                                        "strategy.kind=zero3"};
+  const auto one = train_ok(moe_train(model, "", dir + "/one", sets), dir + "/one");
+  launch_ok(2, model, dir + "/dp", with(sets, {"train.micro_batch=1"}));
+  check_follows(one, launch_ok(2, model, dir + "/ep", with(sets, ep2)));
+  CHECK(final_models_apart(dir + "/dp", dir + "/ep") < 1e-4);
+  // Offloaded optimizer state (the CPU path, as the offload tests run it): the same bits. Every
+  // parameter sharded (persistence 0), as the gpu offload checks run it: zero3's replicated small
+  // 2-D weights add a later micro-batch's gradient into their accumulator with one addmm unless
+  // offloaded (then a product and an add), which rounds differently (issue 32).
+  const std::vector<std::string> sharded = {"strategy.zero3.param_persistence_threshold=0"};
+  launch_ok(2, model, dir + "/ep-sharded", with(with(sets, ep2), sharded));
+  launch_ok(2, model, dir + "/ep-offload",
+            with(with(with(sets, ep2), sharded), {"strategy.zero3.offload_optimizer=true"}),
+            {{"FT_ALLOW_CPU_OFFLOAD", "1"}});
+  CHECK(read_file(dir + "/ep-sharded/final/model.safetensors") ==
+        read_file(dir + "/ep-offload/final/model.safetensors"));
+  // bf16 compute: EP 2 against the same split without EP, within bf16's rounding.
+  const std::vector<std::string> bf16 = with(sets, {"precision.mode=bf16"});
+  const auto dp16 = launch_ok(2, model, dir + "/dp16",
+                              with(bf16, {"train.micro_batch=1", "strategy.kind=zero3"}));
+  const auto ep16 = launch_ok(2, model, dir + "/ep16", with(bf16, ep2));
+  REQUIRE(ep16.size() == dp16.size());
+  for (size_t i = 0; i < ep16.size(); ++i) {
+    INFO("bf16 step " << i + 1);
+    const double a = dp16[i]["loss"].get<double>(), b = ep16[i]["loss"].get<double>();
+    CHECK(std::abs(a - b) / a < 1e-2);
+  }
+  CHECK(final_models_apart(dir + "/dp16", dir + "/ep16") < 1e-1);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE(
     "expert parallelism: 2 ft launch nodes x 2 workers, EP 2 inside each node, follow the "
     "1-rank run",
@@ -353,6 +397,35 @@ TEST_CASE(
   CHECK(final_models_apart(dir + "/dp", dir + "/ep") < 1e-4);
   // Each expert's gradient was reduced over the two ranks holding it (expert_dp): a replica that
   // skipped it would have drifted from the other, and rank 0 writes its own.
+  std::filesystem::remove_all(dir);
+}
+
+// EP 2 x 2 replicas at world 4 under ddp and fsdp (zero3 runs across two launchers above), and a
+// checkpoint of that job continued at world 2 without expert parallelism, whose checkpoint EP 2 at
+// world 4 continues again.
+TEST_CASE(
+    "expert parallelism: EP 2 x 2 replicas at world 4 under ddp and fsdp, resharded to world 2 "
+    "without EP and back",
+    "[multiproc]") {
+  const std::string dir = make_temp_dir();
+  const std::string model = moe_fixture("mixtral_tiny");  // 4 experts: 2 on each EP rank
+  const std::vector<std::string> sets = {"moe.aux_loss_scope=global", "train.grad_accum=1",
+                                         "train.max_steps=6",         "output.save_every=2",
+                                         "output.keep_last=10",       "train.micro_batch=4"};
+  const auto one = train_ok(moe_train(model, "", dir + "/one", sets), dir + "/one");
+  const std::vector<std::string> world4 = {"train.micro_batch=1", "strategy.expert_parallel=2"};
+  for (const std::string kind : {"ddp", "fsdp"}) {
+    INFO(kind);
+    check_follows(one, launch_ok(4, model, dir + "/ep-" + kind,
+                                 with(with(sets, world4), {"strategy.kind=" + kind})));
+  }
+  // Saved by EP 2 at world 4 at step 2, continued by 2 ranks without EP (zero3) ...
+  const std::string a = stopped_copy(dir + "/ep-fsdp", 2);
+  check_follows(
+      one, launch_ok(2, model, a, with(sets, {"train.micro_batch=2", "strategy.kind=zero3"})), 2);
+  // ... whose step-4 checkpoint EP 2 at world 4 continues.
+  const std::string b = stopped_copy(a, 4);
+  check_follows(one, launch_ok(4, model, b, with(with(sets, world4), {"strategy.kind=ddp"})), 4);
   std::filesystem::remove_all(dir);
 }
 
