@@ -391,6 +391,14 @@ void Planner::describe() {
   p_.layout = layout_;
   p_.model_from = shape_.from;
   p_.strategy = sp_.label;
+  // Expert parallelism: what each rank holds of the experts, and that they are not sharded.
+  if (const int64_t n = placed_.moe.ep_size; n > 1)
+    p_.strategy += fmt::format(
+        "; expert_parallel {}: each rank holds {} of each MoE layer's {} experts, whole, "
+        "replicated over the {} rank(s) holding the same ones{}",
+        n, placed_.moe.local_experts(), placed_.moe.num_experts, world_ / n,
+        sp_.engine.shard_size > 1 ? " (experts are not sharded yet, unlike the other parameters)"
+                                  : "");
   p_.device_name = gpu_ ? "GPU" : "host (CPU job)";
   p_.tokens_per_micro_batch = s_.train.micro_batch * s_.data.seq_len;
 }

@@ -146,6 +146,11 @@ TEST_CASE("plan state bytes equal the run's under expert parallelism (EP 2 at 2 
                                              "precision.mode=fp32"};
       INFO(kind << " on " << nproc << " ranks");
       const json plan = plan_json(sets, 1, nproc, model);
+      // It says what a rank holds of the experts, and that they are whole.
+      CHECK_THAT(plan["strategy"].get<std::string>(),
+                 Catch::Contains("expert_parallel 2: each rank holds 4 of each MoE layer's 8 "
+                                 "experts, whole, replicated over the " +
+                                 std::to_string(nproc / 2) + " rank(s)"));
       // Fewer bytes than the same job without expert parallelism: the other half of the experts
       // is not here.
       const json whole = plan_json(with(sets, {"strategy.expert_parallel=1"}), 1, nproc, model);
