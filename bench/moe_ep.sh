@@ -15,26 +15,13 @@
 #     BENCH_KEEP=DIR: keep the model, the runs and the doctor's JSON there
 # Needs transformers in the venv ft builds against (scripts/setup.sh installs it).
 set -euo pipefail
-build=${1:-build}
-FT_CACHE=${FT_CACHE:-$HOME/.cache/ft}
-# shellcheck disable=SC1091
-source "$FT_CACHE/env.sh"
-ft=$build/bin/ft
-[[ -x $ft ]] || { echo "moe_ep: no ft at '$ft': build it (scripts/build.sh) or name BUILD" >&2; exit 1; }
+build=${1:-build} me=moe_ep
+# shellcheck source=bench/moe_common.sh
+source "$(dirname "$0")/moe_common.sh"
 world=${BENCH_WORLD:-4} eps=${BENCH_EP:-1 2 4} config=${BENCH_CONFIG:-qwen3moe}
 strategy=${BENCH_STRATEGY:-ddp} threads=${BENCH_THREADS:-1} batch=${BENCH_BATCH:-1}
 seq=${BENCH_SEQ:-512} steps=${BENCH_STEPS:-5} warmup=${BENCH_WARMUP:-2}
-here=$(cd "$(dirname "$0")/.." && pwd)
-if [[ -n ${BENCH_KEEP:-} ]]; then
-  work=$BENCH_KEEP
-  mkdir -p "$work"
-else
-  work=$(mktemp -d)
-  trap 'rm -rf "$work"' EXIT
-fi
-"$FT_PYTHON" "$here/bench/moe_models.py" "$work" on "$seq" "$((world * batch * (warmup + steps)))" \
-  "$config" >"$work/models.log" 2>&1 ||
-  { echo "moe_ep: moe_models.py failed:" >&2; cat "$work/models.log" >&2; exit 1; }
+moe_models on "$seq" "$((world * batch * (warmup + steps)))" "$config"
 free_port() {
   "$FT_PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
@@ -51,7 +38,7 @@ for ep in $eps; do
   rm -rf "$out"
   "$ft" launch --nproc-per-node "$world" --master-port "$(free_port)" -- \
     "$ft" train --preset full --model "$work/$config" --data "$work/records.jsonl" \
-    --tokenizer "$here/tests/tokenizer/fixtures/llama3/tokenizer.json" --output "$out" \
+    --tokenizer "$tokenizer" --output "$out" \
     "${sets[@]}" --set "train.max_steps=$((warmup + steps))" >"$out.log" 2>&1 ||
     { echo "moe_ep: the EP $ep job failed:" >&2; tail -30 "$out.log" >&2; exit 1; }
   "$ft" launch --nproc-per-node "$world" --master-port "$(free_port)" -- \

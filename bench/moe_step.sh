@@ -22,33 +22,17 @@
 #       (ft's profile.txt is then in BENCH_KEEP/ft-MODEL-0/)
 # Needs transformers in the venv ft builds against (scripts/setup.sh installs it).
 set -euo pipefail
-build=${1:-build}
-FT_CACHE=${FT_CACHE:-$HOME/.cache/ft}
-# shellcheck disable=SC1091
-source "$FT_CACHE/env.sh"
-ft=$build/bin/ft
-[[ -x $ft ]] || { echo "moe_step: no ft at '$ft': build it (scripts/build.sh) or name BUILD" >&2; exit 1; }
-"$FT_PYTHON" -c "import transformers" 2>/dev/null ||
-  { echo "moe_step: '$FT_PYTHON' lacks transformers: run scripts/setup.sh" >&2; exit 1; }
+build=${1:-build} me=moe_step
+# shellcheck source=bench/moe_common.sh
+source "$(dirname "$0")/moe_common.sh"
 steps=${BENCH_STEPS:-8} warmup=${BENCH_WARMUP:-3} threads=${BENCH_THREADS:-2}
 batch=${BENCH_BATCH:-2} seq=${BENCH_SEQ:-512} aux=${BENCH_AUX:-on}
 [[ $aux == on || $aux == off ]] || { echo "moe_step: BENCH_AUX is on or off, not '$aux'" >&2; exit 2; }
 variants=${BENCH_VARIANTS:-eager grouped_mm batched_mm eager+compile grouped_mm+compile}
 export OMP_NUM_THREADS=$threads
-here=$(cd "$(dirname "$0")/.." && pwd)
-tokenizer=$here/tests/tokenizer/fixtures/llama3/tokenizer.json
-if [[ -n ${BENCH_KEEP:-} ]]; then
-  work=$BENCH_KEEP
-  mkdir -p "$work"
-else
-  work=$(mktemp -d)
-  trap 'rm -rf "$work"' EXIT
-fi
 # The models and records (bench/moe_models.py: random init, saved by save_pretrained, so both sides
 # load the same weights).
-"$FT_PYTHON" "$here/bench/moe_models.py" "$work" "$aux" "$seq" "$((batch * (warmup + steps)))" \
-  >"$work/models.log" 2>&1 ||
-  { echo "moe_step: moe_models.py failed:" >&2; cat "$work/models.log" >&2; exit 1; }
+moe_models "$aux" "$seq" "$((batch * (warmup + steps)))"
 declare -A labels=(
   [mixtral]="Mixtral-like: d=512, 4 layers, 8 experts x 1024, top-2"
   [qwen3moe]="Qwen3-MoE-like: d=512, 4 layers, 32 experts x 256, top-4"

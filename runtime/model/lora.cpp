@@ -10,6 +10,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/json.h"
@@ -135,11 +136,10 @@ void fit_lora_targets(LoraConfig& config, const ModelConfig& model) {
 std::pair<std::string, std::string> expert_lora_keys(const std::string& param,
                                                      const LoraConfig& config) {
   const auto& targets = config.target_parameters;
-  const auto it =
-      std::find(targets.begin(), targets.end(),
-                param.substr(param.find(".mlp.") == std::string::npos ? param.size()
-                                                                      : param.find(".mlp.") + 1));
-  if (param.rfind("model.layers.", 0) != 0 || it == targets.end()) return {};
+  const size_t mlp = param.find(".mlp.");
+  if (param.rfind("model.layers.", 0) != 0 || mlp == std::string::npos) return {};
+  const auto it = std::find(targets.begin(), targets.end(), param.substr(mlp + 1));
+  if (it == targets.end()) return {};
   // Wrapped in kExpertParameters' order: the targets registered after this one wrap it.
   const auto own = std::find(kExpertParameters.begin(), kExpertParameters.end(), *it);
   std::string module = param.substr(0, param.rfind('.'));  // "model.layers.1.mlp.experts"
@@ -263,9 +263,27 @@ std::string lora_config_json(const LoraConfig& c) {
 }
 
 namespace {
-// The adapters of a MoE layer's targeted expert weights (model/moe.h: ExpertLora): A drawn as a
-// projection's (PEFT's kaiming-uniform of nn.Linear(in, r E)), B zero; every expert's, also
-// under expert parallelism.
+// An adapter pair for a weight of `base`'s options: A [a_rows, in] drawn as PEFT's kaiming-uniform
+// (bound 1/sqrt(in)) from `gen`, B [out, b_cols] zero. `shapes_only`: meta tensors, nothing drawn.
+// A base that is still shapes only (a strategy will shard it) gets real CPU adapters: the strategy
+// reads their values when it lays out its shards.
+std::pair<at::Tensor, at::Tensor> new_adapter(const at::Tensor& base, int64_t a_rows, int64_t in,
+                                              int64_t out, int64_t b_cols, at::Generator& gen,
+                                              bool shapes_only) {
+  if (shapes_only) {
+    const auto meta = base.options().device(at::kMeta);
+    return {at::empty({a_rows, in}, meta), at::empty({out, b_cols}, meta)};
+  }
+  auto opts = base.options();
+  if (base.is_meta()) opts = opts.device(at::kCPU);
+  at::Tensor a = at::empty({a_rows, in}, at::kFloat);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+  a.uniform_(-bound, bound, gen);
+  return {a.to(opts), at::zeros({out, b_cols}, opts)};
+}
+
+// The adapters of a MoE layer's targeted expert weights (model/moe.h: ExpertLora), as PEFT's
+// nn.Linear(in, r E) and nn.Linear(r E, out); every expert's, also under expert parallelism.
 void attach_expert_lora(MoeWeights& moe, const ModelConfig& mc, const LoraConfig& config,
                         at::Generator& gen, bool shapes_only) {
   const int64_t E = mc.moe.num_experts, r = config.r;
@@ -273,20 +291,8 @@ void attach_expert_lora(MoeWeights& moe, const ModelConfig& mc, const LoraConfig
     const bool gate_up = target == kExpertParameters[0];
     const at::Tensor& w = gate_up ? moe.gate_up : moe.down;
     ExpertLora& l = gate_up ? moe.gate_up_lora : moe.down_lora;
-    const int64_t out = w.size(1), in = w.size(2);
+    std::tie(l.a, l.b) = new_adapter(w, E * r, w.size(2), w.size(1), r * E, gen, shapes_only);
     l.scale = config.scale();
-    auto opts = w.options();
-    if (shapes_only || w.is_meta()) opts = opts.device(shapes_only ? at::kMeta : at::kCPU);
-    if (shapes_only) {
-      l.a = at::empty({E * r, in}, opts);
-      l.b = at::empty({out, r * E}, opts);
-      continue;
-    }
-    at::Tensor a = at::empty({E * r, in}, at::kFloat);
-    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-    a.uniform_(-bound, bound, gen);
-    l.a = a.to(opts);
-    l.b = at::zeros({out, r * E}, opts);
   }
 }
 }  // namespace
@@ -308,24 +314,9 @@ void attach_lora(DecoderModel& model, const LoraConfig& config, uint64_t seed, b
   for (auto& L : model.layers()) {
     for (auto& [path, lin] : projections(L)) {
       if (!targets.count(leaf(path))) continue;
-      const int64_t out = lin->weight.size(0), in = lin->weight.size(1);
-      if (shapes_only) {
-        const auto meta = lin->weight.options().device(at::kMeta);
-        lin->lora_a = at::empty({config.r, in}, meta);
-        lin->lora_b = at::empty({out, config.r}, meta);
-        lin->lora_scale = config.scale();
-        lin->lora_dropout = config.dropout;
-        continue;
-      }
-      // A model whose base is still shapes only (a strategy will shard it) gets real CPU adapters:
-      // the strategy reads their values when it lays out its shards.
-      auto opts = lin->weight.options();
-      if (lin->weight.is_meta()) opts = opts.device(at::kCPU);
-      at::Tensor a = at::empty({config.r, in}, at::kFloat);
-      const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-      a.uniform_(-bound, bound, gen);
-      lin->lora_a = a.to(opts);
-      lin->lora_b = at::zeros({out, config.r}, opts);
+      const at::Tensor& w = lin->weight;
+      std::tie(lin->lora_a, lin->lora_b) =
+          new_adapter(w, config.r, w.size(1), w.size(0), config.r, gen, shapes_only);
       lin->lora_scale = config.scale();
       lin->lora_dropout = config.dropout;
     }
@@ -346,12 +337,12 @@ std::vector<NamedTensor> lora_parameters(DecoderModel& model) {
       out.push_back({peft_key(module, 'B'), &lin->lora_b});
     }
     MoeWeights& moe = layers[i].moe;
+    LoraConfig targets;  // what the layer's adapters target: their PEFT keys' nesting
+    if (moe.gate_up_lora.defined()) targets.target_parameters.push_back(kExpertParameters[0]);
+    if (moe.down_lora.defined()) targets.target_parameters.push_back(kExpertParameters[1]);
     for (auto [target, l] : {std::pair{&kExpertParameters[0], &moe.gate_up_lora},
                              std::pair{&kExpertParameters[1], &moe.down_lora}}) {
       if (!l->defined()) continue;
-      LoraConfig targets;
-      if (moe.gate_up_lora.defined()) targets.target_parameters.push_back(kExpertParameters[0]);
-      if (moe.down_lora.defined()) targets.target_parameters.push_back(kExpertParameters[1]);
       const auto [a, b] = expert_lora_keys(fmt::format("model.layers.{}.{}", i, *target), targets);
       out.push_back({a, &l->a});
       out.push_back({b, &l->b});
