@@ -14,8 +14,9 @@
 #   offload: the offload checks alone (both gpu tests); profile: ft's full-1b step profiled
 #   (fused kernels off and on) and without the chunked loss (profile.log); moe: expert
 #   parallelism over NCCL (test_cuda_gpu_ranks moe: EP 2 across 2 "nodes" and inside one, zero3
-#   and fsdp, full and LoRA on the experts)
-#   bench/gpu_session.sh [PHASE...]     phases: tests speed doctor kernels offload profile moe
+#   and fsdp, full and LoRA on the experts); lora: bench/gpu_speed.sh lora-8b (ft against
+#   transformers + PEFT), then the reference alone under torch.compile (lora.log)
+#   bench/gpu_session.sh [PHASE...]     phases: tests speed doctor kernels offload profile moe lora
 #                                       (default: tests speed doctor)
 set -uo pipefail
 out=${OUT:?OUT must name the folder whose files come back}
@@ -63,9 +64,19 @@ if has tests; then
 fi
 if has moe; then
   say "phase moe: expert parallelism over NCCL"
-  timeout 300 build/bin/test_cuda_gpu_ranks moe > "$out/ranks_moe.log" 2>&1
+  timeout 240 build/bin/test_cuda_gpu_ranks moe > "$out/ranks_moe.log" 2>&1
   say "ranks moe exit $?"
   grep -E '^(ok|FAIL|SKIP|all checks|[0-9]+ check)' "$out/ranks_moe.log"
+fi
+if has lora; then
+  say "phase lora: lora-8b, ft against transformers + PEFT (eager)"
+  OUT_DIR=/tmp/lora timeout 200 env -u OMP_NUM_THREADS bash bench/gpu_speed.sh build lora-8b > "$out/lora.log" 2>&1
+  say "lora exit $?; phase lora: the reference alone under torch.compile"
+  timeout 150 env -u OMP_NUM_THREADS python3 bench/gpu_speed_ref.py --mode lora --hidden 4096 \
+    --inter 14336 --layers 32 --tie 0 --batch 1 --seq 4096 --steps 10 --warmup 3 --compile \
+    >> "$out/lora.log" 2>"$out/lora-compile.err" || tail -n 20 "$out/lora-compile.err"
+  say "lora compile exit $?"
+  grep -E -A4 '^case |"impl"' "$out/lora.log"
 fi
 if has kernels; then
   say "phase kernels: the fused CUDA kernels against the unfused ops"
