@@ -72,7 +72,7 @@ if has lora; then
   say "phase lora: lora-8b, ft against transformers + PEFT (eager)"
   OUT_DIR=/tmp/lora timeout 200 env -u OMP_NUM_THREADS bash bench/gpu_speed.sh build lora-8b > "$out/lora.log" 2>&1
   say "lora exit $?; phase lora: the reference alone under torch.compile"
-  timeout 150 env -u OMP_NUM_THREADS python3 bench/gpu_speed_ref.py --mode lora --hidden 4096 \
+  timeout 400 env -u OMP_NUM_THREADS python3 bench/gpu_speed_ref.py --mode lora --hidden 4096 \
     --inter 14336 --layers 32 --tie 0 --batch 1 --seq 4096 --steps 10 --warmup 3 --compile \
     >> "$out/lora.log" 2>"$out/lora-compile.err" || tail -n 20 "$out/lora-compile.err"
   say "lora compile exit $?"
