@@ -32,9 +32,14 @@ struct Engine::Member {
 struct Engine::Group {
   std::vector<Member> members;
   bool trained = false, decay = true;
-  bool expert = false;  // this rank's experts: replicated over the expert-data-parallel group
-  // The members side by side, split over layout.shards ranks (S; set once every member is in).
+  // This rank's experts: split over, or replicated on, the ranks holding the same experts.
+  bool expert = false;
+  // The members side by side, split over layout.shards ranks (set once every member is in):
+  // `over`, the shard group (S ranks) or, for experts, the expert-data-parallel group; this rank
+  // holds shard `shard_rank` (0 when replicated).
   FlatLayout layout;
+  comm::ProcessGroup* over = nullptr;
+  int shard_rank = 0;
   bool shard_host = false;   // `shard` is in host memory (offload_params, S > 1)
   bool master_host = false;  // `master` and `grad_acc` are in host memory (offload_optimizer)
   at::Tensor full;           // [padded] compute dtype; its storage is freed while released (S > 1)
@@ -141,7 +146,6 @@ Engine::Engine(model::DecoderModel& model, std::vector<ParamSpec> specs, EngineO
             world_size_);
   FT_ASSERT(S == 1 || (groups_.shard && groups_.shard->size() == S), "shard group of ", S,
             " ranks missing");
-  shard_rank_ = S > 1 ? groups_.shard->rank() : 0;
   // Which unit and group each spec goes to: units.h, shared with the planner.
   std::vector<UnitParam> params;
   for (const auto& p : specs_)
@@ -152,6 +156,7 @@ Engine::Engine(model::DecoderModel& model, std::vector<ParamSpec> specs, EngineO
   uo.bucket_bytes = options_.bucket_bytes;
   uo.master_element_size = static_cast<int64_t>(c10::elementSize(options_.master_dtype));
   uo.persistence_threshold = options_.persistence_threshold;
+  uo.expert_shard_size = groups_.expert_dp ? groups_.expert_dp->size() : 1;
   UnitsPlan plan = plan_units(params, uo, model_.num_units());
   unit_of_model_ = std::move(plan.unit_of_model);
   launch_order_ = std::move(plan.launch_order);
@@ -166,6 +171,13 @@ Engine::Engine(model::DecoderModel& model, std::vector<ParamSpec> specs, EngineO
       g.decay = gp.decay;
       g.expert = gp.expert;
       g.layout = gp.layout;
+      if (g.layout.shards > 1) {
+        g.over = g.expert ? groups_.expert_dp : groups_.shard;
+        FT_ASSERT(g.over && g.over->size() == g.layout.shards, "no group of ", g.layout.shards,
+                  " ranks for unit ", u->name);
+        g.shard_rank = g.over->rank();
+        experts_sharded_ = experts_sharded_ || g.expert;
+      }
       for (size_t k = 0; k < gp.members.size(); ++k) {
         const ParamSpec& p = specs_[gp.members[k]];
         Member m;
@@ -210,7 +222,7 @@ at::TensorOptions Engine::master_options(const Group& g) const {
                        : o.device(options_.device);
 }
 
-int Engine::my_shard(const Group& g) const { return g.layout.shards == 1 ? 0 : shard_rank_; }
+int Engine::my_shard(const Group& g) const { return g.shard_rank; }
 
 void Engine::load(const ParamSource& source) {
   FT_ASSERT(!loaded_, "Engine::load called twice");
@@ -323,7 +335,7 @@ void Engine::gather(int ui) {
       src = g.shard.to(g.full.device(), /*non_blocking=*/true, /*copy=*/true);
       u.gather_inputs.push_back(src);
     }
-    u.gathers.push_back(backend(groups_.shard)._allgather_base(g.full, src));
+    u.gathers.push_back(backend(g.over)._allgather_base(g.full, src));
     acc_.all_gathers++;
     acc_.all_gather_bytes += g.full_bytes();
     acc_.gathered_bytes += g.full_bytes();
@@ -500,6 +512,10 @@ void Engine::finalize(int ui) {
     if (g.layout.shards > 1) {
       if (!g.grad_full.defined())  // no gradient reached it (unused): reduce zeros all the same
         g.grad_full = at::zeros({g.layout.padded}, g.full.options().dtype(options_.reduce_dtype));
+      // A bucket is reduce-scattered over one group: experts go over another one.
+      if (!reduce_queue_.empty() &&
+          units_[reduce_queue_[0].first]->groups[reduce_queue_[0].second].over != g.over)
+        flush_reduce_queue();
       reduce_queue_.emplace_back(ui, static_cast<int>(gi));
       reduce_queue_elements_ += g.layout.padded;
     } else if (g.expert) {
@@ -534,7 +550,8 @@ void Engine::all_reduce_grad(Group& g, comm::ProcessGroup* pg) {
 
 void Engine::flush_reduce_queue() {
   if (reduce_queue_.empty()) return;
-  const int S = options_.shard_size;
+  comm::ProcessGroup* over = units_[reduce_queue_[0].first]->groups[reduce_queue_[0].second].over;
+  const int S = over->size();
   auto p = std::make_unique<Pending>();
   at::Tensor in;
   if (reduce_queue_.size() == 1) {
@@ -556,7 +573,7 @@ void Engine::flush_reduce_queue() {
     g.grad_full = at::Tensor();
   }
   p->keep.push_back(in);
-  p->work = backend(groups_.shard)._reduce_scatter_base(p->out, in);
+  p->work = backend(over)._reduce_scatter_base(p->out, in);
   acc_.reduce_scatters++;
   acc_.reduce_scatter_bytes += in.nbytes();
   issued(*p->work);
@@ -645,10 +662,11 @@ void Engine::finish_gradients() {
   drain();
   if (groups_.replica && groups_.replica->size() > 1) {
     // HYBRID_SHARD: the shards are reduced inside the node; replicas add theirs across nodes.
+    // (Sharded experts were reduced over all the ranks holding them.)
     for (auto& u : units_) {
       if (!u->sharded) continue;
       for (auto& g : u->groups) {
-        if (!g.trained) continue;
+        if (!g.trained || g.expert) continue;
         all_reduce_grad(g, groups_.replica);
       }
     }
@@ -668,9 +686,10 @@ std::vector<Engine::Piece> Engine::pieces(bool to_write) const {
       if (to_write) {
         int copies = g.layout.shards == 1 ? world_size_ : world_size_ / g.layout.shards;
         int copy = g.layout.shards == 1 ? rank_ : (groups_.replica ? groups_.replica->rank() : 0);
-        if (g.expert) {  // the ranks holding the same experts
-          copies = groups_.expert_dp ? groups_.expert_dp->size() : 1;
-          copy = groups_.expert_dp ? groups_.expert_dp->rank() : 0;
+        if (g.expert) {  // the ranks holding the same experts, whole or split among them
+          const int holders = groups_.expert_dp ? groups_.expert_dp->size() : 1;
+          copies = holders / g.layout.shards;
+          copy = g.layout.shards == 1 && groups_.expert_dp ? groups_.expert_dp->rank() : 0;
         }
         held = share_of(shard, copies, copy);
       }
@@ -736,7 +755,8 @@ std::vector<double> Engine::sum_over_ranks(const std::vector<double>& v) {
 }
 double Engine::max_over_ranks(double v) { return scalar_collective(v, true); }
 
-double Engine::global_sq_norm(double sharded_sq, double replicated_sq, double expert_sq) {
+double Engine::global_sq_norm(double sharded_sq, double replicated_sq, double expert_sq,
+                              double sharded_expert_sq) {
   auto sum_over = [&](comm::ProcessGroup* g, double v) {
     std::vector<at::Tensor> t{
         at::full({1}, v, at::TensorOptions().dtype(at::kDouble).device(options_.device))};
@@ -749,7 +769,9 @@ double Engine::global_sq_norm(double sharded_sq, double replicated_sq, double ex
     sharded_sq = sum_over(groups_.shard, sharded_sq);
   // Each EP rank holds other experts: their squares add over the EP group.
   if (groups_.ep) expert_sq = sum_over(groups_.ep, expert_sq);
-  return sharded_sq + replicated_sq + expert_sq;
+  // Split experts: every element is on one rank of the world.
+  if (experts_sharded_) sharded_expert_sq = sum_over(groups_.world, sharded_expert_sq);
+  return sharded_sq + replicated_sq + expert_sq + sharded_expert_sq;
 }
 
 std::vector<double> Engine::all_gather_values(const std::vector<double>& values) {
@@ -784,60 +806,75 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> Engine::parameter_shap
 
 at::Tensor Engine::full_on_rank0(const std::string& name) {
   at::NoGradGuard no_grad;
+  // Tags for this call's sends and receives: every rank counts every call, whether it takes part
+  // or not, so that the tags of later calls agree (HYBRID_SHARD's other nodes take part in split
+  // experts' calls only).
+  const int tag = p2p_tag_;
+  p2p_tag_ += 2;
   for (auto& u : units_)
     for (auto& g : u->groups)
       for (const auto& m : g.members) {
         if (m.name != name) continue;
         const at::Tensor& src = g.trained ? g.master : g.shard;
-        if (g.expert && groups_.ep) return experts_on_rank0(src.narrow(0, m.offset, m.numel), m);
+        if (g.expert) {
+          // This rank's experts on the first of the ranks holding them (world ranks 0 .. EP-1),
+          // then every EP rank's side by side on rank 0.
+          const at::Tensor mine =
+              g.layout.shards == 1 ? src.narrow(0, m.offset, m.numel) : on_shard0(g, m, src, tag);
+          if (groups_.ep) return experts_on_rank0(mine, m, tag + 1);
+          return rank_ == 0 ? mine.view(m.shape) : at::Tensor();
+        }
         if (g.layout.shards == 1)
           return rank_ == 0 ? src.narrow(0, m.offset, m.numel).view(m.shape) : at::Tensor();
         // HYBRID_SHARD: the other nodes' replicas hold the same values and take no part.
         if (groups_.replica && groups_.replica->rank() != 0) return at::Tensor();
-        c10d::Backend& pg = backend(groups_.shard);
-        const int tag = p2p_tag_++;
-        // Shard rank s holds a piece of the member (possibly none).
-        auto piece = [&](int s) { return intersect(g.layout, s, m.offset, m.numel); };
-        // This rank's piece, on the device: NCCL moves device memory only (offloaded state comes
-        // over).
-        auto slice = [&](const ShardPiece& p) {
-          at::Tensor t = src.narrow(0, p.shard_offset, p.numel());
-          return t.device() == options_.device ? t : t.to(options_.device);
-        };
-        if (shard_rank_ != 0) {
-          const ShardPiece p = piece(shard_rank_);
-          if (!p.empty()) {
-            std::vector<at::Tensor> v{slice(p)};
-            wait(*pg.send(v, 0, tag));
-          }
-          return at::Tensor();
-        }
-        at::Tensor out = at::empty({m.numel}, src.options().device(options_.device));
-        std::vector<std::vector<at::Tensor>> bufs;
-        bufs.reserve(g.layout.shards);
-        std::vector<c10::intrusive_ptr<c10d::Work>> works;
-        for (int s = 0; s < g.layout.shards; ++s) {
-          const ShardPiece p = piece(s);
-          if (p.empty()) continue;
-          if (s == 0) {
-            out.narrow(0, p.begin, p.numel()).copy_(slice(p));
-          } else {
-            bufs.push_back({out.narrow(0, p.begin, p.numel())});
-            works.push_back(pg.recv(bufs.back(), s, tag));
-          }
-        }
-        for (auto& w : works) wait(*w);
-        return out.view(m.shape);
+        const at::Tensor out = on_shard0(g, m, src, tag);
+        return out.defined() ? out.view(m.shape) : out;
       }
   FT_ASSERT(false, "full_on_rank0: no parameter named ", name);
   return at::Tensor();
 }
 
+// Member `m` of sharded group `g` (its values in `src`, this rank's shard) whole on shard rank 0 of
+// the group's ranks (flat, on the engine's device), undefined on the others: each sends its piece.
+at::Tensor Engine::on_shard0(const Group& g, const Member& m, const at::Tensor& src, int tag) {
+  c10d::Backend& pg = backend(g.over);
+  // Shard rank s holds a piece of the member (possibly none).
+  auto piece = [&](int s) { return intersect(g.layout, s, m.offset, m.numel); };
+  // This rank's piece, on the device: NCCL moves device memory only (offloaded state comes over).
+  auto slice = [&](const ShardPiece& p) {
+    at::Tensor t = src.narrow(0, p.shard_offset, p.numel());
+    return t.device() == options_.device ? t : t.to(options_.device);
+  };
+  if (g.shard_rank != 0) {
+    const ShardPiece p = piece(g.shard_rank);
+    if (!p.empty()) {
+      std::vector<at::Tensor> v{slice(p)};
+      wait(*pg.send(v, 0, tag));
+    }
+    return at::Tensor();
+  }
+  at::Tensor out = at::empty({m.numel}, src.options().device(options_.device));
+  std::vector<std::vector<at::Tensor>> bufs;
+  bufs.reserve(g.layout.shards);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (int s = 0; s < g.layout.shards; ++s) {
+    const ShardPiece p = piece(s);
+    if (p.empty()) continue;
+    if (s == 0) {
+      out.narrow(0, p.begin, p.numel()).copy_(slice(p));
+    } else {
+      bufs.push_back({out.narrow(0, p.begin, p.numel())});
+      works.push_back(pg.recv(bufs.back(), s, tag));
+    }
+  }
+  for (auto& w : works) wait(*w);
+  return out;
+}
+
 // An expert parameter from the EP group holding world rank 0 (EP groups are contiguous ranks, so
 // its EP rank p is world rank p): each sends its experts, rank 0 lays them side by side.
-at::Tensor Engine::experts_on_rank0(const at::Tensor& mine, const Member& m) {
-  // Every rank counts the call, so that the tags of later point-to-point calls agree.
-  const int tag = p2p_tag_++;
+at::Tensor Engine::experts_on_rank0(const at::Tensor& mine, const Member& m, int tag) {
   if (rank_ >= groups_.ep->size()) return at::Tensor();
   c10d::Backend& pg = backend(groups_.ep);
   at::Tensor local = mine.device() == options_.device ? mine : mine.to(options_.device);
@@ -890,11 +927,21 @@ Accounting Engine::take_accounting() {
 std::string Engine::describe() const {
   std::string s;
   for (const auto& u : units_) {
-    int64_t n = 0;
-    for (const auto& g : u->groups) n += g.layout.numel;
-    s += fmt::format("{}{}: {} groups, {} elements, shard {}\n", u->name,
+    int64_t n = 0, experts = 0;
+    int expert_shards = 1;
+    for (const auto& g : u->groups) {
+      n += g.layout.numel;
+      if (g.expert) {
+        experts += g.layout.numel;
+        expert_shards = g.layout.shards;
+      }
+    }
+    s += fmt::format("{}{}: {} groups, {} elements, shard {}", u->name,
                      u->sharded ? "" : " (replicated)", u->groups.size(), n,
                      u->sharded ? options_.shard_size : 1);
+    if (experts > 0 && u->sharded)
+      s += fmt::format(" (of them {} expert elements, shard {})", experts, expert_shards);
+    s += "\n";
   }
   return s;
 }

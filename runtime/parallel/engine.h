@@ -74,7 +74,7 @@ struct EngineOptions {
 };
 
 struct ParamSpec {
-  std::string name;  // HF (or PEFT) name
+  std::string name;            // HF (or PEFT) name
   at::Tensor* slot = nullptr;  // the model's tensor, replaced by an alias into the engine's storage
   bool trained = false;
   bool decay = true;  // AdamW weight decay applies
@@ -147,7 +147,8 @@ class Engine : public model::UnitHooks {
     at::Tensor tensor;  // [n] master dtype, .grad() the reduced gradient
     bool decay = true;
     bool sharded = false;  // a 1/S slice (its norm is summed over the shard group)
-    bool expert = false;   // this rank's experts (their norm is summed over the EP group)
+    bool expert = false;   // this rank's experts (sharded: their norm sums over the world; else
+                           // over the EP group)
   };
   const std::vector<Master>& masters() const { return masters_; }
 
@@ -174,8 +175,10 @@ class Engine : public model::UnitHooks {
   // Element by element over every rank (one all-reduce).
   std::vector<double> sum_over_ranks(const std::vector<double>& v);
   double max_over_ranks(double v);
-  // Global squared gradient norm from this rank's sharded, replicated and expert parts.
-  double global_sq_norm(double sharded_sq, double replicated_sq, double expert_sq = 0);
+  // Global squared gradient norm from this rank's sharded, replicated, whole experts' and split
+  // experts' parts.
+  double global_sq_norm(double sharded_sq, double replicated_sq, double expert_sq = 0,
+                        double sharded_expert_sq = 0);
   // Every rank's `values` (each rank passes as many), in rank order: one all-gather over all
   // ranks (counted as a scalar collective, its wait as communication).
   std::vector<double> all_gather_values(const std::vector<double>& values);
@@ -185,8 +188,8 @@ class Engine : public model::UnitHooks {
   std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes() const;
   // The full value of parameter `name` on world rank 0 (on the engine's device: the fp32 master
   // if trained, else its compute value), an undefined tensor on every other rank. Collective over
-  // the ranks holding its pieces (world rank 0's shard group, or its EP group for an expert
-  // parameter; nothing for a replicated one): all
+  // the ranks holding its pieces (world rank 0's shard group, or for an expert parameter the
+  // ranks holding the same experts and then its EP group; nothing for a replicated one): all
   // ranks call it with the same names in the same order. Each piece travels once, point to point
   // to rank 0, which holds this one tensor and nothing else of the model beyond its own shards.
   at::Tensor full_on_rank0(const std::string& name);
@@ -240,13 +243,15 @@ class Engine : public model::UnitHooks {
   void wait(c10d::Work& work);
   void issued(c10d::Work& work);
   double scalar_collective(double v, bool max);
-  at::Tensor experts_on_rank0(const at::Tensor& mine, const Member& m);
+  at::Tensor experts_on_rank0(const at::Tensor& mine, const Member& m, int tag);
+  at::Tensor on_shard0(const Group& g, const Member& m, const at::Tensor& src, int tag);
 
   model::DecoderModel& model_;
   std::vector<ParamSpec> specs_;
   EngineOptions options_;
   Groups groups_;
-  int rank_ = 0, world_size_ = 1, shard_rank_ = 0;
+  int rank_ = 0, world_size_ = 1;
+  bool experts_sharded_ = false;  // some experts are split over the ranks holding them
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<int> unit_of_model_;  // model unit -> engine unit (-1: nothing to gather)
   std::vector<int> launch_order_;   // engine units in the order their reductions are issued

@@ -17,13 +17,18 @@ struct UnitParam {
   int64_t numel = 0;
   bool trained = false;
   bool decay = true;
-  bool expert = false;  // this rank's experts (expert parallelism): the "experts" unit
+  // This rank's experts (expert parallelism): split over the ranks holding the same experts in
+  // their layer's unit when the strategy shards (UnitsOptions::expert_shard_size), else whole in
+  // the "experts" unit.
+  bool expert = false;
 };
 
 struct GroupPlan {
   bool trained = false, decay = true;
-  bool expert = false;          // replicated; gradients reduced over the expert-data-parallel group
-  std::vector<size_t> members;  // indices into the params given to plan_units, in order
+  // Experts: split over UnitsOptions::expert_shard_size ranks (the expert-data-parallel group) in
+  // a sharded unit, else replicated; gradients reduced over that group either way.
+  bool expert = false;
+  std::vector<size_t> members;   // indices into the params given to plan_units, in order
   std::vector<int64_t> offsets;  // each member's first element in the group's flat buffer
   FlatLayout layout;             // the members side by side, split over `shards`
 };
@@ -42,6 +47,10 @@ struct UnitsOptions {
   int64_t bucket_bytes = 25 << 20;  // ddp bucket size
   int64_t master_element_size = 4;  // bytes of one master element (the bucket's unit)
   int64_t persistence_threshold = 0;
+  // The ranks holding the same experts (expert parallelism's expert-data-parallel group): with
+  // sharded model units and more than one, each layer's experts (those not under the persistence
+  // threshold) go into that layer's unit split over them, gathered and released with the layer.
+  int expert_shard_size = 1;
 };
 
 struct UnitsPlan {

@@ -253,7 +253,9 @@ struct State {
   int64_t retained_reduce = 0;  // those units' local gradients before their reduce-scatter
   int64_t trained_sharded = 0;  // padded elements of trained sharded groups
   int64_t trained_replicated = 0;
-  int64_t trained_experts = 0;           // of those, this rank's experts (reduced over expert_dp)
+  int64_t trained_experts =
+      0;  // of the replicated ones, this rank's whole experts (over expert_dp)
+  int64_t trained_sharded_experts = 0;   // of the sharded ones, experts' (split over expert_dp)
   int64_t replicated_trained_shard = 0;  // HYBRID: this rank's trained shard elements
   int64_t trained_groups = 0;
   int64_t largest_tensor = 0;  // elements of the largest trained tensor
@@ -383,6 +385,7 @@ void Planner::lay_out_parameters() {
   uo.bucket_bytes = eo.bucket_bytes;
   uo.master_element_size = m_;
   uo.persistence_threshold = eo.persistence_threshold;
+  uo.expert_shard_size = world_ / static_cast<int>(placed_.moe.ep_size);
   units_ = parallel::plan_units(params_, uo, meta.num_units());
 }
 
@@ -391,14 +394,23 @@ void Planner::describe() {
   p_.layout = layout_;
   p_.model_from = shape_.from;
   p_.strategy = sp_.label;
-  // Expert parallelism: what each rank holds of the experts, and that they are not sharded.
-  if (const int64_t n = placed_.moe.ep_size; n > 1)
+  // Expert parallelism: what each rank holds of the experts, whole or split.
+  if (const int64_t n = placed_.moe.ep_size; n > 1) {
+    bool split = false;
+    for (const auto& u : units_.units)
+      for (const auto& g : u.groups) split = split || (g.expert && g.layout.shards > 1);
+    const int64_t holders = world_ / n;
     p_.strategy += fmt::format(
-        "; expert_parallel {}: each rank holds {} of each MoE layer's {} experts, whole, "
-        "replicated over the {} rank(s) holding the same ones{}",
-        n, placed_.moe.local_experts(), placed_.moe.num_experts, world_ / n,
-        sp_.engine.shard_size > 1 ? " (experts are not sharded yet, unlike the other parameters)"
-                                  : "");
+        "; expert_parallel {}: each rank holds {} of each MoE layer's {} experts, {}", n,
+        placed_.moe.local_experts(), placed_.moe.num_experts,
+        split ? fmt::format("split over the {} ranks holding the same ones (gathered with their "
+                            "layer)",
+                            holders)
+              : fmt::format(
+                    "whole, replicated over the {} rank(s) holding the same ones{}", holders,
+                    sp_.engine.shard_size > 1 && holders > 1 ? " (below the persistence threshold)"
+                                                             : ""));
+  }
   p_.device_name = gpu_ ? "GPU" : "host (CPU job)";
   p_.tokens_per_micro_batch = s_.train.micro_batch * s_.data.seq_len;
 }
@@ -462,7 +474,7 @@ void Planner::count_group(const parallel::GroupPlan& g) {
     st_.trained_sharded += g.layout.padded;
   else
     st_.trained_replicated += g.layout.padded;
-  if (g.expert) st_.trained_experts += g.layout.padded;
+  if (g.expert) (S > 1 ? st_.trained_sharded_experts : st_.trained_experts) += g.layout.padded;
   if (!(eo.master_dtype == eo.compute_dtype && master_host == shard_host)) {
     st_.master += g.layout.shard_numel * m_;
     if (master_host) st_.host_master += g.layout.shard_numel * m_;
@@ -784,7 +796,8 @@ void Planner::communication() {
   std::string ar_from = fmt::format("{} replicated trained elements x {} B, once per step",
                                     n3(st_.trained_replicated), r_);
   if (sp_.replicas > 1) {
-    allreduce += st_.trained_sharded / eo.shard_size * r_;
+    // (Split experts were reduce-scattered over all the ranks holding them.)
+    allreduce += (st_.trained_sharded - st_.trained_sharded_experts) / eo.shard_size * r_;
     ar_from += fmt::format(" + this rank's shard across {} replicas", sp_.replicas);
   }
   if (st_.trained_experts > 0) {

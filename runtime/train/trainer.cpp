@@ -182,10 +182,13 @@ double Trainer::route_aux(double scale, std::vector<double>& load) {
 StepStats Trainer::apply_update(StepStats st) {
   const bool fp16 = compute_dtype_ == at::kHalf;
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> grads, sharded, replicated, experts;
+  std::vector<at::Tensor> grads, sharded, replicated, experts, sharded_experts;
   for (const auto& m : engine_.masters()) {
     grads.push_back(m.tensor.grad());
-    (m.expert ? experts : m.sharded ? sharded : replicated).push_back(m.tensor.grad());
+    (m.expert    ? (m.sharded ? sharded_experts : experts)
+     : m.sharded ? sharded
+                 : replicated)
+        .push_back(m.tensor.grad());
   }
 
   if (fp16) {
@@ -233,7 +236,8 @@ StepStats Trainer::apply_update(StepStats st) {
     for (const double n : host_values(at::stack(norms).to(at::kDouble))) s += n * n;
     return s;
   };
-  const double norm = std::sqrt(engine_.global_sq_norm(sq(sharded), sq(replicated), sq(experts)));
+  const double norm = std::sqrt(
+      engine_.global_sq_norm(sq(sharded), sq(replicated), sq(experts), sq(sharded_experts)));
   st.grad_norm = norm;
   // The clip's factor is applied, and the gradients zeroed, inside AdamW's own pass over them
   // (the same bits as a separate multiply; two passes over every gradient fewer).

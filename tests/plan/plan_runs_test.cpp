@@ -133,35 +133,53 @@ void check_state_exact(const Layout& l) {
 
 }  // namespace
 
-// Expert parallelism: a rank holds only its experts (replicated over the ranks holding the same
-// ones), which the plan counts from the same units as the engine.
+// Expert parallelism: a rank holds only its experts, whole (replicated over the ranks holding the
+// same ones) or, under zero3 and fsdp with more than one such rank, split over them; the plan
+// counts them from the same units as the engine.
 TEST_CASE("plan state bytes equal the run's under expert parallelism (EP 2 at 2 and 4 ranks)",
           "[multiproc]") {
   const std::string model = std::string(FT_TEST_DIR) + "/model/fixtures/moe/qwen3_moe_tiny";
-  for (const int nproc : {2, 4})
-    for (const std::string kind : {"ddp", "zero3"}) {
-      const std::vector<std::string> sets = {"strategy.kind=" + kind, "strategy.expert_parallel=2",
-                                             "data.seq_len=32",       "train.micro_batch=1",
-                                             "train.max_steps=1",     "hardware.device=cpu",
-                                             "precision.mode=fp32"};
-      INFO(kind << " on " << nproc << " ranks");
-      const json plan = plan_json(sets, 1, nproc, model);
-      // It says what a rank holds of the experts, and that they are whole.
-      CHECK_THAT(plan["strategy"].get<std::string>(),
-                 Catch::Contains("expert_parallel 2: each rank holds 4 of each MoE layer's 8 "
-                                 "experts, whole, replicated over the " +
-                                 std::to_string(nproc / 2) + " rank(s)"));
-      // Fewer bytes than the same job without expert parallelism: the other half of the experts
-      // is not here.
-      const json whole = plan_json(with(sets, {"strategy.expert_parallel=1"}), 1, nproc, model);
-      CHECK(plan["rank"]["param_bytes"].get<int64_t>() <
-            whole["rank"]["param_bytes"].get<int64_t>());
-      const auto ranks = run_job(sets, 1, nproc, model);
-      check_ranks_match(ranks, plan);
-      bool a2a = false;
-      for (const auto& c : plan["comm_per_step"]) a2a = a2a || c["key"] == "all_to_all";
-      CHECK(a2a);
-    }
+  struct Case {
+    int nproc;
+    std::vector<std::string> sets;
+    std::string holds;
+  };
+  const std::string whole = "experts, whole, replicated over the ";
+  for (const Case& c : std::vector<Case>{
+           {2, {"strategy.kind=ddp"}, whole + "1 rank(s)"},
+           {2, {"strategy.kind=zero3"}, whole + "1 rank(s)"},
+           {4, {"strategy.kind=ddp"}, whole + "2 rank(s)"},
+           // (the fixture's experts are under zero3's default persistence threshold)
+           {4, {"strategy.kind=zero3"}, whole + "2 rank(s) holding the same ones (below the"},
+           {4,
+            {"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0"},
+            "experts, split over the 2 ranks holding the same ones"},
+           {4, {"strategy.kind=fsdp"}, "experts, split over the 2 ranks holding the same ones"}}) {
+    const std::vector<std::string> sets =
+        with(c.sets, {"strategy.expert_parallel=2", "data.seq_len=32", "train.micro_batch=1",
+                      "train.max_steps=1", "hardware.device=cpu", "precision.mode=fp32"});
+    INFO(c.sets.back() << " on " << c.nproc << " ranks");
+    const json plan = plan_json(sets, 1, c.nproc, model);
+    // It says what a rank holds of the experts.
+    CHECK_THAT(
+        plan["strategy"].get<std::string>(),
+        Catch::Contains("expert_parallel 2: each rank holds 4 of each MoE layer's 8 " + c.holds));
+    // Whole experts: fewer bytes than the same job without expert parallelism (the other half of
+    // the experts is not here). Split ones: a quarter of every expert on each of the 4 ranks, as
+    // without expert parallelism, but for the padding of other groups.
+    const json all = plan_json(with(sets, {"strategy.expert_parallel=1"}), 1, c.nproc, model);
+    const int64_t ep = plan["rank"]["param_bytes"].get<int64_t>(),
+                  no_ep = all["rank"]["param_bytes"].get<int64_t>();
+    if (c.holds.rfind("experts, split", 0) == 0)
+      CHECK(std::abs(ep - no_ep) <= 64);
+    else
+      CHECK(ep < no_ep);
+    const auto ranks = run_job(sets, 1, c.nproc, model);
+    check_ranks_match(ranks, plan);
+    bool a2a = false;
+    for (const auto& k : plan["comm_per_step"]) a2a = a2a || k["key"] == "all_to_all";
+    CHECK(a2a);
+  }
 }
 
 // LoRA on the experts with a trained router under EP 2: every rank holds all experts' adapters

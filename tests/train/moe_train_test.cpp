@@ -343,9 +343,13 @@ TEST_CASE(
   std::filesystem::remove_all(dir);
 }
 
+// Two launchers on loopback, as two machines run them: each node's 2 ranks form an EP group, the
+// two copies of an expert are on different nodes. zero3 keeps the fixture's small experts whole
+// (under its persistence threshold); fsdp HYBRID_SHARD splits the other parameters inside each
+// node and the experts over their two holders, across the nodes.
 TEST_CASE(
     "expert parallelism: 2 ft launch nodes x 2 workers, EP 2 inside each node, follow the "
-    "1-rank run",
+    "1-rank run under zero3 and HYBRID_SHARD",
     "[multiproc]") {
   const std::string dir = make_temp_dir();
   const std::string model = moe_fixture("mixtral_tiny");
@@ -353,43 +357,48 @@ TEST_CASE(
   const auto one = train_ok(moe_train(model, "", dir + "/one", with(sets, {"train.micro_batch=4"})),
                             dir + "/one");
   launch_ok(4, model, dir + "/dp", with(sets, {"train.micro_batch=1"}));
-  // Two launchers on loopback, as two machines run them: each node's 2 ranks form an EP group,
-  // the two copies of an expert are on different nodes.
-  const std::string port = std::to_string(free_port());
-  std::vector<Child> nodes;
-  for (int node = 0; node < 2; ++node)
-    nodes.push_back(
-        start(ft_launch_argv(
-                  {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "2",
-                   "--master-addr", "127.0.0.1", "--master-port", port, "--max-restarts", "0"},
-                  moe_train(model, "", dir + "/ep",
-                            with(sets, {"train.micro_batch=1", "strategy.expert_parallel=2",
-                                        "strategy.kind=zero3"}))),
-              {}, dir + "/node" + std::to_string(node) + ".txt"));
-  std::string output;
-  bool ok = true;
-  for (auto& c : nodes) {
-    const auto rc = wait_for(c, 240);
-    if (!rc) kill_and_reap(c);
-    output += c.output();
-    ok = ok && rc.value_or(-1) == 0;
+  for (const auto& kind : std::vector<std::vector<std::string>>{
+           {"strategy.kind=zero3"},
+           {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=HYBRID_SHARD"}}) {
+    INFO(kind.back());
+    const std::string out = dir + "/ep-" + kind.back().substr(kind.back().find('=') + 1);
+    const std::string port = std::to_string(free_port());
+    std::vector<Child> nodes;
+    for (int node = 0; node < 2; ++node)
+      nodes.push_back(start(
+          ft_launch_argv(
+              {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "2",
+               "--master-addr", "127.0.0.1", "--master-port", port, "--max-restarts", "0"},
+              moe_train(
+                  model, "", out,
+                  with(with(sets, {"train.micro_batch=1", "strategy.expert_parallel=2"}), kind))),
+          {}, out + "-node" + std::to_string(node) + ".txt"));
+    std::string output;
+    bool ok = true;
+    for (auto& c : nodes) {
+      const auto rc = wait_for(c, 120);
+      if (!rc) kill_and_reap(c);
+      output += c.output();
+      ok = ok && rc.value_or(-1) == 0;
+    }
+    INFO(output_tail(output));
+    REQUIRE(ok);
+    CHECK_THAT(output, !Catch::Contains("spans nodes"));
+    check_follows(one, read_metrics(out));
+    // Each expert's gradient was reduced over the two ranks holding it (expert_dp): a replica
+    // that skipped it would have drifted from the other, and rank 0 writes its own.
+    CHECK(final_models_apart(dir + "/dp", out) < 1e-4);
   }
-  INFO(output_tail(output));
-  REQUIRE(ok);
-  CHECK_THAT(output, !Catch::Contains("spans nodes"));
-  check_follows(one, read_metrics(dir + "/ep"));
-  CHECK(final_models_apart(dir + "/dp", dir + "/ep") < 1e-4);
-  // Each expert's gradient was reduced over the two ranks holding it (expert_dp): a replica that
-  // skipped it would have drifted from the other, and rank 0 writes its own.
   std::filesystem::remove_all(dir);
 }
 
-// EP 2 x 2 replicas at world 4 under ddp and fsdp (zero3 runs across two launchers above), and a
-// checkpoint of that job continued at world 2 without expert parallelism, whose checkpoint EP 2 at
-// world 4 continues again.
+// EP 2 x 2 replicas at world 4 under ddp, zero3 and fsdp (zero3 also runs across two launchers
+// above); under zero3 (no persistence threshold) and fsdp each layer's experts are split over the
+// 2 ranks holding them and gathered with their layer. A checkpoint of the fsdp job continued at
+// world 2 without expert parallelism, whose checkpoint EP 2 at world 4 (zero3, split) continues.
 TEST_CASE(
-    "expert parallelism: EP 2 x 2 replicas at world 4 under ddp and fsdp, resharded to world 2 "
-    "without EP and back",
+    "expert parallelism: EP 2 x 2 replicas at world 4 under ddp, zero3 and fsdp, experts split "
+    "over their holders, resharded to world 2 without EP and back",
     "[multiproc]") {
   const std::string dir = make_temp_dir();
   const std::string model = moe_fixture("mixtral_tiny");  // 4 experts: 2 on each EP rank
@@ -397,19 +406,90 @@ TEST_CASE(
                                          "train.max_steps=6",         "output.save_every=2",
                                          "output.keep_last=10",       "train.micro_batch=4"};
   const auto one = train_ok(moe_train(model, "", dir + "/one", sets), dir + "/one");
+  int64_t parameters = 0;
+  {
+    auto f = ft::io::SafetensorsFile::open(model + "/model.safetensors");
+    for (const auto& n : f.names()) parameters += f.tensor(n).numel();
+  }
   const std::vector<std::string> world4 = {"train.micro_batch=1", "strategy.expert_parallel=2"};
-  for (const std::string kind : {"ddp", "fsdp"}) {
-    INFO(kind);
-    check_follows(one, launch_ok(4, model, dir + "/ep-" + kind,
-                                 with(with(sets, world4), {"strategy.kind=" + kind})));
+  const std::vector<std::string> zero3_split = {"strategy.kind=zero3",
+                                                "strategy.zero3.param_persistence_threshold=0"};
+  for (const auto& kind : std::vector<std::vector<std::string>>{
+           {"strategy.kind=ddp"}, zero3_split, {"strategy.kind=fsdp"}}) {
+    INFO(kind.front());
+    const auto m =
+        launch_ok(4, model, dir + "/ep-" + kind.front().substr(14), with(with(sets, world4), kind));
+    check_follows(one, m);
+    // Split experts: rank 0 holds a quarter of every parameter (fp32), the experts included, but
+    // for the groups' padding; whole, it would hold half the experts.
+    const int64_t held = m.back()["memory"]["param_bytes"].get<int64_t>();
+    if (kind.front() != "strategy.kind=ddp") CHECK(held <= (parameters / 4 + 16) * 4);
   }
   // Saved by EP 2 at world 4 at step 2, continued by 2 ranks without EP (zero3) ...
   const std::string a = stopped_copy(dir + "/ep-fsdp", 2);
   check_follows(
       one, launch_ok(2, model, a, with(sets, {"train.micro_batch=2", "strategy.kind=zero3"})), 2);
-  // ... whose step-4 checkpoint EP 2 at world 4 continues.
+  // ... whose step-4 checkpoint EP 2 at world 4 continues, its experts split.
   const std::string b = stopped_copy(a, 4);
-  check_follows(one, launch_ok(4, model, b, with(with(sets, world4), {"strategy.kind=ddp"})), 4);
+  check_follows(one, launch_ok(4, model, b, with(with(sets, world4), zero3_split)), 4);
+  std::filesystem::remove_all(dir);
+}
+
+// Split experts with what dense models have: at world 4 with EP 2 under zero3 without a
+// persistence threshold each layer's experts are split over the 2 ranks holding them. Gradient
+// accumulation (2 micro-batches) with full activation checkpointing (a recomputed layer gathers
+// its experts again) follows the 1-rank run, offloaded state gives the same bits, and LoRA on the
+// experts (the frozen experts split, the adapters whole on every rank) follows 1 rank too.
+TEST_CASE(
+    "split experts at world 4 with accumulation, activation checkpointing, offload and LoRA on "
+    "the experts",
+    "[multiproc]") {
+  const std::string dir = make_temp_dir();
+  const std::string model = moe_fixture("qwen3_moe_tiny");
+  const std::vector<std::string> sets = {"moe.aux_loss_scope=global",
+                                         "train.activation_checkpointing=full"};
+  const std::vector<std::string> split = {"train.micro_batch=1", "strategy.expert_parallel=2",
+                                          "strategy.kind=zero3",
+                                          "strategy.zero3.param_persistence_threshold=0"};
+  const auto one = train_ok(moe_train(model, "", dir + "/one", with(sets, {"train.micro_batch=4"})),
+                            dir + "/one");
+  check_follows(one, launch_ok(4, model, dir + "/ep", with(sets, split)));
+  launch_ok(4, model, dir + "/ep-offload",
+            with(with(sets, split),
+                 {"strategy.zero3.offload_optimizer=true", "strategy.zero3.offload_param=true"}),
+            {{"FT_ALLOW_CPU_OFFLOAD", "1"}});
+  CHECK(read_file(dir + "/ep/final/model.safetensors") ==
+        read_file(dir + "/ep-offload/final/model.safetensors"));
+  const std::vector<std::string> lora = with(
+      sets, {"lora.enabled=true", "lora.dropout=0", "train.lr=3e-3", "lora.train_router=true",
+             R"(lora.target_parameters=["mlp.experts.gate_up_proj","mlp.experts.down_proj"])"});
+  const auto one_lora =
+      train_ok(moe_train(model, "", dir + "/one-lora", with(lora, {"train.micro_batch=4"})),
+               dir + "/one-lora");
+  check_follows(one_lora, launch_ok(4, model, dir + "/ep-lora", with(lora, split)));
+  CHECK(final_models_apart(dir + "/one-lora", dir + "/ep-lora", "adapter_model.safetensors") <
+        1e-3);
+  // SIGKILL of the launcher after a random step, the same command again: the same bytes as the
+  // uninterrupted job (each split expert's shards saved by the rank holding them, read back by it).
+  std::mt19937 gen(std::random_device{}());
+  const size_t kill_after = 1 + gen() % 2;
+  INFO("SIGKILL after " << kill_after << " steps");
+  const std::string k = dir + "/killed";
+  const auto argv =
+      ft_launch_argv({"--nproc-per-node", "4", "--master-port", std::to_string(free_port())},
+                     moe_train(model, "", k, with(with(sets, split), {"output.save_every=1"})));
+  Child c = start(argv, {}, dir + "/k.txt");
+  wait_for_steps(k, kill_after, std::chrono::steady_clock::now() + std::chrono::seconds(120));
+  ::kill(c.pid, SIGKILL);
+  REQUIRE(wait_for(c, 30).value_or(-1) == 128 + SIGKILL);
+  // (A checkpoint still being written when the launcher died is not one: then it starts over.)
+  const bool saved = std::filesystem::exists(k + "/checkpoints/latest");
+  const Finished again = run_to_end(argv, {}, dir + "/again.txt", 240);
+  INFO(output_tail(again.output));
+  REQUIRE(again.code == 0);
+  if (saved) CHECK_THAT(again.output, Catch::Contains("resuming from"));
+  CHECK(read_file(dir + "/ep/final/model.safetensors") ==
+        read_file(k + "/final/model.safetensors"));
   std::filesystem::remove_all(dir);
 }
 
