@@ -47,6 +47,7 @@ struct Engine::Group {
   at::Tensor master;     // [shard_numel] master dtype (trained); aliases `shard` if dtypes agree
   at::Tensor grad_acc;   // [shard_numel] master dtype: the step's gradient (trained)
   at::Tensor grad_full;  // [padded] reduce dtype: this micro-batch's local gradient (S > 1)
+  at::Tensor copy_out;   // Master::copy_out: `shard` or undefined
   int64_t full_bytes() const { return layout.padded * full.element_size(); }
 };
 
@@ -301,7 +302,16 @@ void Engine::load(const ParamSource& source) {
           g.master = at::empty({g.layout.shard_numel}, master_options(g));
           g.master.copy_(g.shard);
         }
-        masters_.push_back({g.master, g.decay, g.layout.shards > 1, g.expert});
+        // The optimizer's pass writes the compute copy where it lives in host memory (a CPU job,
+        // or offloaded shards). A shard on the GPU is still rounded into per-step page-locked
+        // staging by after_update: a persistent staging buffer would cost 2 B per parameter of
+        // host memory (65.7 GiB per node for full-70b on 2 x 8); a bounded ring of them comes
+        // with the per-unit host step (issue 32).
+        if (!g.master.is_same(g.shard) && g.master.is_cpu() && g.shard.is_cpu() &&
+            g.master.scalar_type() == at::kFloat &&
+            (options_.compute_dtype == at::kBFloat16 || options_.compute_dtype == at::kHalf))
+          g.copy_out = g.shard;
+        masters_.push_back({g.master, g.decay, g.layout.shards > 1, g.expert, g.copy_out});
       }
     }
     if (u.sharded) {
@@ -704,13 +714,15 @@ std::vector<Engine::Piece> Engine::pieces(bool to_write) const {
   return out;
 }
 
-void Engine::after_update(bool grads_zeroed) {
+void Engine::after_update(bool grads_zeroed, bool copied_out) {
   at::NoGradGuard no_grad;
   for (auto& u : units_)
     for (auto& g : u->groups) {
       if (!g.trained) continue;
       if (g.master.is_same(g.shard)) {
         // fp32 training: the masters are the model's tensors.
+      } else if (copied_out && g.copy_out.defined()) {
+        // Rounded into the shard by the optimizer's pass.
       } else if (g.master.device() == g.shard.device()) {
         g.shard.copy_(g.master);
       } else {

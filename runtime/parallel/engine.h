@@ -149,6 +149,10 @@ class Engine : public model::UnitHooks {
     bool sharded = false;  // a 1/S slice (its norm is summed over the shard group)
     bool expert = false;   // this rank's experts (sharded: their norm sums over the world; else
                            // over the EP group)
+    // fp32 masters in host memory with a bf16 / fp16 compute shard also in host memory (a CPU
+    // job, offloaded shards): that shard, which the optimizer may write with the rounded new
+    // values in its own pass (AdamW::Param::copy_out). Undefined otherwise.
+    at::Tensor copy_out;
   };
   const std::vector<Master>& masters() const { return masters_; }
 
@@ -166,9 +170,10 @@ class Engine : public model::UnitHooks {
   // elements (ddp replicas, HYBRID_SHARD nodes) split them, so that over all ranks every element
   // is written exactly once and the writing is spread evenly.
   std::vector<Piece> pieces(bool to_write) const;
-  // After the optimizer updated the masters: refresh the compute copies; zero the gradients
-  // unless the optimizer already did (grads_zeroed).
-  void after_update(bool grads_zeroed = false);
+  // After the optimizer updated the masters: refresh the compute copies (copied_out: the
+  // optimizer wrote every Master::copy_out, which are then left alone); zero the
+  // gradients unless the optimizer already did (grads_zeroed).
+  void after_update(bool grads_zeroed = false, bool copied_out = false);
 
   // Collectives over all ranks (counted as scalar collectives).
   double sum_over_ranks(double v);

@@ -1,8 +1,11 @@
 #include "train/optimizer.h"
 
 #include <ATen/Parallel.h>
+#include <c10/util/Half.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "core/error.h"
 #include "cuda/loader.h"
@@ -24,11 +27,23 @@ namespace {
 // The host's loop: the same element function as the CUDA kernel, vectorized where the CPU allows
 // (IEEE vector multiply, add, divide and square root round as the scalar ones do), over threads.
 // kScale: each gradient is multiplied by `scale` first (rounded to T, as at::mul_ by a double
-// does for a T tensor); kZero: each gradient is zeroed once read.
-template <typename T, bool kScale, bool kZero>
+// does for a T tensor); kZero: each gradient is zeroed once read; kOut: the new value is also
+// written, rounded, to `out` (kNone: not at all).
+enum Out { kNone, kBf16, kFp16 };
+
+// fp32 -> bf16 bits, rounded to nearest even as c10::BFloat16 rounds (a NaN becomes 0x7FC0). In
+// plain integer operations, so the loop stays vectorized.
+inline uint16_t bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return f != f ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);
+}
+
+template <typename T, bool kScale, bool kZero, Out kOut>
 __attribute__((target_clones("avx512f", "avx2", "default"), optimize("tree-vectorize"))) void
 adamw_range(T* __restrict__ p, T* __restrict__ g, T* __restrict__ m, T* __restrict__ v, int64_t n,
-            const AdamWScalars s, const T scale) {
+            const AdamWScalars s, const T scale, uint16_t* __restrict__ out) {
   for (int64_t i = 0; i < n; ++i) {
     T pi = p[i], mi = m[i], vi = v[i], gi = g[i];
     if constexpr (kScale) gi = gi * scale;
@@ -37,25 +52,48 @@ adamw_range(T* __restrict__ p, T* __restrict__ g, T* __restrict__ m, T* __restri
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
+    if constexpr (kOut == kBf16) out[i] = bf16_bits(static_cast<float>(pi));
+    if constexpr (kOut == kFp16) out[i] = c10::Half(static_cast<float>(pi)).x;
   }
+}
+
+template <typename T, Out kOut>
+void adamw_chunk(T* p, T* g, T* m, T* v, int64_t n, const AdamWScalars& s, T scale, bool scaled,
+                 bool zero, uint16_t* out) {
+  if (scaled && zero)
+    adamw_range<T, true, true, kOut>(p, g, m, v, n, s, scale, out);
+  else if (scaled)
+    adamw_range<T, true, false, kOut>(p, g, m, v, n, s, scale, out);
+  else if (zero)
+    adamw_range<T, false, true, kOut>(p, g, m, v, n, s, scale, out);
+  else
+    adamw_range<T, false, false, kOut>(p, g, m, v, n, s, scale, out);
 }
 
 template <typename T>
 void step_on_host(at::Tensor& p, at::Tensor& grad, at::Tensor& m, at::Tensor& v,
-                  const AdamWScalars& s, double grad_scale, bool zero_grads) {
+                  const AdamWScalars& s, double grad_scale, bool zero_grads,
+                  const at::Tensor& copy_out) {
   T* pp = p.data_ptr<T>();
   T* gp = grad.data_ptr<T>();
   T* mp = m.data_ptr<T>();
   T* vp = v.data_ptr<T>();
   const T scale = static_cast<T>(grad_scale);
   const bool scaled = grad_scale != 1.0;
+  const Out kind = !copy_out.defined()                       ? kNone
+                   : copy_out.scalar_type() == at::kBFloat16 ? kBf16
+                                                             : kFp16;
+  uint16_t* op = kind == kNone ? nullptr : static_cast<uint16_t*>(copy_out.data_ptr());
   at::parallel_for(0, p.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
     T *pb = pp + begin, *gb = gp + begin, *mb = mp + begin, *vb = vp + begin;
+    uint16_t* ob = op ? op + begin : nullptr;
     const int64_t n = end - begin;
-    if (scaled && zero_grads) adamw_range<T, true, true>(pb, gb, mb, vb, n, s, scale);
-    else if (scaled) adamw_range<T, true, false>(pb, gb, mb, vb, n, s, scale);
-    else if (zero_grads) adamw_range<T, false, true>(pb, gb, mb, vb, n, s, scale);
-    else adamw_range<T, false, false>(pb, gb, mb, vb, n, s, scale);
+    if (kind == kBf16)
+      adamw_chunk<T, kBf16>(pb, gb, mb, vb, n, s, scale, scaled, zero_grads, ob);
+    else if (kind == kFp16)
+      adamw_chunk<T, kFp16>(pb, gb, mb, vb, n, s, scale, scaled, zero_grads, ob);
+    else
+      adamw_chunk<T, kNone>(pb, gb, mb, vb, n, s, scale, scaled, zero_grads, ob);
   });
 }
 
@@ -111,12 +149,19 @@ AdamW::AdamW(const std::vector<std::pair<std::string, at::Tensor>>& params, Adam
     : AdamW(by_name(params), options) {}
 
 AdamW::AdamW(const std::vector<Param>& params, AdamWOptions options) : options_(options) {
-  groups_.push_back({options.weight_decay, {}, {}, {}, {}});
-  groups_.push_back({0.0, {}, {}, {}, {}});
-  for (const auto& [p, decay] : params) {
+  groups_.push_back({options.weight_decay, {}, {}, {}, {}, {}});
+  groups_.push_back({0.0, {}, {}, {}, {}, {}});
+  for (const auto& [p, decay, copy_out] : params) {
     Group& g = groups_[decay ? 0 : 1];
     where_.emplace_back(decay ? 0 : 1, g.params.size());
+    if (copy_out.defined())
+      FT_CHECK(p.is_cpu() && p.scalar_type() == at::kFloat && copy_out.is_cpu() &&
+                   copy_out.is_contiguous() && copy_out.numel() == p.numel() &&
+                   (copy_out.scalar_type() == at::kBFloat16 || copy_out.scalar_type() == at::kHalf),
+               "AdamW: a copy-out needs an fp32 host parameter and a contiguous bf16 or fp16 host "
+               "tensor of as many elements");
     g.params.push_back(p);
+    g.copy_out.push_back(copy_out);
     g.exp_avg.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
     g.exp_avg_sq.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
     g.steps.push_back(at::zeros({}, p.options().dtype(at::kFloat)));
@@ -154,11 +199,13 @@ void AdamW::step(double lr, double grad_scale, bool zero_grads) {
                                p.numel(), s);
         if (zero_grads) grad.zero_();
       } else if (p.scalar_type() == at::kFloat) {
-        step_on_host<float>(p, grad, g.exp_avg[i], g.exp_avg_sq[i], s, grad_scale, zero_grads);
+        step_on_host<float>(p, grad, g.exp_avg[i], g.exp_avg_sq[i], s, grad_scale, zero_grads,
+                            g.copy_out[i]);
       } else {
         FT_CHECK(p.scalar_type() == at::kDouble, "AdamW updates fp32 or fp64 masters, got ",
                  p.scalar_type());
-        step_on_host<double>(p, grad, g.exp_avg[i], g.exp_avg_sq[i], s, grad_scale, zero_grads);
+        step_on_host<double>(p, grad, g.exp_avg[i], g.exp_avg_sq[i], s, grad_scale, zero_grads,
+                             at::Tensor());
       }
     }
   }

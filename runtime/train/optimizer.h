@@ -9,6 +9,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ft::train {
@@ -26,8 +27,14 @@ struct AdamWOptions {
 class AdamW {
  public:
   struct Param {
+    Param(at::Tensor t, bool d = true, at::Tensor out = at::Tensor())
+        : tensor(std::move(t)), decay(d), copy_out(std::move(out)) {}
     at::Tensor tensor;  // fp32 leaf whose .grad() holds the (unscaled) gradient at step() time
     bool decay = true;  // weight decay applies
+    // Optional, fp32 host parameters only: a contiguous bf16 or fp16 host tensor of as many
+    // elements that each update also writes, in its own pass, with the new values rounded as
+    // at::Tensor::copy_ rounds them (the compute copy of an offloaded or mixed-precision job).
+    at::Tensor copy_out;
   };
   AdamW(const std::vector<Param>& params, AdamWOptions options);
   // Named parameters: norms and biases are not decayed.
@@ -37,7 +44,7 @@ class AdamW {
   // on the host inside the update's own pass, with the bits of a separate multiply by the same
   // factor rounded to the masters' dtype; on a GPU as a separate multiply). zero_grads: the update
   // leaves every gradient zero (on the host in the same pass, which saves the engine's own pass
-  // over the gradient buffers).
+  // over the gradient buffers). Parameters with a copy_out get it written in the same pass.
   void step(double lr, double grad_scale = 1.0, bool zero_grads = false);
   int64_t steps() const { return steps_; }
   // Resident bytes of the state (exp_avg + exp_avg_sq + steps).
@@ -56,6 +63,7 @@ class AdamW {
   struct Group {
     double weight_decay;
     std::vector<at::Tensor> params, exp_avg, exp_avg_sq, steps;  // each entry like its param, fp32
+    std::vector<at::Tensor> copy_out;                            // undefined: none
   };
   AdamWOptions options_;
   std::vector<Group> groups_;

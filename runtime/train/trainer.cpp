@@ -63,7 +63,7 @@ Trainer::Trainer(model::DecoderModel& model, TrainOptions options, parallel::Eng
     : model_(model), options_(std::move(options)), engine_(engine) {
   compute_dtype_ = parse_dtype(options_.precision);
   std::vector<AdamW::Param> params;
-  for (const auto& m : engine_.masters()) params.push_back({m.tensor, m.decay});
+  for (const auto& m : engine_.masters()) params.emplace_back(m.tensor, m.decay, m.copy_out);
   FT_CHECK(!params.empty(), "the model has no parameters to train");
   optimizer_ = std::make_unique<AdamW>(params, options_.adamw);
   if (compute_dtype_ == at::kHalf) {
@@ -248,7 +248,7 @@ StepStats Trainer::apply_update(StepStats st) {
   ++step_;
   st.lr = options_.schedule.lr_at(step_);
   optimizer_->step(st.lr, clip_scale, /*zero_grads=*/true);
-  engine_.after_update(/*grads_zeroed=*/true);
+  engine_.after_update(/*grads_zeroed=*/true, /*copied_out=*/true);
   st.step = step_;
   st.skipped_total = skipped_;
   return st;

@@ -362,10 +362,15 @@ void group_moe() {
              {{2, 1, model},
               {"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0"}},
              {{2, 1, model}, {"strategy.kind=fsdp"}},
-             {{1, 2, model}, {"strategy.kind=fsdp"}}}) {
+             {{1, 2, model}, {"strategy.kind=fsdp"}},
+             // World 4: the experts split over the 2 ranks holding them, gathered with their layer.
+             {{2, 2, model}, {"strategy.kind=fsdp"}},
+             {{4, 1, model},
+              {"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0"}}}) {
       const std::string label = what + ", EP 2, " + describe(c.l, c.sets);
       const Job j =
-          run(c.l, with(with(sets, c.sets), {"train.micro_batch=4", "strategy.expert_parallel=2"}));
+          run(c.l, with(with(sets, c.sets), {"train.micro_batch=" + std::to_string(8 / c.l.world()),
+                                             "strategy.expert_parallel=2"}));
       if (!ran(j, label)) continue;
       const Diff to_one = compare(ref, j, weights), to_dp = compare(dp, j, weights);
       const double wtol = adapters ? 1e-3 : 1e-4;

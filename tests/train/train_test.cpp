@@ -416,6 +416,50 @@ TEST_CASE("AdamW with the clip's factor and zeroing in its pass: the bits of sep
   at::set_num_threads(threads_before);
 }
 
+// The compute copy written in AdamW's pass (AdamW::Param::copy_out, an offloaded or bf16 / fp16
+// job's device copy): the bits of the update followed by a separate copy_ into bf16 or fp16,
+// for ordinary values, values halfway between two bf16 / fp16 neighbours (ties to even),
+// infinities, fp16's overflow and subnormals, over several of the loop's chunks and threads.
+TEST_CASE("AdamW's copy-out equals a separate copy_ into bf16 and fp16", "[unit]") {
+  const int threads_before = at::get_num_threads();
+  for (auto out_dtype : {at::kBFloat16, at::kHalf})
+    for (int threads : {1, 2}) {
+      DYNAMIC_SECTION(c10::toString(out_dtype) << ", " << threads << " threads") {
+        at::set_num_threads(threads);
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+        const int64_t n = 200003;
+        at::Tensor init = at::randn({n}, gen) * 3;
+        // Special values in the first elements: ties, huge, tiny, infinite.
+        const std::vector<float> special = {1.00390625f, 1.01171875f, -2.0078125f, 65520.f,
+                                            70000.f,     1e-7f,       3e-8f,       1e30f,
+                                            -1e30f,      0.f,         -0.f,        6.1e-5f};
+        for (size_t i = 0; i < special.size(); ++i) init[static_cast<int64_t>(i)] = special[i];
+        at::Tensor fused = init.clone(), separate = init.clone();
+        fused.requires_grad_(true);
+        separate.requires_grad_(true);
+        const at::Tensor out = at::empty({n}, out_dtype);
+        train::AdamWOptions opts;
+        opts.weight_decay = 0.1;
+        train::AdamW::Param q{fused, true};
+        q.copy_out = out;
+        train::AdamW a({q}, opts), b({{separate, true}}, opts);
+        for (int s = 1; s <= 2; ++s) {
+          // A tiny learning rate: the special values stay near what they were.
+          const at::Tensor g = at::randn({n}, gen);
+          fused.mutable_grad() = g.clone();
+          separate.mutable_grad() = g.clone();
+          a.step(1e-9, 0.5, /*zero_grads=*/true);
+          b.step(1e-9, 0.5, /*zero_grads=*/true);
+          INFO("step " << s);
+          CHECK(at::equal(fused.detach(), separate.detach()));
+          const at::Tensor want = separate.detach().to(out_dtype);
+          CHECK(at::equal(out.view(at::kShort), want.view(at::kShort)));
+        }
+      }
+    }
+  at::set_num_threads(threads_before);
+}
+
 // The clip's squared norm on the host (train/optimizer.h): ATen's fp64 norm squared within
 // rounding, fp32 and fp64, lengths that are not a multiple of the lanes or of a block, and the same
 // bits at 1 and 2 threads.
