@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -38,6 +39,20 @@ std::string hostname() {
 int cpu_cores() {
   long n = ::sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? static_cast<int>(n) : 1;
+}
+
+// The cores this launcher may run on (its affinity: taskset, cgroups, a scheduler's binding).
+std::vector<int> allowed_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> out;
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) {
+    for (int c = 0; c < cpu_cores(); ++c) out.push_back(c);
+    return out;
+  }
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
 }
 
 // What one look at a round found (torchelastic's WorkerState): it goes on, or how it ended.
@@ -125,7 +140,10 @@ struct Round {
 
 class Agent {
  public:
-  Agent(const LaunchConfig& cfg, const BuildInfo& node) : cfg_(cfg), node_(node) {}
+  Agent(const LaunchConfig& cfg, const BuildInfo& node) : cfg_(cfg), node_(node) {
+    // Refused before joining the job: the same cores every round.
+    if (cfg_.bind_cores) cores_ = core_shares(allowed_cores(), cfg_.nproc_per_node);
+  }
   int run();
   // Rounds until the job ends, on the store open() connects to; `restarts` carries over when
   // the store is lost and found again (`reconnect`). BackendError when the store goes away.
@@ -162,6 +180,7 @@ class Agent {
   int finish_job(const RoundResult& rr);
 
   LaunchConfig cfg_;
+  std::vector<std::vector<int>> cores_;  // --bind-cores: each local rank's cores (empty: none)
   BuildInfo node_;
   SignalPipe signals_;
   std::unique_ptr<Rendezvous> rdzv_;
@@ -209,6 +228,7 @@ JobLayout Agent::round_layout(const RoundResult& rr) const {
   layout.run_id = cfg_.rdzv_id;
   layout.role = cfg_.role;
   layout.cpu_cores = cpu_cores();
+  layout.bound_cores = cores_;
   return layout;
 }
 
@@ -234,6 +254,7 @@ std::vector<WorkerSpec> Agent::worker_specs(const JobLayout& layout) const {
     s.argv = cfg_.program;
     s.env = to_envp(worker_environment(base, layout, lr));
     s.prefix = fmt::format("[node {} rank {}] ", layout.node_rank, s.global_rank);
+    if (lr < static_cast<int>(layout.bound_cores.size())) s.cpus = layout.bound_cores[lr];
     if (!log_dir.empty())
       s.log_path = fmt::format("{}/node{}.rank{}.log", log_dir, layout.node_rank, s.global_rank);
     specs.push_back(std::move(s));
@@ -250,6 +271,13 @@ RoundState Agent::run_round(const RoundResult& rr) {
       "{}..{}",
       rr.round, layout.nnodes, layout.nproc_per_node, layout.world_size(), layout.master_addr,
       layout.master_port, layout.global_rank(0), layout.global_rank(layout.nproc_per_node - 1)));
+  if (!layout.bound_cores.empty()) {
+    std::vector<std::string> where;
+    for (int lr = 0; lr < layout.nproc_per_node; ++lr)
+      where.push_back(fmt::format("rank {} on {}", layout.global_rank(lr),
+                                  cpu_list_text(layout.bound_cores[lr])));
+    log(fmt::format("cores (--bind-cores): {}", fmt::join(where, ", ")));
+  }
   try {
     group.spawn();
   } catch (const ConfigError& e) {
@@ -724,6 +752,7 @@ std::string dry_run_text(const LaunchConfig& cfg) {
   l.run_id = cfg.rdzv_id;
   l.role = cfg.role;
   l.cpu_cores = cpu_cores();
+  if (cfg.bind_cores) l.bound_cores = core_shares(allowed_cores(), cfg.nproc_per_node);
   s += fmt::format(
       "layout: {} node(s) x {} worker(s) = world size {}; this node: {}; ranks {}..{}\n",
       cfg.min_nodes == cfg.max_nodes ? std::to_string(cfg.max_nodes)

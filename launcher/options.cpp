@@ -79,6 +79,12 @@ const std::vector<OptionSpec>& launch_option_specs() {
        "this long is hung: the job is stopped and restarted. 0 turns it off.",
        {"FT_HANG_TIMEOUT"}, {}},
       {"role", "NAME", "default", "Worker role name (ROLE_NAME).", {"FT_ROLE", "PET_ROLE"}, {}},
+      {"bind-cores", "", "",
+       "Bind each local worker to its own equal share of the cores this launcher may run on "
+       "(contiguous, in order; DeepSpeed's --bind_cores_to_rank), with OMP_NUM_THREADS that many "
+       "unless set: a host optimizer step then gets its cores to itself. Refused when there are "
+       "fewer cores than workers.",
+       {"FT_BIND_CORES"}, {}},
       {"no-python", "", "",
        "Run PROGRAM as given even when it ends in .py (otherwise a .py PROGRAM runs as "
        "`python3 -u PROGRAM`, as torchrun does).",
@@ -209,6 +215,7 @@ LaunchConfig make_launch_config(const std::map<std::string, Resolved>& r,
 
   c.standalone = get("standalone").set();
   c.dry_run = get("dry-run").set();
+  c.bind_cores = get("bind-cores").set();
   std::tie(c.min_nodes, c.max_nodes) = parse_nnodes(get("nnodes").value, get("nnodes").source);
 
   c.nproc_spec = get("nproc-per-node").value;

@@ -57,12 +57,13 @@ struct LaunchConfig {
   bool standalone = false;
   int max_restarts = 0;
   double monitor_interval_s = 0.1;
-  std::string log_dir;         // "" = console only
-  std::string advertise_addr;  // "" = the address this node uses to reach the store
+  std::string log_dir;                 // "" = console only
+  std::string advertise_addr;          // "" = the address this node uses to reach the store
   std::optional<double> term_grace_s;  // --term-grace as a number; unset: auto (grace.h)
-  double heartbeat_timeout_s = 10;  // a node silent this long is lost
-  double hang_timeout_s = 600;      // a worker whose progress stops this long is hung (0: off)
+  double heartbeat_timeout_s = 10;     // a node silent this long is lost
+  double hang_timeout_s = 600;         // a worker whose progress stops this long is hung (0: off)
   bool dry_run = false;
+  bool bind_cores = false;  // each local worker on its own share of the launcher's cores
   std::string role = "default";
   std::vector<std::string> program;         // PROGRAM ARGS...
   std::map<std::string, Resolved> sources;  // for --dry-run

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -104,6 +105,10 @@ void WorkerGroup::spawn() {
     argv.push_back(nullptr);
     for (auto& e : w.spec.env) envp.push_back(const_cast<char*>(e.c_str()));
     envp.push_back(nullptr);
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    for (const int c : w.spec.cpus) CPU_SET(c, &cpus);
+    const bool bind = !w.spec.cpus.empty();
 
     pid_t pid = ::fork();
     if (pid < 0) throw_errno("fork", __FILE__, __LINE__);
@@ -119,6 +124,8 @@ void WorkerGroup::spawn() {
       sigemptyset(&all);
       ::sigprocmask(SIG_SETMASK, &all, nullptr);
       ::signal(SIGPIPE, SIG_DFL);
+      // A subset of the launcher's own cores (core_shares), so this cannot be refused.
+      if (bind) (void)::sched_setaffinity(0, sizeof cpus, &cpus);
       ::execvpe(argv[0], argv.data(), envp.data());
       int e = errno;
       (void)!::write(exec_err[1], &e, sizeof e);

@@ -25,6 +25,7 @@ struct WorkerSpec {
   std::vector<std::string> env;  // "KEY=VALUE", the complete environment
   std::string prefix;            // "[node 0 rank 1] "
   std::string log_path;          // "" for none
+  std::vector<int> cpus;         // --bind-cores: the cores it runs on (empty: not bound)
 };
 
 struct WorkerExit {

@@ -1,6 +1,10 @@
 #include "worker_env.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+
+#include "core/error.h"
 
 namespace ft::launcher {
 
@@ -23,6 +27,7 @@ const std::vector<std::string>& worker_env_keys() {
                                                 "NODE_RANK",
                                                 "NNODES",
                                                 "OMP_NUM_THREADS",
+                                                "FT_BOUND_CORES",
                                                 "TORCH_NCCL_ASYNC_ERROR_HANDLING"};
   return keys;
 }
@@ -51,10 +56,43 @@ EnvMap worker_environment(const EnvMap& base, const JobLayout& l, int local_rank
   env["NNODES"] = std::to_string(l.nnodes);
   if (env.find("TORCH_NCCL_ASYNC_ERROR_HANDLING") == env.end())
     env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
+  const bool bound = local_rank < static_cast<int>(l.bound_cores.size());
+  if (bound) env["FT_BOUND_CORES"] = cpu_list_text(l.bound_cores[local_rank]);
   if (env.find("OMP_NUM_THREADS") == env.end())
     env["OMP_NUM_THREADS"] =
-        std::to_string(std::max(1, l.cpu_cores / std::max(1, l.nproc_per_node)));
+        std::to_string(bound ? static_cast<int>(l.bound_cores[local_rank].size())
+                             : std::max(1, l.cpu_cores / std::max(1, l.nproc_per_node)));
   return env;
+}
+
+std::vector<std::vector<int>> core_shares(const std::vector<int>& allowed, int workers) {
+  const int n = static_cast<int>(allowed.size());
+  if (workers < 1 || n < workers)
+    throw ConfigError(fmt::format(
+        "--bind-cores: {} worker(s) per node but this launcher may run on {} core(s) ({}): give "
+        "each worker at least one core (fewer --nproc-per-node, a wider taskset / cgroup) or "
+        "leave --bind-cores off",
+        workers, n, cpu_list_text(allowed)));
+  std::vector<std::vector<int>> shares(static_cast<size_t>(workers));
+  int at = 0;
+  for (int w = 0; w < workers; ++w) {
+    const int take = n / workers + (w < n % workers ? 1 : 0);
+    shares[static_cast<size_t>(w)].assign(allowed.begin() + at, allowed.begin() + at + take);
+    at += take;
+  }
+  return shares;
+}
+
+std::string cpu_list_text(const std::vector<int>& cores) {
+  std::string s;
+  for (size_t i = 0; i < cores.size();) {
+    size_t j = i;
+    while (j + 1 < cores.size() && cores[j + 1] == cores[j] + 1) ++j;
+    if (!s.empty()) s += ",";
+    s += j == i ? std::to_string(cores[i]) : fmt::format("{}-{}", cores[i], cores[j]);
+    i = j + 1;
+  }
+  return s;
 }
 
 std::vector<std::string> to_envp(const EnvMap& env) {

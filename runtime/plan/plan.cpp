@@ -14,6 +14,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/decoder.h"
+#include "model/flops.h"
 #include "model/fused_loss.h"
 #include "model/lora.h"
 #include "parallel/strategy.h"
@@ -37,6 +38,8 @@ constexpr double kFragmentation = 0.05;           // CUDA caching allocator
 constexpr double kDefaultDiskBps = 1e9;
 constexpr double kDefaultInitPerS = 2e8;
 constexpr double kAllocBytesPerS = 5e9;  // zeroing fresh memory
+constexpr double kHostAdamwNs = 0.5;     // the host AdamW step per parameter, one thread
+constexpr double kPcieBytesPerS = 25e9;  // a GPU's copies to and from the host (PCIe 4.0 x16)
 // A CPU rank once its first step has run, beyond what it held before allocating: the LibTorch
 // kernels' code, the thread pools and glibc's heap of small blocks (bench/plan_accuracy.py, with
 // the step pool of core/host_alloc.h).
@@ -286,6 +289,7 @@ class Planner {
     disk();
     communication();
     first_step();
+    offload_step();
     checks();
     return std::move(p_);
   }
@@ -316,6 +320,7 @@ class Planner {
   void communication();
   void expert_exchange();
   void first_step();
+  void offload_step();
   double read_or_init();
   void checks();
 
@@ -857,6 +862,52 @@ void Planner::first_step() {
   p_.first_step_s = load_s + alloc_s;
 }
 
+// ---- the offloaded optimizer's part of each step ----
+
+// The host's work per rank per step with the optimizer offloaded: AdamW over the rank's trained
+// elements on the threads it gets (the loop is compute-bound: its time per parameter divides by
+// the threads, bench/host_adamw.sh), and on a GPU the gradients' copies down (every micro-batch)
+// and the updated values' copy up. Not overlapped with the GPU's work yet, so it adds to the step.
+void Planner::offload_step() {
+  const parallel::EngineOptions& eo = sp_.engine;
+  if (!eo.offload_optimizer) return;
+  const Budget& b = in_.budget;
+  const int64_t n = st_.host_grad / m_;
+  const int threads = b.host_cores > 0 ? std::max(1, b.host_cores / layout_.nproc_per_node) : 1;
+  const double ns = b.host_adamw_ns > 0 ? b.host_adamw_ns : kHostAdamwNs;
+  const double update_s = static_cast<double>(n) * ns * 1e-9 / threads;
+  p_.offload_step.push_back(
+      {"host_update", "AdamW on the host (clip, zeroing, copy in one pass)",
+       n * (8 * m_ + (c_ != m_ ? c_ : 0)),
+       fmt::format("{} trained elements x {:.2f} ns on one thread ({}) / {} thread(s){}: {:.2f} s",
+                   n3(n), ns, b.host_adamw_ns > 0 ? "measured on this machine" : "assumed", threads,
+                   b.host_cores > 0 ? fmt::format(" (this machine's {} cores / {} ranks)",
+                                                  b.host_cores, layout_.nproc_per_node)
+                                    : "",
+                   update_s)});
+  p_.offload_step_s = update_s;
+  if (gpu_) {
+    const int64_t micro = s_.train.grad_accum;
+    const int64_t down = micro * n * r_, up = eo.offload_params ? 0 : n * c_;
+    const double copy_s = static_cast<double>(down + up) / kPcieBytesPerS;
+    p_.offload_step.push_back(
+        {"host_copies", "gradients down, parameters up", down + up,
+         fmt::format("{} micro-batch(es) x {} x {} B down{} at {}/s (assumed): {:.2f} s", micro,
+                     n3(n), r_,
+                     up > 0 ? fmt::format(" + {} x {} B up", n3(n), c_)
+                            : std::string(" (parameters offloaded too: none up)"),
+                     human_bytes(static_cast<int64_t>(kPcieBytesPerS)), copy_s)});
+    p_.offload_step_s += copy_s;
+  }
+  const model::ModelConfig& mc = shape_.mc;
+  p_.step_flops =
+      model::training_flops(mc, s_.data.seq_len,
+                            s_.lora.enabled ? s_.lora.target_modules : std::vector<std::string>{},
+                            s_.lora.r)
+          .per_token() *
+      static_cast<double>(s_.train.micro_batch * s_.data.seq_len * s_.train.grad_accum);
+}
+
 // Reading the model files, or drawing the random init: its item, and its seconds.
 double Planner::read_or_init() {
   const Budget& b = in_.budget;
@@ -1107,6 +1158,23 @@ std::string plan_text(const Plan& p) {
   }
   o += fmt::format("\ntime to the first step: about {:.0f} s\n", p.first_step_s);
   for (const auto& i : p.startup) line(i);
+  if (!p.offload_step.empty()) {
+    o += fmt::format(
+        "\noffloaded optimizer, per rank per step: about {:.2f} s of host work, not yet "
+        "overlapped with the {}'s\n",
+        p.offload_step_s, p.device_name == "GPU" ? "GPU" : "rank");
+    for (const auto& i : p.offload_step) line(i);
+    if (p.offload_step_s > 0 && p.device_name == "GPU") {
+      // A stated reference rate, not a measurement: 40% of an H100's dense bf16 peak.
+      const double ref = 400e12, compute_s = p.step_flops / ref;
+      o += fmt::format(
+          "  the step's compute: {:.3g} model FLOPs per rank, {:.2f} s at 400 TFLOP/s (40% of an "
+          "H100's dense bf16 peak): the host's part adds {:.0f}% to that; it equals the compute "
+          "on a device achieving {:.0f} TFLOP/s\n",
+          p.step_flops, compute_s, 100 * p.offload_step_s / compute_s,
+          p.step_flops / p.offload_step_s / 1e12);
+    }
+  }
   o += "\nverdict:\n";
   for (const auto& c : p.checks)
     o += fmt::format(
@@ -1155,6 +1223,10 @@ json plan_json(const Plan& p) {
   j["disk"] = {{"items", items(p.disk)}, {"need_bytes", p.disk_need}};
   j["comm_per_step"] = items(p.comm);
   j["first_step"] = {{"seconds", p.first_step_s}, {"items", items(p.startup)}};
+  if (!p.offload_step.empty())
+    j["offload_step"] = {{"seconds", p.offload_step_s},
+                         {"step_flops", p.step_flops},
+                         {"items", items(p.offload_step)}};
   json checks = json::array();
   for (const auto& c : p.checks)
     checks.push_back({{"resource", c.resource},

@@ -34,6 +34,10 @@ struct Budget {
   double disk_read_bytes_per_s = 0;            // model files' read throughput (0: assume 1 GB/s)
   std::string disk_read_from;
   double init_elements_per_s = 0;  // random-init draws per second (0: assume 2e8)
+  // The host AdamW step (clip factor, zeroing and copy-out in its pass) per parameter on one
+  // thread of this machine, and this machine's cores (0: assume 0.5 ns and the cores of none).
+  double host_adamw_ns = 0;
+  int host_cores = 0;
   // Resident memory of one ft process before it allocates anything (LibTorch, threads, code):
   // measured on this machine by the caller (0: assume 200 MiB).
   int64_t process_bytes = 0;
@@ -98,6 +102,11 @@ struct Plan {
   std::vector<Item> comm;  // bytes per rank per optimizer step
   std::vector<Item> startup;
   double first_step_s = 0;
+  // With the optimizer offloaded: the host's part of each step, per rank (its items' bytes are
+  // those moved), and the model FLOPs per rank per step it compares with.
+  std::vector<Item> offload_step;
+  double offload_step_s = 0;
+  double step_flops = 0;
   std::vector<Check> checks;
   std::vector<Suggestion> suggestions;  // when something does not fit
   bool fits() const;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/error.h"
@@ -35,6 +36,8 @@ Budget machine_budget(const Machine& m, int running, const std::string& model_di
                                human_bytes(m.process_bytes));
   b.disk_read_bytes_per_s = measure_read_throughput(model_dir, &b.disk_read_from);
   b.init_elements_per_s = model_dir.empty() ? measure_init_rate() : 0;
+  b.host_adamw_ns = measure_host_adamw_ns();
+  b.host_cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
   return b;
 }
 

@@ -1,6 +1,7 @@
 #include "plan/resources.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -19,6 +20,7 @@
 
 #include "core/error.h"
 #include "core/strings.h"
+#include "train/optimizer.h"
 
 namespace ft::plan {
 
@@ -278,6 +280,25 @@ double measure_init_rate() {
   t.normal_(0, 0.02, gen);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return s > 0 ? static_cast<double>(t.numel()) / s : 0;
+}
+
+double measure_host_adamw_ns() {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const int64_t n = int64_t{1} << 21;
+  at::Tensor p = at::zeros({n}, at::kFloat);
+  p.mutable_grad() = at::full({n}, 1e-3, at::kFloat);
+  train::AdamW opt({train::AdamW::Param(p, true, at::empty({n}, at::kBFloat16))}, {});
+  opt.step(1e-4, 0.5, true);  // first touch of the moments
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    opt.step(1e-4, 0.5, true);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = i == 0 ? s : std::min(best, s);
+  }
+  at::set_num_threads(threads);
+  return best * 1e9 / static_cast<double>(n);
 }
 
 int64_t parse_size(const std::string& text, const std::string& flag) {

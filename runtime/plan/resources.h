@@ -47,6 +47,9 @@ GpuLinks probe_gpu_links();
 
 // Random-init values drawn per second on one thread (about 20 ms of drawing).
 double measure_init_rate();
+// ns per parameter of ft's host AdamW step (train/optimizer.h: clip factor, zeroing and a bf16
+// copy-out in its pass) on one thread, over 2^21 fp32 parameters (about 20 ms).
+double measure_host_adamw_ns();
 
 // "80GiB", "768 GB", "1.5TiB", "512MiB", "1e9": bytes. ConfigError naming `flag` for anything
 // else (unknown units, negative or zero sizes, overflow).

@@ -2,6 +2,7 @@
 // timeouts. Workers are small shell programs, `ft comm-check` (a real Gloo all-reduce) and a stock
 // PyTorch script.
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -100,6 +102,54 @@ TEST_CASE("1 node x 3 workers: torchrun environment and a Gloo all-reduce", "[mu
   for (int r = 0; r < 3; ++r)
     CHECK_THAT(out, Catch::Contains("[node 0 rank " + std::to_string(r) + "] comm-check rank " +
                                     std::to_string(r) + "/3: all-reduce sum = 6 (expected 6) OK"));
+}
+
+// --bind-cores: each worker runs on its own contiguous share of the launcher's cores, with
+// OMP_NUM_THREADS that many and FT_BOUND_CORES naming them; more workers than cores are refused
+// before any worker starts.
+TEST_CASE("ft launch --bind-cores: each worker on its own share of the launcher's cores",
+          "[multiproc]") {
+  std::string dir = make_temp_dir();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(::sched_getaffinity(0, sizeof set, &set) == 0);
+  std::vector<int> allowed;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) allowed.push_back(c);
+  const int n = allowed.size() >= 2 ? 2 : 1;
+  Child c =
+      launch(dir, "bind", {"--nproc-per-node", std::to_string(n), "--standalone", "--bind-cores"},
+             sh("grep Cpus_allowed_list /proc/self/status > $DIR/cpus.$RANK; "
+                "echo \"$OMP_NUM_THREADS $FT_BOUND_CORES\" > $DIR/env.$RANK"),
+             {{"DIR", dir}, {"OMP_NUM_THREADS", "\x01"}});
+  REQUIRE(wait_for(c, 60) == 0);
+  CHECK_THAT(c.output(), Catch::Contains("cores (--bind-cores): rank 0 on "));
+  size_t at = 0;
+  for (int r = 0; r < n; ++r) {
+    // The first shares take one core more when the cores do not divide.
+    const size_t take = allowed.size() / n + (static_cast<size_t>(r) < allowed.size() % n);
+    std::string want;
+    for (size_t i = at; i < at + take;) {  // "a-b,c" as the kernel lists them
+      size_t j = i;
+      while (j + 1 < at + take && allowed[j + 1] == allowed[j] + 1) ++j;
+      want += (want.empty() ? "" : ",") + std::to_string(allowed[i]) +
+              (j > i ? "-" + std::to_string(allowed[j]) : "");
+      i = j + 1;
+    }
+    at += take;
+    INFO("rank " << r);
+    CHECK(read_file(dir + "/cpus." + std::to_string(r)) == "Cpus_allowed_list:\t" + want + "\n");
+    CHECK(read_file(dir + "/env." + std::to_string(r)) == std::to_string(take) + " " + want + "\n");
+  }
+  Child d = launch(
+      dir, "toomany",
+      {"--nproc-per-node", std::to_string(allowed.size() + 1), "--standalone", "--bind-cores"},
+      sh("touch $DIR/started.$RANK"), {{"DIR", dir}});
+  CHECK(wait_for(d, 60) == 2);
+  CHECK_THAT(d.output(), Catch::Contains("--bind-cores: " + std::to_string(allowed.size() + 1) +
+                                         " worker(s) per node but this launcher may run on"));
+  CHECK_FALSE(std::filesystem::exists(dir + "/started.0"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("2 nodes x 2 workers on loopback: ranks, environment and all-reduce", "[multiproc]") {
@@ -515,9 +565,10 @@ TEST_CASE("elastic nnodes MIN:MAX starts with MIN nodes after the last call", "[
   CHECK(parse_env_file(dir + "/2/env.1")["NNODES"] == "2");
 }
 
-TEST_CASE("SIGKILL of the store-hosting launcher stops the other node's workers, waits "
-          "--rdzv-timeout for node 0, then exits 4",
-          "[multiproc]") {
+TEST_CASE(
+    "SIGKILL of the store-hosting launcher stops the other node's workers, waits "
+    "--rdzv-timeout for node 0, then exits 4",
+    "[multiproc]") {
   std::string dir = make_temp_dir();
   std::string port = std::to_string(free_port());
   auto args = [&](int node) {
@@ -537,8 +588,8 @@ TEST_CASE("SIGKILL of the store-hosting launcher stops the other node's workers,
   auto st = wait_for(n1, 20);
   REQUIRE(st.has_value());
   CHECK(*st == 4);
-  CHECK_THAT(n1.output(), Catch::Contains("lost the rendezvous store") &&
-                              Catch::Contains("did not come back"));
+  CHECK_THAT(n1.output(),
+             Catch::Contains("lost the rendezvous store") && Catch::Contains("did not come back"));
 }
 
 TEST_CASE("unknown options are refused with a suggestion, torchrun spellings accepted",

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "hostlist.h"
+#include "worker_env.h"
 
 using namespace ft::launcher;
 
@@ -173,4 +174,23 @@ TEST_CASE("docs/launcher.md carries the generated option table", "[unit]") {
   REQUIRE(!doc.empty());
   INFO("regenerate with: build/bin/ft launch --print-options-md");
   CHECK(doc.find(options_markdown()) != std::string::npos);
+}
+
+TEST_CASE("--bind-cores shares: contiguous, as equal as they come, refused below one each",
+          "[unit]") {
+  using ft::launcher::core_shares;
+  using ft::launcher::cpu_list_text;
+  CHECK(core_shares({0, 1, 2, 3, 4}, 2) == std::vector<std::vector<int>>{{0, 1, 2}, {3, 4}});
+  CHECK(core_shares({4, 5, 8, 9}, 4) == std::vector<std::vector<int>>{{4}, {5}, {8}, {9}});
+  CHECK(core_shares({0, 1, 2, 3, 4, 5, 6, 7}, 3) ==
+        std::vector<std::vector<int>>{{0, 1, 2}, {3, 4, 5}, {6, 7}});
+  CHECK(cpu_list_text({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11");
+  CHECK(cpu_list_text({5}) == "5");
+  CHECK_THROWS_WITH(core_shares({0, 1}, 3),
+                    Catch::Contains("--bind-cores: 3 worker(s) per node but this launcher may run "
+                                    "on 2 core(s) (0-1)"));
+  // The flag and its environment mirror.
+  CHECK(config({{"bind-cores", "1"}}, {}).bind_cores);
+  CHECK(config({}, {{"FT_BIND_CORES", "1"}}).bind_cores);
+  CHECK_FALSE(config({}, {}).bind_cores);
 }

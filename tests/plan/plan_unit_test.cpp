@@ -82,6 +82,42 @@ TEST_CASE("zero3 model-state bytes for 7B and 70B agree with DeepSpeed's estimat
   }
 }
 
+// With the optimizer offloaded the plan gives the host's part of each step: AdamW over the rank's
+// trained elements at the measured time per parameter divided by the threads a rank gets, and on
+// a GPU the gradients' copies down every micro-batch and the values' copy up; against the step's
+// model FLOPs. None without offload.
+TEST_CASE("the offloaded optimizer's part of each step, per rank", "[unit]") {
+  plan::PlanInputs in;
+  in.settings = config::resolve_settings(
+      "full-7b", {"strategy.kind=zero3", "strategy.zero3.offload_optimizer=true"});
+  in.layout = {1, 8, true};
+  in.budget.host_adamw_ns = 0.5;
+  in.budget.host_cores = 16;  // 2 threads per rank
+  const plan::Plan p = plan::make_plan(in);
+  REQUIRE(p.offload_step.size() == 2);
+  const double n = static_cast<double>(p.grad_bytes) / 4;  // this rank's trained elements
+  REQUIRE(n > 0);
+  CHECK(p.offload_step[0].key == "host_update");
+  CHECK_THAT(p.offload_step[0].from, Catch::Contains("/ 2 thread(s)"));
+  const double update = n * 0.5e-9 / 2;
+  const int64_t micro = in.settings.train.grad_accum;
+  const double copies = (static_cast<double>(micro) * n * 4 + n * 2) / 25e9;
+  CHECK(p.offload_step_s == Approx(update + copies).epsilon(1e-9));
+  CHECK(p.offload_step[1].bytes == static_cast<int64_t>(micro * n * 4 + n * 2));
+  // 6 N per token at least (full fine-tuning), over the rank's tokens of the step.
+  const double tokens =
+      static_cast<double>(in.settings.train.micro_batch * in.settings.data.seq_len * micro);
+  CHECK(p.step_flops > 6.0 * static_cast<double>(p.parameters) * tokens * 0.9);
+  CHECK_THAT(plan::plan_text(p),
+             Catch::Contains("offloaded optimizer, per rank per step: about") &&
+                 Catch::Contains("it equals the compute on a device achieving"));
+  // Without offload: no such section.
+  in.settings = config::resolve_settings("full-7b", {"strategy.kind=zero3"});
+  const plan::Plan q = plan::make_plan(in);
+  CHECK(q.offload_step.empty());
+  CHECK_THAT(plan::plan_text(q), !Catch::Contains("offloaded optimizer"));
+}
+
 TEST_CASE("ft plan of full-70b takes well under a second", "[unit]") {
   const auto t0 = std::chrono::steady_clock::now();
   const plan::Plan p = gpu_plan("full-70b", {}, 2, 8);
@@ -173,7 +209,8 @@ int malloc_heaps() {
   const std::string xml(buf, len);
   std::free(buf);
   int n = 0;
-  for (size_t at = xml.find("<heap nr="); at != std::string::npos; at = xml.find("<heap nr=", at + 1))
+  for (size_t at = xml.find("<heap nr="); at != std::string::npos;
+       at = xml.find("<heap nr=", at + 1))
     ++n;
   return n;
 }
@@ -183,8 +220,10 @@ int malloc_heaps() {
 int new_heaps_in_child(bool limit, const char* env) {
   const pid_t pid = fork();
   if (pid == 0) {
-    if (env) setenv("MALLOC_ARENA_MAX", env, 1);
-    else unsetenv("MALLOC_ARENA_MAX");
+    if (env)
+      setenv("MALLOC_ARENA_MAX", env, 1);
+    else
+      unsetenv("MALLOC_ARENA_MAX");
     if (limit) {
       const std::string got = ft::core::limit_malloc_arenas();
       if (got != (env ? env : "1")) _exit(101);
@@ -218,16 +257,18 @@ TEST_CASE("a worker's malloc uses one arena unless MALLOC_ARENA_MAX says otherwi
 
 namespace {
 
-// In a child process: optionally keep_freed_heap(), then three rounds of a step's pattern: 96 blocks
-// of 1 MiB allocated, written and freed (more than the 64 MiB trim threshold that glibc's
+// In a child process: optionally keep_freed_heap(), then three rounds of a step's pattern: 96
+// blocks of 1 MiB allocated, written and freed (more than the 64 MiB trim threshold that glibc's
 // self-adjusting one reaches at most; this test process may have raised it already). Exit status:
 // 1 if the third round faulted (almost) no pages in, 0 if it faulted them in again, 101 if
 // keep_freed_heap() did not do what was asked of it.
 int freed_heap_kept_in_child(bool keep, const char* env) {
   const pid_t pid = fork();
   if (pid == 0) {
-    if (env) setenv("MALLOC_TRIM_THRESHOLD_", env, 1);
-    else unsetenv("MALLOC_TRIM_THRESHOLD_");
+    if (env)
+      setenv("MALLOC_TRIM_THRESHOLD_", env, 1);
+    else
+      unsetenv("MALLOC_TRIM_THRESHOLD_");
     unsetenv("MALLOC_MMAP_THRESHOLD_");
     if (keep && ft::core::keep_freed_heap() != (env == nullptr)) _exit(101);
     auto faults = [] {
