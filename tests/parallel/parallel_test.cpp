@@ -300,7 +300,9 @@ TEST_CASE("offload: the same run bit for bit, and the state accounted in host me
             true,
             true},
            // fp16: the loss scaler's tensors follow the gradients to the host.
-           {{"strategy.kind=fsdp", "precision.mode=fp16"}, {"strategy.fsdp.cpu_offload=true"}, true,
+           {{"strategy.kind=fsdp", "precision.mode=fp16"},
+            {"strategy.fsdp.cpu_offload=true"},
+            true,
             true}}) {
     DYNAMIC_SECTION(v.plain[0] << " " << v.plain[1] << " + " << v.offload[0]) {
       Job plain = run_job(2, with(base, v.plain));
@@ -343,6 +345,36 @@ TEST_CASE("offload: the same run bit for bit, and the state accounted in host me
   }
 }
 
+// The offloaded optimizer at world size 1 and 2, with and without gradient accumulation, fp32 and
+// bf16 (whose compute copies the host AdamW writes in its own pass): the same bits as the same
+// job without offload (issue 32).
+TEST_CASE("offload at 1 and 2 ranks, with and without accumulation: the same bits", "[multiproc]") {
+  const std::map<std::string, std::string> allow = {{"FT_ALLOW_CPU_OFFLOAD", "1"}};
+  for (const int nproc : {1, 2})
+    for (const int accum : {1, 2})
+      for (const std::string precision : {"fp32", "bf16"}) {
+        DYNAMIC_SECTION(nproc << " rank(s), grad_accum " << accum << ", " << precision) {
+          const std::vector<std::string> sets = {"train.max_steps=3",
+                                                 "train.micro_batch=2",
+                                                 "train.grad_accum=" + std::to_string(accum),
+                                                 "precision.mode=" + precision,
+                                                 "strategy.kind=zero3",
+                                                 "strategy.zero3.param_persistence_threshold=5000"};
+          Job plain = run_job(nproc, sets);
+          Job off = run_job(nproc, with(sets, {"strategy.zero3.offload_optimizer=true"}), allow);
+          require_ok(plain);
+          require_ok(off);
+          CHECK(read_file(plain.dir + "/final/model.safetensors") ==
+                read_file(off.dir + "/final/model.safetensors"));
+          const auto a = read_metrics(plain.dir), b = read_metrics(off.dir);
+          REQUIRE(a.size() == 3);
+          REQUIRE(b.size() == a.size());
+          for (size_t i = 0; i < a.size(); ++i) CHECK(a[i]["loss"] == b[i]["loss"]);
+          CHECK(b.back()["memory"]["host_optimizer_bytes"].get<int64_t>() > 0);  // rank 0's
+        }
+      }
+}
+
 TEST_CASE("sharded load: a rank's peak host memory stays below model/world size + one tensor",
           "[multiproc]") {
   // A 17M-parameter fp32 model (68 MB) written as several safetensors shards with an index.
@@ -368,18 +400,18 @@ TEST_CASE("sharded load: a rank's peak host memory stays below model/world size 
     t.emplace_back("model.norm.weight", at::ones({h}));
     add("lm_head.weight", {vocab, h});
     REQUIRE(ft::io::write_sharded(model, t, 16 << 20).size() >= 5);  // + the index
-    std::ofstream(model + "/config.json") << json{{"architectures", {"LlamaForCausalLM"}},
-                                                  {"model_type", "llama"},
-                                                  {"hidden_size", h},
-                                                  {"intermediate_size", inter},
-                                                  {"num_hidden_layers", layers},
-                                                  {"num_attention_heads", 8},
-                                                  {"num_key_value_heads", 8},
-                                                  {"vocab_size", vocab},
-                                                  {"max_position_embeddings", 256},
-                                                  {"rms_norm_eps", 1e-5},
-                                                  {"tie_word_embeddings", false}}
-                                                      .dump();
+    std::ofstream(model + "/config.json") << json{
+        {"architectures", {"LlamaForCausalLM"}},
+        {"model_type", "llama"},
+        {"hidden_size", h},
+        {"intermediate_size", inter},
+        {"num_hidden_layers", layers},
+        {"num_attention_heads", 8},
+        {"num_key_value_heads", 8},
+        {"vocab_size", vocab},
+        {"max_position_embeddings", 256},
+        {"rms_norm_eps", 1e-5},
+        {"tie_word_embeddings", false}}.dump();
   }
   const int64_t model_bytes =
       4 * (2 * vocab * h + layers * (4 * h * h + 3 * h * inter + 2 * h) + h);
