@@ -166,6 +166,8 @@ struct Zero3Settings {
   double reduce_bucket_size = 0;
   bool offload_optimizer = false;
   bool offload_param = false;
+  bool delayed_update = false;       // ZeRO-Offload's delayed parameter update
+  int64_t delayed_update_after = 0;  // steps run without the delay first
 };
 
 struct FsdpSettings {

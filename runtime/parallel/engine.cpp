@@ -44,10 +44,11 @@ struct Engine::Group {
   bool master_host = false;  // `master` and `grad_acc` are in host memory (offload_optimizer)
   at::Tensor full;           // [padded] compute dtype; its storage is freed while released (S > 1)
   at::Tensor shard;          // [shard_numel] compute dtype; the same tensor as `full` when S == 1
-  at::Tensor master;     // [shard_numel] master dtype (trained); aliases `shard` if dtypes agree
-  at::Tensor grad_acc;   // [shard_numel] master dtype: the step's gradient (trained)
-  at::Tensor grad_full;  // [padded] reduce dtype: this micro-batch's local gradient (S > 1)
-  at::Tensor copy_out;   // Master::copy_out: `shard` or undefined
+  at::Tensor master;      // [shard_numel] master dtype (trained); aliases `shard` if dtypes agree
+  at::Tensor grad_acc;    // [shard_numel] master dtype: the step's gradient (trained)
+  at::Tensor grad_full;   // [padded] reduce dtype: this micro-batch's local gradient (S > 1)
+  at::Tensor copy_out;    // Master::copy_out: `shard` or undefined
+  at::Tensor grad_spare;  // a delayed update's second gradient buffer (hand_over_grads)
   int64_t full_bytes() const { return layout.padded * full.element_size(); }
 };
 
@@ -634,6 +635,16 @@ void Engine::ensure_grads() {
   grads_ = true;
 }
 
+void Engine::hand_over_grads() {
+  for (auto& u : units_)
+    for (auto& g : u->groups) {
+      if (!g.trained || !g.grad_acc.defined()) continue;
+      if (!g.grad_spare.defined()) g.grad_spare = at::zeros_like(g.grad_acc);
+      g.master.mutable_grad() = g.grad_acc;
+      std::swap(g.grad_acc, g.grad_spare);
+    }
+}
+
 // Without overlap a collective is waited for here, right after it was issued; drain() and
 // release() then find it complete.
 void Engine::issued(c10d::Work& work) {
@@ -921,10 +932,11 @@ Accounting Engine::take_accounting() {
           a.param_bytes += g.master.nbytes();
           if (g.master_host) a.host_param_bytes += g.master.nbytes();
         }
-        if (g.grad_acc.defined()) {
-          a.grad_bytes += g.grad_acc.nbytes();
-          if (g.master_host) a.host_grad_bytes += g.grad_acc.nbytes();
-        }
+        for (const at::Tensor* t : {&g.grad_acc, &g.grad_spare})
+          if (t->defined()) {
+            a.grad_bytes += t->nbytes();
+            if (g.master_host) a.host_grad_bytes += t->nbytes();
+          }
       }
     }
   // Counters restart; the gauges carry on.

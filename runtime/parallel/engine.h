@@ -175,6 +175,11 @@ class Engine : public model::UnitHooks {
   // gradients unless the optimizer already did (grads_zeroed).
   void after_update(bool grads_zeroed = false, bool copied_out = false);
 
+  // A delayed update (trainer.h): the masters' .grad() become the gradients accumulated so far and
+  // the engine accumulates the next ones into a second set of buffers (zero: allocated here the
+  // first time, afterwards the ones the optimizer zeroed as it consumed them).
+  void hand_over_grads();
+
   // Collectives over all ranks (counted as scalar collectives).
   double sum_over_ranks(double v);
   // Element by element over every rank (one all-reduce).

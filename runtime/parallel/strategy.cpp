@@ -63,6 +63,15 @@ StrategyPlan plan_strategy(const config::StrategySettings& strategy,
     const config::Zero3Settings& z = strategy.zero3;
     e.offload_optimizer = z.offload_optimizer && offload("strategy.zero3.offload_optimizer");
     e.offload_params = z.offload_param && offload("strategy.zero3.offload_param");
+    FT_CHECK(!z.delayed_update || z.offload_optimizer,
+             "strategy.zero3.delayed_update delays the host optimizer step of "
+             "strategy.zero3.offload_optimizer, which is off; set "
+             "strategy.zero3.offload_optimizer=true or remove strategy.zero3.delayed_update");
+    // fp32 with both offloads: the masters are the parameter shards the next step reads.
+    FT_CHECK(!z.delayed_update || !z.offload_param || e.compute_dtype != e.master_dtype,
+             "strategy.zero3.delayed_update with strategy.zero3.offload_param in ", precision_mode,
+             ": the delayed step would write the parameter shards the next step reads (they are "
+             "its masters); use bf16 or fp16, or remove one of the two");
     e.shard_size = W;
     e.reshard_after_forward = true;
     e.prefetch_elements = static_cast<int64_t>(z.prefetch_bucket_size);
@@ -70,8 +79,10 @@ StrategyPlan plan_strategy(const config::StrategySettings& strategy,
     e.reduce_bucket_elements = static_cast<int64_t>(z.reduce_bucket_size);
     plan.label = fmt::format(
         "zero3: every parameter of >= {} elements split over {} ranks, prefetch {} elements, "
-        "reduce buckets of {} elements{}",
-        e.persistence_threshold, W, e.prefetch_elements, e.reduce_bucket_elements, offload_label());
+        "reduce buckets of {} elements{}{}",
+        e.persistence_threshold, W, e.prefetch_elements, e.reduce_bucket_elements, offload_label(),
+        z.delayed_update ? fmt::format("; delayed update after step {}", z.delayed_update_after)
+                         : std::string());
   } else {
     FT_CHECK(kind == "fsdp", "strategy.kind must be ddp, zero3 or fsdp, got '", kind, "'");
     const config::FsdpSettings& f = strategy.fsdp;
@@ -127,7 +138,11 @@ StrategyPlan plan_strategy(const config::StrategySettings& strategy,
   if (W == 1) {
     e.shard_size = 1;
     e.buckets = true;
-    plan.label = kind + " on a single rank" + offload_label();
+    plan.label =
+        kind + " on a single rank" + offload_label() +
+        (kind == "zero3" && strategy.zero3.delayed_update
+             ? fmt::format("; delayed update after step {}", strategy.zero3.delayed_update_after)
+             : std::string());
   }
   // Only shards are offloaded: with nothing split, the parameters would silently stay put.
   FT_CHECK(!e.offload_params || e.shard_size > 1,

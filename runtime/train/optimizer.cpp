@@ -168,7 +168,7 @@ AdamW::AdamW(const std::vector<Param>& params, AdamWOptions options) : options_(
   }
 }
 
-void AdamW::step(double lr, double grad_scale, bool zero_grads) {
+void AdamW::step(double lr, double grad_scale, bool zero_grads, bool write_copies) {
   at::NoGradGuard no_grad;
   ++steps_;
   const double step = static_cast<double>(steps_);
@@ -200,7 +200,7 @@ void AdamW::step(double lr, double grad_scale, bool zero_grads) {
         if (zero_grads) grad.zero_();
       } else if (p.scalar_type() == at::kFloat) {
         step_on_host<float>(p, grad, g.exp_avg[i], g.exp_avg_sq[i], s, grad_scale, zero_grads,
-                            g.copy_out[i]);
+                            write_copies ? g.copy_out[i] : at::Tensor());
       } else {
         FT_CHECK(p.scalar_type() == at::kDouble, "AdamW updates fp32 or fp64 masters, got ",
                  p.scalar_type());

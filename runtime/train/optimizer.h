@@ -45,7 +45,9 @@ class AdamW {
   // factor rounded to the masters' dtype; on a GPU as a separate multiply). zero_grads: the update
   // leaves every gradient zero (on the host in the same pass, which saves the engine's own pass
   // over the gradient buffers). Parameters with a copy_out get it written in the same pass.
-  void step(double lr, double grad_scale = 1.0, bool zero_grads = false);
+  // write_copies false: the copy_out tensors are left alone (a delayed update runs while the
+  // model reads them).
+  void step(double lr, double grad_scale = 1.0, bool zero_grads = false, bool write_copies = true);
   int64_t steps() const { return steps_; }
   // Resident bytes of the state (exp_avg + exp_avg_sq + steps).
   int64_t state_bytes() const;

@@ -684,6 +684,8 @@ void TrainingRun::build_trainer() {
   TrainOptions options = train_options(s_.train, s_.precision, total_steps_);
   options.router_aux_coef = router_aux_coef(s_.moe, model_->config());
   options.router_aux_global = s_.moe.aux_loss_scope == "global";
+  if (s_.strategy.kind == "zero3" && s_.strategy.zero3.delayed_update)
+    options.delayed_update_after = s_.strategy.zero3.delayed_update_after;
   trainer_ = std::make_unique<Trainer>(*model_, options, *engine_);
   fault_delay_s_ = fault_delay(env_.rank);
   // LoRA dropout draws from LibTorch's default generators, which start from a random seed in each
@@ -1091,6 +1093,7 @@ RunSummary TrainingRun::train() {
     bool stop = false;
     try {
       stop = checkpointer.after_step(trainer_->steps(), total_steps_, [&] {
+        trainer_->settle();
         trainer_->release_host_blocks();
         return make_snapshot(*engine_, *trainer_, *source_, record, env_.rank);
       });
@@ -1111,6 +1114,7 @@ RunSummary TrainingRun::train() {
     r.tokens_per_s = static_cast<double>(r.input_tokens) / std::max(r.step_time_s, 1e-9);
     keep_mfu_at_most_one(r);
     if (eval_due(r)) {
+      trainer_->settle();
       trainer_->release_host_blocks();
       evaluate_step(r);
     }
@@ -1144,6 +1148,7 @@ RunSummary TrainingRun::train() {
       return sum;
     }
   }
+  trainer_->settle();
   trainer_->release_host_blocks();
   checkpointer.finish(trainer_->steps());
   if (rank0_) progress.finish();

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -97,6 +98,20 @@ void Trainer::restore(const State& s) {
   }
 }
 
+Trainer::~Trainer() {
+  // A delayed update still running holds the masters: let it finish (an error unwinding past
+  // here has been reported already).
+  if (pending_.joinable()) pending_.join();
+}
+
+void Trainer::settle() {
+  if (!pending_.joinable()) return;
+  pending_.join();
+  if (pending_error_) std::rethrow_exception(std::exchange(pending_error_, nullptr));
+  // The optimizer zeroed the gradients it consumed; the engine's current ones are the next step's.
+  engine_.after_update(/*grads_zeroed=*/true, /*copied_out=*/false);
+}
+
 StepStats Trainer::step(const std::vector<data::Batch>& micro_batches) {
   return apply_update(compute_gradients(micro_batches));
 }
@@ -182,6 +197,13 @@ double Trainer::route_aux(double scale, std::vector<double>& load) {
 StepStats Trainer::apply_update(StepStats st) {
   const bool fp16 = compute_dtype_ == at::kHalf;
   at::NoGradGuard no_grad;
+  // Delayed: the previous step's update is done and in the model; this step's gradients go to the
+  // optimizer and the engine accumulates the next ones elsewhere.
+  const bool delay = options_.delayed_update_after >= 0 && step_ >= options_.delayed_update_after;
+  if (delay) {
+    settle();
+    engine_.hand_over_grads();
+  }
   std::vector<at::Tensor> grads, sharded, replicated, experts, sharded_experts;
   for (const auto& m : engine_.masters()) {
     grads.push_back(m.tensor.grad());
@@ -201,7 +223,10 @@ StepStats Trainer::apply_update(StepStats st) {
     at::_amp_update_scale_(loss_scale_, growth_tracker_, found_inf, 2.0, 0.5,
                            options_.loss_scale_window);
     if (overflow) {
-      engine_.after_update();  // zeroes the gradients
+      if (delay)  // (the engine's own buffers hold the next step's)
+        for (at::Tensor& g : grads) g.zero_();
+      else
+        engine_.after_update();  // zeroes the gradients
       st.skipped = true;
       st.skipped_total = ++skipped_;
       st.step = step_;
@@ -247,8 +272,21 @@ StepStats Trainer::apply_update(StepStats st) {
 
   ++step_;
   st.lr = options_.schedule.lr_at(step_);
-  optimizer_->step(st.lr, clip_scale, /*zero_grads=*/true);
-  engine_.after_update(/*grads_zeroed=*/true, /*copied_out=*/true);
+  if (delay) {
+    // On a thread of its own while the next step runs (its AdamW loop threads as usual); it
+    // writes no compute copies, which the next step reads: settle() refreshes them.
+    pending_ = std::thread([this, lr = st.lr, clip_scale] {
+      try {
+        at::NoGradGuard guard;
+        optimizer_->step(lr, clip_scale, /*zero_grads=*/true, /*write_copies=*/false);
+      } catch (...) {
+        pending_error_ = std::current_exception();
+      }
+    });
+  } else {
+    optimizer_->step(st.lr, clip_scale, /*zero_grads=*/true);
+    engine_.after_update(/*grads_zeroed=*/true, /*copied_out=*/true);
+  }
   st.step = step_;
   st.skipped_total = skipped_;
   return st;

@@ -6,8 +6,10 @@
 // one rank); the trainer owns the optimizer over this rank's masters. Not thread-safe.
 #pragma once
 
+#include <exception>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "config/settings.h"
@@ -33,6 +35,10 @@ struct TrainOptions {
   // counts every rank's micro-batch (moe.aux_loss_scope global).
   double router_aux_coef = 0;
   bool router_aux_global = false;
+  // ZeRO-Offload's delayed parameter update (strategy.zero3.delayed_update): from the step after
+  // this many on, each step's optimizer update runs on a host thread during the next step's
+  // forward and backward (-1: never).
+  int64_t delayed_update_after = -1;
 };
 
 struct StepStats {
@@ -76,6 +82,9 @@ class Trainer {
   // `engine` has been loaded (it holds the model's parameters); the trainer builds AdamW over its
   // masters.
   Trainer(model::DecoderModel& model, TrainOptions options, parallel::Engine& engine);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   // One optimizer step: compute_gradients, then apply_update.
   StepStats step(const std::vector<data::Batch>& micro_batches);
@@ -83,8 +92,15 @@ class Trainer {
   // leaving the step's global gradient (of the mean token loss over all ranks' tokens) in the
   // masters' .grad(); returns loss and tokens.
   StepStats compute_gradients(const std::vector<data::Batch>& micro_batches);
-  // Unscale (fp16), clip by the global norm and update; zeroes the gradients.
+  // Unscale (fp16), clip by the global norm and update; zeroes the gradients. With a delayed
+  // update (TrainOptions::delayed_update_after) the update of the step before is finished and put
+  // in the model first, and this step's update starts on a host thread and returns at once: the
+  // next step's forward and backward run with the parameters of this one's start.
   StepStats apply_update(StepStats stats);
+  // Waits for a delayed update in flight and puts its values in the model: before a checkpoint,
+  // an evaluation and the final save (each is a point where the delay starts over). No-op
+  // without one.
+  void settle();
   // Resident bytes and communication since the previous call.
   MemoryStats memory();
   int64_t steps() const { return step_; }
@@ -119,6 +135,8 @@ class Trainer {
   at::Tensor loss_scale_;             // [] fp32 on the engine's device (fp16 only)
   at::Tensor growth_tracker_;         // [] int32 on the engine's device (fp16 only)
   core::HostBlockCache loss_blocks_;  // the fused loss's logits and gradients on the CPU
+  std::thread pending_;               // a delayed update in flight
+  std::exception_ptr pending_error_;  // what it threw
 
   // After a micro-batch's forward: its aux loss value, with the router gradient it adds set for
   // the backward (`scale`: the loss scale over micro-batches x ranks); its picks added to `load`.
