@@ -106,6 +106,7 @@ struct Plan {
   // those moved), and the model FLOPs per rank per step it compares with.
   std::vector<Item> offload_step;
   double offload_step_s = 0;
+  bool offload_delayed = false;  // strategy.zero3.delayed_update: the update overlaps the next step
   double step_flops = 0;
   std::vector<Check> checks;
   std::vector<Suggestion> suggestions;  // when something does not fit

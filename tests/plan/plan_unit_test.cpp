@@ -111,6 +111,15 @@ TEST_CASE("the offloaded optimizer's part of each step, per rank", "[unit]") {
   CHECK_THAT(plan::plan_text(p),
              Catch::Contains("offloaded optimizer, per rank per step: about") &&
                  Catch::Contains("it equals the compute on a device achieving"));
+  // The delayed update: a second host gradient buffer, the update's part overlapped.
+  in.settings = config::resolve_settings(
+      "full-7b", {"strategy.kind=zero3", "strategy.zero3.offload_optimizer=true",
+                  "strategy.zero3.delayed_update=true"});
+  const plan::Plan d = plan::make_plan(in);
+  CHECK(d.grad_bytes == 2 * p.grad_bytes);
+  CHECK(d.offload_step_s == Approx(p.offload_step_s).epsilon(1e-9));
+  CHECK(d.offload_delayed);
+  CHECK_THAT(plan::plan_text(d), Catch::Contains("overlapped with the next step (delayed update)"));
   // Without offload: no such section.
   in.settings = config::resolve_settings("full-7b", {"strategy.kind=zero3"});
   const plan::Plan q = plan::make_plan(in);
