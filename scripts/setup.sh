@@ -121,16 +121,17 @@ log "torch $tver at $prefix; pyarrow $(sed -n 1p <<<"$arrow") at $arrow_lib"
 # Pinned: the committed fixtures were generated with these versions (tests/*/fixtures/make_*.py).
 # tensorboard: its own reader checks ft's event files (tests/report/tensorboard_check.py).
 # datasets: writes the Parquet, Arrow (save_to_disk) and compressed files ft reads in
-# tests/data/files_check.py.
-reference_pkgs=(transformers==5.24.0 peft==0.21.2 tokenizers==0.23.3 safetensors==0.8.0 jinja2==3.1.6 tensorboard==2.21.0 datasets==5.2.0)
+# tests/data/files_check.py. bitsandbytes (its CPU backend): the NF4 fixtures
+# (tests/model/fixtures/make_nf4_fixtures.py).
+reference_pkgs=(transformers==5.24.0 peft==0.21.2 tokenizers==0.23.3 safetensors==0.8.0 jinja2==3.1.6 tensorboard==2.21.0 datasets==5.2.0 bitsandbytes==0.50.2)
 if [[ -n "${FT_PYTHON:-}" || "${FT_SETUP:-all}" == demo ]]; then FT_WITH_REFERENCE=${FT_WITH_REFERENCE:-0}; fi
 if [[ "${FT_WITH_REFERENCE:-1}" != 0 ]]; then
   # find_spec, not import: importing transformers costs seconds on every make.
   if "$py" -c 'import importlib.util as u, sys
-sys.exit(not all(u.find_spec(m) for m in ("transformers", "peft", "tokenizers", "safetensors", "jinja2", "tensorboard", "datasets")))'; then
+sys.exit(not all(u.find_spec(m) for m in ("transformers", "peft", "tokenizers", "safetensors", "jinja2", "tensorboard", "datasets", "bitsandbytes")))'; then
     log "reference libraries present in $py"
   else
-    log "installing the reference libraries (transformers, peft, tokenizers, safetensors, jinja2, tensorboard, datasets) into $py"
+    log "installing the reference libraries (transformers, peft, tokenizers, safetensors, jinja2, tensorboard, datasets, bitsandbytes) into $py"
     "$py" -m pip install -q --disable-pip-version-check --progress-bar off \
       "${reference_pkgs[@]}"
   fi
