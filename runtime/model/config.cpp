@@ -316,6 +316,29 @@ Activation read_activation(const json& j, const Family& f, const std::string& pa
 }
 
 // Dropout ft does not apply in training is refused rather than dropped.
+// A checkpoint saved quantized (config.json's quantization_config) holds packed weights that do
+// not have the shapes config.json gives: it is refused here, naming the method, rather than at
+// the first weight whose shape does not fit.
+void refuse_quantized(const json& j, const std::string& path) {
+  if (!j.contains("quantization_config")) return;
+  const json& q = j.at("quantization_config");
+  std::string method = "unknown", detail;
+  if (q.is_object()) {
+    method = get_or<std::string>(q, "quant_method", "unknown", path);
+    if (method == "bitsandbytes") {
+      const bool four = get_or<bool>(q, "load_in_4bit", false, path);
+      detail = four ? fmt::format(" 4-bit {}",
+                                  get_or<std::string>(q, "bnb_4bit_quant_type", "fp4", path))
+                    : std::string(" 8-bit");
+    }
+  }
+  throw FormatError(fmt::format(
+      "{}: quantization_config: the weights are saved quantized ({}{}); ft reads unquantized "
+      "(fp32, bf16, fp16) weights only (loading bitsandbytes NF4 checkpoints for QLoRA is in "
+      "progress): give --model the model this one was quantized from",
+      path, method, detail));
+}
+
 void refuse_dropout(const json& j, const std::string& path) {
   for (const char* key : {"attention_dropout", "resid_pdrop", "embd_pdrop", "hidden_dropout"}) {
     const double p = get_or<double>(j, key, 0.0, path);
@@ -437,6 +460,7 @@ ModelConfig load_model_config(const std::string& path) {
   ModelConfig c;
   c.model_type = get_or<std::string>(j, "model_type", "llama", path);
   const Family& f = family_of(c.model_type, path);
+  refuse_quantized(j, path);
   read_shape(j, f, c, path);
   refuse_dropout(j, path);
   c.activation = read_activation(j, f, path);

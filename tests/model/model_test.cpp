@@ -2,8 +2,8 @@
 // tests/model/fixtures were written by make_fixtures.py (transformers' own save_pretrained plus its
 // logits, loss and gradients); these tests need no Python. Activation checkpointing is checked
 // against the same model's plain forward.
-#include <c10/core/CPUAllocator.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/CPUAllocator.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
 
@@ -276,19 +276,22 @@ TEST_CASE("config.json: both rope formats, refusals name the file and key", "[un
       "decoder_sparse_step": 2, "num_experts": 8})"));
   CHECK(c.moe.layers == std::vector<uint8_t>{0, 1});
   CHECK(load_model_config(write("{" + base + R"(, "model_type": "qwen3_moe", "num_experts": 8,
-      "mlp_only_layers": [1]})")).moe.layers == std::vector<uint8_t>{1, 0});
+      "mlp_only_layers": [1]})"))
+            .moe.layers == std::vector<uint8_t>{1, 0});
   CHECK(c.moe.experts_per_token == 8);
   CHECK_FALSE(c.moe.norm_topk_prob);
-  c = load_model_config(write("{" + base + R"(, "model_type": "mixtral", "num_local_experts": 4})"));
+  c = load_model_config(
+      write("{" + base + R"(, "model_type": "mixtral", "num_local_experts": 4})"));
   CHECK(c.moe.layers == std::vector<uint8_t>{1, 1});
   CHECK(c.moe.norm_topk_prob);
   CHECK(c.moe.expert_intermediate == c.intermediate_size);
   CHECK_THROWS_WITH(load_model_config(write("{" + base + R"(, "model_type": "mixtral",
       "router_jitter_noise": 0.1})")),
                     Catch::Contains("router_jitter_noise 0.1 is not supported"));
-  CHECK_THROWS_WITH(load_model_config(write("{" + base + R"(, "model_type": "mixtral",
+  CHECK_THROWS_WITH(
+      load_model_config(write("{" + base + R"(, "model_type": "mixtral",
       "num_local_experts": 2, "num_experts_per_tok": 3})")),
-                    Catch::Contains("num_experts_per_tok (3) must be between 1 and num_experts (2)"));
+      Catch::Contains("num_experts_per_tok (3) must be between 1 and num_experts (2)"));
   CHECK_THROWS_WITH(load_model_config(write("{" + base + R"(, "model_type": "qwen3_next"})")),
                     Catch::Contains("linear-attention layers"));
   CHECK_THROWS_WITH(load_model_config(write("{" + base + R"(, "model_type": "gemma3"})")),
@@ -313,6 +316,19 @@ TEST_CASE("config.json: both rope formats, refusals name the file and key", "[un
                                             R"(, "model_type": "llama",
                                                "partial_rotary_factor": 0.5})")),
                     Catch::Contains("partial_rotary_factor 0.5 is not supported"));
+  // Weights saved quantized: refused naming the method, before any weight's shape is compared.
+  CHECK_THROWS_WITH(load_model_config(write("{" + base + R"(, "quantization_config": {
+      "quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4"}})")),
+                    Catch::Contains("quantization_config: the weights are saved quantized "
+                                    "(bitsandbytes 4-bit nf4)") &&
+                        Catch::Contains("give --model the model this one was quantized from"));
+  CHECK_THROWS_WITH(load_model_config(write("{" + base + R"(, "quantization_config": {
+      "quant_method": "bitsandbytes", "load_in_8bit": true}})")),
+                    Catch::Contains("(bitsandbytes 8-bit)"));
+  for (const std::string method : {"gptq", "awq", "fp8", "compressed-tensors"})
+    CHECK_THROWS_WITH(load_model_config(write("{" + base + R"(, "quantization_config": {
+        "quant_method": ")" + method + R"(", "bits": 4}})")),
+                      Catch::Contains("saved quantized (" + method + ")"));
   CHECK_THROWS_AS(load_model_config(write("{not json")), FormatError);
   CHECK_THROWS_AS(load_model_config(dir + "/missing.json"), FormatError);
 }
@@ -797,8 +813,7 @@ TEST_CASE("windowed attention equals the dense sliding-window mask", "[unit]") {
           const at::Tensor i = at::arange(T, at::kLong).unsqueeze(1);
           const at::Tensor j = at::arange(T, at::kLong).unsqueeze(0);
           at::Tensor dense = j.le(i).logical_and(i.sub(j).lt(window)).view({1, 1, T, T});
-          if (packed)
-            dense = dense.logical_and(seg.unsqueeze(2).eq(seg.unsqueeze(1)).unsqueeze(1));
+          if (packed) dense = dense.logical_and(seg.unsqueeze(2).eq(seg.unsqueeze(1)).unsqueeze(1));
           const double scale = 0.3;
           const at::Tensor got = attend_windowed(q, k, v, seg, window, scale, cap);
           const at::Tensor want = attend(q, k, v, dense, false, scale, cap);
