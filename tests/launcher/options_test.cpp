@@ -176,7 +176,7 @@ TEST_CASE("docs/launcher.md carries the generated option table", "[unit]") {
   CHECK(doc.find(options_markdown()) != std::string::npos);
 }
 
-TEST_CASE("--bind-cores shares: contiguous, as equal as they come, refused below one each",
+TEST_CASE("ft launch --bind-cores shares: contiguous, as equal as they come, refused below one",
           "[unit]") {
   using ft::launcher::core_shares;
   using ft::launcher::cpu_list_text;
