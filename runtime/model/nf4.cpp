@@ -36,6 +36,13 @@ inline int lut_cell(float v) {
       static_cast<uint16_t>((v + 1.0f) * 0.5f * static_cast<float>(kLutSize - 1) + 0.5f));
 }
 
+// The largest |x| of x[begin, end) (0 for none).
+float block_absmax(const float* x, int64_t begin, int64_t end) {
+  float m = 0.0f;
+  for (int64_t i = begin; i < end; ++i) m = std::max(m, std::fabs(x[i]));
+  return m;
+}
+
 void check_blocksize(int64_t blocksize) {
   FT_CHECK(blocksize >= 32 && blocksize <= 4096 && (blocksize & (blocksize - 1)) == 0,
            "NF4 block size must be a power of two from 32 to 4096, got ", blocksize);
@@ -97,8 +104,7 @@ std::pair<at::Tensor, at::Tensor> quantize_blockwise_8bit(const at::Tensor& x,
   float* am = absmax.data_ptr<float>();
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t begin = b * blocksize, end = std::min(n, begin + blocksize);
-    float m = 0.0f;
-    for (int64_t i = begin; i < end; ++i) m = std::max(m, std::fabs(in[i]));
+    const float m = block_absmax(in, begin, end);
     am[b] = m;
     if (m == 0.0f) continue;  // every index 0
     const float inv = 1.0f / m;
@@ -130,8 +136,7 @@ Nf4Weight quantize_nf4(const at::Tensor& w, bool double_quant, int64_t blocksize
   at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t begin = b * blocksize, end = std::min(n, begin + blocksize);
-      float m = 0.0f;
-      for (int64_t i = begin; i < end; ++i) m = std::max(m, std::fabs(in[i]));
+      const float m = block_absmax(in, begin, end);
       // As bitsandbytes: full blocks multiply by the reciprocal of their absmax (kept as it is),
       // the short last block divides by its absmax (kept clamped away from 0).
       const bool last = b >= full;

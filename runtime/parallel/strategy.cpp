@@ -44,13 +44,18 @@ StrategyPlan plan_strategy(const config::StrategySettings& strategy,
              "memory; remove it (it is for GPU runs)");
     return true;
   };
+  // What is in host memory, and zero3's delayed update of it.
   auto offload_label = [&] {
     if (!e.offload_params && !e.offload_optimizer) return std::string();
-    return fmt::format("; in host memory: {}",
-                       e.offload_params && e.offload_optimizer
-                           ? "parameter shards, masters, gradients and optimizer state"
-                       : e.offload_params ? "parameter shards"
-                                          : "masters, gradients and optimizer state");
+    const bool delayed = kind == "zero3" && strategy.zero3.delayed_update;
+    return fmt::format(
+        "; in host memory: {}{}",
+        e.offload_params && e.offload_optimizer
+            ? "parameter shards, masters, gradients and optimizer state"
+        : e.offload_params ? "parameter shards"
+                           : "masters, gradients and optimizer state",
+        delayed ? fmt::format("; delayed update after step {}", strategy.zero3.delayed_update_after)
+                : std::string());
   };
 
   if (kind == "ddp") {
@@ -79,10 +84,8 @@ StrategyPlan plan_strategy(const config::StrategySettings& strategy,
     e.reduce_bucket_elements = static_cast<int64_t>(z.reduce_bucket_size);
     plan.label = fmt::format(
         "zero3: every parameter of >= {} elements split over {} ranks, prefetch {} elements, "
-        "reduce buckets of {} elements{}{}",
-        e.persistence_threshold, W, e.prefetch_elements, e.reduce_bucket_elements, offload_label(),
-        z.delayed_update ? fmt::format("; delayed update after step {}", z.delayed_update_after)
-                         : std::string());
+        "reduce buckets of {} elements{}",
+        e.persistence_threshold, W, e.prefetch_elements, e.reduce_bucket_elements, offload_label());
   } else {
     FT_CHECK(kind == "fsdp", "strategy.kind must be ddp, zero3 or fsdp, got '", kind, "'");
     const config::FsdpSettings& f = strategy.fsdp;
@@ -138,11 +141,7 @@ StrategyPlan plan_strategy(const config::StrategySettings& strategy,
   if (W == 1) {
     e.shard_size = 1;
     e.buckets = true;
-    plan.label =
-        kind + " on a single rank" + offload_label() +
-        (kind == "zero3" && strategy.zero3.delayed_update
-             ? fmt::format("; delayed update after step {}", strategy.zero3.delayed_update_after)
-             : std::string());
+    plan.label = kind + " on a single rank" + offload_label();
   }
   // Only shards are offloaded: with nothing split, the parameters would silently stay put.
   FT_CHECK(!e.offload_params || e.shard_size > 1,
