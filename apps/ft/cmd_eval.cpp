@@ -47,6 +47,8 @@ Run add_eval(CLI::App& app) {
     opts->data = settings.data;
     opts->eval = settings.eval;
     opts->fused = train::eval_fused_ops(settings.train, settings.eval);
+    opts->quantize_base = settings.lora.quantize_base;
+    opts->double_quant = settings.lora.double_quant;
     const auto t0 = std::chrono::steady_clock::now();
     const train::EvalResult r = train::evaluate(*opts);
     const double seconds =

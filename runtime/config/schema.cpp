@@ -486,6 +486,16 @@ const std::vector<Setting>& preset_schema() {
     L(KEY(lora.target_parameters), {}, {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}, "Mixture-of-experts models: the fused expert weights that get adapters too (PEFT's target_parameters: one adapter per weight holding every expert's, loadable by PEFT). Needs lora.dropout 0. The router stays frozen."),
     B(KEY(lora.train_router), false, "Mixture-of-experts models: train every MoE layer's router in full beside the adapters (PEFT's modules_to_save [\"gate\"]: saved in the adapter file, loaded by PEFT); false keeps the routers frozen."),
     B(KEY(lora.rslora), false, "Rank-stabilised scaling alpha/sqrt(r)."),
+    C(KEY(lora.quantize_base), "none", {"none", "nf4"},
+      "QLoRA: nf4 holds the frozen base's decoder projections in 4-bit NF4 as bitsandbytes does "
+      "(blocks of 64 values, an fp32 absmax each: 0.56 byte per parameter), quantized as they are "
+      "read, and dequantizes each into precision.mode (the compute dtype) for its products; "
+      "embeddings, norms and the head stay in precision.mode. Needs lora.enabled. A model saved "
+      "quantized by transformers + bitsandbytes (NF4) is read as it is, whatever this says."),
+    B(KEY(lora.double_quant), false,
+      "With lora.quantize_base=nf4: quantize the absmax values too (bitsandbytes' "
+      "bnb_4bit_use_double_quant), so the weights take the values a bitsandbytes run with it "
+      "computes with. ft keeps the absmax dequantized in fp32 either way, so this saves no memory."),
     // hardware
     C(KEY(hardware.device), "auto", {"auto", "cpu", "cuda"},
       "Where each rank trains: cuda = GPU LOCAL_RANK of its node, collectives over NCCL (refused "

@@ -141,6 +141,8 @@ struct LoraSettings {
   std::vector<std::string> target_parameters;  // expert weights (model/lora.h)
   bool train_router = false;
   bool rslora = false;
+  std::string quantize_base;  // none | nf4 (QLoRA: model/nf4.h)
+  bool double_quant = false;
 };
 
 // Mixture-of-experts models (model/moe.h); unused by dense ones.

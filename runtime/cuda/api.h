@@ -24,7 +24,7 @@ class Store;
 namespace ft::cuda {
 
 // Bumped whenever Api changes: a libft_cuda.so from another build is refused, not misread.
-inline constexpr int kApiVersion = 4;
+inline constexpr int kApiVersion = 5;
 inline constexpr const char* kApiSymbol = "ft_cuda_api";
 
 // One device's caching allocator (LibTorch's CUDA allocator), bytes.
@@ -82,6 +82,9 @@ struct Api {
                  void* y_or_dgate, void* dup, int64_t n, bool backward);
   void (*rope)(int index, ElementType dtype, const void* x, const void* cos, const void* sin,
                void* out, int64_t rows, int64_t heads, int64_t head_dim, bool backward);
+  // NF4 dequantization (cuda/kernels.h) on device `index`, queued on its current stream.
+  void (*nf4_dequantize)(int index, ElementType dtype, const uint8_t* packed, const float* absmax,
+                         void* out, int64_t n, int64_t blocksize);
 };
 
 }  // namespace ft::cuda

@@ -151,8 +151,8 @@ __global__ void rms_backward_dw_sum(const float* __restrict__ partial, T* __rest
 
 template <typename T>
 __global__ void swiglu_kernel(const T* __restrict__ g, const T* __restrict__ u,
-                              const T* __restrict__ dy, T* __restrict__ y_or_dg,
-                              T* __restrict__ du, int64_t n, bool backward) {
+                              const T* __restrict__ dy, T* __restrict__ y_or_dg, T* __restrict__ du,
+                              int64_t n, bool backward) {
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
@@ -185,11 +185,34 @@ __global__ void rope_kernel(const T* __restrict__ x, const T* __restrict__ cos,
     const float a = round_to<T>(to_f(x[i]) * to_f(c[j]));
     float rot;
     if (!backward)
-      rot = j < half ? -to_f(x[base + j + half]) * to_f(s[j]) : to_f(x[base + j - half]) * to_f(s[j]);
+      rot =
+          j < half ? -to_f(x[base + j + half]) * to_f(s[j]) : to_f(x[base + j - half]) * to_f(s[j]);
     else
       rot = j < half ? to_f(x[base + j + half]) * to_f(s[j + half])
                      : -(to_f(x[base + j - half]) * to_f(s[j - half]));
     out[i] = from_f<T>(a + round_to<T>(rot));
+  }
+}
+
+// NF4 (model/nf4.h): each byte's two codes times their block's fp32 absmax, rounded once to T.
+// The code table as model/nf4.cpp's nf4_code() (bitsandbytes' NF4 values).
+__constant__ float kNf4Code[16] = {-1.0f,         -0.696192801f, -0.525073051f,  -0.394917488f,
+                                   -0.284441382f, -0.18477343f,  -0.0910500363f, 0.0f,
+                                   0.0795802996f, 0.160930201f,  0.246112302f,   0.337915242f,
+                                   0.440709829f,  0.562617004f,  0.722956836f,   1.0f};
+
+template <typename T>
+__global__ void nf4_dequantize_kernel(const uint8_t* __restrict__ packed,
+                                      const float* __restrict__ absmax, T* __restrict__ out,
+                                      int64_t n, int64_t blocksize) {
+  const int64_t pairs = (n + 1) / 2;
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < pairs;
+       j += stride) {
+    const uint8_t b = packed[j];
+    const int64_t i = 2 * j;
+    out[i] = from_f<T>(kNf4Code[b >> 4] * absmax[i / blocksize]);
+    if (i + 1 < n) out[i + 1] = from_f<T>(kNf4Code[b & 0x0F] * absmax[(i + 1) / blocksize]);
   }
 }
 
@@ -223,16 +246,15 @@ void with_dtype(ElementType dtype, F&& f) {
 
 }  // namespace
 
-void rms_norm_forward(ElementType dtype, const void* h, const void* delta, void* sum,
-                      const void* w, void* y, float* rstd, int64_t rows, int64_t H, float eps,
-                      void* stream) {
+void rms_norm_forward(ElementType dtype, const void* h, const void* delta, void* sum, const void* w,
+                      void* y, float* rstd, int64_t rows, int64_t H, float eps, void* stream) {
   if (rows == 0) return;
   with_dtype(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    rms_forward_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0,
-                            static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(h), static_cast<const T*>(delta), static_cast<T*>(sum),
-        static_cast<const T*>(w), static_cast<T*>(y), rstd, H, eps);
+    rms_forward_kernel<T>
+        <<<static_cast<unsigned>(rows), kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+            static_cast<const T*>(h), static_cast<const T*>(delta), static_cast<T*>(sum),
+            static_cast<const T*>(w), static_cast<T*>(y), rstd, H, eps);
   });
   check_launch("RMSNorm forward");
 }
@@ -255,8 +277,9 @@ void rms_norm_backward(ElementType dtype, const void* dy, const void* x, const v
       float* partial = nullptr;  // stream-ordered: freed once the sum has run
       if (cudaMallocAsync(reinterpret_cast<void**>(&partial), bands * H * sizeof(float), st) !=
           cudaSuccess)
-        throw std::runtime_error("RMSNorm backward: no GPU memory for the weight gradient's "
-                                 "partial sums");
+        throw std::runtime_error(
+            "RMSNorm backward: no GPU memory for the weight gradient's "
+            "partial sums");
       const unsigned cols = static_cast<unsigned>((H + 255) / 256);
       rms_backward_dw_bands<T><<<dim3(cols, static_cast<unsigned>(bands)), 256, 0, st>>>(
           static_cast<const T*>(dy), static_cast<const T*>(x), rstd, partial, rows, H, band);
@@ -306,6 +329,18 @@ void adamw_fp32(float* param, const float* grad, float* exp_avg, float* exp_avg_
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
     throw std::runtime_error(std::string("AdamW kernel launch failed: ") + cudaGetErrorString(e));
+}
+
+void nf4_dequantize(ElementType dtype, const uint8_t* packed, const float* absmax, void* out,
+                    int64_t n, int64_t blocksize, void* stream) {
+  if (n == 0) return;
+  const auto st = static_cast<cudaStream_t>(stream);
+  with_dtype(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    nf4_dequantize_kernel<T><<<grid_for((n + 1) / 2, 256), 256, 0, st>>>(
+        packed, absmax, static_cast<T*>(out), n, blocksize);
+  });
+  check_launch("NF4 dequantize");
 }
 
 }  // namespace ft::cuda

@@ -28,4 +28,9 @@ void swiglu(ElementType dtype, const void* gate, const void* up, const void* dy,
 void rope(ElementType dtype, const void* x, const void* cos, const void* sin, void* out,
           int64_t rows, int64_t heads, int64_t head_dim, bool backward, void* stream);
 
+// NF4 (model/nf4.h): out[i] = code[nibble i of packed] * absmax[i / blocksize] in fp32, rounded to
+// `dtype`, for n values (code: bitsandbytes' NF4 table, as model/nf4.h's nf4_code()).
+void nf4_dequantize(ElementType dtype, const uint8_t* packed, const float* absmax, void* out,
+                    int64_t n, int64_t blocksize, void* stream);
+
 }  // namespace ft::cuda

@@ -123,6 +123,14 @@ void rope_on(int index, ElementType dtype, const void* x, const void* cos, const
        c10::cuda::getCurrentCUDAStream(d).stream());
 }
 
+void nf4_dequantize_on(int index, ElementType dtype, const uint8_t* packed, const float* absmax,
+                       void* out, int64_t n, int64_t blocksize) {
+  const c10::DeviceIndex d = index_of(index);
+  c10::cuda::CUDAGuard guard(d);
+  nf4_dequantize(dtype, packed, absmax, out, n, blocksize,
+                 c10::cuda::getCurrentCUDAStream(d).stream());
+}
+
 }  // namespace
 }  // namespace ft::cuda
 
@@ -131,6 +139,6 @@ extern "C" __attribute__((visibility("default"))) const ft::cuda::Api* ft_cuda_a
   static const Api api{kApiVersion,         device_count, set_device,          make_nccl_backend,
                        synchronize,         memory,       manual_seed,         generator_state,
                        set_generator_state, adamw,        rms_norm_forward_on, rms_norm_backward_on,
-                       swiglu_on,           rope_on};
+                       swiglu_on,           rope_on,      nf4_dequantize_on};
   return &api;
 }

@@ -157,6 +157,12 @@ void ModelConfig::validate(const std::string& where) const {
   for (int64_t w : layer_windows) FT_CHECK(w >= 0, where, ": sliding_window must be >= 1");
   FT_CHECK(attn_softcap >= 0 && final_softcap >= 0, where, ": soft caps must be >= 0");
   validate_moe(*this, where);
+  FT_CHECK(!quant.nf4 || !moe.enabled(), where,
+           ": an NF4 base (QLoRA) on a mixture-of-experts model is not supported yet: train LoRA "
+           "on the unquantized model");
+  FT_CHECK(!quant.nf4 || (quant.blocksize >= 32 && quant.blocksize <= 4096 &&
+                          (quant.blocksize & (quant.blocksize - 1)) == 0),
+           where, ": NF4 block size must be a power of two from 32 to 4096, got ", quant.blocksize);
   FT_CHECK(
       attention_scale >= 0 && embedding_scale > 0 && residual_multiplier > 0 && logits_divisor > 0,
       where, ": attention scale and multipliers must be > 0");
@@ -316,26 +322,43 @@ Activation read_activation(const json& j, const Family& f, const std::string& pa
 }
 
 // Dropout ft does not apply in training is refused rather than dropped.
-// A checkpoint saved quantized (config.json's quantization_config) holds packed weights that do
-// not have the shapes config.json gives: it is refused here, naming the method, rather than at
-// the first weight whose shape does not fit.
-void refuse_quantized(const json& j, const std::string& path) {
-  if (!j.contains("quantization_config")) return;
+// A checkpoint saved quantized (config.json's quantization_config): bitsandbytes' 4-bit NF4 with
+// every decoder projection quantized is read as QLoRA's base (BaseQuant::in_files); any other
+// method holds packed weights ft cannot read and is refused here, naming it, rather than at the
+// first weight whose shape does not fit.
+void read_quantization(const json& j, ModelConfig& c, const std::string& path) {
+  if (!j.contains("quantization_config") || j.at("quantization_config").is_null()) return;
   const json& q = j.at("quantization_config");
   std::string method = "unknown", detail;
   if (q.is_object()) {
     method = get_or<std::string>(q, "quant_method", "unknown", path);
     if (method == "bitsandbytes") {
       const bool four = get_or<bool>(q, "load_in_4bit", false, path);
-      detail = four ? fmt::format(" 4-bit {}",
-                                  get_or<std::string>(q, "bnb_4bit_quant_type", "fp4", path))
-                    : std::string(" 8-bit");
+      const std::string type = get_or<std::string>(q, "bnb_4bit_quant_type", "fp4", path);
+      detail = four ? " 4-bit " + type : std::string(" 8-bit");
+      if (four && type == "nf4") {
+        const json none = json::array();
+        const json& skip =
+            q.contains("llm_int8_skip_modules") && !q.at("llm_int8_skip_modules").is_null()
+                ? q.at("llm_int8_skip_modules")
+                : none;
+        for (const auto& m : skip)
+          FT_CHECK_T(FormatError, m.is_string() && m.get<std::string>() == "lm_head", path,
+                     ": quantization_config.llm_int8_skip_modules ", excerpt(skip.dump(), 80),
+                     " leaves decoder projections unquantized; ft reads NF4 checkpoints whose "
+                     "every decoder projection is quantized (the default): give --model the "
+                     "model this one was quantized from and set lora.quantize_base=nf4");
+        c.quant.nf4 = true;
+        c.quant.in_files = true;
+        c.quant.double_quant = get_or<bool>(q, "bnb_4bit_use_double_quant", false, path);
+        return;
+      }
     }
   }
   throw FormatError(fmt::format(
       "{}: quantization_config: the weights are saved quantized ({}{}); ft reads unquantized "
-      "(fp32, bf16, fp16) weights only (loading bitsandbytes NF4 checkpoints for QLoRA is in "
-      "progress): give --model the model this one was quantized from",
+      "(fp32, bf16, fp16) weights and bitsandbytes 4-bit NF4 checkpoints only: give --model the "
+      "model this one was quantized from (lora.quantize_base=nf4 quantizes it for QLoRA)",
       path, method, detail));
 }
 
@@ -460,7 +483,7 @@ ModelConfig load_model_config(const std::string& path) {
   ModelConfig c;
   c.model_type = get_or<std::string>(j, "model_type", "llama", path);
   const Family& f = family_of(c.model_type, path);
-  refuse_quantized(j, path);
+  read_quantization(j, c, path);
   read_shape(j, f, c, path);
   refuse_dropout(j, path);
   c.activation = read_activation(j, f, path);
@@ -576,6 +599,8 @@ std::string model_config_json(const ModelConfig& c) {
   if (c.source_json.empty()) return built_config(c).dump(2) + "\n";
   // The file as read, with the shape ft trained (the same numbers unless a caller changed them).
   json j = json::parse(c.source_json);
+  // ft writes unquantized weights only (a QLoRA base is dequantized to merge into it).
+  j.erase("quantization_config");
   const json shape = built_config(c);
   for (const char* key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                           "num_attention_heads", "num_key_value_heads", "tie_word_embeddings"})

@@ -43,6 +43,17 @@ struct MoeConfig {
   int64_t first_local_expert() const { return ep_rank * local_experts(); }
 };
 
+// QLoRA (issue 33): the decoder layers' projections held frozen in NF4 (model/nf4.h); never the
+// embeddings, norms, routers, experts or the head (as transformers + bitsandbytes quantize).
+struct BaseQuant {
+  bool nf4 = false;
+  bool double_quant = false;  // the absmax values quantized too (their values then carry that)
+  int64_t blocksize = 64;
+  // The checkpoint holds them quantized as transformers + bitsandbytes save (config.json's
+  // quantization_config); else they are quantized as they are read.
+  bool in_files = false;
+};
+
 struct ModelConfig {
   std::string model_type = "llama";  // a model/family.h row
   int64_t vocab_size = 32000;
@@ -73,6 +84,7 @@ struct ModelConfig {
   double residual_multiplier = 1;         // Granite: each block's output x this before the add
   double logits_divisor = 1;              // Granite: logits / logits_scaling
   MoeConfig moe;
+  BaseQuant quant;  // lora.quantize_base, or a bitsandbytes NF4 checkpoint's quantization_config
   int64_t bos_token_id = 1;
   int64_t eos_token_id = 2;
   // The embedding row that gets no gradient (nn.Embedding's padding_idx, which transformers sets

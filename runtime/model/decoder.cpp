@@ -14,6 +14,7 @@
 #include "model/activation_checkpoint.h"
 #include "model/attention.h"
 #include "model/host_blas.h"
+#include "model/quantized_linear.h"
 
 namespace ft::model {
 
@@ -278,10 +279,16 @@ at::Tensor Linear::forward(const at::Tensor& x, bool training, UnitHooks* hooks)
   UnitHooks::GradSink sink;
   if (hooks && !bias.defined() && weight.requires_grad() && at::GradMode::is_enabled())
     sink = hooks->grad_sink(weight);
-  at::Tensor y =
-      sink.into.defined()
-          ? SinkLinearFn::apply(x, weight, sink.into, hooks, sink.id)
-          : at::linear(x, weight, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt);
+  at::Tensor y;
+  if (nf4.defined()) {
+    y = nf4_linear(x, weight, nf4);
+    if (bias.defined()) y = y + bias;
+  } else {
+    y = sink.into.defined()
+            ? SinkLinearFn::apply(x, weight, sink.into, hooks, sink.id)
+            : at::linear(x, weight,
+                         bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt);
+  }
   if (lora_a.defined()) {
     at::Tensor h = lora_dropout > 0 && training ? at::dropout(x, lora_dropout, true) : x;
     y = y + at::linear(at::linear(h, lora_a), lora_b) * lora_scale;
@@ -359,7 +366,12 @@ DecoderModel::DecoderModel(const ModelConfig& config, at::TensorOptions options,
   auto make = [&](std::initializer_list<int64_t> shape) { return at::empty(shape, param_options); };
   auto linear = [&](int64_t out, int64_t in, bool bias) {
     Linear l;
-    l.weight = make({out, in});
+    if (c.quant.nf4) {
+      l.nf4 = {out, in, c.quant.blocksize};
+      l.weight = make({l.nf4.elements(param_options.dtype().toScalarType())});
+    } else {
+      l.weight = make({out, in});
+    }
     if (bias) l.bias = make({out});
     return l;
   };
@@ -419,7 +431,7 @@ std::vector<NamedTensor> DecoderModel::parameters() {
     std::string p = fmt::format("model.layers.{}.", i);
     auto lin = [&](const std::string& name, Linear& l) {
       if (!l.weight.defined()) return;
-      out.push_back({p + name + ".weight", &l.weight});
+      out.push_back({p + name + ".weight", &l.weight, l.nf4.defined() ? &l.nf4 : nullptr});
       if (l.bias.defined()) out.push_back({p + name + ".bias", &l.bias});
     };
     auto norm = [&](const std::string& name, at::Tensor& t) {

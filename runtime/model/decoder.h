@@ -23,6 +23,7 @@
 #include "model/config.h"
 #include "model/fused_ops.h"
 #include "model/moe.h"
+#include "model/nf4.h"
 
 namespace torch::autograd {
 struct AutogradContext;
@@ -41,13 +42,17 @@ struct LogitMap {
 struct NamedTensor {
   std::string name;  // Hugging Face parameter name, e.g. "model.layers.0.self_attn.q_proj.weight"
   at::Tensor* tensor;
+  const Nf4Shape* nf4 = nullptr;  // an NF4 projection's weight: *tensor is its blob
 };
 
 class UnitHooks;
 
 // A projection y = x W^T (+ b), with an optional LoRA adapter added by model/lora.
 struct Linear {
-  at::Tensor weight;  // [out, in]
+  // [out, in]; an NF4 base (ModelConfig::quant): the blob model/nf4.h lays out, 1-D in the
+  // model's dtype, frozen (model/quantized_linear.h computes with it).
+  at::Tensor weight;
+  Nf4Shape nf4;       // rows 0: not quantized
   at::Tensor bias;    // [out] or undefined
   at::Tensor lora_a;  // [r, in] or undefined
   at::Tensor lora_b;  // [out, r] or undefined
@@ -56,6 +61,8 @@ struct Linear {
   // `hooks` (optional): asked for the weight's gradient sink (UnitHooks::grad_sink).
   at::Tensor forward(const at::Tensor& x, bool training, UnitHooks* hooks = nullptr) const;
   bool requires_grad() const;  // some tensor of it (base or adapter) requires grad
+  int64_t out_features() const { return nf4.defined() ? nf4.rows : weight.size(0); }
+  int64_t in_features() const { return nf4.defined() ? nf4.cols : weight.size(1); }
 };
 
 // A layer's tensors; those its family lacks stay undefined.

@@ -423,6 +423,8 @@ struct AddRmsNormFn : public torch::autograd::Function<AddRmsNormFn> {
 
 }  // namespace
 
+cuda::ElementType cuda_element_type(const at::Tensor& t) { return element_type(t); }
+
 std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight,
                                                    double eps) {
   check_norm_args(x, weight);

@@ -18,7 +18,13 @@
 
 #include <utility>
 
+#include "cuda/element_type.h"
+
 namespace ft::model {
+
+// The element type the CUDA kernels (cuda/kernels.h) take for t's dtype: fp32, bf16 or fp16
+// (another dtype: ft::Error).
+cuda::ElementType cuda_element_type(const at::Tensor& t);
 
 // Whether the fused kernels take tensors on `x`'s device: the CPU's and CUDA's (checked against
 // the unfused ops on an H200 by the gpu test's check_fused_kernels, issue 34).

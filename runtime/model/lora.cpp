@@ -315,8 +315,8 @@ void attach_lora(DecoderModel& model, const LoraConfig& config, uint64_t seed, b
     for (auto& [path, lin] : projections(L)) {
       if (!targets.count(leaf(path))) continue;
       const at::Tensor& w = lin->weight;
-      std::tie(lin->lora_a, lin->lora_b) =
-          new_adapter(w, config.r, w.size(1), w.size(0), config.r, gen, shapes_only);
+      std::tie(lin->lora_a, lin->lora_b) = new_adapter(
+          w, config.r, lin->in_features(), lin->out_features(), config.r, gen, shapes_only);
       lin->lora_scale = config.scale();
       lin->lora_dropout = config.dropout;
     }

@@ -207,4 +207,30 @@ at::Tensor dequantize_nf4(const Nf4Weight& q, at::ScalarType dtype) {
   return out.to(dtype).view(q.shape);
 }
 
+int64_t Nf4Shape::elements(at::ScalarType dtype) const {
+  const auto size = static_cast<int64_t>(c10::elementSize(dtype));
+  FT_ASSERT(bytes() % size == 0, "NF4 blob of ", bytes(), " bytes in elements of ", size);
+  return bytes() / size;
+}
+
+Nf4Shape nf4_shape(const Nf4Weight& q) {
+  FT_CHECK(q.shape.size() == 2, "an NF4 blob holds a 2-D weight, not one of ", q.shape.size(),
+           " dimensions");
+  return {q.shape[0], q.shape[1], q.blocksize};
+}
+
+at::Tensor nf4_blob(const Nf4Weight& q) {
+  const Nf4Shape s = nf4_shape(q);
+  FT_CHECK(q.packed.numel() == s.packed_bytes() && q.absmax.numel() == s.blocks(), "NF4 weight [",
+           s.rows, ", ", s.cols, "] in blocks of ", s.blocksize, " needs ", s.packed_bytes(),
+           " packed bytes and ", s.blocks(), " absmax values, got ", q.packed.numel(), " and ",
+           q.absmax.numel());
+  at::Tensor blob = at::zeros({s.bytes()}, at::kByte);
+  blob.narrow(0, 0, s.packed_bytes()).copy_(q.packed.reshape({-1}));
+  blob.narrow(0, s.absmax_offset(), 4 * s.blocks())
+      .view(at::kFloat)
+      .copy_(nf4_absmax(q).to(at::kFloat));
+  return blob;
+}
+
 }  // namespace ft::model

@@ -40,6 +40,24 @@ struct Nf4Weight {
   int64_t numel() const;
 };
 
+// Where the parts of an NF4 weight [rows, cols] lie in one flat byte buffer, its "blob": the form
+// a model holds a quantized projection in (model/quantized_linear.h), so that a strategy keeps,
+// shards and gathers it as a frozen parameter of any element size (the blob viewed as the model's
+// dtype). The packed codes come first, zero-padded to a multiple of 4 bytes, then each block's
+// fp32 absmax (with double quantization already dequantized: the values bitsandbytes multiplies
+// the codes by), so the bytes are a multiple of 4.
+struct Nf4Shape {
+  int64_t rows = 0, cols = 0, blocksize = 64;
+  bool defined() const { return rows > 0; }
+  int64_t numel() const { return rows * cols; }
+  int64_t blocks() const { return (numel() + blocksize - 1) / blocksize; }
+  int64_t packed_bytes() const { return (numel() + 1) / 2; }
+  int64_t absmax_offset() const { return (packed_bytes() + 3) / 4 * 4; }
+  int64_t bytes() const { return absmax_offset() + 4 * blocks(); }
+  // The blob's length in elements of `dtype` (1, 2 or 4 bytes).
+  int64_t elements(at::ScalarType dtype) const;
+};
+
 // Quantizes `w` (fp32, bf16 or fp16, any shape, on the host) to NF4.
 Nf4Weight quantize_nf4(const at::Tensor& w, bool double_quant, int64_t blocksize = 64);
 
@@ -49,6 +67,10 @@ at::Tensor nf4_absmax(const Nf4Weight& q);
 // The weight in `dtype` (fp32, bf16 or fp16) with q's shape: each code times its block's absmax
 // in fp32, rounded once to dtype.
 at::Tensor dequantize_nf4(const Nf4Weight& q, at::ScalarType dtype);
+
+// A 2-D weight's blob (Nf4Shape): uint8 [bytes()] on the host.
+at::Tensor nf4_blob(const Nf4Weight& q);
+Nf4Shape nf4_shape(const Nf4Weight& q);
 
 // bitsandbytes' 8-bit blockwise quantization of fp32 `x` with `code` (256 ascending values in
 // [-1, 1]): per block of `blocksize` its absmax, and each value's code index through a table of

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <map>
 
 #include "comm/dist_env.h"
 #include "core/dtype.h"
@@ -71,11 +72,13 @@ Shape model_shape(const PlanInputs& in) {
   if (in.model_dir.empty()) {
     s.mc = train::model_config_from_preset(in.settings.model);
     s.from = fmt::format("preset {}'s model section (random init)", in.settings.name);
+    train::apply_base_quant(in.settings.lora, in.settings.precision.mode, "", s.mc);
     return s;
   }
   const std::string cfg = (fs::path(in.model_dir) / "config.json").string();
   s.mc = model::load_model_config(cfg);
   s.from = cfg;
+  train::apply_base_quant(in.settings.lora, in.settings.precision.mode, in.model_dir, s.mc);
   // The headers only: the files are mapped, never read.
   const io::SafetensorsIndex index = io::SafetensorsIndex::open(in.model_dir);
   for (const auto& f : index.files()) s.file_bytes += static_cast<int64_t>(fs::file_size(f.path()));
@@ -381,9 +384,17 @@ void Planner::lay_out_parameters() {
   if (s_.lora.enabled)
     model::attach_lora(meta, train::lora_config_from_preset(s_.lora, in_.model_dir, &mc), 0,
                        /*shapes_only=*/true);
+  std::map<std::string, model::Nf4Shape> nf4;  // NF4 projections: their slot is the blob
+  for (const auto& p : meta.parameters())
+    if (p.nf4) nf4[p.name] = *p.nf4;
   for (const auto& q : parallel::param_specs(meta, s_.lora.enabled)) {
-    const int64_t numel =
-        q.full_shape.empty() ? q.slot->numel() : c10::multiply_integers(q.full_shape);
+    int64_t numel = q.full_shape.empty() ? q.slot->numel() : c10::multiply_integers(q.full_shape);
+    if (const auto it = nf4.find(q.name); it != nf4.end()) {
+      numel = it->second.numel();
+      p_.nf4_parameters += numel;
+      p_.nf4_bytes += it->second.bytes();
+      p_.largest_nf4 = std::max(p_.largest_nf4, numel);
+    }
     if (q.trained) p_.trained_parameters += numel;
     if (q.name.find("lora_") == std::string::npos) p_.parameters += numel;
     params_.push_back({q.name, q.slot->numel(), q.trained, q.decay, q.expert});
@@ -532,8 +543,15 @@ void Planner::device_memory() {
   if (!gpu_) d.push_back(retained);
   const Acts acts = activations(shape_.mc, s_, c_, gpu_);
   activation_items(acts);
+  // QLoRA: one projection dequantized while its product runs (forward, and backward for the
+  // input's gradient), never two at once.
+  const int64_t dequantized = p_.largest_nf4 * c_;
+  if (p_.largest_nf4 > 0)
+    d.push_back({"nf4_dequantized", "NF4 weight dequantized in flight", dequantized,
+                 fmt::format("the largest projection, {} elements x {} B, while its product runs",
+                             n3(p_.largest_nf4), c_)});
   const int64_t step_transient =
-      gathered.bytes + buckets.bytes + retained.bytes + acts.kept + acts.outside +
+      gathered.bytes + buckets.bytes + retained.bytes + acts.kept + acts.outside + dequantized +
       (gpu_ ? std::max(acts.logits, acts.backward) : acts.logits + acts.backward);
   const Item final_save = final_save_item();
   d.push_back(final_save);
@@ -554,12 +572,20 @@ void Planner::model_state_items() {
   auto on_dev = [&](int64_t total, int64_t host) { return gpu_ ? total - host : total; };
   auto where = [&](int64_t host) { return gpu_ && host > 0 ? " (offloaded to host memory)" : ""; };
   const std::string cdt = s_.precision.mode;
+  const int64_t plain = p_.parameters - p_.nf4_parameters +
+                        (s_.lora.enabled ? p_.trained_parameters : 0);  // not in NF4
   d.push_back(
       {"parameters",
-       fmt::format("parameters ({}{}){}", cdt, S > 1 ? " shards" : "", where(st_.host_param)),
+       fmt::format("parameters ({}{}{}){}", cdt,
+                   p_.nf4_parameters > 0 ? "; the base's projections in NF4" : "",
+                   S > 1 ? " shards" : "", where(st_.host_param)),
        on_dev(st_.param, st_.host_param),
-       fmt::format("{} elements{} x {} B{}",
-                   n3(p_.parameters + (s_.lora.enabled ? p_.trained_parameters : 0)), per, c_,
+       fmt::format("{} elements{} x {} B{}{}", n3(plain), per, c_,
+                   p_.nf4_parameters > 0
+                       ? fmt::format(" + {} projection parameters in NF4{}: {} (0.5 B each + "
+                                     "a 4 B absmax per block of 64)",
+                                     n3(p_.nf4_parameters), per, human_bytes(p_.nf4_bytes))
+                       : std::string(),
                    S > 1 ? ", padded to a multiple of the shard group" : "")});
   d.push_back(
       {"masters", fmt::format("fp32 masters{}", where(st_.host_master)),
@@ -1047,6 +1073,19 @@ void suggest_precision_and_lora(const PlanInputs& in, Plan& p) {
                  v.lora.enabled = true;
                  if (v.lora.r <= 0) v.lora.r = 16;
                });
+  // QLoRA: the frozen base's projections in NF4 (a quarter of bf16's bytes).
+  if (s.lora.quantize_base != "nf4" && p.nf4_parameters == 0 && s.precision.mode != "fp64")
+    try_change(in, p,
+               std::string(s.lora.enabled ? "" : "LoRA (r=16) with ") +
+                   "QLoRA's NF4 base (the frozen projections in 4 bits)",
+               s.lora.enabled
+                   ? std::vector<std::string>{"lora.quantize_base=nf4"}
+                   : std::vector<std::string>{"lora.enabled=true", "lora.quantize_base=nf4"},
+               [](config::Settings& v) {
+                 v.lora.enabled = true;
+                 if (v.lora.r <= 0) v.lora.r = 16;
+                 v.lora.quantize_base = "nf4";
+               });
 }
 
 // The fewest nodes that fit: double until one fits, then halve the gap.
@@ -1150,8 +1189,9 @@ std::string plan_text(const Plan& p) {
   auto line = [&](const Item& i) {
     o += fmt::format("  {:<52} {:>10}   {}\n", i.label, human_bytes(i.bytes), i.from);
   };
-  o += fmt::format("ft plan: {} parameters ({} trained) from {}\n", n3(p.parameters),
-                   n3(p.trained_parameters), p.model_from);
+  o += fmt::format(
+      "ft plan: {} parameters ({} trained{}) from {}\n", n3(p.parameters), n3(p.trained_parameters),
+      p.nf4_parameters > 0 ? fmt::format("; {} in NF4", n3(p.nf4_parameters)) : "", p.model_from);
   o += fmt::format("  {} node(s) x {} rank(s) on {}; strategy {}\n", p.layout.nnodes,
                    p.layout.nproc_per_node, p.layout.gpu ? "GPUs" : "CPU", p.strategy);
   o += fmt::format("\nper rank, on its {}: rank {} needs most ({})\n", p.device_name, p.rank,
@@ -1218,6 +1258,8 @@ json plan_json(const Plan& p) {
   j["strategy"] = p.strategy;
   j["parameters"] = p.parameters;
   j["trained_parameters"] = p.trained_parameters;
+  j["nf4_parameters"] = p.nf4_parameters;
+  j["nf4_bytes"] = p.nf4_bytes;
   j["tokens_per_micro_batch"] = p.tokens_per_micro_batch;
   j["layout"] = {{"nnodes", p.layout.nnodes},
                  {"nproc_per_node", p.layout.nproc_per_node},

@@ -81,6 +81,9 @@ struct Plan {
   std::string model_from;  // "--model DIR/config.json" or "preset tiny-demo's model section"
   std::string strategy;    // the strategy's label
   int64_t parameters = 0, trained_parameters = 0;
+  // QLoRA (lora.quantize_base=nf4, or a model saved in NF4): the projections' parameters held in
+  // NF4, their bytes (packed codes and fp32 absmax) and the largest one's (elements).
+  int64_t nf4_parameters = 0, nf4_bytes = 0, largest_nf4 = 0;
   int64_t tokens_per_micro_batch = 0;
   Layout layout;
   // The rank that needs most, and why.

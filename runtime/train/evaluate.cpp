@@ -164,6 +164,11 @@ EvalResult evaluate(const EvalOptions& o) {
            "data.format to auto, text, alpaca, chat or tokenized");
 
   model::ModelConfig mc = model::load_model_config(o.model_dir + "/config.json");
+  if (o.quantize_base == "nf4" && !mc.quant.in_files) {
+    mc.quant.nf4 = true;
+    mc.quant.double_quant = o.double_quant;
+    mc.validate(o.model_dir + "/config.json");
+  }
   BaseWeights weights(o.model_dir, mc, model_param_shapes(mc), /*seed=*/0);
   model::DecoderModel model(mc, at::TensorOptions().dtype(at::kFloat));
   model.set_fused_ops(o.fused);

@@ -374,6 +374,9 @@ void resolve_model(ExportPlan& p) {
   } else if (p.base_here) {
     p.mc = model::load_model_config((fs::path(p.base) / "config.json").string());
   }
+  // A QLoRA run's adapters were trained on the dequantized NF4 base: merged into that.
+  if (p.mc && p.run.lora && p.run.settings && !p.run.config)
+    apply_base_quant(p.run.settings->lora, p.run.precision, p.base, *p.mc);
   if (p.mc) p.params = model_param_shapes(*p.mc);
   if (p.run.lora)
     p.lc = p.run.lora_config

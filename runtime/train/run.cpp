@@ -357,6 +357,7 @@ void TrainingRun::choose_device() {
 void TrainingRun::build_model() {
   mc_ = o_.model_dir.empty() ? model_config_from_preset(s_.model)
                              : model::load_model_config(o_.model_dir + "/config.json");
+  apply_base_quant(s_.lora, s_.precision.mode, o_.model_dir, mc_);
   base_ = std::make_unique<BaseWeights>(o_.model_dir, mc_, model_param_shapes(mc_),
                                         static_cast<uint64_t>(s_.train.seed));
   dtype_ = parse_dtype(s_.precision.mode);
@@ -744,9 +745,13 @@ void TrainingRun::print_start() const {
   fmt::print(
       "ft train: {} parameters ({} trained), {} layers, hidden {}, {} precision, {} x {} "
       "sequences of {} tokens per step{}, {} steps{} -> {}\n",
-      mc_.num_parameters(), s_.lora.enabled ? "LoRA adapters" : "all", mc_.num_hidden_layers,
-      mc_.hidden_size, s_.precision.mode, s_.train.grad_accum, s_.train.micro_batch,
-      s_.data.seq_len,
+      mc_.num_parameters(),
+      !s_.lora.enabled ? "all"
+      : mc_.quant.nf4  ? (mc_.quant.in_files ? "LoRA adapters, on the base as saved in NF4"
+                                             : "LoRA adapters, on the base quantized to NF4")
+                       : "LoRA adapters",
+      mc_.num_hidden_layers, mc_.hidden_size, s_.precision.mode, s_.train.grad_accum,
+      s_.train.micro_batch, s_.data.seq_len,
       env_.world_size > 1 ? fmt::format(" on each of {} ranks", env_.world_size) : "", total_steps_,
       rows_per_epoch_ > 0 ? fmt::format(" ({} of {} sequences)", epochs_text(), rows_per_epoch_)
                           : "",

@@ -61,6 +61,24 @@ model::LoraConfig lora_config_from_preset(const config::LoraSettings& l,
   return c;
 }
 
+void apply_base_quant(const config::LoraSettings& lora, const std::string& precision,
+                      const std::string& model_dir, model::ModelConfig& model) {
+  if (lora.quantize_base == "nf4" && !model.quant.in_files) {
+    model.quant.nf4 = true;
+    model.quant.double_quant = lora.double_quant;
+  }
+  if (!model.quant.nf4) return;
+  const std::string what = model.quant.in_files
+                               ? model_dir + " is saved quantized (bitsandbytes 4-bit NF4)"
+                               : std::string("lora.quantize_base=nf4 quantizes the base");
+  FT_CHECK(lora.enabled, what,
+           ", which only LoRA can train on (the base stays frozen): set lora.enabled=true, or "
+           "give --model an unquantized model for a full fine-tune");
+  FT_CHECK(precision != "fp64", what,
+           ", which computes in fp32, bf16 or fp16, not precision.mode=", precision);
+  model.validate(model_dir.empty() ? "preset model" : model_dir + "/config.json");
+}
+
 void write_text_atomic(const std::string& path, const std::string& text) {
   io::write_file_durably(path, text);
 }

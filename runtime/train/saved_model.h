@@ -32,6 +32,13 @@ model::LoraConfig lora_config_from_preset(const config::LoraSettings& lora,
                                           const std::string& base_model,
                                           const model::ModelConfig* model = nullptr);
 
+// QLoRA: makes `model` hold its projections in NF4 when the preset asks (lora.quantize_base=nf4,
+// with lora.double_quant) or its files are already quantized (model.quant.in_files), and refuses
+// what cannot be: a quantized base without lora.enabled, NF4 under precision fp64.
+// `model_dir` names the model in messages ("" when from the preset).
+void apply_base_quant(const config::LoraSettings& lora, const std::string& precision,
+                      const std::string& model_dir, model::ModelConfig& model);
+
 // Writes the trained model to `dir`: a PEFT adapter (`tensors` are the adapters) when `lora` is
 // given, else HF-format safetensors + config.json (`tensors` are every weight, in the dtype to
 // store, `torch_dtype` in config.json). Every file is written to a temporary name and renamed into

@@ -8,7 +8,9 @@
 
 #include "ckpt/checkpoint.h"
 #include "core/error.h"
+#include "core/json.h"
 #include "model/lora.h"
+#include "model/quantized_linear.h"
 #include "parallel/strategy.h"
 
 namespace ft::train {
@@ -16,21 +18,31 @@ namespace ft::train {
 ParamShapes model_param_shapes(const model::ModelConfig& config) {
   model::DecoderModel shapes(config, at::TensorOptions().dtype(at::kFloat), /*materialize=*/false);
   ParamShapes out;
-  for (const auto& p : shapes.parameters()) out.emplace_back(p.name, p.tensor->sizes().vec());
+  for (const auto& p : shapes.parameters())
+    out.emplace_back(
+        p.name, p.nf4 ? std::vector<int64_t>{p.nf4->rows, p.nf4->cols} : p.tensor->sizes().vec());
   return out;
 }
 
 BaseWeights::BaseWeights(const std::string& model_dir, const model::ModelConfig& config,
                          const ParamShapes& params, uint64_t seed)
-    : params_(params), gen_(at::make_generator<at::CPUGeneratorImpl>(seed)) {
+    : params_(params), quant_(config.quant), gen_(at::make_generator<at::CPUGeneratorImpl>(seed)) {
   for (size_t i = 0; i < params_.size(); ++i) index_[params_[i].first] = i;
-  if (model_dir.empty()) {
-    shapes_ = std::make_unique<model::DecoderModel>(config, at::TensorOptions().dtype(at::kFloat),
-                                                    /*materialize=*/false);
-    return;
-  }
+  shapes_ = std::make_unique<model::DecoderModel>(config, at::TensorOptions().dtype(at::kFloat),
+                                                  /*materialize=*/false);
+  for (const auto& p : shapes_->parameters())
+    if (p.nf4) nf4_[p.name] = *p.nf4;
+  if (model_dir.empty()) return;
   files_ = std::make_unique<io::SafetensorsIndex>(io::SafetensorsIndex::open(model_dir));
   for (const auto& [name, shape] : params_) {
+    if (const model::Nf4Shape* q = nf4_of(name)) {
+      if (quant_.in_files) {
+        check_nf4_in_files(name, *q);
+        continue;
+      }
+      check_in_files(name, {q->rows, q->cols});
+      continue;
+    }
     if (!files_->has(name)) {
       auto pieces = model::expert_file_pieces(config, name);
       if (!pieces.empty() && files_->has(pieces.front().file_name)) pieces_[name] = pieces;
@@ -66,6 +78,94 @@ const std::vector<model::ExpertFilePiece>& BaseWeights::pieces_of(const std::str
   return it == pieces_.end() ? kNone : it->second;
 }
 
+const model::Nf4Shape* BaseWeights::nf4_of(const std::string& name) const {
+  const auto it = nf4_.find(name);
+  return it == nf4_.end() ? nullptr : &it->second;
+}
+
+// bitsandbytes' serialization of a Linear4bit weight (Params4bit /
+// QuantState.as_dict(packed=True)):
+// "<name>" the packed codes (uint8 [bytes, 1], or the bytes as bnb_4bit_quant_storage's dtype),
+// "<name>.absmax" (fp32, or uint8 with double quantization), "<name>.quant_map" (the 16 codes),
+// "<name>.nested_absmax" and "<name>.nested_quant_map" (double quantization), and
+// "<name>.quant_state.bitsandbytes__nf4", a JSON object in uint8 with quant_type, blocksize,
+// shape, dtype and nested_offset.
+void BaseWeights::check_nf4_in_files(const std::string& name, const model::Nf4Shape& q) {
+  const std::string state = name + ".quant_state.bitsandbytes__nf4";
+  for (const std::string& part : {name, name + ".absmax", name + ".quant_map", state})
+    FT_CHECK_T(FormatError, files_->has(part), files_->dir(), ": \"", part,
+               "\" is missing from the model files (config.json's quantization_config says "
+               "bitsandbytes 4-bit NF4: every decoder projection needs its packed weight, "
+               "absmax, quant_map and quant_state)");
+  const io::TensorInfo& packed = files_->info(name);
+  FT_CHECK_T(FormatError, packed.nbytes() == static_cast<size_t>(q.packed_bytes()),
+             files_->file_of(name).path(), ": ", name, " holds ", packed.nbytes(),
+             " bytes, but NF4 codes of a [", q.rows, ", ", q.cols, "] weight take ",
+             q.packed_bytes());
+  for (const std::string& part : {name + ".nested_absmax", name + ".nested_quant_map"})
+    FT_CHECK_T(FormatError, files_->has(part) == quant_.double_quant, files_->dir(), ": \"", part,
+               quant_.double_quant ? "\" is missing" : "\" is there",
+               ", but config.json's quantization_config has bnb_4bit_use_double_quant ",
+               quant_.double_quant ? "true" : "false");
+}
+
+model::Nf4Weight BaseWeights::nf4_from_files(const std::string& name, const model::Nf4Shape& q) {
+  const std::string state_key = name + ".quant_state.bitsandbytes__nf4";
+  const std::string where = files_->file_of(state_key).path() + ": " + state_key;
+  const at::Tensor state_bytes = files_->tensor(state_key).contiguous().view(at::kByte);
+  const std::string text(reinterpret_cast<const char*>(state_bytes.data_ptr<uint8_t>()),
+                         static_cast<size_t>(state_bytes.numel()));
+  const nlohmann::json state = parse_json<FormatError>(text, where);
+  auto field = [&](const char* key) -> const nlohmann::json& {
+    FT_CHECK_T(FormatError, state.contains(key), where, ": no \"", key, "\"");
+    return state.at(key);
+  };
+  FT_CHECK_T(FormatError, field("quant_type") == "nf4", where, ": quant_type ",
+             field("quant_type").dump(), " is not nf4");
+  FT_CHECK_T(FormatError, field("blocksize") == q.blocksize, where, ": blocksize ",
+             field("blocksize").dump(), " (ft reads NF4 in blocks of ", q.blocksize, ")");
+  FT_CHECK_T(FormatError, field("shape") == nlohmann::json::array({q.rows, q.cols}), where,
+             ": shape ", field("shape").dump(), " but config.json makes it [", q.rows, ", ", q.cols,
+             "]");
+  const at::Tensor code = files_->tensor(name + ".quant_map").to(at::kFloat);
+  const auto& nf4 = model::nf4_code();
+  FT_CHECK_T(
+      FormatError,
+      code.numel() == 16 && at::equal(code, at::tensor(std::vector<float>(nf4.begin(), nf4.end()))),
+      files_->file_of(name).path(), ": ", name,
+      ".quant_map is not the NF4 code table (another 4-bit type?)");
+  model::Nf4Weight w;
+  w.shape = {q.rows, q.cols};
+  w.blocksize = q.blocksize;
+  w.packed = files_->tensor(name).contiguous().view({-1}).view(at::kByte);
+  w.absmax = files_->tensor(name + ".absmax");
+  if (quant_.double_quant) {
+    w.nested_absmax = files_->tensor(name + ".nested_absmax").to(at::kFloat);
+    w.nested_code = files_->tensor(name + ".nested_quant_map").to(at::kFloat);
+    w.offset = static_cast<float>(field("nested_offset").get<double>());
+  } else {
+    w.absmax = w.absmax.to(at::kFloat);
+  }
+  return w;
+}
+
+const at::Tensor& BaseWeights::nf4_blob(const std::string& name, const model::Nf4Shape& q) {
+  if (blob_name_ == name) return blob_;
+  blob_ = at::Tensor();
+  if (files_ && quant_.in_files) {
+    blob_ = model::nf4_blob(nf4_from_files(name, q));
+    for (const char* part : {"", ".absmax", ".nested_absmax"})
+      if (files_->has(name + part))
+        bytes_read_ += static_cast<int64_t>(files_->info(name + part).nbytes());
+  } else {
+    at::Tensor w = files_ ? files_->tensor(name) : draw(index_of(name));
+    if (files_) bytes_read_ += static_cast<int64_t>(files_->info(name).nbytes());
+    blob_ = model::nf4_blob(model::quantize_nf4(w, quant_.double_quant, q.blocksize));
+  }
+  blob_name_ = name;
+  return blob_;
+}
+
 size_t BaseWeights::index_of(const std::string& name) const {
   auto it = index_.find(name);
   FT_ASSERT(it != index_.end(), "not a parameter of the model: ", name);
@@ -93,6 +193,10 @@ at::Tensor BaseWeights::draw(size_t index) {
 
 void BaseWeights::read_range(const std::string& name, int64_t begin, int64_t end,
                              const at::Tensor& dst) {
+  if (const model::Nf4Shape* q = nf4_of(name)) {
+    dst.view({-1}).copy_(nf4_blob(name, *q).view(dst.scalar_type()).slice(0, begin, end));
+    return;
+  }
   if (!files_) {
     dst.copy_(draw(index_of(name)).reshape({-1}).slice(0, begin, end));
     return;
@@ -115,6 +219,7 @@ void BaseWeights::read_range(const std::string& name, int64_t begin, int64_t end
 }
 
 void BaseWeights::copy_to(const std::string& name, const at::Tensor& dst) {
+  if (nf4_of(name)) return read_range(name, 0, dst.numel(), dst);
   if (!files_) {
     dst.copy_(draw(index_of(name)));
     return;
@@ -125,6 +230,8 @@ void BaseWeights::copy_to(const std::string& name, const at::Tensor& dst) {
 }
 
 at::Tensor BaseWeights::fp32(const std::string& name, at::ScalarType compute) {
+  if (const model::Nf4Shape* q = nf4_of(name))
+    return model::dequantize_blob(nf4_blob(name, *q), *q, at::kFloat);
   if (files_ && !pieces_of(name).empty()) {
     const at::Tensor out = at::empty(params_[index_of(name)].second, at::kFloat);
     read_range(name, 0, out.numel(), out);

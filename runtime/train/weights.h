@@ -28,14 +28,18 @@ namespace ft::train {
 // Parameter names with their shapes, in file order.
 using ParamShapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 
-// Every parameter `config` gives the model, in file order (a tied head is the embedding).
+// Every parameter `config` gives the model, in file order (a tied head is the embedding); an NF4
+// projection with its own shape [rows, cols], not its blob's.
 ParamShapes model_param_shapes(const model::ModelConfig& config);
 
 class BaseWeights {
  public:
   // `model_dir`: its safetensors files, FormatError naming the file and the weight unless every
   // parameter of `params` is there with its shape. "": transformers' random init of `config`
-  // drawn from `seed`, in parameter order, one tensor at a time.
+  // drawn from `seed`, in parameter order, one tensor at a time. With an NF4 base
+  // (config.quant) a quantized projection's values are its blob (model/nf4.h), in the elements
+  // of the dtype it is read into: quantized from the weight as read (each rank quantizes the
+  // whole weight, one at a time), or assembled from bitsandbytes' tensors (quant.in_files).
   BaseWeights(const std::string& model_dir, const model::ModelConfig& config,
               const ParamShapes& params, uint64_t seed);
 
@@ -45,7 +49,7 @@ class BaseWeights {
   // The whole parameter into `dst` (its shape), converted to its dtype.
   void copy_to(const std::string& name, const at::Tensor& dst);
   // The whole parameter in fp32, as a run computing in `compute` held it (a random init rounded
-  // to that dtype; file weights as stored).
+  // to that dtype; file weights as stored; an NF4 projection dequantized, [rows, cols]).
   at::Tensor fp32(const std::string& name, at::ScalarType compute);
   // Bytes read from the model files so far.
   int64_t bytes_read() const { return bytes_read_; }
@@ -64,6 +68,13 @@ class BaseWeights {
   void check_in_files(const std::string& name, const std::vector<int64_t>& shape);
   // The per-expert pieces `name` is read from (empty: read under its own name).
   const std::vector<model::ExpertFilePiece>& pieces_of(const std::string& name) const;
+  // NF4 projections: the shape of `name`'s blob (null: not quantized), the checks of a quantized
+  // checkpoint's tensors, and the blob itself (uint8; the last one made is kept, as a sharded
+  // load reads each weight's slices one after another).
+  const model::Nf4Shape* nf4_of(const std::string& name) const;
+  void check_nf4_in_files(const std::string& name, const model::Nf4Shape& shape);
+  const at::Tensor& nf4_blob(const std::string& name, const model::Nf4Shape& shape);
+  model::Nf4Weight nf4_from_files(const std::string& name, const model::Nf4Shape& shape);
 
   std::unique_ptr<io::SafetensorsIndex> files_;
   ParamShapes params_;
@@ -71,6 +82,10 @@ class BaseWeights {
   std::unique_ptr<model::DecoderModel> shapes_;  // meta model: init_value
   // Parameters the files hold in the per-expert layout, with their pieces.
   std::map<std::string, std::vector<model::ExpertFilePiece>> pieces_;
+  model::BaseQuant quant_;
+  std::map<std::string, model::Nf4Shape> nf4_;
+  std::string blob_name_;
+  at::Tensor blob_;
   at::Generator gen_;
   size_t next_ = 0;                 // the parameter gen_ draws next
   std::vector<at::Tensor> states_;  // generator state before parameter i, for i < next_

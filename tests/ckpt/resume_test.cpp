@@ -55,7 +55,7 @@ bool same_file(const std::string& a, const std::string& b) { return read_file(a)
 // weights are the same bytes and metrics.jsonl holds each step once with the same loss.
 void check_killed_runs_resume(
     const std::function<std::vector<std::string>(const std::string&)>& argv,
-    const std::vector<unsigned>& seeds) {
+    const std::vector<unsigned>& seeds, const std::string& weights = "model.safetensors") {
   const std::string ref = make_temp_dir() + "/ref";
   Finished r = run(argv(ref));
   INFO(output_tail(r.output));
@@ -85,7 +85,7 @@ void check_killed_runs_resume(
     INFO(output_tail(again.output));
     REQUIRE(again.code == 0);
     if (committed) CHECK_THAT(again.output, Catch::Contains("resuming from"));
-    CHECK(same_file(ref + "/final/model.safetensors", out + "/final/model.safetensors"));
+    CHECK(same_file(ref + "/final/" + weights, out + "/final/" + weights));
     // metrics.jsonl holds each step once, with the uninterrupted run's losses.
     auto a = read_metrics(ref), b = read_metrics(out);
     REQUIRE(b.size() == a.size());
@@ -118,6 +118,35 @@ TEST_CASE("a Gemma 3 run killed with SIGKILL at a random step resumes bit-identi
         return ft_train_argv({"--preset", "tiny-demo", "--model", model, "--output", out}, sets);
       },
       {2u});  // killed after 9 steps: past the checkpoint of step 4 (and perhaps 8)
+}
+
+// QLoRA (issue 33): LoRA on the NF4 base transformers + bitsandbytes saved
+// (tests/model/fixtures/qlora), 2 ranks under zero3 with the packed weights sharded; the launcher
+// killed with SIGKILL and the job started again continues to the same adapter bytes.
+TEST_CASE("a QLoRA run on 2 ranks killed with SIGKILL resumes bit-identical", "[multiproc]") {
+  const std::string model = std::string(FT_TEST_DIR) + "/model/fixtures/qlora/llama_nf4";
+  const std::vector<std::string> sets = {"precision.mode=fp32",
+                                         "data.seq_len=32",
+                                         "train.lr=3e-3",
+                                         "train.warmup_steps=2",
+                                         "train.log_every=100",
+                                         "train.eps=1e-6",
+                                         "train.max_steps=12",
+                                         "output.save_every=4",
+                                         "output.keep_last=3",
+                                         "lora.enabled=true",
+                                         "lora.r=4",
+                                         "lora.dropout=0",
+                                         "train.micro_batch=2",
+                                         "strategy.kind=zero3",
+                                         "strategy.zero3.param_persistence_threshold=0"};
+  check_killed_runs_resume(
+      [&](const std::string& out) {
+        return ft_launch_argv(
+            {"--nproc-per-node", "2", "--master-port", std::to_string(free_port())},
+            ft_train_argv({"--preset", "tiny-lora", "--model", model, "--output", out}, sets));
+      },
+      {3u}, "adapter_model.safetensors");
 }
 
 TEST_CASE("SIGTERM to the launcher: every rank checkpoints, exit 75, the same command continues",

@@ -18,8 +18,8 @@ using nlohmann::json;
 TEST_CASE("every shipped preset resolves and validates", "[unit]") {
   std::vector<std::string> names;
   for (const auto& p : shipped_presets()) names.push_back(p.name);
-  for (const char* want :
-       {"tiny-demo", "tiny-lora", "lora-7b", "full-7b", "lora-70b", "full-70b", "lora", "full"})
+  for (const char* want : {"tiny-demo", "tiny-lora", "lora-7b", "full-7b", "lora-70b", "qlora-70b",
+                           "full-70b", "lora", "full"})
     CHECK(std::find(names.begin(), names.end(), want) != names.end());
   for (const auto& n : names) {
     INFO(n);

@@ -316,11 +316,16 @@ TEST_CASE("config.json: both rope formats, refusals name the file and key", "[un
                                             R"(, "model_type": "llama",
                                                "partial_rotary_factor": 0.5})")),
                     Catch::Contains("partial_rotary_factor 0.5 is not supported"));
-  // Weights saved quantized: refused naming the method, before any weight's shape is compared.
+  // Weights saved quantized: bitsandbytes' NF4 is QLoRA's base (tests/model/qlora_test.cpp);
+  // every other method is refused naming it, before any weight's shape is compared.
+  const ModelConfig nf4 = load_model_config(write("{" + base + R"(, "quantization_config": {
+      "quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4",
+      "bnb_4bit_use_double_quant": true}})"));
+  CHECK((nf4.quant.nf4 && nf4.quant.in_files && nf4.quant.double_quant));
   CHECK_THROWS_WITH(load_model_config(write("{" + base + R"(, "quantization_config": {
-      "quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4"}})")),
+      "quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "fp4"}})")),
                     Catch::Contains("quantization_config: the weights are saved quantized "
-                                    "(bitsandbytes 4-bit nf4)") &&
+                                    "(bitsandbytes 4-bit fp4)") &&
                         Catch::Contains("give --model the model this one was quantized from"));
   CHECK_THROWS_WITH(load_model_config(write("{" + base + R"(, "quantization_config": {
       "quant_method": "bitsandbytes", "load_in_8bit": true}})")),

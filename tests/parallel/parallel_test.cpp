@@ -208,6 +208,30 @@ TEST_CASE("LoRA under every strategy follows the 1-rank run", "[multiproc]") {
   }
 }
 
+// QLoRA (issue 33): the fp32 fixture quantized to NF4 as it is read (double quantization), its
+// packed weights sharded under zero3 (no persistence threshold) and fsdp, replicated under ddp.
+TEST_CASE("QLoRA on an NF4 base: zero3 and fsdp at 2 and 3 ranks, and ddp, follow the 1-rank run",
+          "[multiproc]") {
+  const std::string model = std::string(FT_TEST_DIR) + "/model/fixtures/qlora/llama_base";
+  const std::vector<std::string> qlora = {"lora.enabled=true",      "lora.r=4",
+                                          "lora.alpha=8",           "lora.dropout=0",
+                                          "train.lr=3e-3",          "lora.quantize_base=nf4",
+                                          "lora.double_quant=true", "data.seq_len=32"};
+  Job ref = run_job(1, with(qlora, {"train.micro_batch=6"}), {}, model);
+  CHECK_THAT(ref.output, Catch::Contains("on the base quantized to NF4"));
+  for (const auto& [nproc, v] : std::vector<std::pair<int, std::vector<std::string>>>{
+           {2, {"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0"}},
+           {3, {"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0"}},
+           {2, {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"}},
+           {3, {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"}},
+           {2, {"strategy.kind=ddp"}}}) {
+    INFO(nproc << " ranks: " << v[0]);
+    const std::string micro = "train.micro_batch=" + std::to_string(6 / nproc);
+    check_same_run(ref, run_job(nproc, with(with(qlora, v), {micro}), {}, model),
+                   "adapter_model.safetensors");
+  }
+}
+
 TEST_CASE("on 4 ranks zero3 and FULL_SHARD hold a quarter of ddp's state plus one unit",
           "[multiproc]") {
   const std::vector<std::string> small = {"train.max_steps=2", "train.micro_batch=2"};

@@ -215,6 +215,26 @@ TEST_CASE("plan state bytes equal the run's at world size 1", "[multiproc]") {
   check_state_exact({"ddp", {"strategy.kind=ddp"}, 1, 1});
 }
 
+// QLoRA (issue 33): the projections' NF4 blobs counted as the engine holds them (bf16 and fp32
+// elements of the same bytes), sharded or replicated.
+TEST_CASE("plan state bytes equal the run's for QLoRA at 1 and 2 ranks", "[multiproc]") {
+  for (const Layout& l :
+       {Layout{"ddp", {"strategy.kind=ddp"}, 1, 1}, Layout{"ddp", {"strategy.kind=ddp"}, 1, 2},
+        Layout{
+            "zero3", {"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0"}, 1, 2},
+        Layout{"fsdp", {"strategy.kind=fsdp"}, 1, 2}})
+    for (const std::string precision : {"fp32", "bf16"}) {
+      INFO(l.name << " on " << l.nproc << " ranks, " << precision);
+      const std::vector<std::string> sets =
+          with(with(small_run_sets(), l.sets),
+               {"precision.mode=" + precision, "train.max_steps=1", "hardware.device=cpu",
+                "lora.enabled=true", "lora.r=4", "lora.quantize_base=nf4"});
+      const json plan = plan_json(sets, l.nnodes, l.nproc);
+      CHECK(plan["nf4_parameters"].get<int64_t>() > 0);
+      check_ranks_match(run_job(sets, l.nnodes, l.nproc), plan);
+    }
+}
+
 TEST_CASE("plan state bytes equal the run's at world size 2, every strategy", "[multiproc]") {
   for (Layout l : kStrategies) {
     l.nproc = 2;

@@ -175,6 +175,49 @@ TEST_CASE("a plan that does not fit says by how much and re-plans each suggestio
   CHECK(j["suggestions"].size() == p.suggestions.size());
 }
 
+// Issue 33's case: LoRA on a 70B model does not fit 4 GPUs of 24 GB; the plan suggests QLoRA, and
+// the qlora-70b preset (NF4 base, sequences of 2048) fits, its projections counted at 0.5 B per
+// parameter plus a 4 B absmax per 64 and one dequantized in flight.
+TEST_CASE("QLoRA: LoRA-70B on 4 x 24 GB is suggested an NF4 base, and qlora-70b fits", "[unit]") {
+  plan::PlanInputs in;
+  in.settings = config::resolve_settings("lora-70b", {});
+  in.layout = {1, 4, true};
+  in.budget.gpu_bytes = int64_t{24} << 30;
+  in.budget.host_bytes = int64_t{256} << 30;
+  const plan::Plan p = plan::make_plan(in);
+  REQUIRE_FALSE(p.fits());
+  CHECK(p.nf4_parameters == 0);
+  bool suggested = false;
+  for (const auto& s : p.suggestions)
+    if (s.what.find("NF4") != std::string::npos) {
+      suggested = true;
+      CHECK(s.sets == std::vector<std::string>{"lora.quantize_base=nf4"});
+      CHECK(s.device_bytes < p.device_peak - (int64_t{20} << 30));  // 3/4 of 35 GiB of base gone
+    }
+  CHECK(suggested);
+
+  in.settings = config::resolve_settings("qlora-70b", {});
+  const plan::Plan q = plan::make_plan(in);
+  CHECK(q.fits());
+  // Every projection of the 80 layers: q, k, v, o and the three MLP ones.
+  const int64_t h = 8192, kv = 1024, inter = 28672;
+  const int64_t per_layer = 2 * h * h + 2 * h * kv + 3 * h * inter;
+  CHECK(q.nf4_parameters == 80 * per_layer);
+  CHECK(q.nf4_bytes == 80 * per_layer / 2 + 80 * per_layer / 64 * 4);
+  CHECK(q.parameters == p.parameters);
+  CHECK(q.trained_parameters == p.trained_parameters);
+  bool dequantized = false;
+  for (const auto& i : q.device) {
+    if (i.key == "nf4_dequantized") {
+      dequantized = true;
+      CHECK(i.bytes == h * inter * 2);  // the largest projection in bf16
+    }
+    if (i.key == "parameters") CHECK_THAT(i.from, Catch::Contains("in NF4"));
+  }
+  CHECK(dequantized);
+  CHECK(plan::plan_json(q)["nf4_parameters"] == q.nf4_parameters);
+}
+
 TEST_CASE("sizes: units, and a clear error for anything else", "[unit]") {
   CHECK(plan::parse_size("80GiB", "--gpu-memory") == int64_t{80} << 30);
   CHECK(plan::parse_size("768 GB", "--host-memory") == int64_t{768} * 1000 * 1000 * 1000);

@@ -57,11 +57,13 @@ struct Bench {
     return run_ft(args, *this / log);
   }
   std::string log(const std::string& name) const { return read_file(*this / name); }
-  // ft eval's mean token loss of a model (and adapter).
-  double loss(const std::string& model, const std::string& adapter = "") {
+  // ft eval's mean token loss of a model (and adapter), with `sets` after the data's.
+  double loss(const std::string& model, const std::string& adapter = "",
+              const std::vector<std::string>& sets = {}) {
     std::vector<std::string> a = {"eval", "--model", model};
     if (!adapter.empty()) a.insert(a.end(), {"--adapter", adapter});
     a.insert(a.end(), data.begin(), data.end());
+    for (const auto& s : sets) a.insert(a.end(), {"--set", s});
     const std::string log = *this / ("eval" + std::to_string(evals++) + ".log");
     REQUIRE(run_ft(a, log) == 0);
     const std::string text = read_file(log);
@@ -181,6 +183,38 @@ TEST_CASE("ft export --merge-lora of a LoRA run on a random base draws the base 
   const double adapted = b.loss(b / "init/final", b / "lora/final");
   CHECK(std::abs(adapted - b.loss(b / "init/final")) > 1e-3);
   CHECK(std::abs(b.loss(b / "merged") - adapted) <= 1e-5);
+}
+
+// QLoRA (issue 33): adapters trained on the base quantized to NF4 as it was read. ft eval with
+// lora.quantize_base=nf4 holds the base as the run did; the merge folds the adapters into the
+// dequantized base, and the merged model (plain weights, no quantization_config) scores the same.
+TEST_CASE("ft export of a QLoRA run: the adapter on the NF4 base, merged into the dequantized base",
+          "[multiproc]") {
+  Bench b;
+  b.train("base", "tiny-demo", {"train.max_steps=2"});
+  const std::string base = b / "base/final";
+  b.train("qlora", "tiny-lora",
+          {"train.max_steps=4", "output.save_every=4", "train.lr=1e-2", "lora.dropout=0",
+           "lora.quantize_base=nf4"},
+          base);
+  CHECK_THAT(b.log("qlora.log"), Catch::Contains("on the base quantized to NF4"));
+  const double plain = b.loss(base), nf4 = b.loss(base, "", {"lora.quantize_base=nf4"});
+  CHECK(nf4 != plain);                          // 4 bits change the model a little
+  CHECK(std::abs(nf4 - plain) < 0.05 * plain);  // and only a little
+  const double adapted = b.loss(base, b / "qlora/final", {"lora.quantize_base=nf4"});
+  CHECK(std::abs(adapted - nf4) > 1e-3);  // the adapters matter
+
+  REQUIRE(b.export_({"--checkpoint", b / "qlora", "--output", b / "merged", "--merge-lora"},
+                    "merged.log") == 0);
+  const auto cfg = nlohmann::json::parse(read_file(b / "merged/config.json"));
+  CHECK_FALSE(cfg.contains("quantization_config"));
+  CHECK(std::abs(b.loss(b / "merged") - adapted) <= 1e-5);
+  // The adapter alone: the same file the run wrote.
+  REQUIRE(
+      b.export_({"--checkpoint", b / "qlora/checkpoints/step-000000004", "--output", b / "adapter"},
+                "adapter.log") == 0);
+  CHECK(read_file(b / "adapter/adapter_model.safetensors") ==
+        read_file(b / "qlora/final/adapter_model.safetensors"));
 }
 
 TEST_CASE("ft export reads checkpoints that several ranks saved in pieces", "[multiproc]") {

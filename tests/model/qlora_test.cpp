@@ -1,0 +1,195 @@
+// QLoRA (issue 33) against transformers + PEFT + bitsandbytes 0.50.2 on the CPU
+// (tests/model/fixtures/qlora, written by make_qlora_fixtures.py): a tiny model quantized by ft
+// as it reads the fp32 weights holds the bytes bitsandbytes saved; with a PEFT adapter on the
+// quantized model ft's loss and adapter gradients equal PEFT's, and so do the losses and the
+// adapter over three AdamW steps. Also the NF4 projection's own forward and backward, and
+// what is refused.
+#include "support/catch_torch.h"
+// (catch_torch.h first: c10 defines a CHECK macro of its own)
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "model/decoder.h"
+#include "model/lora.h"
+#include "model/nf4.h"
+#include "model/quantized_linear.h"
+#include "support/numerics.h"
+#include "support/subprocess.h"
+#include "train/optimizer.h"
+#include "train/weights.h"
+
+using namespace ft;
+using namespace ft::model;
+
+namespace {
+
+std::string qlora_dir() { return std::string(FT_TEST_DIR) + "/model/fixtures/qlora/"; }
+
+double rel(const at::Tensor& a, const at::Tensor& b) { return test::rel_error(a, b); }
+
+// The model of `dir` as ft train reads it; `quantize` asks for NF4 as lora.quantize_base does
+// (a directory saved quantized is read as NF4 whatever it says).
+DecoderModel load_quantized(const std::string& dir, bool quantize, bool double_quant,
+                            at::ScalarType dtype = at::kFloat) {
+  ModelConfig c = load_model_config(dir + "/config.json");
+  if (quantize && !c.quant.in_files) {
+    c.quant.nf4 = true;
+    c.quant.double_quant = double_quant;
+  }
+  DecoderModel m(c, at::TensorOptions().dtype(dtype));
+  train::BaseWeights w(dir, c, train::model_param_shapes(c), 0);
+  m.load([&](const std::string& name, at::Tensor& dst) { w.copy_to(name, dst); });
+  return m;
+}
+
+// The PEFT in-memory name of an adapter tensor ("...lora_A.default.weight").
+std::string peft_memory_name(const std::string& name) {
+  return name.substr(0, name.size() - 6) + "default.weight";
+}
+
+}  // namespace
+
+TEST_CASE("An NF4 projection computes with the dequantized weight, forward and backward",
+          "[unit]") {
+  at::manual_seed(3);
+  const at::Tensor w = at::randn({96, 128}) * 0.05;
+  const Nf4Weight q = quantize_nf4(w, /*double_quant=*/true);
+  const Nf4Shape s = nf4_shape(q);
+  const at::Tensor blob = nf4_blob(q);
+  REQUIRE(blob.numel() == s.bytes());
+  CHECK(s.bytes() == 96 * 128 / 2 + 4 * (96 * 128 / 64));
+  for (const auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    INFO(dtype);
+    // The blob as a model holds it (in elements of its dtype) dequantizes to dequantize_nf4's
+    // values, rounded once.
+    const at::Tensor held = blob.view(dtype);
+    CHECK(held.numel() == s.elements(dtype));
+    CHECK(at::equal(dequantize_blob(held, s, dtype), dequantize_nf4(q, dtype)));
+  }
+  const at::Tensor dense = dequantize_nf4(q, at::kFloat);
+  const at::Tensor x = at::randn({2, 5, 128}).requires_grad_(true);
+  const at::Tensor x2 = x.detach().clone().requires_grad_(true);
+  const at::Tensor y = nf4_linear(x, blob.view(at::kFloat), s);
+  const at::Tensor y2 = at::linear(x2, dense);
+  CHECK(rel(y, y2) < 1e-6);
+  const at::Tensor g = at::randn(y.sizes());
+  y.backward(g);
+  y2.backward(g);
+  CHECK(rel(x.grad(), x2.grad()) < 1e-6);
+  CHECK_THROWS_WITH(nf4_linear(at::randn({3, 64}), blob.view(at::kFloat), s),
+                    Catch::Contains("given input"));
+}
+
+TEST_CASE(
+    "NF4 at load equals bitsandbytes' saved bytes, and QLoRA's loss, gradients and steps PEFT's",
+    "[unit]") {
+  for (const std::string name : {"llama", "qwen2"}) {
+    DYNAMIC_SECTION(name) {
+      const std::string nf4_dir = qlora_dir() + name + "_nf4";
+      const ModelConfig saved = load_model_config(nf4_dir + "/config.json");
+      REQUIRE(saved.quant.nf4);
+      REQUIRE(saved.quant.in_files);
+      DecoderModel from_files = load_quantized(nf4_dir, true, saved.quant.double_quant);
+      DecoderModel at_load =
+          load_quantized(qlora_dir() + name + "_base", true, saved.quant.double_quant);
+      int quantized = 0;
+      auto a = from_files.parameters(), b = at_load.parameters();
+      REQUIRE(a.size() == b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        INFO(a[i].name);
+        CHECK((a[i].nf4 != nullptr) == (b[i].nf4 != nullptr));
+        quantized += a[i].nf4 != nullptr;
+        // The blobs' bits (as bytes: packed codes read as floats may be NaNs), every other weight.
+        CHECK(at::equal(a[i].tensor->view(at::kByte), b[i].tensor->view(at::kByte)));
+      }
+      CHECK(quantized == 2 * 7);  // every projection of both layers; not the head or embeddings
+
+      // PEFT's adapter on the quantized model: loss and adapter gradients, then three AdamW steps.
+      DecoderModel& m = from_files;
+      const std::string adapter_dir = qlora_dir() + name + "_adapter";
+      const LoraConfig lc = load_lora_config(adapter_dir + "/adapter_config.json");
+      attach_lora(m, lc, 0);
+      train::load_adapter(m, adapter_dir);
+      auto params = lora_parameters(m);
+      std::vector<train::AdamW::Param> opt_params;
+      for (auto& p : params) {
+        p.tensor->requires_grad_(true);
+        opt_params.emplace_back(*p.tensor, true);
+      }
+      train::AdamWOptions ao;
+      ao.weight_decay = 0.0;
+      train::AdamW opt(opt_params, ao);
+      auto expected = io::SafetensorsFile::open(qlora_dir() + name + "_expected.safetensors");
+      const at::Tensor ids = expected.tensor("input_ids"), labels = expected.tensor("labels");
+      for (int step = 0; step <= 3; ++step) {
+        INFO("step " << step);
+        for (auto& p : params) p.tensor->mutable_grad() = at::Tensor();
+        const LossSum ls = causal_lm_loss_sum(m.forward(ids, {}, /*training=*/true), labels);
+        const at::Tensor loss = ls.sum / static_cast<double>(ls.tokens);
+        const double want = expected.tensor("loss." + std::to_string(step)).item<double>();
+        CHECK(std::abs(loss.item<double>() - want) / want < 1e-5);
+        if (step == 3) break;
+        loss.backward();
+        if (step == 0)
+          for (auto& p : params) {
+            INFO(p.name);
+            CHECK(rel(p.tensor->grad(), expected.tensor("grad." + peft_memory_name(p.name))) <
+                  1e-4);
+          }
+        opt.step(1e-2);
+      }
+      for (auto& p : params) {
+        INFO(p.name);
+        CHECK(rel(*p.tensor, expected.tensor("final." + peft_memory_name(p.name))) < 1e-4);
+      }
+    }
+  }
+}
+
+TEST_CASE("A quantized base is held in NF4 in bf16 too, and refused where it cannot be", "[unit]") {
+  // In bf16 the blob is the same bytes, in half as many elements as in fp32.
+  DecoderModel f32 = load_quantized(qlora_dir() + "llama_nf4", true, true);
+  DecoderModel b16 = load_quantized(qlora_dir() + "llama_nf4", true, true, at::kBFloat16);
+  auto a = f32.parameters(), b = b16.parameters();
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].nf4) {
+      INFO(a[i].name);
+      CHECK(b[i].tensor->numel() == 2 * a[i].tensor->numel());
+      CHECK(at::equal(a[i].tensor->view(at::kByte), b[i].tensor->view(at::kByte)));
+    }
+  const at::Tensor ids = at::arange(12).view({1, 12});
+  CHECK(rel(b16.forward(ids).to(at::kFloat), f32.forward(ids)) < 2e-2);
+
+  const std::string dir = test::make_temp_dir();
+  auto write_config = [&](const std::string& quantization) {
+    std::ifstream in(qlora_dir() + "llama_base/config.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    text.insert(text.find('{') + 1, "\"quantization_config\": " + quantization + ",");
+    std::ofstream(dir + "/config.json") << text;
+    return dir + "/config.json";
+  };
+  using Catch::Contains;
+  CHECK_THROWS_WITH(
+      load_model_config(write_config(
+          R"({"quant_method": "bitsandbytes", "load_in_4bit": true,
+                            "bnb_4bit_quant_type": "fp4"})")),
+      Contains("bitsandbytes 4-bit fp4") && Contains("bitsandbytes 4-bit NF4 checkpoints only"));
+  CHECK_THROWS_WITH(load_model_config(write_config(R"({"quant_method": "gptq", "bits": 4})")),
+                    Contains("(gptq)"));
+  CHECK_THROWS_WITH(
+      load_model_config(write_config(
+          R"({"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4",
+              "llm_int8_skip_modules": ["o_proj"]})")),
+      Contains("llm_int8_skip_modules"));
+  // A checkpoint whose config says NF4 but whose files lack a projection's state.
+  std::filesystem::copy(qlora_dir() + "llama_base/model.safetensors", dir + "/model.safetensors");
+  const ModelConfig c = load_model_config(write_config(
+      R"({"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4"})"));
+  CHECK_THROWS_WITH(train::BaseWeights(dir, c, train::model_param_shapes(c), 0),
+                    Contains("model.layers.0.self_attn.q_proj.weight.absmax\" is missing"));
+}
