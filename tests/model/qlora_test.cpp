@@ -193,3 +193,39 @@ TEST_CASE("A quantized base is held in NF4 in bf16 too, and refused where it can
   CHECK_THROWS_WITH(train::BaseWeights(dir, c, train::model_param_shapes(c), 0),
                     Contains("model.layers.0.self_attn.q_proj.weight.absmax\" is missing"));
 }
+
+// Every family's projections take NF4 (tests/model/fixtures: FAMILIES.md): the quantized model
+// computes what the same model with each projection replaced by its dequantized weight does,
+// through each family's own attention, norms and fused projections (Phi-3's qkv and gate_up).
+TEST_CASE("Every family computes with NF4 projections what it computes with their dequantized "
+          "weights",
+          "[unit]") {
+  const std::string root = std::string(FT_TEST_DIR) + "/model/fixtures";
+  int families = 0;
+  for (const auto& e : std::filesystem::directory_iterator(root)) {
+    const std::string dir = e.path().string();
+    if (!std::filesystem::exists(dir + "/config.json") ||
+        !std::filesystem::exists(dir + "/model.safetensors"))
+      continue;
+    if (load_model_config(dir + "/config.json").moe.enabled()) continue;
+    DYNAMIC_SECTION(e.path().filename().string()) {
+      DecoderModel q = load_quantized(dir, true, false);
+      DecoderModel dense = load_quantized(dir, false, false);
+      auto qp = q.parameters(), dp = dense.parameters();
+      REQUIRE(qp.size() == dp.size());
+      int replaced = 0;
+      for (size_t i = 0; i < qp.size(); ++i)
+        if (qp[i].nf4) {
+          at::NoGradGuard g;
+          dp[i].tensor->copy_(dequantize_blob(*qp[i].tensor, *qp[i].nf4, at::kFloat));
+          ++replaced;
+        }
+      CHECK(replaced >= 4 * q.config().num_hidden_layers);  // at least qkv, o, gate_up, down
+      const at::Tensor ids = at::arange(1, 40).remainder(q.config().vocab_size).view({1, 39});
+      at::NoGradGuard g;
+      CHECK(rel(q.forward(ids), dense.forward(ids)) < 1e-5);
+      ++families;
+    }
+  }
+  CHECK(families >= 1);
+}

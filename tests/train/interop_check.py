@@ -12,6 +12,10 @@ fixture tokenizer beside it, and a small text JSONL. Then:
   3. `ft export` of each run's last checkpoint: transformers loads the exported model (also
      sharded, with its index), PEFT the exported adapter, and transformers the `--merge-lora`
      model; each gives the loss of the model `ft train` wrote, within the same tolerance.
+  4. QLoRA (with bitsandbytes): a base of hidden size 64 saved quantized to NF4 by transformers +
+     bitsandbytes (double quantization); ft eval of it equals transformers'; `ft train` LoRA on
+     it, and on the fp32 base with lora.quantize_base=nf4 (the same adapter bytes: the same NF4
+     weights); PEFT loads the adapter on the quantized model with ft eval's loss.
 
 The untrained base is compared too, and each trained model must lower the loss by more than 10x
 the tolerance, so a file that loads but is ignored fails. Exit status: 0 pass, 1 mismatch or failure, 77 skipped (this Python
@@ -221,7 +225,71 @@ def interop(ft, work):
     if loaded == 0:
         print("FAIL PeftModel holds no LoRA tensors")
         ok = False
+    ok &= qlora_interop(ft, work, records, eval_path, train_path)
     print("interop: " + ("all checks passed" if ok else "FAILED") + f" ({work})")
+    return ok
+
+
+def qlora_interop(ft, work, records, eval_path, train_path):
+    """Step 4. The projections' last dimension is a multiple of 64: bitsandbytes 0.50.2's CPU
+    dequantize kernel misplaces blocks otherwise (tests/model/fixtures/make_nf4_fixtures.py)."""
+    try:
+        import bitsandbytes  # noqa: F401
+        from transformers import BitsAndBytesConfig
+    except ImportError as e:
+        ci = os.environ.get("CI", "") not in ("", "0", "false")
+        print(f"{'FAIL' if ci else 'SKIP'} QLoRA: cannot import bitsandbytes ({e})")
+        return not ci
+    torch.manual_seed(1)
+    config = LlamaConfig(vocab_size=1152, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=500000.0,
+                         tie_word_embeddings=True)
+    base = os.path.join(work, "qbase")
+    LlamaForCausalLM(config).float().save_pretrained(base, safe_serialization=True)
+    bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                             bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.float32)
+
+    def quantized():
+        return AutoModelForCausalLM.from_pretrained(base, quantization_config=bnb,
+                                                    dtype=torch.float32, device_map="cpu").eval()
+
+    nf4 = os.path.join(work, "qbase-nf4")
+    quantized().save_pretrained(nf4)
+    for d in (base, nf4):
+        shutil.copy(TOKENIZER, os.path.join(d, "tokenizer.json"))
+    ok = True
+    nf4_model = AutoModelForCausalLM.from_pretrained(nf4, dtype=torch.float32,
+                                                     device_map="cpu").eval()
+    loss, n = hf_loss(nf4_model, records)
+    ok &= check("NF4 base saved by bitsandbytes", ft_eval(ft, work, nf4, eval_path), loss, n)
+
+    common = ["--data", train_path, "--set", "data.format=text", "--set", "data.template=none",
+              "--set", "data.seq_len=64", "--set", "precision.mode=fp32",
+              "--set", "train.max_steps=8", "--set", "train.warmup_steps=1",
+              "--set", "train.micro_batch=2", "--set", "train.lr=1e-2"]
+    saved_out, at_load_out = os.path.join(work, "qlora"), os.path.join(work, "qlora-at-load")
+    run([ft, "train", "--preset", "tiny-lora", "--model", nf4, "--output", saved_out] + common,
+        os.path.join(work, "train-qlora.log"))
+    run([ft, "train", "--preset", "tiny-lora", "--model", base, "--output", at_load_out,
+         "--set", "lora.quantize_base=nf4", "--set", "lora.double_quant=true"] + common,
+        os.path.join(work, "train-qlora-at-load.log"))
+    adapters = [open(os.path.join(d, "final", "adapter_model.safetensors"), "rb").read()
+                for d in (saved_out, at_load_out)]
+    same = adapters[0] == adapters[1]
+    print(f"{'ok  ' if same else 'FAIL'} QLoRA adapters trained on the saved NF4 base and on the "
+          f"base quantized at load are {'the same bytes' if same else 'different'}")
+    ok &= same
+    peft_model = PeftModel.from_pretrained(quantized(), os.path.join(saved_out, "final")).eval()
+    qlora_hf, n = hf_loss(peft_model, records)
+    ok &= check("QLoRA adapter (PeftModel on the bitsandbytes NF4 model)",
+                ft_eval(ft, work, nf4, eval_path, adapter=os.path.join(saved_out, "final")),
+                qlora_hf, n)
+    moved = (loss - qlora_hf) / loss
+    print(f"     QLoRA: loss {loss:.6f} -> {qlora_hf:.6f} ({moved:.1e} lower)")
+    if moved <= 10 * RTOL:
+        print("FAIL QLoRA: the adapter did not lower the loss: was it loaded?")
+        ok = False
     return ok
 
 
