@@ -23,6 +23,8 @@
 #include "cuda/device.h"
 #include "cuda/loader.h"
 #include "model/fused_ops.h"
+#include "model/nf4.h"
+#include "model/quantized_linear.h"
 #include "support/runs.h"
 #include "support/subprocess.h"
 
@@ -191,6 +193,34 @@ void check_fused_kernels() {
   }
 }
 
+// QLoRA (issue 33): the CUDA NF4 kernel gives the host's values bit for bit (fp32, bf16, fp16),
+// and an NF4 projection's forward and input gradient on the GPU follow the dense product.
+void check_nf4() {
+  const at::Tensor w = at::randn({300, 192}) * 0.05;  // 900 blocks, not a multiple of 256
+  for (const bool dq : {false, true}) {
+    const ft::model::Nf4Weight q = ft::model::quantize_nf4(w, dq);
+    const ft::model::Nf4Shape s = ft::model::nf4_shape(q);
+    const at::Tensor blob = ft::model::nf4_blob(q), on_gpu = blob.to(at::Device(at::kCUDA, 0));
+    for (const auto dtype : {at::kFloat, at::kBFloat16, at::kHalf})
+      expect(at::equal(ft::model::dequantize_blob(on_gpu.view(dtype), s, dtype).cpu(),
+                       ft::model::dequantize_blob(blob.view(dtype), s, dtype)),
+             fmt::format("NF4 dequantized on the GPU equals the host's bits ({}, double quant {})",
+                         c10::toString(dtype), dq));
+    const at::Tensor x = at::randn({4, 33, 192}, at::Device(at::kCUDA, 0)).requires_grad_(true);
+    const at::Tensor xr = x.detach().clone().requires_grad_(true);
+    const at::Tensor dense = ft::model::dequantize_nf4(q, at::kFloat).to(x.device());
+    const at::Tensor y = ft::model::nf4_linear(x, on_gpu.view(at::kFloat), s);
+    const at::Tensor yr = at::linear(xr, dense);
+    y.sum().backward();
+    yr.sum().backward();
+    const double err = ((y - yr).abs().max() / yr.abs().max()).item<double>() +
+                       ((x.grad() - xr.grad()).abs().max() / xr.grad().abs().max()).item<double>();
+    expect(err < 1e-5, fmt::format("NF4 projection on the GPU: forward and input gradient follow "
+                                   "the dense product (relative {:.1e})",
+                                   err));
+  }
+}
+
 bool same_run(const std::string& a, const std::string& b, const std::string& what) {
   const auto ma = ft::test::read_metrics(a), mb = ft::test::read_metrics(b);
   bool ok = !ma.empty() && ma.size() == mb.size();
@@ -274,7 +304,7 @@ void check_resume() {
 
 }  // namespace
 
-// test_cuda_gpu [CHECK...]: collectives kernels train offload resume doctor (default: all).
+// test_cuda_gpu [CHECK...]: collectives kernels nf4 train offload resume doctor (default: all).
 int main(int argc, char** argv) {
   const ft::cuda::DeviceProbe p = ft::cuda::probe_devices();
   if (!p.cuda_compiled || p.visible_gpus == 0) {
@@ -289,6 +319,7 @@ int main(int argc, char** argv) {
     ft::cuda::use_device(0);
     if (want("collectives")) check_collectives();
     if (want("kernels")) check_fused_kernels();
+    if (want("nf4")) check_nf4();
     if (want("train")) check_train();
     if (want("offload")) check_offload();
     if (want("resume")) check_resume();

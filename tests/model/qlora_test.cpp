@@ -63,14 +63,17 @@ TEST_CASE("An NF4 projection computes with the dequantized weight, forward and b
   const at::Tensor blob = nf4_blob(q);
   REQUIRE(blob.numel() == s.bytes());
   CHECK(s.bytes() == 96 * 128 / 2 + 4 * (96 * 128 / 64));
-  for (const auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
-    INFO(dtype);
-    // The blob as a model holds it (in elements of its dtype) dequantizes to dequantize_nf4's
-    // values, rounded once.
-    const at::Tensor held = blob.view(dtype);
-    CHECK(held.numel() == s.elements(dtype));
-    CHECK(at::equal(dequantize_blob(held, s, dtype), dequantize_nf4(q, dtype)));
-  }
+  // An odd count in a short last block too: the vectorized kernel's tail and the last nibble.
+  const Nf4Weight odd = quantize_nf4(at::randn({37, 31}), false);
+  for (const Nf4Weight* w : {&q, &odd})
+    for (const auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      INFO(dtype << " " << w->numel());
+      // The blob as a model holds it (in elements of its dtype) dequantizes to dequantize_nf4's
+      // values, rounded once.
+      const at::Tensor held = nf4_blob(*w).view(dtype);
+      CHECK(held.numel() == nf4_shape(*w).elements(dtype));
+      CHECK(at::equal(dequantize_blob(held, nf4_shape(*w), dtype), dequantize_nf4(*w, dtype)));
+    }
   const at::Tensor dense = dequantize_nf4(q, at::kFloat);
   const at::Tensor x = at::randn({2, 5, 128}).requires_grad_(true);
   const at::Tensor x2 = x.detach().clone().requires_grad_(true);
@@ -197,9 +200,10 @@ TEST_CASE("A quantized base is held in NF4 in bf16 too, and refused where it can
 // Every family's projections take NF4 (tests/model/fixtures: FAMILIES.md): the quantized model
 // computes what the same model with each projection replaced by its dequantized weight does,
 // through each family's own attention, norms and fused projections (Phi-3's qkv and gate_up).
-TEST_CASE("Every family computes with NF4 projections what it computes with their dequantized "
-          "weights",
-          "[unit]") {
+TEST_CASE(
+    "Every family computes with NF4 projections what it computes with their dequantized "
+    "weights",
+    "[unit]") {
   const std::string root = std::string(FT_TEST_DIR) + "/model/fixtures";
   int families = 0;
   for (const auto& e : std::filesystem::directory_iterator(root)) {
