@@ -1073,19 +1073,30 @@ void suggest_precision_and_lora(const PlanInputs& in, Plan& p) {
                  v.lora.enabled = true;
                  if (v.lora.r <= 0) v.lora.r = 16;
                });
-  // QLoRA: the frozen base's projections in NF4 (a quarter of bf16's bytes).
-  if (s.lora.quantize_base != "nf4" && p.nf4_parameters == 0 && s.precision.mode != "fp64")
-    try_change(in, p,
-               std::string(s.lora.enabled ? "" : "LoRA (r=16) with ") +
-                   "QLoRA's NF4 base (the frozen projections in 4 bits)",
-               s.lora.enabled
-                   ? std::vector<std::string>{"lora.quantize_base=nf4"}
-                   : std::vector<std::string>{"lora.enabled=true", "lora.quantize_base=nf4"},
-               [](config::Settings& v) {
-                 v.lora.enabled = true;
-                 if (v.lora.r <= 0) v.lora.r = 16;
-                 v.lora.quantize_base = "nf4";
-               });
+  // QLoRA: the frozen base's projections in NF4 (a quarter of bf16's bytes); where that alone
+  // does not fit a sharded GPU job, with fsdp's parameter shards in host memory as well.
+  if (s.lora.quantize_base == "nf4" || p.nf4_parameters > 0 || s.precision.mode == "fp64") return;
+  std::vector<std::string> sets = {"lora.quantize_base=nf4"};
+  if (!s.lora.enabled) sets.insert(sets.begin(), "lora.enabled=true");
+  const std::string what = std::string(s.lora.enabled ? "" : "LoRA (r=16) with ") +
+                           "QLoRA's NF4 base (the frozen projections in 4 bits)";
+  auto qlora = [](config::Settings& v) {
+    v.lora.enabled = true;
+    if (v.lora.r <= 0) v.lora.r = 16;
+    v.lora.quantize_base = "nf4";
+  };
+  const size_t before = p.suggestions.size();
+  try_change(in, p, what, sets, qlora);
+  const bool fits = p.suggestions.size() > before && p.suggestions.back().fits;
+  if (fits || !in.layout.gpu || in.layout.world() == 1 || s.strategy.kind != "fsdp" ||
+      s.strategy.fsdp.cpu_offload)
+    return;
+  sets.push_back("strategy.fsdp.cpu_offload=true");
+  try_change(in, p, what + " and fsdp cpu_offload (the shards in host memory)", sets,
+             [&](config::Settings& v) {
+               qlora(v);
+               v.strategy.fsdp.cpu_offload = true;
+             });
 }
 
 // The fewest nodes that fit: double until one fits, then halve the gap.
