@@ -166,6 +166,35 @@ const at::Tensor& BaseWeights::nf4_blob(const std::string& name, const model::Nf
   return blob_;
 }
 
+// Bytes [b, e) of the blob of `name`, quantized from the values of the blocks they hold only: the
+// packed codes' blocks and the absmax values' blocks the range overlaps, each quantized alone (a
+// block's codes and absmax depend on its own values; the short last block stays the last).
+at::Tensor BaseWeights::nf4_blob_range(const std::string& name, const model::Nf4Shape& q, int64_t b,
+                                       int64_t e) {
+  at::Tensor out = at::zeros({e - b}, at::kByte);  // the padding before the absmax stays 0
+  const int64_t n = q.numel(), bs = q.blocksize;
+  // The blocks [k0, k1) quantized from their values, as one weight.
+  auto blocks = [&](int64_t k0, int64_t k1) {
+    const int64_t v0 = k0 * bs, v1 = std::min(n, k1 * bs);
+    at::Tensor values = at::empty({v1 - v0}, at::kFloat);
+    files_->read_range(name, v0, v1, values);
+    bytes_read_ += (v1 - v0) * static_cast<int64_t>(c10::elementSize(files_->info(name).dtype));
+    return model::quantize_nf4(values, false, bs);
+  };
+  if (const int64_t p0 = std::max<int64_t>(b, 0), p1 = std::min(e, q.packed_bytes()); p0 < p1) {
+    const int64_t k0 = 2 * p0 / bs, k1 = (std::min(2 * p1, n) + bs - 1) / bs;
+    const model::Nf4Weight w = blocks(k0, k1);
+    out.narrow(0, p0 - b, p1 - p0).copy_(w.packed.narrow(0, p0 - k0 * bs / 2, p1 - p0));
+  }
+  const int64_t ao = q.absmax_offset();
+  if (const int64_t a0 = std::max(b, ao), a1 = std::min(e, q.bytes()); a0 < a1) {
+    const int64_t k0 = (a0 - ao) / 4, k1 = (a1 - ao + 3) / 4;
+    const at::Tensor absmax = blocks(k0, k1).absmax.view(at::kByte);
+    out.narrow(0, a0 - b, a1 - a0).copy_(absmax.narrow(0, a0 - ao - 4 * k0, a1 - a0));
+  }
+  return out;
+}
+
 size_t BaseWeights::index_of(const std::string& name) const {
   auto it = index_.find(name);
   FT_ASSERT(it != index_.end(), "not a parameter of the model: ", name);
@@ -194,7 +223,13 @@ at::Tensor BaseWeights::draw(size_t index) {
 void BaseWeights::read_range(const std::string& name, int64_t begin, int64_t end,
                              const at::Tensor& dst) {
   if (const model::Nf4Shape* q = nf4_of(name)) {
-    dst.view({-1}).copy_(nf4_blob(name, *q).view(dst.scalar_type()).slice(0, begin, end));
+    const auto size = static_cast<int64_t>(c10::elementSize(dst.scalar_type()));
+    // Without double quantization a block's bytes depend on its values alone: a slice is made
+    // from the weight's values it covers. (Double quantization needs every block's absmax.)
+    const at::Tensor bytes = files_ && !quant_.in_files && !quant_.double_quant
+                                 ? nf4_blob_range(name, *q, begin * size, end * size)
+                                 : nf4_blob(name, *q).slice(0, begin * size, end * size);
+    dst.view({-1}).copy_(bytes.view(dst.scalar_type()));
     return;
   }
   if (!files_) {

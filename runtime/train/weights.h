@@ -38,8 +38,9 @@ class BaseWeights {
   // parameter of `params` is there with its shape. "": transformers' random init of `config`
   // drawn from `seed`, in parameter order, one tensor at a time. With an NF4 base
   // (config.quant) a quantized projection's values are its blob (model/nf4.h), in the elements
-  // of the dtype it is read into: quantized from the weight as read (each rank quantizes the
-  // whole weight, one at a time), or assembled from bitsandbytes' tensors (quant.in_files).
+  // of the dtype it is read into: quantized from the weight as read (a slice from the blocks it
+  // covers; with double quantization, which needs every block, from the whole weight, one at a
+  // time), or assembled from bitsandbytes' tensors (quant.in_files).
   BaseWeights(const std::string& model_dir, const model::ModelConfig& config,
               const ParamShapes& params, uint64_t seed);
 
@@ -74,6 +75,8 @@ class BaseWeights {
   const model::Nf4Shape* nf4_of(const std::string& name) const;
   void check_nf4_in_files(const std::string& name, const model::Nf4Shape& shape);
   const at::Tensor& nf4_blob(const std::string& name, const model::Nf4Shape& shape);
+  at::Tensor nf4_blob_range(const std::string& name, const model::Nf4Shape& shape, int64_t begin,
+                            int64_t end);
   model::Nf4Weight nf4_from_files(const std::string& name, const model::Nf4Shape& shape);
 
   std::unique_ptr<io::SafetensorsIndex> files_;

@@ -154,6 +154,37 @@ TEST_CASE(
   }
 }
 
+// A sharded load reads slices: without double quantization a slice is quantized from the blocks
+// it covers only; every slice, at every boundary, equals the same bytes of the whole blob.
+TEST_CASE("NF4 slices quantized from their own blocks equal the whole blob's bytes", "[unit]") {
+  for (const bool dq : {false, true}) {
+    ModelConfig c = load_model_config(qlora_dir() + "llama_base/config.json");
+    c.quant.nf4 = true;
+    c.quant.double_quant = dq;
+    train::BaseWeights sliced(qlora_dir() + "llama_base", c, train::model_param_shapes(c), 0);
+    train::BaseWeights whole(qlora_dir() + "llama_base", c, train::model_param_shapes(c), 0);
+    DecoderModel meta(c, at::TensorOptions().dtype(at::kFloat), false);
+    for (const auto& p : meta.parameters()) {
+      if (!p.nf4) continue;
+      INFO(p.name << " double quant " << dq);
+      for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+        const int64_t n = p.nf4->elements(dtype);
+        at::Tensor all = at::empty({n}, dtype);
+        whole.copy_to(p.name, all);
+        // Cuts inside the codes, at the padding, inside the absmax, and 1-3 ranks' shards.
+        for (const int64_t parts : {1, 2, 3, 7}) {
+          at::Tensor got = at::empty({n}, dtype);
+          for (int64_t k = 0; k < parts; ++k) {
+            const int64_t b = n * k / parts, e = n * (k + 1) / parts;
+            sliced.read_range(p.name, b, e, got.narrow(0, b, e - b));
+          }
+          CHECK(at::equal(got.view(at::kByte), all.view(at::kByte)));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("A quantized base is held in NF4 in bf16 too, and refused where it cannot be", "[unit]") {
   // In bf16 the blob is the same bytes, in half as many elements as in fp32.
   DecoderModel f32 = load_quantized(qlora_dir() + "llama_nf4", true, true);
