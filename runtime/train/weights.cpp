@@ -107,9 +107,26 @@ void BaseWeights::check_nf4_in_files(const std::string& name, const model::Nf4Sh
                quant_.double_quant ? "\" is missing" : "\" is there",
                ", but config.json's quantization_config has bnb_4bit_use_double_quant ",
                quant_.double_quant ? "true" : "false");
+  // Sizes: one absmax per block of 64 (a uint8 index with double quantization, else fp32), one
+  // nested absmax per 256 of them, maps of 16 and 256 codes.
+  auto check_size = [&](const std::string& part, int64_t want) {
+    const int64_t have = files_->info(part).numel();
+    FT_CHECK_T(FormatError, have == want, files_->file_of(part).path(), ": ", part, " holds ", have,
+               " values, but a [", q.rows, ", ", q.cols, "] weight in NF4 blocks of ", q.blocksize,
+               " needs ", want);
+  };
+  nf4_state(name, q);
+  check_size(name + ".absmax", q.blocks());
+  check_size(name + ".quant_map", 16);
+  if (quant_.double_quant) {
+    check_size(name + ".nested_absmax", (q.blocks() + 255) / 256);
+    check_size(name + ".nested_quant_map", 256);
+  }
 }
 
-model::Nf4Weight BaseWeights::nf4_from_files(const std::string& name, const model::Nf4Shape& q) {
+// The checked quant_state and quant_map of a bitsandbytes NF4 weight; returns the double
+// quantization's offset (0 without it).
+float BaseWeights::nf4_state(const std::string& name, const model::Nf4Shape& q) {
   const std::string state_key = name + ".quant_state.bitsandbytes__nf4";
   const std::string where = files_->file_of(state_key).path() + ": " + state_key;
   const at::Tensor state_bytes = files_->tensor(state_key).contiguous().view(at::kByte);
@@ -134,6 +151,11 @@ model::Nf4Weight BaseWeights::nf4_from_files(const std::string& name, const mode
       code.numel() == 16 && at::equal(code, at::tensor(std::vector<float>(nf4.begin(), nf4.end()))),
       files_->file_of(name).path(), ": ", name,
       ".quant_map is not the NF4 code table (another 4-bit type?)");
+  return quant_.double_quant ? static_cast<float>(field("nested_offset").get<double>()) : 0.0f;
+}
+
+model::Nf4Weight BaseWeights::nf4_from_files(const std::string& name, const model::Nf4Shape& q) {
+  const float offset = nf4_state(name, q);
   model::Nf4Weight w;
   w.shape = {q.rows, q.cols};
   w.blocksize = q.blocksize;
@@ -142,7 +164,7 @@ model::Nf4Weight BaseWeights::nf4_from_files(const std::string& name, const mode
   if (quant_.double_quant) {
     w.nested_absmax = files_->tensor(name + ".nested_absmax").to(at::kFloat);
     w.nested_code = files_->tensor(name + ".nested_quant_map").to(at::kFloat);
-    w.offset = static_cast<float>(field("nested_offset").get<double>());
+    w.offset = offset;
   } else {
     w.absmax = w.absmax.to(at::kFloat);
   }

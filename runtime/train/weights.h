@@ -78,6 +78,7 @@ class BaseWeights {
   at::Tensor nf4_blob_range(const std::string& name, const model::Nf4Shape& shape, int64_t begin,
                             int64_t end);
   model::Nf4Weight nf4_from_files(const std::string& name, const model::Nf4Shape& shape);
+  float nf4_state(const std::string& name, const model::Nf4Shape& shape);
 
   std::unique_ptr<io::SafetensorsIndex> files_;
   ParamShapes params_;

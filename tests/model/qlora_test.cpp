@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "io/safetensors_writer.h"
 #include "model/config.h"
 #include "model/decoder.h"
 #include "model/lora.h"
@@ -226,6 +227,27 @@ TEST_CASE("A quantized base is held in NF4 in bf16 too, and refused where it can
       R"({"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4"})"));
   CHECK_THROWS_WITH(train::BaseWeights(dir, c, train::model_param_shapes(c), 0),
                     Contains("model.layers.0.self_attn.q_proj.weight.absmax\" is missing"));
+
+  // bitsandbytes' tensors that do not fit the weight: named with the file, refused at open.
+  const std::string saved = qlora_dir() + "llama_nf4";
+  auto rewrite = [&](const std::string& key, const at::Tensor& value) {
+    const std::string bad = test::make_temp_dir();
+    for (const char* f : {"config.json", "generation_config.json"})
+      std::filesystem::copy(saved + "/" + f, bad + "/" + f);
+    auto file = io::SafetensorsFile::open(saved + "/model.safetensors");
+    io::NamedTensors tensors;
+    for (const auto& n : file.names()) tensors.emplace_back(n, n == key ? value : file.tensor(n));
+    io::write_safetensors(bad + "/model.safetensors", tensors);
+    const ModelConfig qc = load_model_config(bad + "/config.json");
+    return train::BaseWeights(bad, qc, train::model_param_shapes(qc), 0);
+  };
+  const std::string k = "model.layers.1.mlp.down_proj.weight";
+  auto file = io::SafetensorsFile::open(saved + "/model.safetensors");
+  CHECK_THROWS_WITH(rewrite(k + ".absmax", file.tensor(k + ".absmax").narrow(0, 0, 10)),
+                    Contains(k + ".absmax holds 10 values") && Contains("needs 128"));
+  CHECK_THROWS_WITH(rewrite(k, file.tensor(k).narrow(0, 0, 100)), Contains(k + " holds 100 bytes"));
+  CHECK_THROWS_WITH(rewrite(k + ".quant_map", file.tensor(k + ".quant_map") * 2),
+                    Contains("is not the NF4 code table"));
 }
 
 // Every family's projections take NF4 (tests/model/fixtures: FAMILIES.md): the quantized model
