@@ -10,8 +10,8 @@
 #      fused_swiglu, fused_rope false; against transformers) and on (ft's default; against
 #      transformers + torch.compile)
 #   3. doctor.log: ft doctor at 2 "nodes" on the GPU
-#   kernels: the fused CUDA kernels against the unfused ops alone, and NF4 dequantization against
-#   the host's bits (the gpu test's checks);
+#   kernels: the fused CUDA kernels against the unfused ops alone, NF4 dequantization against
+#   the host's bits, and ft eval on the GPU against the CPU's loss (the gpu test's checks);
 #   offload: the offload checks alone (both gpu tests); profile: ft's full-1b step profiled
 #   (fused kernels off and on) and without the chunked loss (profile.log); moe: expert
 #   parallelism over NCCL (test_cuda_gpu_ranks moe: EP 2 across 2 "nodes" and inside one, zero3
@@ -80,8 +80,8 @@ if has lora; then
   grep -E -A4 '^case |"impl"' "$out/lora.log"
 fi
 if has kernels; then
-  say "phase kernels: the fused CUDA kernels against the unfused ops, NF4 against the host"
-  timeout 60 build/bin/test_cuda_gpu kernels nf4 > "$out/kernels.log" 2>&1
+  say "phase kernels: the fused CUDA kernels against the unfused ops, NF4 against the host, ft eval"
+  timeout 150 build/bin/test_cuda_gpu kernels nf4 eval > "$out/kernels.log" 2>&1
   grep -E '^(ok|FAIL|all checks|[0-9]+ check)' "$out/kernels.log"
 fi
 if has offload; then

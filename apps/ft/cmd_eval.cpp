@@ -47,6 +47,7 @@ Run add_eval(CLI::App& app) {
     opts->data = settings.data;
     opts->eval = settings.eval;
     opts->fused = train::eval_fused_ops(settings.train, settings.eval);
+    opts->device = settings.hardware.device;
     opts->quantize_base = settings.lora.quantize_base;
     opts->double_quant = settings.lora.double_quant;
     const auto t0 = std::chrono::steady_clock::now();
@@ -55,12 +56,13 @@ Run add_eval(CLI::App& app) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     // A line to read, then the JSON line last (scripts take the last line).
     fmt::print(
-        "ft eval: loss {:.4f} (perplexity {:.2f}) over {} tokens of {} records{} in {:.1f} s\n",
+        "ft eval: loss {:.4f} (perplexity {:.2f}) over {} tokens of {} records{} in {:.1f} s on "
+        "{}\n",
         r.loss, r.perplexity, r.tokens, r.records,
         r.windowed ? fmt::format(" ({} longer than data.seq_len, split into {} windows)",
                                  r.windowed, r.windows)
                    : std::string(),
-        seconds);
+        seconds, r.device);
     fmt::print("{}\n", r.to_json().dump());
     return 0;
   };

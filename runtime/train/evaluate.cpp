@@ -10,6 +10,8 @@
 
 #include "core/error.h"
 #include "core/host_alloc.h"
+#include "cuda/device.h"
+#include "cuda/loader.h"
 #include "data/jsonl_source.h"
 #include "model/cpu_math.h"
 #include "model/decoder.h"
@@ -28,7 +30,8 @@ nlohmann::json EvalResult::to_json() const {
           {"windowed_records", windowed},
           {"windows", windows},
           {"forwards", forwards},
-          {"padding_tokens", padding}};
+          {"padding_tokens", padding},
+          {"device", device}};
 }
 
 std::unique_ptr<data::JsonlSource> open_eval_source(const config::DataSettings& data,
@@ -155,6 +158,34 @@ model::FusedOps eval_fused_ops(const config::TrainSettings& train,
   return eval.fused_kernels ? fused_ops(train) : model::FusedOps{false, false, false};
 }
 
+namespace {
+
+// The model of --model (with the NF4 base asked for, and the --adapter) in fp32 on `device`.
+std::unique_ptr<model::DecoderModel> load_eval_model(const EvalOptions& o, model::ModelConfig& mc,
+                                                     const at::Device& device) {
+  mc = model::load_model_config(o.model_dir + "/config.json");
+  if (o.quantize_base == "nf4" && !mc.quant.in_files) {
+    mc.quant.nf4 = true;
+    mc.quant.double_quant = o.double_quant;
+    mc.validate(o.model_dir + "/config.json");
+  }
+  BaseWeights weights(o.model_dir, mc, model_param_shapes(mc), /*seed=*/0);
+  auto model = std::make_unique<model::DecoderModel>(
+      mc, at::TensorOptions().dtype(at::kFloat).device(device));
+  model->set_fused_ops(o.fused);
+  // (The weights are read into the device's tensors through a host buffer.)
+  model->load([&](const std::string& name, at::Tensor& dst) { weights.copy_to(name, dst); });
+  if (!o.adapter_dir.empty()) {
+    model::LoraConfig lc = model::load_lora_config(o.adapter_dir + "/adapter_config.json");
+    lc.dropout = 0;  // evaluation
+    model::attach_lora(*model, lc, 0);
+    load_adapter(*model, o.adapter_dir);
+  }
+  return model;
+}
+
+}  // namespace
+
 EvalResult evaluate(const EvalOptions& o) {
   model::prime_cpu_math();  // see model/cpu_math.h
   FT_CHECK(!o.model_dir.empty(), "ft eval needs --model DIR");
@@ -162,29 +193,18 @@ EvalResult evaluate(const EvalOptions& o) {
   FT_CHECK(!o.data.synthetic(),
            "data.format synthetic cannot be evaluated from a file; set "
            "data.format to auto, text, alpaca, chat or tokenized");
-
-  model::ModelConfig mc = model::load_model_config(o.model_dir + "/config.json");
-  if (o.quantize_base == "nf4" && !mc.quant.in_files) {
-    mc.quant.nf4 = true;
-    mc.quant.double_quant = o.double_quant;
-    mc.validate(o.model_dir + "/config.json");
-  }
-  BaseWeights weights(o.model_dir, mc, model_param_shapes(mc), /*seed=*/0);
-  model::DecoderModel model(mc, at::TensorOptions().dtype(at::kFloat));
-  model.set_fused_ops(o.fused);
-  model.load([&](const std::string& name, at::Tensor& dst) { weights.copy_to(name, dst); });
-  if (!o.adapter_dir.empty()) {
-    model::LoraConfig lc = model::load_lora_config(o.adapter_dir + "/adapter_config.json");
-    lc.dropout = 0;  // evaluation
-    model::attach_lora(model, lc, 0);
-    load_adapter(model, o.adapter_dir);
-  }
+  const cuda::DeviceChoice where = cuda::choose_device(o.device, 0);
+  if (where.device.is_cuda()) cuda::use_device(where.device.index());
+  model::ModelConfig mc;
+  const std::unique_ptr<model::DecoderModel> loaded = load_eval_model(o, mc, where.device);
+  const model::DecoderModel& model = *loaded;
 
   const auto source =
       open_eval_source(o.data, o.data_path, data::tokenizer_path_of(o.tokenizer_path, o.model_dir),
                        o.model_dir, mc.vocab_size);
   const EvalSet set = make_eval_set(*source, o.eval, o.data.seq_len);
   EvalResult r;
+  r.device = where.device.str();
   r.records = set.records;
   r.windowed = set.windowed;
   r.windows = set.windows;
@@ -200,7 +220,7 @@ EvalResult evaluate(const EvalOptions& o) {
       // A forward's layers allocate the same sizes one after another: the step pool hands the
       // blocks on (core/host_alloc.h); they are unmapped before a batch of another shape.
       const core::StepPoolScope keep_blocks;
-      l = score_batch(model, set.batches[i]);
+      l = score_batch(model, set.batches[i].to(where.device));
     }
     if (i + 1 == set.batches.size() ||
         set.batches[i + 1].input_ids.sizes() != set.batches[i].input_ids.sizes())

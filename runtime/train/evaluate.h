@@ -29,6 +29,8 @@ struct EvalOptions {
   // them (a model saved in NF4 is read so whatever these say).
   std::string quantize_base = "none";
   bool double_quant = false;
+  // hardware.device: where the model runs (auto: a GPU when one is visible, as ft train).
+  std::string device = "cpu";
 };
 
 struct EvalResult {
@@ -40,6 +42,7 @@ struct EvalResult {
   int64_t windows = 0;   // the windows they made
   int64_t forwards = 0;  // batches run
   int64_t padding = 0;   // padding tokens in them
+  std::string device;    // where it ran: "cpu", "cuda:0"
   nlohmann::json to_json() const;
 };
 

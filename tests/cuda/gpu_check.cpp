@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -95,6 +96,51 @@ void check_train() {
          "metrics.jsonl reports GPU memory");
   expect(fs::exists(dir + "/run/final/model.safetensors"), "the final model is written");
   if (failures) fmt::print("--- ft train output ---\n{}\n", log);
+}
+
+// `ft eval` on the GPU against the CPU's loss (issue 34): the bitsandbytes-saved NF4 fixture with
+// its PEFT adapter (QLoRA's CUDA dequantization inside), and its fp32 base, on pre-tokenized
+// records.
+void check_eval() {
+  const std::string dir = ft::test::make_temp_dir(),
+                    fx = std::string(FT_TEST_DIR) + "/model/fixtures/qlora/";
+  {
+    std::ofstream f(dir + "/eval.jsonl");
+    for (int r = 0; r < 6; ++r) {
+      f << "{\"input_ids\": [";
+      for (int i = 0; i < 20 + 7 * r; ++i) f << (i ? ", " : "") << (r * 37 + i * 11) % 127 + 1;
+      f << "]}\n";
+    }
+  }
+  auto loss = [&](const std::vector<std::string>& model, const std::string& device) {
+    std::vector<std::string> a = {ft::test::ft_bin(),
+                                  "eval",
+                                  "--data",
+                                  dir + "/eval.jsonl",
+                                  "--set",
+                                  "data.format=tokenized",
+                                  "--set",
+                                  "hardware.device=" + device};
+    a.insert(a.end(), model.begin(), model.end());
+    const ft::test::Finished f = ft::test::run_to_end(a, {{"WORLD_SIZE", "\x01"}, {"RANK", "\x01"}},
+                                                      dir + "/eval-" + device + ".log", 120);
+    const auto at = f.output.rfind("{\"");
+    const auto j =
+        nlohmann::json::parse(at == std::string::npos ? "" : f.output.substr(at), nullptr, false);
+    if (f.code != 0 || j.is_discarded()) fmt::print("--- ft eval output ---\n{}\n", f.output);
+    return std::make_pair(j.is_discarded() ? -1.0 : j.value("loss", -1.0),
+                          j.is_discarded() ? std::string() : j.value("device", std::string()));
+  };
+  for (const auto& [what, model] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"fp32 model", {"--model", fx + "llama_base"}},
+           {"NF4 model + PEFT adapter",
+            {"--model", fx + "llama_nf4", "--adapter", fx + "llama_adapter"}}}) {
+    const auto [cpu, on_cpu] = loss(model, "cpu");
+    const auto [gpu, on_gpu] = loss(model, "cuda");
+    expect(cpu > 0 && gpu > 0 && on_gpu == "cuda:0" && std::abs(gpu - cpu) <= 1e-5 * cpu,
+           fmt::format("ft eval on the GPU equals the CPU's loss, {} ({:.8f} on {}, {:.8f} on {})",
+                       what, gpu, on_gpu, cpu, on_cpu));
+  }
 }
 
 // `ft doctor --preset tiny-demo` on one GPU (issue 15's GPU paths): the topology through NVML,
@@ -304,7 +350,8 @@ void check_resume() {
 
 }  // namespace
 
-// test_cuda_gpu [CHECK...]: collectives kernels nf4 train offload resume doctor (default: all).
+// test_cuda_gpu [CHECK...]: collectives kernels nf4 eval train offload resume doctor (default:
+// all).
 int main(int argc, char** argv) {
   const ft::cuda::DeviceProbe p = ft::cuda::probe_devices();
   if (!p.cuda_compiled || p.visible_gpus == 0) {
@@ -320,6 +367,7 @@ int main(int argc, char** argv) {
     if (want("collectives")) check_collectives();
     if (want("kernels")) check_fused_kernels();
     if (want("nf4")) check_nf4();
+    if (want("eval")) check_eval();
     if (want("train")) check_train();
     if (want("offload")) check_offload();
     if (want("resume")) check_resume();

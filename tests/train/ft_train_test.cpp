@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -281,6 +282,22 @@ TEST_CASE("ft eval reports loss, tokens and perplexity of a trained model and of
       eval({"--model", dir + "/short/final", "--adapter", dir + "/lora/final"}, "e3.log");
   REQUIRE(rc3 == 0);
   CHECK(num(e3, "loss") < num(e1, "loss"));
+
+  // Where it ran: hardware.device as ft train takes it (auto: a GPU when one is visible). Asked
+  // for a GPU where none is visible (CUDA_VISIBLE_DEVICES empty), it says so and exits 2
+  // (tests/cuda/gpu_check.cpp runs it on a GPU against the CPU's loss).
+  CHECK_THAT(e1, Catch::Contains(" on cpu\n") && Catch::Contains("\"device\":\"cpu\""));
+  const char* before = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string saved = before ? before : "";
+  ::setenv("CUDA_VISIBLE_DEVICES", "", 1);
+  auto [rc4, e4] =
+      eval({"--model", dir + "/short/final", "--set", "hardware.device=cuda"}, "e4.log");
+  if (before)
+    ::setenv("CUDA_VISIBLE_DEVICES", saved.c_str(), 1);
+  else
+    ::unsetenv("CUDA_VISIBLE_DEVICES");
+  CHECK(rc4 == 2);
+  CHECK_THAT(e4, Catch::Contains("hardware.device=cuda"));
 }
 
 TEST_CASE(
