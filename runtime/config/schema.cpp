@@ -490,7 +490,8 @@ const std::vector<Setting>& preset_schema() {
       "QLoRA: nf4 holds the frozen base's decoder projections in 4-bit NF4 as bitsandbytes does "
       "(blocks of 64 values, an fp32 absmax each: 0.56 byte per parameter), quantized as they are "
       "read, and dequantizes each into precision.mode (the compute dtype) for its products; "
-      "embeddings, norms and the head stay in precision.mode. Needs lora.enabled. A model saved "
+      "embeddings, norms, the head and a mixture-of-experts model's experts and routers stay in "
+      "precision.mode (as transformers + bitsandbytes quantize). Needs lora.enabled. A model saved "
       "quantized by transformers + bitsandbytes (NF4) is read as it is, whatever this says."),
     B(KEY(lora.double_quant), false,
       "With lora.quantize_base=nf4: quantize the absmax values too (bitsandbytes' "

@@ -157,9 +157,6 @@ void ModelConfig::validate(const std::string& where) const {
   for (int64_t w : layer_windows) FT_CHECK(w >= 0, where, ": sliding_window must be >= 1");
   FT_CHECK(attn_softcap >= 0 && final_softcap >= 0, where, ": soft caps must be >= 0");
   validate_moe(*this, where);
-  FT_CHECK(!quant.nf4 || !moe.enabled(), where,
-           ": an NF4 base (QLoRA) on a mixture-of-experts model is not supported yet: train LoRA "
-           "on the unquantized model");
   FT_CHECK(!quant.nf4 || (quant.blocksize >= 32 && quant.blocksize <= 4096 &&
                           (quant.blocksize & (quant.blocksize - 1)) == 0),
            where, ": NF4 block size must be a power of two from 32 to 4096, got ", quant.blocksize);

@@ -44,7 +44,8 @@ struct MoeConfig {
 };
 
 // QLoRA (issue 33): the decoder layers' projections held frozen in NF4 (model/nf4.h); never the
-// embeddings, norms, routers, experts or the head (as transformers + bitsandbytes quantize).
+// embeddings, norms, routers, experts or the head (as transformers 5 + bitsandbytes quantize:
+// in a mixture-of-experts model the attention's projections and dense MLP layers only).
 struct BaseQuant {
   bool nf4 = false;
   bool double_quant = false;  // the absmax values quantized too (their values then carry that)

@@ -743,13 +743,13 @@ std::string TrainingRun::epochs_text() const {
 void TrainingRun::print_start() const {
   if (!rank0_) return;
   fmt::print(
-      "ft train: {} parameters ({} trained), {} layers, hidden {}, {} precision, {} x {} "
+      "ft train: {} parameters ({}), {} layers, hidden {}, {} precision, {} x {} "
       "sequences of {} tokens per step{}, {} steps{} -> {}\n",
       mc_.num_parameters(),
-      !s_.lora.enabled ? "all"
-      : mc_.quant.nf4  ? (mc_.quant.in_files ? "LoRA adapters, on the base as saved in NF4"
-                                             : "LoRA adapters, on the base quantized to NF4")
-                       : "LoRA adapters",
+      !s_.lora.enabled ? "all trained"
+      : mc_.quant.nf4  ? (mc_.quant.in_files ? "LoRA adapters trained, on the base as saved in NF4"
+                                             : "LoRA adapters trained, on the base quantized to NF4")
+                       : "LoRA adapters trained",
       mc_.num_hidden_layers, mc_.hidden_size, s_.precision.mode, s_.train.grad_accum,
       s_.train.micro_batch, s_.data.seq_len,
       env_.world_size > 1 ? fmt::format(" on each of {} ranks", env_.world_size) : "", total_steps_,
