@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <utility>
 
@@ -106,7 +107,11 @@ Trainer::~Trainer() {
 
 void Trainer::settle() {
   if (!pending_.joinable()) return;
+  const auto t0 = std::chrono::steady_clock::now();
   pending_.join();
+  // (Reported by the next step, whether it waits here or a checkpoint or evaluation did.)
+  settle_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  settled_unreported_ = true;
   if (pending_error_) std::rethrow_exception(std::exchange(pending_error_, nullptr));
   // The optimizer zeroed the gradients it consumed; the engine's current ones are the next step's.
   engine_.after_update(/*grads_zeroed=*/true, /*copied_out=*/false);
@@ -202,6 +207,11 @@ StepStats Trainer::apply_update(StepStats st) {
   const bool delay = options_.delayed_update_after >= 0 && step_ >= options_.delayed_update_after;
   if (delay) {
     settle();
+    if (settled_unreported_) {
+      st.delayed_update_s = pending_run_s_;
+      st.delayed_wait_s = std::exchange(settle_wait_s_, 0.0);
+      settled_unreported_ = false;
+    }
     engine_.hand_over_grads();
   }
   std::vector<at::Tensor> grads, sharded, replicated, experts, sharded_experts;
@@ -278,7 +288,10 @@ StepStats Trainer::apply_update(StepStats st) {
     pending_ = std::thread([this, lr = st.lr, clip_scale] {
       try {
         at::NoGradGuard guard;
+        const auto t0 = std::chrono::steady_clock::now();
         optimizer_->step(lr, clip_scale, /*zero_grads=*/true, /*write_copies=*/false);
+        pending_run_s_ =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       } catch (...) {
         pending_error_ = std::current_exception();
       }

@@ -56,6 +56,10 @@ struct StepStats {
   double aux_loss = 0;
   std::vector<int64_t> expert_tokens;
   std::vector<int64_t> moe_layers;  // the model's index of each MoE layer in expert_tokens
+  // Delayed update (strategy.zero3.delayed_update): how long the previous step's host update ran
+  // on its thread, and how long the training thread waited for it (at this step's hand-over, or
+  // at a checkpoint or evaluation before it); the rest was hidden. update_s < 0: none.
+  double delayed_update_s = -1, delayed_wait_s = 0;
 };
 
 // This rank's resident state and communication over one step (parallel::Accounting) plus the
@@ -137,6 +141,9 @@ class Trainer {
   core::HostBlockCache loss_blocks_;  // the fused loss's logits and gradients on the CPU
   std::thread pending_;               // a delayed update in flight
   std::exception_ptr pending_error_;  // what it threw
+  double pending_run_s_ = 0;          // how long it ran (written by its thread)
+  double settle_wait_s_ = 0;          // how long settle() waited for it, since the last report
+  bool settled_unreported_ = false;   // it finished and no step has reported it yet
 
   // After a micro-batch's forward: its aux loss value, with the router gradient it adds set for
   // the backward (`scale`: the loss scale over micro-batches x ranks); its picks added to `load`.

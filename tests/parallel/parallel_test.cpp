@@ -449,6 +449,19 @@ TEST_CASE("delayed update: the same run before it starts, one step stale after, 
   }
   CHECK(read_file(plain.dir + "/final/model.safetensors") !=
         read_file(early.dir + "/final/model.safetensors"));
+  // From step 6 on each step records the host update that ran beside it: its time, what the step
+  // waited for, the rest hidden.
+  for (size_t i = 0; i < 8; ++i) {
+    INFO("step " << i + 1);
+    const bool beside = i >= 5;
+    REQUIRE(d[i]["time"].contains("delayed_update") == beside);
+    if (!beside) continue;
+    const auto& u = d[i]["time"]["delayed_update"];
+    CHECK(u["update_s"].get<double>() > 0);
+    CHECK(u["waited_s"].get<double>() >= 0);
+    CHECK(u["hidden_s"].get<double>() ==
+          Approx(std::max(0.0, u["update_s"].get<double>() - u["waited_s"].get<double>())));
+  }
   // SIGKILL after a random step past the first checkpoint (step 3), the same command again: the
   // same bytes as the uninterrupted delayed run.
   std::mt19937 gen(std::random_device{}());
