@@ -305,6 +305,15 @@ void group_lora() {
     check_follows(ref, run({2, 1}, with(with(lora, v), {"train.micro_batch=4"})),
                   "LoRA fp32, " + describe({2, 1}, v), kFp32, "adapter_model.safetensors");
   }
+  // QLoRA (issue 33): the base's projections in NF4, dequantized on the GPU by
+  // cuda/kernels.cu, their packed bytes sharded and gathered over NCCL under zero3.
+  const std::vector<std::string> qlora = with(lora, {"lora.quantize_base=nf4"});
+  const Job qref = run({1, 1}, with(qlora, {"train.micro_batch=8"}));
+  if (!ran(qref, "QLoRA fp32, 1 rank")) return;
+  const std::vector<std::string> z = {"strategy.kind=zero3",
+                                      "strategy.zero3.param_persistence_threshold=0"};
+  check_follows(qref, run({2, 1}, with(with(qlora, z), {"train.micro_batch=4"})),
+                "QLoRA fp32, " + describe({2, 1}, z), kFp32, "adapter_model.safetensors");
 }
 
 // bf16 compute (fp32 masters), with bf16's tolerance (Tol); the figures are printed.
