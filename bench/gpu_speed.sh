@@ -49,8 +49,8 @@ with open(sys.argv[1], "w") as f:
 PY
 "$py" bench/gpu_speed_ref.py --matmul-peak | tee "$out/matmul.json"
 
-common=(--set data.format=tokenized --set data.seq_len=$seq --set data.pack=false
-        --set data.template=none --set model.max_seq_len=$seq --set model.vocab_size=128256
+common=(--set data.format=tokenized --set data.seq_len="$seq" --set data.pack=false
+        --set data.template=none --set model.max_seq_len="$seq" --set model.vocab_size=128256
         --set model.num_heads=32 --set model.num_kv_heads=8 --set model.rope_theta=500000
         --set train.max_steps=$((warm + steps)) --set train.log_every=1 --set train.grad_accum=1
         --set train.warmup_steps=1 --set precision.mode=bf16 --set hardware.device=cuda
