@@ -1,8 +1,10 @@
 #include "model/quantized_linear.h"
 
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 #include <torch/csrc/autograd/custom_function.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -44,6 +46,7 @@ void block_scalar(const uint8_t* packed, float m, float* out, int64_t n) {
   }
 }
 
+#if defined(__x86_64__)
 // Codes 0-7 from the first table, 8-15 from the second: bit 3 of the index, moved to the sign
 // bit, picks.
 __attribute__((target("avx2"))) inline __m256 lookup(__m256 lo_codes, __m256 hi_codes,
@@ -74,12 +77,15 @@ __attribute__((target("avx2"))) void block_avx2(const uint8_t* packed, float m, 
   }
   block_scalar(packed + i / 2, m, out + i, n - i);
 }
+#endif
 
 // The host kernel: blocks of values over the threads; each value code * absmax in fp32, rounded
 // once to T (as dequantize_nf4's fp32 result then .to(dtype)).
 template <typename T>
 void dequantize_host(const uint8_t* packed, const float* absmax, T* out, const Nf4Shape& s) {
+#if defined(__x86_64__)
   static const bool avx2 = __builtin_cpu_supports("avx2");
+#endif
   const int64_t n = s.numel(), bs = s.blocksize;
   at::parallel_for(
       0, s.blocks(), std::max<int64_t>(1, (1 << 16) / bs), [&](int64_t b0, int64_t b1) {
@@ -91,9 +97,11 @@ void dequantize_host(const uint8_t* packed, const float* absmax, T* out, const N
           // Blocks hold an even number of values, so a block starts on a byte; an odd last value
           // is the high nibble of the last byte.
           const int64_t even = len & ~int64_t{1};
+#if defined(__x86_64__)
           if (avx2)
             block_avx2(packed + begin / 2, absmax[b], f, even);
           else
+#endif
             block_scalar(packed + begin / 2, absmax[b], f, even);
           if (even < len) f[even] = byte_table()[packed[(begin + even) / 2]][0] * absmax[b];
           if constexpr (!std::is_same_v<T, float>)
