@@ -194,26 +194,39 @@ const at::Tensor& BaseWeights::nf4_blob(const std::string& name, const model::Nf
 at::Tensor BaseWeights::nf4_blob_range(const std::string& name, const model::Nf4Shape& q, int64_t b,
                                        int64_t e) {
   at::Tensor out = at::zeros({e - b}, at::kByte);  // the padding before the absmax stays 0
-  const int64_t n = q.numel(), bs = q.blocksize;
-  // The blocks [k0, k1) quantized from their values, as one weight.
-  auto blocks = [&](int64_t k0, int64_t k1) {
+  const int64_t n = q.numel(), bs = q.blocksize, ao = q.absmax_offset();
+  // The blocks the range's codes cover and those its absmax values belong to.
+  const int64_t p0 = std::max<int64_t>(b, 0), p1 = std::min(e, q.packed_bytes());
+  const int64_t a0 = std::max(b, ao), a1 = std::min(e, q.bytes());
+  const bool codes = p0 < p1, scales = a0 < a1;
+  const int64_t ck0 = codes ? 2 * p0 / bs : 0,
+                ck1 = codes ? (std::min(2 * p1, n) + bs - 1) / bs : 0;
+  const int64_t sk0 = scales ? (a0 - ao) / 4 : 0, sk1 = scales ? (a1 - ao + 3) / 4 : 0;
+  // Blocks [k0, k1) quantized from their values, as one weight; the codes' and the absmax
+  // values' blocks at once when they overlap (a whole-tensor read), else each alone.
+  auto quantize = [&](int64_t k0, int64_t k1) {
     const int64_t v0 = k0 * bs, v1 = std::min(n, k1 * bs);
     at::Tensor values = at::empty({v1 - v0}, at::kFloat);
     files_->read_range(name, v0, v1, values);
     bytes_read_ += (v1 - v0) * static_cast<int64_t>(c10::elementSize(files_->info(name).dtype));
     return model::quantize_nf4(values, false, bs);
   };
-  if (const int64_t p0 = std::max<int64_t>(b, 0), p1 = std::min(e, q.packed_bytes()); p0 < p1) {
-    const int64_t k0 = 2 * p0 / bs, k1 = (std::min(2 * p1, n) + bs - 1) / bs;
-    const model::Nf4Weight w = blocks(k0, k1);
+  auto put_codes = [&](const model::Nf4Weight& w, int64_t k0) {
     out.narrow(0, p0 - b, p1 - p0).copy_(w.packed.narrow(0, p0 - k0 * bs / 2, p1 - p0));
+  };
+  auto put_scales = [&](const model::Nf4Weight& w, int64_t k0) {
+    out.narrow(0, a0 - b, a1 - a0)
+        .copy_(w.absmax.view(at::kByte).narrow(0, a0 - ao - 4 * k0, a1 - a0));
+  };
+  if (codes && scales && ck0 < sk1 && sk0 < ck1) {
+    const int64_t k0 = std::min(ck0, sk0), k1 = std::max(ck1, sk1);
+    const model::Nf4Weight w = quantize(k0, k1);
+    put_codes(w, k0);
+    put_scales(w, k0);
+    return out;
   }
-  const int64_t ao = q.absmax_offset();
-  if (const int64_t a0 = std::max(b, ao), a1 = std::min(e, q.bytes()); a0 < a1) {
-    const int64_t k0 = (a0 - ao) / 4, k1 = (a1 - ao + 3) / 4;
-    const at::Tensor absmax = blocks(k0, k1).absmax.view(at::kByte);
-    out.narrow(0, a0 - b, a1 - a0).copy_(absmax.narrow(0, a0 - ao - 4 * k0, a1 - a0));
-  }
+  if (codes) put_codes(quantize(ck0, ck1), ck0);
+  if (scales) put_scales(quantize(sk0, sk1), sk0);
   return out;
 }
 
