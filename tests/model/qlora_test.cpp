@@ -22,6 +22,7 @@
 #include "support/numerics.h"
 #include "support/subprocess.h"
 #include "train/optimizer.h"
+#include "train/saved_model.h"
 #include "train/weights.h"
 
 using namespace ft;
@@ -229,6 +230,24 @@ TEST_CASE("A quantized base is held in NF4 in bf16 too, and refused where it can
       R"({"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4"})"));
   CHECK_THROWS_WITH(train::BaseWeights(dir, c, train::model_param_shapes(c), 0),
                     Contains("model.layers.0.self_attn.q_proj.weight.absmax\" is missing"));
+
+  // What a run cannot do with an NF4 base: train it in full, or compute in fp64.
+  {
+    config::LoraSettings lora;
+    lora.enabled = false;
+    ModelConfig saved_nf4 = load_model_config(qlora_dir() + "llama_nf4/config.json");
+    CHECK_THROWS_WITH(train::apply_base_quant(lora, "bf16", "DIR", saved_nf4),
+                      Contains("DIR is saved quantized") && Contains("set lora.enabled=true"));
+    lora.quantize_base = "nf4";
+    ModelConfig plain = load_model_config(qlora_dir() + "llama_base/config.json");
+    CHECK_THROWS_WITH(train::apply_base_quant(lora, "bf16", "", plain),
+                      Contains("lora.quantize_base=nf4 quantizes the base"));
+    lora.enabled = true;
+    CHECK_THROWS_WITH(train::apply_base_quant(lora, "fp64", "", plain),
+                      Contains("not precision.mode=fp64"));
+    train::apply_base_quant(lora, "bf16", "", plain);
+    CHECK((plain.quant.nf4 && !plain.quant.in_files && !plain.quant.double_quant));
+  }
 
   // bitsandbytes' tensors that do not fit the weight: named with the file, refused at open.
   const std::string saved = qlora_dir() + "llama_nf4";
