@@ -39,6 +39,9 @@ constexpr double kFragmentation = 0.05;           // CUDA caching allocator
 constexpr double kDefaultDiskBps = 1e9;
 constexpr double kDefaultInitPerS = 2e8;
 constexpr double kAllocBytesPerS = 5e9;  // zeroing fresh memory
+// NF4 quantization at load (model/nf4.h quantize_nf4): values per second on one thread, read
+// off a CPU load of 90M projection values (0.2 s on 2 threads, bench/qlora_step.sh's model).
+constexpr double kNf4QuantizePerThreadS = 2e8;
 constexpr double kHostAdamwNs = 0.5;     // the host AdamW step per parameter, one thread
 constexpr double kPcieBytesPerS = 25e9;  // a GPU's copies to and from the host (PCIe 4.0 x16)
 // A CPU rank once its first step has run, beyond what it held before allocating: the LibTorch
@@ -266,7 +269,8 @@ struct State {
   int64_t trained_groups = 0;
   int64_t largest_tensor = 0;  // elements of the largest trained tensor
   std::string largest_name;
-  int64_t read_elements = 0;  // this rank's slices of every base parameter
+  int64_t read_elements = 0;    // this rank's slices of every base parameter
+  int64_t quantize_values = 0;  // NF4 at load: the projection values this rank quantizes
   int64_t largest_slice = 0;
   int64_t largest_param = 0;  // elements
   int units_ahead = 0;        // prefetched units
@@ -330,6 +334,8 @@ class Planner {
            s_.strategy.zero3.delayed_update;
   }
   double read_or_init();
+  double quantize_at_load();
+  int64_t read_elements_of(size_t index, int64_t held);
   void checks();
 
   const PlanInputs& in_;
@@ -344,6 +350,7 @@ class Planner {
   model::ModelConfig placed_;  // the model with rank 0's experts (strategy.expert_parallel)
   // Every parameter the forward reads, in file order, with the elements this rank holds of it.
   std::vector<parallel::UnitParam> params_;
+  std::vector<int64_t> nf4_values_;  // per params_ entry: an NF4 projection's values, else 0
   parallel::UnitsPlan units_;
   State st_;
   int64_t state_dev_ = 0;  // this rank's model state on its device
@@ -395,6 +402,7 @@ void Planner::lay_out_parameters() {
       p_.nf4_bytes += it->second.bytes();
       p_.largest_nf4 = std::max(p_.largest_nf4, numel);
     }
+    nf4_values_.push_back(nf4.count(q.name) ? numel : 0);
     if (q.trained) p_.trained_parameters += numel;
     if (q.name.find("lora_") == std::string::npos) p_.parameters += numel;
     params_.push_back({q.name, q.slot->numel(), q.trained, q.decay, q.expert});
@@ -482,7 +490,7 @@ void Planner::count_group(const parallel::GroupPlan& g) {
     const auto& q = params_[g.members[k]];
     st_.largest_param = std::max(st_.largest_param, q.numel);
     const parallel::ShardPiece mine = parallel::intersect(g.layout, 0, g.offsets[k], q.numel);
-    st_.read_elements += mine.numel();
+    st_.read_elements += read_elements_of(g.members[k], mine.numel());
     st_.largest_slice = std::max(st_.largest_slice, mine.numel());
     if (q.trained && q.numel > st_.largest_tensor) {
       st_.largest_tensor = q.numel;
@@ -886,10 +894,26 @@ void Planner::expert_exchange() {
                    c_, n - 1, n, kExchangeHeadroom)});
 }
 
+// The elements of the model files a rank reads for `held` elements of parameter `index`. An NF4
+// projection quantized at load is read as the values of the blocks it holds (with double
+// quantization, whose offset needs every block, the whole weight), and those are quantized; one
+// saved in NF4 is read as the bytes held.
+int64_t Planner::read_elements_of(size_t index, int64_t held) {
+  const int64_t values = nf4_values_[index];
+  if (values == 0 || held == 0 || shape_.mc.quant.in_files) return held;
+  const int64_t read =
+      shape_.mc.quant.double_quant
+          ? values
+          : static_cast<int64_t>(static_cast<double>(values) * static_cast<double>(held) /
+                                 static_cast<double>(params_[index].numel));
+  st_.quantize_values += read;
+  return read;
+}
+
 // ---- time to the first step ----
 
 void Planner::first_step() {
-  const double load_s = read_or_init();
+  const double load_s = read_or_init() + quantize_at_load();
   const int64_t state_all = state_dev_ + (gpu_ ? st_.offloaded() : 0);
   const double alloc_s = static_cast<double>(state_all) / kAllocBytesPerS;
   p_.startup.push_back(
@@ -944,6 +968,23 @@ void Planner::offload_step() {
                             s_.lora.r)
           .per_token() *
       static_cast<double>(s_.train.micro_batch * s_.data.seq_len * s_.train.grad_accum);
+}
+
+// NF4 at load: the projection values this rank quantizes, on its threads.
+double Planner::quantize_at_load() {
+  if (st_.quantize_values == 0) return 0;
+  const Budget& b = in_.budget;
+  const int threads = b.host_cores > 0 ? std::max(1, b.host_cores / layout_.nproc_per_node) : 1;
+  const double s = static_cast<double>(st_.quantize_values) / (kNf4QuantizePerThreadS * threads);
+  p_.startup.push_back(
+      {"quantize", "quantize the projections to NF4", st_.quantize_values / 2,
+       fmt::format("{} values on {} thread(s) at {:.0e}/s each (assumed){}: {:.0f} s",
+                   n3(st_.quantize_values), threads, kNf4QuantizePerThreadS,
+                   shape_.mc.quant.double_quant ? " (double quantization: every weight whole)"
+                   : shape_.file_bytes == 0     ? " (random init: every weight whole)"
+                                                : "",
+                   s)});
+  return s;
 }
 
 // Reading the model files, or drawing the random init: its item, and its seconds.

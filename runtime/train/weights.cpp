@@ -258,6 +258,7 @@ at::Tensor BaseWeights::draw(size_t index) {
 void BaseWeights::read_range(const std::string& name, int64_t begin, int64_t end,
                              const at::Tensor& dst) {
   if (const model::Nf4Shape* q = nf4_of(name)) {
+    if (begin == end) return;  // (a rank that holds none of it quantizes none of it)
     const auto size = static_cast<int64_t>(c10::elementSize(dst.scalar_type()));
     // Without double quantization a block's bytes depend on its values alone: a slice is made
     // from the weight's values it covers. (Double quantization needs every block's absmax.)
