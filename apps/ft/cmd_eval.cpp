@@ -48,8 +48,7 @@ Run add_eval(CLI::App& app) {
     opts->eval = settings.eval;
     opts->fused = train::eval_fused_ops(settings.train, settings.eval);
     opts->device = settings.hardware.device;
-    opts->quantize_base = settings.lora.quantize_base;
-    opts->double_quant = settings.lora.double_quant;
+    opts->lora = settings.lora;
     const auto t0 = std::chrono::steady_clock::now();
     const train::EvalResult r = train::evaluate(*opts);
     const double seconds =

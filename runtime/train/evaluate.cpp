@@ -17,6 +17,7 @@
 #include "model/decoder.h"
 #include "model/fused_loss.h"
 #include "model/lora.h"
+#include "train/saved_model.h"
 #include "train/trainer.h"
 #include "train/weights.h"
 
@@ -164,11 +165,7 @@ namespace {
 std::unique_ptr<model::DecoderModel> load_eval_model(const EvalOptions& o, model::ModelConfig& mc,
                                                      const at::Device& device) {
   mc = model::load_model_config(o.model_dir + "/config.json");
-  if (o.quantize_base == "nf4" && !mc.quant.in_files) {
-    mc.quant.nf4 = true;
-    mc.quant.double_quant = o.double_quant;
-    mc.validate(o.model_dir + "/config.json");
-  }
+  ask_base_quant(o.lora, o.model_dir + "/config.json", mc);
   BaseWeights weights(o.model_dir, mc, model_param_shapes(mc), /*seed=*/0);
   auto model = std::make_unique<model::DecoderModel>(
       mc, at::TensorOptions().dtype(at::kFloat).device(device));

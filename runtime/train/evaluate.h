@@ -25,10 +25,9 @@ struct EvalOptions {
   std::string data_path;       // JSONL
   std::string tokenizer_path;  // default: <model_dir>/tokenizer.json
   model::FusedOps fused;       // eval_fused_ops
-  // lora.quantize_base / lora.double_quant: the base's projections in NF4, as a QLoRA run held
-  // them (a model saved in NF4 is read so whatever these say).
-  std::string quantize_base = "none";
-  bool double_quant = false;
+  // Its quantize_base / double_quant: the base's projections in NF4, as a QLoRA run held them (a
+  // model saved in NF4 is read so whatever they say).
+  config::LoraSettings lora;
   // hardware.device: where the model runs (auto: a GPU when one is visible, as ft train).
   std::string device = "cpu";
 };

@@ -56,9 +56,9 @@ std::string ExpertWatch::observe(int64_t step, const std::vector<int64_t>& token
     idle_[i] = tokens[i] == 0 ? idle_[i] + 1 : 0;
     if (warned_ || idle_[i] < steps_) continue;
     warned_ = true;
-    const std::string fix =
-        aux_coef > 0 ? fmt::format("raise moe.aux_loss_coef (now {:g})", aux_coef)
-                     : "turn the load-balancing loss on (--set moe.aux_loss=on)";
+    const std::string fix = aux_coef > 0
+                                ? fmt::format("raise moe.aux_loss_coef (now {:g})", aux_coef)
+                                : "turn the load-balancing loss on (--set moe.aux_loss=on)";
     return fmt::format(
         "warning: step {}: expert {} of layer {} has received no token for {} steps in a row "
         "(moe.collapse_steps): its router has collapsed, and that layer computes with fewer "

@@ -133,8 +133,9 @@ std::string profile_table(const prof::ProfilerResult& result, bool cuda, double 
   });
   std::string out;
   if (cuda) {
-    out = fmt::format("GPU kernel time per step (of {:.2f} ms wall per step; kernels busy {:.2f} ms):\n",
-                      wall_s * 1e3 / steps, total_ns / 1e6 / steps);
+    out = fmt::format(
+        "GPU kernel time per step (of {:.2f} ms wall per step; kernels busy {:.2f} ms):\n",
+        wall_s * 1e3 / steps, total_ns / 1e6 / steps);
     out += fmt::format("  {:>9} {:>6} {:>7}  {}\n", "ms/step", "share", "calls", "name");
   } else {
     double busy_ns = 0;

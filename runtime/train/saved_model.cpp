@@ -61,12 +61,18 @@ model::LoraConfig lora_config_from_preset(const config::LoraSettings& l,
   return c;
 }
 
+void ask_base_quant(const config::LoraSettings& lora, const std::string& where,
+                    model::ModelConfig& model) {
+  if (lora.quantize_base != "nf4" || model.quant.in_files) return;
+  model.quant.nf4 = true;
+  model.quant.double_quant = lora.double_quant;
+  model.validate(where);
+}
+
 void apply_base_quant(const config::LoraSettings& lora, const std::string& precision,
                       const std::string& model_dir, model::ModelConfig& model) {
-  if (lora.quantize_base == "nf4" && !model.quant.in_files) {
-    model.quant.nf4 = true;
-    model.quant.double_quant = lora.double_quant;
-  }
+  const std::string where = model_dir.empty() ? "preset model" : model_dir + "/config.json";
+  ask_base_quant(lora, where, model);
   if (!model.quant.nf4) return;
   const std::string what = model.quant.in_files
                                ? model_dir + " is saved quantized (bitsandbytes 4-bit NF4)"
@@ -76,7 +82,6 @@ void apply_base_quant(const config::LoraSettings& lora, const std::string& preci
            "give --model an unquantized model for a full fine-tune");
   FT_CHECK(precision != "fp64", what,
            ", which computes in fp32, bf16 or fp16, not precision.mode=", precision);
-  model.validate(model_dir.empty() ? "preset model" : model_dir + "/config.json");
 }
 
 void write_text_atomic(const std::string& path, const std::string& text) {

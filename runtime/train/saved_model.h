@@ -38,6 +38,10 @@ model::LoraConfig lora_config_from_preset(const config::LoraSettings& lora,
 // `model_dir` names the model in messages ("" when from the preset).
 void apply_base_quant(const config::LoraSettings& lora, const std::string& precision,
                       const std::string& model_dir, model::ModelConfig& model);
+// The part of it that asks for the NF4 base (lora.quantize_base, lora.double_quant) without the
+// refusals: what ft eval does, which holds a base with or without an adapter.
+void ask_base_quant(const config::LoraSettings& lora, const std::string& where,
+                    model::ModelConfig& model);
 
 // Writes the trained model to `dir`: a PEFT adapter (`tensors` are the adapters) when `lora` is
 // given, else HF-format safetensors + config.json (`tensors` are every weight, in the dtype to

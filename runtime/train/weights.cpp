@@ -115,7 +115,7 @@ void BaseWeights::check_nf4_in_files(const std::string& name, const model::Nf4Sh
                " values, but a [", q.rows, ", ", q.cols, "] weight in NF4 blocks of ", q.blocksize,
                " needs ", want);
   };
-  nf4_state(name, q);
+  nf4_offsets_[name] = nf4_state(name, q);
   check_size(name + ".absmax", q.blocks());
   check_size(name + ".quant_map", 16);
   if (quant_.double_quant) {
@@ -151,11 +151,14 @@ float BaseWeights::nf4_state(const std::string& name, const model::Nf4Shape& q) 
       code.numel() == 16 && at::equal(code, at::tensor(std::vector<float>(nf4.begin(), nf4.end()))),
       files_->file_of(name).path(), ": ", name,
       ".quant_map is not the NF4 code table (another 4-bit type?)");
-  return quant_.double_quant ? static_cast<float>(field("nested_offset").get<double>()) : 0.0f;
+  if (!quant_.double_quant) return 0.0f;
+  FT_CHECK_T(FormatError, field("nested_offset").is_number(), where, ": nested_offset ",
+             field("nested_offset").dump(), " is not a number");
+  return static_cast<float>(field("nested_offset").get<double>());
 }
 
 model::Nf4Weight BaseWeights::nf4_from_files(const std::string& name, const model::Nf4Shape& q) {
-  const float offset = nf4_state(name, q);
+  const float offset = nf4_offsets_.at(name);  // read and checked when the files were opened
   model::Nf4Weight w;
   w.shape = {q.rows, q.cols};
   w.blocksize = q.blocksize;

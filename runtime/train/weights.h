@@ -78,6 +78,7 @@ class BaseWeights {
   at::Tensor nf4_blob_range(const std::string& name, const model::Nf4Shape& shape, int64_t begin,
                             int64_t end);
   model::Nf4Weight nf4_from_files(const std::string& name, const model::Nf4Shape& shape);
+  // The quant_state and quant_map checked; the nested offset (0 without double quantization).
   float nf4_state(const std::string& name, const model::Nf4Shape& shape);
 
   std::unique_ptr<io::SafetensorsIndex> files_;
@@ -88,6 +89,7 @@ class BaseWeights {
   std::map<std::string, std::vector<model::ExpertFilePiece>> pieces_;
   model::BaseQuant quant_;
   std::map<std::string, model::Nf4Shape> nf4_;
+  std::map<std::string, float> nf4_offsets_;  // quant.in_files: each quant_state's nested_offset
   std::string blob_name_;
   at::Tensor blob_;
   at::Generator gen_;
