@@ -16,9 +16,12 @@
 #   (fused kernels off and on) and without the chunked loss (profile.log); moe: expert
 #   parallelism over NCCL (test_cuda_gpu_ranks moe: EP 2 across 2 "nodes" and inside one, zero3
 #   and fsdp, full and LoRA on the experts); lora: bench/gpu_speed.sh lora-8b (ft against
-#   transformers + PEFT), then the reference alone under torch.compile (lora.log)
-#   bench/gpu_session.sh [PHASE...]     phases: tests speed doctor kernels offload profile moe lora
-#                                       (default: tests speed doctor)
+#   transformers + PEFT), then the reference alone under torch.compile (lora.log);
+#   offload-speed: issue 32's figure, full-1b against offload-1b (zero3 offload_optimizer) with
+#   the overlapped host update (strategy.overlap_host_step, the default) and without it, then
+#   offload-1b profiled (offload_speed.log)
+#   bench/gpu_session.sh [PHASE...]     phases: tests speed doctor kernels offload offload-speed
+#                                       profile moe lora (default: tests speed doctor)
 set -uo pipefail
 out=${OUT:?OUT must name the folder whose files come back}
 phases=("$@")
@@ -90,6 +93,27 @@ if has offload; then
   timeout 150 build/bin/test_cuda_gpu_ranks offload > "$out/ranks_offload.log" 2>&1 &
   wait
   grep -h -E '^(ok|FAIL|SKIP|all checks|[0-9]+ check|     median)' "$out/gpu_test.log" "$out/ranks_offload.log"
+fi
+if has offload-speed; then
+  say "phase offload-speed: full-1b, offload-1b overlapped (default), offload-1b not overlapped"
+  nproc; grep -m1 'model name' /proc/cpuinfo
+  BENCH_REF=0 BENCH_STEPS=4 BENCH_WARMUP=2 OUT_DIR=/tmp/off-on timeout 200 env -u OMP_NUM_THREADS \
+    bash bench/gpu_speed.sh build full-1b offload-1b > "$out/offload_speed.log" 2>&1
+  say "offload-speed (overlap on) exit $?"
+  FT_SETS=strategy.overlap_host_step=false BENCH_REF=0 BENCH_STEPS=4 BENCH_WARMUP=2 \
+    OUT_DIR=/tmp/off-off timeout 150 env -u OMP_NUM_THREADS \
+    bash bench/gpu_speed.sh build offload-1b >> "$out/offload_speed.log" 2>&1
+  say "offload-speed (overlap off) exit $?"
+  for d in /tmp/off-on/offload-1b-ft /tmp/off-off/offload-1b-ft; do
+    echo "$d: time.overlapped_update per step"
+    grep -o '"overlapped_update":{[^}]*}' "$d/metrics.jsonl" | tail -n 3
+    grep -o '"time":{[^}]*}' "$d/metrics.jsonl" | tail -n 2
+  done
+  BENCH_PROFILE=1 BENCH_REF=0 BENCH_STEPS=1 BENCH_WARMUP=3 OUT_DIR=/tmp/off-prof timeout 150 \
+    env -u OMP_NUM_THREADS bash bench/gpu_speed.sh build offload-1b >> "$out/offload_speed.log" 2>&1
+  say "offload-speed profile exit $?"
+  head -c 200000 /tmp/off-prof/offload-1b-ft/profile.txt > "$out/offload_profile.txt" 2>/dev/null
+  grep -E -A3 '^case ' "$out/offload_speed.log"
 fi
 if has profile; then
   for v in "profile:BENCH_PROFILE=2" "no-chunked-loss:FT_SETS=train.fused_loss=false" \

@@ -3,9 +3,11 @@
 // gradients folded into its pass), then with the bf16 copy the device gets back, written as a
 // separate rounding pass (what an offloaded step did before) and inside the update's own pass
 // (AdamW::Param::copy_out). Beside them a plain copy of 8 bytes per parameter (the memory's
-// speed). One JSON line per variant: the median over the timed steps, in ns per parameter, and
-// the bytes each variant moves per parameter. bench/host_adamw.sh runs it beside DeepSpeed's CPU
-// Adam and torch's fused AdamW on buffers of the same size.
+// speed), and the accumulation of a bf16 gradient into the fp32 host accumulator that precedes
+// the update (ATen's add_ against ft's add_into_host). One JSON line per variant: the median over
+// the timed steps, in ns per parameter, and the bytes each variant moves per parameter.
+// bench/host_adamw.sh runs it beside DeepSpeed's CPU Adam and torch's fused AdamW on buffers of the
+// same size.
 //   ft_bench_host_adamw [--params N] [--steps S] [--warmup W]   threads: OMP_NUM_THREADS
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/host_add.h"
 #include "train/optimizer.h"
 
 namespace {
@@ -95,5 +98,14 @@ int main(int argc, char** argv) {
   const at::Tensor src = at::randn({n}), dst = at::empty({n});
   report("copy of 8 bytes (fp32 in, fp32 out)",
          median_ns_per_param([&] { dst.copy_(src); }, warmup, steps, n), 8, n);
+  // The pass before the update: a bf16 gradient (a GPU's, come down) added into the fp32 host
+  // accumulator, by ATen's add_ (its dtype-casting loop, what an offloaded step did before) and
+  // by ft's add_into_host (the same bits).
+  const at::Tensor acc = at::zeros({n}), grad16 = at::randn({n}).to(at::kBFloat16);
+  report("accumulate a bf16 gradient into fp32: ATen add_",
+         median_ns_per_param([&] { acc.add_(grad16); }, warmup, steps, n), 10, n);
+  report("accumulate a bf16 gradient into fp32: ft add_into_host",
+         median_ns_per_param([&] { ft::parallel::add_into_host(acc, grad16); }, warmup, steps, n),
+         10, n);
   return 0;
 }

@@ -184,7 +184,8 @@ struct FsdpSettings {
 struct StrategySettings {
   std::string kind;  // ddp | zero3 | fsdp
   bool overlap_comm = true;
-  int64_t expert_parallel = 1;  // ranks each MoE layer's experts are split over (1: none)
+  bool overlap_host_step = true;  // an offloaded optimizer's update beside the next forward
+  int64_t expert_parallel = 1;    // ranks each MoE layer's experts are split over (1: none)
   DdpSettings ddp;
   Zero3Settings zero3;
   FsdpSettings fsdp;

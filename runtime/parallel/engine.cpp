@@ -1,17 +1,22 @@
 #include "parallel/engine.h"
 
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <map>
 #include <numeric>
+#include <thread>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "comm/process_group.h"
 #include "core/error.h"
+#include "parallel/host_add.h"
 #include "parallel/layout.h"
 #include "parallel/units.h"
 
@@ -86,18 +91,85 @@ struct Engine::Pending {
   std::vector<Part> parts;
 };
 
-namespace {
+// Gradients added into offloaded (host) accumulators on a thread of their own, in the order they
+// come. From a GPU each comes down by an asynchronous copy into page-locked memory, queued on the
+// stream that produced it, and the thread waits for that copy's event: the backward goes on
+// queuing kernels while the host adds (before, the hook waited for each gradient's copy and then
+// added it, the GPU idle meanwhile: issue 32). Whoever reads the accumulators drains first.
+class Engine::HostAdds {
+ public:
+  HostAdds() : thread_([this] { run(); }) {}
+  ~HostAdds() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  HostAdds(const HostAdds&) = delete;
+  HostAdds& operator=(const HostAdds&) = delete;
 
-// `t` on the device of `like`: itself when it is there already; from a GPU to the host through
-// page-locked memory (one DMA copy at full speed; a plain .to() lands in pageable memory, several
-// times slower, which was most of an offloaded step).
-at::Tensor on_device_of(const at::Tensor& t, const at::Tensor& like) {
-  if (t.device() == like.device()) return t;
-  if (!t.is_cuda() || !like.is_cpu()) return t.to(like.device());
-  at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
-  host.copy_(t);
-  return host;
-}
+  void push(at::Tensor dst, at::Tensor src, bool copy, std::unique_ptr<c10::Event> ready) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back({std::move(dst), std::move(src), copy, std::move(ready)});
+      ++queued_;
+    }
+    cv_.notify_all();
+  }
+  // Waits until every job pushed so far is done; rethrows the first error of one.
+  void drain() {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return done_ == queued_; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+ private:
+  struct Job {
+    at::Tensor dst, src;
+    bool copy = false;
+    std::unique_ptr<c10::Event> ready;  // the copy down from the GPU (null: on the host already)
+  };
+  void run() {
+    at::NoGradGuard no_grad;
+    for (;;) {
+      Job j;
+      bool failed = false;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        j = std::move(jobs_.front());
+        jobs_.pop_front();
+        failed = error_ != nullptr;
+      }
+      std::exception_ptr error;
+      try {
+        if (j.ready) j.ready->synchronize();
+        if (!failed) j.copy ? void(j.dst.copy_(j.src)) : add_into_host(j.dst, j.src);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      j = Job();  // (the page-locked block goes back to its cache here, not under the lock)
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (error && !error_) error_ = error;
+        ++done_;
+      }
+      done_cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<Job> jobs_;
+  int64_t queued_ = 0, done_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;  // last: it starts once the rest exists
+};
+
+namespace {
 
 class GradHook : public torch::autograd::PostAccumulateGradHook {
  public:
@@ -313,6 +385,11 @@ void Engine::load(const ParamSource& source) {
             (options_.compute_dtype == at::kBFloat16 || options_.compute_dtype == at::kHalf))
           g.copy_out = g.shard;
         masters_.push_back({g.master, g.decay, g.layout.shards > 1, g.expert, g.copy_out});
+        group_of_master_.emplace_back(static_cast<int>(ui), static_cast<int>(gi));
+        int first = std::numeric_limits<int>::max();
+        for (const Member& m : g.members)
+          first = std::min(first, std::max(0, model::DecoderModel::unit_of(m.name)));
+        first_unit_of_master_.push_back(first == std::numeric_limits<int>::max() ? 0 : first);
       }
     }
     if (u.sharded) {
@@ -329,7 +406,13 @@ void Engine::load(const ParamSource& source) {
       }());
   // Gathering around units (sharded strategies); gradient sinks (any strategy with them).
   gather_hooks_ = options_.shard_size > 1 && !options_.buckets;
-  if (gather_hooks_ || !sinks_.empty()) model_.set_unit_hooks(this);
+  // (An offloaded optimizer's overlapped update: the forward waits at its units.)
+  if (gather_hooks_ || !sinks_.empty() || options_.offload_optimizer) model_.set_unit_hooks(this);
+  for (size_t i = 0; i < masters_.size(); ++i)
+    update_order_.push_back({i, first_unit_of_master_[i]});
+  std::stable_sort(
+      update_order_.begin(), update_order_.end(),
+      [](const UpdateOrder& a, const UpdateOrder& b) { return a.model_unit < b.model_unit; });
   loaded_ = true;
 }
 
@@ -338,6 +421,7 @@ void Engine::load(const ParamSource& source) {
 void Engine::gather(int ui) {
   Unit& u = *units_[ui];
   if (!u.sharded || u.state != Unit::State::kReleased) return;
+  await_update(u.model_unit);  // (its shard is what the gather reads)
   for (auto& g : u.groups) {
     alloc_storage(g.full, g.full_bytes());
     at::Tensor src = g.shard;
@@ -402,6 +486,7 @@ void Engine::prefetch(int from, int step) {
 }
 
 void Engine::before_unit(int mu) {
+  await_update(mu);
   if (!gather_hooks_) return;
   const int ui = unit_of_model_.at(mu);
   if (ui < 0) return;
@@ -449,8 +534,11 @@ void Engine::on_param_grad(int ui, int gi, int mi, const at::Tensor& param) {
   // adds its rows, in token order, where a dense one adds the whole [vocab, hidden] tensor.
   auto add_into = [&](at::Tensor dst) {
     if (!grad.is_sparse()) {
-      // (Offloaded: the accumulator is in host memory; the gradient comes over first.)
-      dst.add_(on_device_of(grad.reshape({-1}), dst));
+      // An offloaded accumulator: added on the host's own thread (host_add).
+      if (g.layout.shards == 1 && g.master_host)
+        host_add(dst, grad.reshape({-1}), /*copy=*/false);
+      else
+        dst.add_(grad.reshape({-1}));
       return;
     }
     const at::Tensor rows = grad._indices().select(0, 0);
@@ -546,6 +634,7 @@ void Engine::all_reduce_grad(Group& g, comm::ProcessGroup* pg) {
   auto p = std::make_unique<Pending>();
   // In place, or through a copy on the device in the reduce dtype (offloaded: the accumulator is
   // in host memory, which NCCL cannot reduce).
+  if (g.master_host) drain_host_adds();
   at::Tensor buf = options_.reduce_dtype == g.grad_acc.scalar_type() && !g.master_host
                        ? g.grad_acc
                        : g.grad_acc.to(options_.device, options_.reduce_dtype, false, true);
@@ -599,10 +688,12 @@ void Engine::drain() {
     wait(*p->work);
     for (const auto& part : p->parts) {
       at::Tensor src = p->out.narrow(0, part.offset, part.numel);
-      if (part.copy)
+      if (options_.offload_optimizer)  // (an accumulator in host memory: host_add)
+        host_add(*part.dst, src, part.copy);
+      else if (part.copy)
         part.dst->copy_(src);
-      else  // (an offloaded accumulator is in host memory: the shard comes over first)
-        part.dst->add_(on_device_of(src, *part.dst));
+      else
+        part.dst->add_(src);
     }
   }
   pending_.clear();
@@ -679,6 +770,25 @@ void Engine::end_backward() {
   drain();
 }
 
+void Engine::host_add(const at::Tensor& dst, const at::Tensor& src, bool copy) {
+  if (!host_adds_) host_adds_ = std::make_unique<HostAdds>();
+  at::Tensor down = src;
+  std::unique_ptr<c10::Event> ready;
+  if (src.is_cuda()) {
+    down = at::empty(src.sizes(), src.options().device(at::kCPU).pinned_memory(true));
+    down.copy_(src, /*non_blocking=*/true);
+    ready = std::make_unique<c10::Event>(c10::DeviceType::CUDA);
+    ready->record(c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getStream(src.device()));
+  }
+  // (Added even on the step's first micro-batch, into zeros: a copy would keep a gradient's -0,
+  // which 0 + x makes +0, and the first moment can carry that sign.)
+  host_adds_->push(dst, std::move(down), copy, std::move(ready));
+}
+
+void Engine::drain_host_adds() {
+  if (host_adds_) host_adds_->drain();
+}
+
 void Engine::finish_gradients() {
   drain();
   if (groups_.replica && groups_.replica->size() > 1) {
@@ -693,6 +803,7 @@ void Engine::finish_gradients() {
     }
     drain();
   }
+  drain_host_adds();
 }
 
 std::vector<Engine::Piece> Engine::pieces(bool to_write) const {
@@ -730,24 +841,96 @@ void Engine::after_update(bool grads_zeroed, bool copied_out) {
   for (auto& u : units_)
     for (auto& g : u->groups) {
       if (!g.trained) continue;
-      if (g.master.is_same(g.shard)) {
-        // fp32 training: the masters are the model's tensors.
-      } else if (copied_out && g.copy_out.defined()) {
-        // Rounded into the shard by the optimizer's pass.
-      } else if (g.master.device() == g.shard.device()) {
-        g.shard.copy_(g.master);
-      } else {
-        // Offloaded masters: rounded on the host into page-locked memory, then one DMA copy
-        // (a plain copy_ would round into pageable memory and copy from there, several times
-        // slower). The caching host allocator keeps the buffer until the copy has run.
-        at::Tensor staged = at::empty(
-            g.master.sizes(),
-            g.master.options().dtype(g.shard.scalar_type()).pinned_memory(g.shard.is_cuda()));
-        staged.copy_(g.master);
-        g.shard.copy_(staged, /*non_blocking=*/true);
-      }
+      // (Rounded into the shard by the optimizer's pass when copied_out.)
+      if (!(copied_out && g.copy_out.defined())) refresh_shard(g, at::Tensor());
       if (g.grad_acc.defined() && !grads_zeroed) g.grad_acc.zero_();
     }
+}
+
+// The compute copy from the updated master: nothing for fp32 training (the masters are the model's
+// tensors), a rounding copy on one device, or from host masters to a GPU shard one DMA copy from
+// page-locked memory (`staged` when the optimizer's pass rounded into it; else rounded here: a
+// plain copy_ would round into pageable memory and copy from there, several times slower). The
+// caching host allocator keeps the staging until the copy has run.
+void Engine::refresh_shard(Group& g, const at::Tensor& staged) {
+  if (g.master.is_same(g.shard)) return;
+  if (g.master.device() == g.shard.device()) {
+    g.shard.copy_(g.master);
+    return;
+  }
+  at::Tensor up = staged;
+  if (!up.defined()) {
+    up =
+        at::empty(g.master.sizes(),
+                  g.master.options().dtype(g.shard.scalar_type()).pinned_memory(g.shard.is_cuda()));
+    up.copy_(g.master);
+  }
+  g.shard.copy_(up, /*non_blocking=*/true);
+}
+
+// ---- the overlapped host update ----
+
+std::vector<Engine::UpdateOrder> Engine::update_order() const { return update_order_; }
+
+void Engine::close_updates() {
+  std::lock_guard<std::mutex> lock(update_mu_);
+  update_next_ = 0;
+  updated_through_ = update_order_.empty() ? std::numeric_limits<int>::max()
+                                           : update_order_.front().model_unit - 1;
+  update_error_ = nullptr;
+}
+
+at::Tensor Engine::update_staging(size_t i) const {
+  const auto [ui, gi] = group_of_master_.at(i);
+  const Group& g = units_[static_cast<size_t>(ui)]->groups[static_cast<size_t>(gi)];
+  if (g.master.is_same(g.shard) || g.copy_out.defined() || !g.shard.is_cuda() ||
+      !g.master.is_cpu() || g.master.scalar_type() != at::kFloat ||
+      g.shard.scalar_type() == at::kFloat)
+    return at::Tensor();
+  return at::empty(g.master.sizes(),
+                   g.master.options().dtype(g.shard.scalar_type()).pinned_memory(true));
+}
+
+void Engine::updated(size_t i, const at::Tensor& staged) {
+  at::NoGradGuard no_grad;
+  FT_ASSERT(update_next_ < update_order_.size() && update_order_[update_next_].master == i,
+            "Engine::updated: master ", i, " out of update_order()");
+  const auto [ui, gi] = group_of_master_[i];
+  Group& g = units_[static_cast<size_t>(ui)]->groups[static_cast<size_t>(gi)];
+  if (!g.copy_out.defined()) refresh_shard(g, staged);
+  ++update_next_;
+  const int through = update_next_ < update_order_.size()
+                          ? update_order_[update_next_].model_unit - 1
+                          : std::numeric_limits<int>::max();
+  {
+    std::lock_guard<std::mutex> lock(update_mu_);
+    updated_through_ = through;
+  }
+  update_cv_.notify_all();
+}
+
+void Engine::open_updates(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(update_mu_);
+    updated_through_ = std::numeric_limits<int>::max();
+    if (error) update_error_ = std::move(error);
+  }
+  update_cv_.notify_all();
+}
+
+void Engine::await_update(int model_unit) {
+  std::unique_lock<std::mutex> lock(update_mu_);
+  if (updated_through_ < model_unit) {
+    const auto t0 = std::chrono::steady_clock::now();
+    update_cv_.wait(lock, [&] { return updated_through_ >= model_unit; });
+    update_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  if (update_error_) std::rethrow_exception(update_error_);
+}
+
+double Engine::take_update_wait_s() {
+  std::lock_guard<std::mutex> lock(update_mu_);
+  return std::exchange(update_wait_s_, 0.0);
 }
 
 // ---- small collectives ----

@@ -17,8 +17,12 @@
 
 #include <ATen/ATen.h>
 
+#include <condition_variable>
+#include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -175,6 +179,33 @@ class Engine : public model::UnitHooks {
   // gradients unless the optimizer already did (grads_zeroed).
   void after_update(bool grads_zeroed = false, bool copied_out = false);
 
+  // The host step unit by unit (offload_optimizer; trainer.h's overlapped update): the masters in
+  // the order the next forward needs them, each with the first model unit that reads it (0 for
+  // the persistent group and anything read before the first layer).
+  struct UpdateOrder {
+    size_t master = 0;
+    int model_unit = 0;
+  };
+  std::vector<UpdateOrder> update_order() const;
+  // Training thread, before the update's thread starts: every master counts as not yet updated,
+  // and the forward waits at each unit (before_unit, and a sharded unit's gather) until the
+  // masters it reads are.
+  void close_updates();
+  // The update's thread, after AdamW updated master `i` (with its compute copy rounded into
+  // `staged`, from update_staging, when defined): the compute copy is refreshed (on a GPU one
+  // DMA copy up from `staged`, queued on the stream the forward runs on) and the units that need
+  // nothing else are opened. Masters must come in update_order().
+  void updated(size_t i, const at::Tensor& staged);
+  // Page-locked staging for master i's compute copy on the GPU, which AdamW's pass writes
+  // (AdamW::update's copy_out); undefined where the pass writes the compute copy itself or none
+  // is needed (fp32 copies are staged by updated()).
+  at::Tensor update_staging(size_t i) const;
+  // Opens every unit: the update is over (settle), or failed with `error` (each unit's wait then
+  // throws it rather than run on half-updated parameters).
+  void open_updates(std::exception_ptr error = nullptr);
+  // Seconds the forward waited for the update since the last call.
+  double take_update_wait_s();
+
   // A delayed update (trainer.h): the masters' .grad() become the gradients accumulated so far and
   // the engine accumulates the next ones into a second set of buffers (zero: allocated here the
   // first time, afterwards the ones the optimizer zeroed as it consumed them).
@@ -282,6 +313,28 @@ class Engine : public model::UnitHooks {
   std::vector<Sink> sinks_;
   Accounting acc_;
   int p2p_tag_ = 0;  // full_on_rank0's sends and receives, in call order
+  // The overlapped host update: the master of each group (unit, group), the first model unit
+  // reading each master, and up to which model unit everything is updated (INT_MAX: all; guarded
+  // by update_mu_, as the error and the wait time).
+  std::vector<std::pair<int, int>> group_of_master_;
+  std::vector<int> first_unit_of_master_;
+  std::vector<UpdateOrder> update_order_;
+  size_t update_next_ = 0;  // (the update's thread) its position in update_order_
+  std::mutex update_mu_;
+  std::condition_variable update_cv_;
+  int updated_through_ = std::numeric_limits<int>::max();
+  std::exception_ptr update_error_;
+  double update_wait_s_ = 0;
+  void await_update(int model_unit);
+  // Offloaded accumulators (offload_optimizer): gradients are added on a thread of their own.
+  class HostAdds;
+  std::unique_ptr<HostAdds> host_adds_;
+  // `dst` (an offloaded accumulator) += `src`, or = `src` (copy), in the order of the calls, on
+  // host_adds_'s thread; a GPU tensor comes down first by an asynchronous copy on its stream.
+  // drain_host_adds() waits for them.
+  void host_add(const at::Tensor& dst, const at::Tensor& src, bool copy);
+  void drain_host_adds();
+  void refresh_shard(Group& g, const at::Tensor& staged);
 };
 
 }  // namespace ft::parallel

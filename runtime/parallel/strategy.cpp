@@ -19,7 +19,7 @@ StrategyPlan plan_strategy(const config::StrategySettings& strategy,
   // A knob of another strategy is a mistake (a copied config, a typo in kind), not something to
   // ignore.
   for (const auto& [key, where] : strategy.user_keys) {
-    // strategy.kind and strategy.overlap_comm (no further dot) apply to every kind.
+    // strategy.kind, strategy.overlap_comm ... (no further dot) apply to every kind.
     if (key.rfind("strategy.", 0) != 0 || key.find('.', 9) == std::string::npos) continue;
     const std::string owner = key.substr(9, key.find('.', 9) - 9);
     FT_CHECK(owner == kind, key, " (set in ", where, ") is a ", owner,

@@ -110,6 +110,8 @@ struct Plan {
   std::vector<Item> offload_step;
   double offload_step_s = 0;
   bool offload_delayed = false;  // strategy.zero3.delayed_update: the update overlaps the next step
+  // strategy.overlap_host_step (without a delay): the update runs beside the next step's forward
+  bool offload_overlapped = false;
   double step_flops = 0;
   std::vector<Check> checks;
   std::vector<Suggestion> suggestions;  // when something does not fit

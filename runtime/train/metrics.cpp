@@ -135,13 +135,14 @@ void MetricsLog::write(const StepRecord& r) {
     j["source_tokens"][c.name] = c.tokens;
   }
   if (!s.expert_tokens.empty()) j["moe"] = moe_record(s.aux_loss, s.expert_tokens, s.moe_layers);
-  // The delayed update (issue 32): the host step that ran beside this step's forward and backward,
-  // what of it this step waited for, and the rest, hidden.
-  if (s.delayed_update_s >= 0)
-    j["time"]["delayed_update"] = {
-        {"update_s", s.delayed_update_s},
-        {"waited_s", s.delayed_wait_s},
-        {"hidden_s", std::max(0.0, s.delayed_update_s - s.delayed_wait_s)}};
+  // The host step of the step before that ran beside this one (issue 32: delayed, beside its
+  // forward and backward; overlapped, beside its forward), what of it this step waited for, and
+  // the rest, hidden.
+  if (s.host_update_s >= 0)
+    j["time"][s.host_update_delayed ? "delayed_update" : "overlapped_update"] = {
+        {"update_s", s.host_update_s},
+        {"waited_s", s.host_update_wait_s},
+        {"hidden_s", std::max(0.0, s.host_update_s - s.host_update_wait_s)}};
   if (r.exchanged)
     j["moe"]["exchange"] = {{"dispatch_s", r.dispatch_s},
                             {"combine_s", r.combine_s},

@@ -129,6 +129,14 @@ double sq_norm_on_host(const T* x, int64_t n) {
   return s;
 }
 
+void check_copy_out(const at::Tensor& p, const at::Tensor& copy_out) {
+  FT_CHECK(p.is_cpu() && p.scalar_type() == at::kFloat && copy_out.is_cpu() &&
+               copy_out.is_contiguous() && copy_out.numel() == p.numel() &&
+               (copy_out.scalar_type() == at::kBFloat16 || copy_out.scalar_type() == at::kHalf),
+           "AdamW: a copy-out needs an fp32 host parameter and a contiguous bf16 or fp16 host "
+           "tensor of as many elements");
+}
+
 std::vector<AdamW::Param> by_name(const std::vector<std::pair<std::string, at::Tensor>>& params) {
   std::vector<AdamW::Param> out;
   for (const auto& [name, t] : params) out.push_back({t, !AdamW::no_decay(name)});
@@ -149,17 +157,12 @@ AdamW::AdamW(const std::vector<std::pair<std::string, at::Tensor>>& params, Adam
     : AdamW(by_name(params), options) {}
 
 AdamW::AdamW(const std::vector<Param>& params, AdamWOptions options) : options_(options) {
-  groups_.push_back({options.weight_decay, {}, {}, {}, {}, {}});
-  groups_.push_back({0.0, {}, {}, {}, {}, {}});
+  groups_.push_back({options.weight_decay, {}, {}, {}, {}, {}, {}});
+  groups_.push_back({0.0, {}, {}, {}, {}, {}, {}});
   for (const auto& [p, decay, copy_out] : params) {
     Group& g = groups_[decay ? 0 : 1];
     where_.emplace_back(decay ? 0 : 1, g.params.size());
-    if (copy_out.defined())
-      FT_CHECK(p.is_cpu() && p.scalar_type() == at::kFloat && copy_out.is_cpu() &&
-                   copy_out.is_contiguous() && copy_out.numel() == p.numel() &&
-                   (copy_out.scalar_type() == at::kBFloat16 || copy_out.scalar_type() == at::kHalf),
-               "AdamW: a copy-out needs an fp32 host parameter and a contiguous bf16 or fp16 host "
-               "tensor of as many elements");
+    if (copy_out.defined()) check_copy_out(p, copy_out);
     g.params.push_back(p);
     g.copy_out.push_back(copy_out);
     g.exp_avg.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
@@ -169,12 +172,15 @@ AdamW::AdamW(const std::vector<Param>& params, AdamWOptions options) : options_(
 }
 
 void AdamW::step(double lr, double grad_scale, bool zero_grads, bool write_copies) {
-  at::NoGradGuard no_grad;
+  begin(lr, grad_scale, zero_grads, write_copies);
+  for (size_t i = 0; i < where_.size(); ++i) update(i);
+}
+
+void AdamW::begin(double lr, double grad_scale, bool zero_grads, bool write_copies) {
   ++steps_;
   const double step = static_cast<double>(steps_);
   for (auto& g : groups_) {
-    if (g.params.empty()) continue;
-    AdamWScalars s;
+    AdamWScalars& s = g.scalars;
     s.decay = 1.0 - lr * g.weight_decay;
     s.beta1 = options_.beta1;
     s.one_minus_beta1 = 1.0 - options_.beta1;
@@ -183,31 +189,42 @@ void AdamW::step(double lr, double grad_scale, bool zero_grads, bool write_copie
     s.step_size = lr / (1.0 - std::pow(options_.beta1, step));
     s.bias2_sqrt = std::sqrt(1.0 - std::pow(options_.beta2, step));
     s.eps = options_.eps;
-    at::_foreach_add_(g.steps, 1);
-    for (size_t i = 0; i < g.params.size(); ++i) {
-      at::Tensor& p = g.params[i];
-      at::Tensor grad = p.grad();
-      FT_CHECK(grad.defined() && p.is_contiguous() && grad.is_contiguous() &&
-                   grad.scalar_type() == p.scalar_type() && grad.device() == p.device(),
-               "AdamW: a parameter without a contiguous gradient of its own dtype and device");
-      if (p.is_cuda()) {
-        FT_CHECK(p.scalar_type() == at::kFloat, "AdamW on a GPU updates fp32 masters, got ",
-                 p.scalar_type());
-        if (grad_scale != 1.0) grad.mul_(grad_scale);
-        cuda::api().adamw_fp32(p.get_device(), p.data_ptr<float>(), grad.data_ptr<float>(),
-                               g.exp_avg[i].data_ptr<float>(), g.exp_avg_sq[i].data_ptr<float>(),
-                               p.numel(), s);
-        if (zero_grads) grad.zero_();
-      } else if (p.scalar_type() == at::kFloat) {
-        step_on_host<float>(p, grad, g.exp_avg[i], g.exp_avg_sq[i], s, grad_scale, zero_grads,
-                            write_copies ? g.copy_out[i] : at::Tensor());
-      } else {
-        FT_CHECK(p.scalar_type() == at::kDouble, "AdamW updates fp32 or fp64 masters, got ",
-                 p.scalar_type());
-        step_on_host<double>(p, grad, g.exp_avg[i], g.exp_avg_sq[i], s, grad_scale, zero_grads,
-                             at::Tensor());
-      }
-    }
+  }
+  grad_scale_ = grad_scale;
+  zero_grads_ = zero_grads;
+  write_copies_ = write_copies;
+}
+
+void AdamW::update(size_t index, const at::Tensor& copy_out) {
+  at::NoGradGuard no_grad;
+  FT_ASSERT(index < where_.size(), "AdamW::update of parameter ", index, " of ", where_.size());
+  auto [gi, i] = where_[index];
+  Group& g = groups_[gi];
+  const AdamWScalars& s = g.scalars;
+  at::Tensor& p = g.params[i];
+  at::Tensor grad = p.grad();
+  FT_CHECK(grad.defined() && p.is_contiguous() && grad.is_contiguous() &&
+               grad.scalar_type() == p.scalar_type() && grad.device() == p.device(),
+           "AdamW: a parameter without a contiguous gradient of its own dtype and device");
+  g.steps[i].add_(1);
+  if (p.is_cuda()) {
+    FT_CHECK(p.scalar_type() == at::kFloat, "AdamW on a GPU updates fp32 masters, got ",
+             p.scalar_type());
+    if (grad_scale_ != 1.0) grad.mul_(grad_scale_);
+    cuda::api().adamw_fp32(p.get_device(), p.data_ptr<float>(), grad.data_ptr<float>(),
+                           g.exp_avg[i].data_ptr<float>(), g.exp_avg_sq[i].data_ptr<float>(),
+                           p.numel(), s);
+    if (zero_grads_) grad.zero_();
+  } else if (p.scalar_type() == at::kFloat) {
+    at::Tensor out = copy_out.defined() ? copy_out : write_copies_ ? g.copy_out[i] : at::Tensor();
+    if (copy_out.defined()) check_copy_out(p, copy_out);
+    step_on_host<float>(p, grad, g.exp_avg[i], g.exp_avg_sq[i], s, grad_scale_, zero_grads_, out);
+  } else {
+    FT_CHECK(p.scalar_type() == at::kDouble, "AdamW updates fp32 or fp64 masters, got ",
+             p.scalar_type());
+    FT_CHECK(!copy_out.defined(), "AdamW: a copy-out needs fp32 masters");
+    step_on_host<double>(p, grad, g.exp_avg[i], g.exp_avg_sq[i], s, grad_scale_, zero_grads_,
+                         at::Tensor());
   }
 }
 

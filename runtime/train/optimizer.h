@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "train/adamw_math.h"
+
 namespace ft::train {
 
 // The squared L2 norm of a contiguous fp32 or fp64 host tensor (the gradient clip's norm): squares
@@ -48,6 +50,15 @@ class AdamW {
   // write_copies false: the copy_out tensors are left alone (a delayed update runs while the
   // model reads them).
   void step(double lr, double grad_scale = 1.0, bool zero_grads = false, bool write_copies = true);
+  // The same step in pieces, parameter by parameter (an offloaded job's host step, unit by unit
+  // while the next step runs: trainer.h): begin() counts the step and fixes its scalars, then
+  // update(i) updates the i-th parameter given to the constructor, each exactly once, in any
+  // order, on any one thread at a time. `copy_out` (fp32 host parameters only) receives the
+  // rounded new values instead of the parameter's own Param::copy_out (page-locked staging for
+  // the device's copy). step() is begin() and update() of every parameter in order.
+  void begin(double lr, double grad_scale = 1.0, bool zero_grads = false, bool write_copies = true);
+  void update(size_t i, const at::Tensor& copy_out = at::Tensor());
+  size_t size() const { return where_.size(); }
   int64_t steps() const { return steps_; }
   // Resident bytes of the state (exp_avg + exp_avg_sq + steps).
   int64_t state_bytes() const;
@@ -64,12 +75,15 @@ class AdamW {
  private:
   struct Group {
     double weight_decay;
+    AdamWScalars scalars;                                        // of the step begun last
     std::vector<at::Tensor> params, exp_avg, exp_avg_sq, steps;  // each entry like its param, fp32
     std::vector<at::Tensor> copy_out;                            // undefined: none
   };
   AdamWOptions options_;
   std::vector<Group> groups_;
   int64_t steps_ = 0;
+  double grad_scale_ = 1.0;  // of the step begun last
+  bool zero_grads_ = false, write_copies_ = true;
   std::vector<std::pair<size_t, size_t>> where_;  // parameter i -> (group, index)
 };
 

@@ -687,6 +687,7 @@ void TrainingRun::build_trainer() {
   options.router_aux_global = s_.moe.aux_loss_scope == "global";
   if (s_.strategy.kind == "zero3" && s_.strategy.zero3.delayed_update)
     options.delayed_update_after = s_.strategy.zero3.delayed_update_after;
+  options.overlap_host_step = s_.strategy.overlap_host_step;
   trainer_ = std::make_unique<Trainer>(*model_, options, *engine_);
   fault_delay_s_ = fault_delay(env_.rank);
   // LoRA dropout draws from LibTorch's default generators, which start from a random seed in each

@@ -112,9 +112,37 @@ void Trainer::settle() {
   // (Reported by the next step, whether it waits here or a checkpoint or evaluation did.)
   settle_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   settled_unreported_ = true;
+  if (pending_overlapped_) {
+    // Each master's compute copy was refreshed as it was updated.
+    engine_.open_updates();
+    if (pending_error_) std::rethrow_exception(std::exchange(pending_error_, nullptr));
+    return;
+  }
   if (pending_error_) std::rethrow_exception(std::exchange(pending_error_, nullptr));
   // The optimizer zeroed the gradients it consumed; the engine's current ones are the next step's.
   engine_.after_update(/*grads_zeroed=*/true, /*copied_out=*/false);
+}
+
+void Trainer::start_overlapped_update(double lr, double clip_scale) {
+  optimizer_->begin(lr, clip_scale, /*zero_grads=*/true);
+  if (update_order_.empty()) update_order_ = engine_.update_order();
+  engine_.close_updates();
+  pending_overlapped_ = true;
+  pending_ = std::thread([this] {
+    try {
+      at::NoGradGuard guard;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (const auto& o : update_order_) {
+        const at::Tensor staged = engine_.update_staging(o.master);
+        optimizer_->update(o.master, staged);
+        engine_.updated(o.master, staged);
+      }
+      pending_run_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } catch (...) {
+      pending_error_ = std::current_exception();
+      engine_.open_updates(pending_error_);  // (the forward waiting at a unit throws it)
+    }
+  });
 }
 
 StepStats Trainer::step(const std::vector<data::Batch>& micro_batches) {
@@ -205,15 +233,18 @@ StepStats Trainer::apply_update(StepStats st) {
   // Delayed: the previous step's update is done and in the model; this step's gradients go to the
   // optimizer and the engine accumulates the next ones elsewhere.
   const bool delay = options_.delayed_update_after >= 0 && step_ >= options_.delayed_update_after;
-  if (delay) {
-    settle();
-    if (settled_unreported_) {
-      st.delayed_update_s = pending_run_s_;
-      st.delayed_wait_s = std::exchange(settle_wait_s_, 0.0);
-      settled_unreported_ = false;
-    }
-    engine_.hand_over_grads();
+  const bool overlap = !delay && options_.overlap_host_step && engine_.options().offload_optimizer;
+  // The update beside this step (either kind) is done; it is reported with this step.
+  const bool was_delayed = !pending_overlapped_;
+  settle();
+  pending_overlapped_ = false;
+  if (settled_unreported_) {
+    st.host_update_s = pending_run_s_;
+    st.host_update_wait_s = std::exchange(settle_wait_s_, 0.0) + engine_.take_update_wait_s();
+    st.host_update_delayed = was_delayed;
+    settled_unreported_ = false;
   }
+  if (delay) engine_.hand_over_grads();
   std::vector<at::Tensor> grads, sharded, replicated, experts, sharded_experts;
   for (const auto& m : engine_.masters()) {
     grads.push_back(m.tensor.grad());
@@ -296,6 +327,8 @@ StepStats Trainer::apply_update(StepStats st) {
         pending_error_ = std::current_exception();
       }
     });
+  } else if (overlap) {
+    start_overlapped_update(st.lr, clip_scale);
   } else {
     optimizer_->step(st.lr, clip_scale, /*zero_grads=*/true);
     engine_.after_update(/*grads_zeroed=*/true, /*copied_out=*/true);

@@ -39,6 +39,12 @@ struct TrainOptions {
   // this many on, each step's optimizer update runs on a host thread during the next step's
   // forward and backward (-1: never).
   int64_t delayed_update_after = -1;
+  // An offloaded optimizer (zero3 offload_optimizer, fsdp cpu_offload) without a delayed update:
+  // the host update runs on its own thread, master by master in the order the next forward reads
+  // them (parallel::Engine::update_order), each unit's parameters refreshed as soon as they are
+  // updated; the next step starts at once and its forward waits at each unit until that unit is
+  // updated (strategy.overlap_host_step). The same bits as the update in one piece.
+  bool overlap_host_step = true;
 };
 
 struct StepStats {
@@ -56,10 +62,12 @@ struct StepStats {
   double aux_loss = 0;
   std::vector<int64_t> expert_tokens;
   std::vector<int64_t> moe_layers;  // the model's index of each MoE layer in expert_tokens
-  // Delayed update (strategy.zero3.delayed_update): how long the previous step's host update ran
-  // on its thread, and how long the training thread waited for it (at this step's hand-over, or
-  // at a checkpoint or evaluation before it); the rest was hidden. update_s < 0: none.
-  double delayed_update_s = -1, delayed_wait_s = 0;
+  // The host update of the step before that ran on its own thread beside this step (a delayed
+  // update, strategy.zero3.delayed_update, or the overlapped one, strategy.overlap_host_step): how
+  // long it ran, and how long the training thread waited for it (the forward at its units, this
+  // step's hand-over, a checkpoint or evaluation before it); the rest was hidden. < 0: none.
+  double host_update_s = -1, host_update_wait_s = 0;
+  bool host_update_delayed = false;
 };
 
 // This rank's resident state and communication over one step (parallel::Accounting) plus the
@@ -101,9 +109,9 @@ class Trainer {
   // in the model first, and this step's update starts on a host thread and returns at once: the
   // next step's forward and backward run with the parameters of this one's start.
   StepStats apply_update(StepStats stats);
-  // Waits for a delayed update in flight and puts its values in the model: before a checkpoint,
-  // an evaluation and the final save (each is a point where the delay starts over). No-op
-  // without one.
+  // Waits for a delayed or overlapped update in flight and puts its values in the model: before a
+  // checkpoint, an evaluation and the final save (each is a point where a delay starts over).
+  // No-op without one.
   void settle();
   // Resident bytes and communication since the previous call.
   MemoryStats memory();
@@ -139,15 +147,19 @@ class Trainer {
   at::Tensor loss_scale_;             // [] fp32 on the engine's device (fp16 only)
   at::Tensor growth_tracker_;         // [] int32 on the engine's device (fp16 only)
   core::HostBlockCache loss_blocks_;  // the fused loss's logits and gradients on the CPU
-  std::thread pending_;               // a delayed update in flight
-  std::exception_ptr pending_error_;  // what it threw
-  double pending_run_s_ = 0;          // how long it ran (written by its thread)
-  double settle_wait_s_ = 0;          // how long settle() waited for it, since the last report
-  bool settled_unreported_ = false;   // it finished and no step has reported it yet
+  std::thread pending_;               // a delayed or overlapped update in flight
+  bool pending_overlapped_ = false;   // it is the overlapped one (the engine's units wait for it)
+  std::vector<parallel::Engine::UpdateOrder> update_order_;  // the overlapped update's order
+  std::exception_ptr pending_error_;                         // what it threw
+  double pending_run_s_ = 0;         // how long it ran (written by its thread)
+  double settle_wait_s_ = 0;         // how long settle() waited for it, since the last report
+  bool settled_unreported_ = false;  // it finished and no step has reported it yet
 
   // After a micro-batch's forward: its aux loss value, with the router gradient it adds set for
   // the backward (`scale`: the loss scale over micro-batches x ranks); its picks added to `load`.
   double route_aux(double scale, std::vector<double>& load);
+  // The overlapped update (TrainOptions::overlap_host_step) on its thread.
+  void start_overlapped_update(double lr, double clip_scale);
 };
 
 // The load-balancing loss's weight a run uses: moe.aux_loss and moe.aux_loss_coef against the

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -24,6 +25,7 @@
 #include "data/synthetic.h"
 #include "model/decoder.h"
 #include "parallel/engine.h"
+#include "parallel/host_add.h"
 #include "parallel/strategy.h"
 #include "support/inproc_ranks.h"
 #include "support/model_fixtures.h"
@@ -306,4 +308,42 @@ TEST_CASE(
       }
     }
   }
+}
+
+// The offloaded accumulators' host addition (parallel/host_add.h): the bits of ATen's add_ for
+// fp32, bf16 and fp16 gradients into fp32, with infinities, NaN, signed zeros, values that round
+// and subnormals, over several of its chunks and a tail, at 1 and 2 threads.
+TEST_CASE("add_into_host: ATen's add_ bit for bit, fp32 / bf16 / fp16 into fp32", "[unit]") {
+  const int threads_before = at::get_num_threads();
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf})
+    for (int threads : {1, 2}) {
+      DYNAMIC_SECTION(c10::toString(dtype) << ", " << threads << " threads") {
+        at::set_num_threads(threads);
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+        const int64_t n = 3 * (1 << 16) + 123;
+        at::Tensor acc = at::randn({n}, gen) * 1e3;
+        at::Tensor src = (at::randn({n}, gen) * 7).to(dtype);
+        const std::vector<float> special = {0.f,
+                                            -0.f,
+                                            1e-40f,
+                                            -1e-40f,
+                                            3e38f,
+                                            -3e38f,
+                                            1e-3f,
+                                            65504.f,
+                                            std::numeric_limits<float>::infinity(),
+                                            std::numeric_limits<float>::quiet_NaN()};
+        for (size_t i = 0; i < special.size(); ++i) {
+          acc[static_cast<int64_t>(i)] = special[i];
+          src[static_cast<int64_t>(i + special.size())] = special[i];
+          acc[static_cast<int64_t>(i + 2 * special.size())] = -0.f;
+          src[static_cast<int64_t>(i + 2 * special.size())] = special[i];
+        }
+        at::Tensor want = acc.clone();
+        want.add_(src);
+        parallel::add_into_host(acc, src);
+        CHECK(at::equal(acc.view(at::kInt), want.view(at::kInt)));
+      }
+    }
+  at::set_num_threads(threads_before);
 }

@@ -377,6 +377,36 @@ TEST_CASE("offload: the same run bit for bit, and the state accounted in host me
 // The offloaded optimizer at world size 1 and 2, with and without gradient accumulation, fp32 and
 // bf16 (whose compute copies the host AdamW writes in its own pass): the same bits as the same
 // job without offload (issue 32).
+namespace {
+// zero3 in bf16 with the optimizer offloaded and small parameters replicated (both kinds of group).
+const std::vector<std::string> kOffloadedBf16 = {
+    "train.micro_batch=2", "precision.mode=bf16", "strategy.kind=zero3",
+    "strategy.zero3.param_persistence_threshold=5000", "strategy.zero3.offload_optimizer=true"};
+
+// Both jobs ended well, wrote the same final model and logged the same losses over `steps`
+// steps; their metrics records.
+std::pair<std::vector<json>, std::vector<json>> same_run(const Job& x, const Job& y, size_t steps) {
+  require_ok(x);
+  require_ok(y);
+  CHECK(read_file(x.dir + "/final/model.safetensors") ==
+        read_file(y.dir + "/final/model.safetensors"));
+  auto a = read_metrics(x.dir), b = read_metrics(y.dir);
+  REQUIRE(a.size() == steps);
+  REQUIRE(b.size() == steps);
+  for (size_t i = 0; i < steps; ++i) CHECK(a[i]["loss"] == b[i]["loss"]);
+  return {std::move(a), std::move(b)};
+}
+
+// A step's record of the host update that ran beside it (time.delayed_update or
+// time.overlapped_update): how long it ran, what the step waited for, the rest hidden.
+void check_host_update(const json& u) {
+  CHECK(u["update_s"].get<double>() > 0);
+  CHECK(u["waited_s"].get<double>() >= 0);
+  CHECK(u["hidden_s"].get<double>() ==
+        Approx(std::max(0.0, u["update_s"].get<double>() - u["waited_s"].get<double>())));
+}
+}  // namespace
+
 TEST_CASE("offload at 1 and 2 ranks, with and without accumulation: the same bits", "[multiproc]") {
   const std::map<std::string, std::string> allow = {{"FT_ALLOW_CPU_OFFLOAD", "1"}};
   for (const int nproc : {1, 2})
@@ -391,17 +421,37 @@ TEST_CASE("offload at 1 and 2 ranks, with and without accumulation: the same bit
                                                  "strategy.zero3.param_persistence_threshold=5000"};
           Job plain = run_job(nproc, sets);
           Job off = run_job(nproc, with(sets, {"strategy.zero3.offload_optimizer=true"}), allow);
-          require_ok(plain);
-          require_ok(off);
-          CHECK(read_file(plain.dir + "/final/model.safetensors") ==
-                read_file(off.dir + "/final/model.safetensors"));
-          const auto a = read_metrics(plain.dir), b = read_metrics(off.dir);
-          REQUIRE(a.size() == 3);
-          REQUIRE(b.size() == a.size());
-          for (size_t i = 0; i < a.size(); ++i) CHECK(a[i]["loss"] == b[i]["loss"]);
+          const auto [a, b] = same_run(plain, off, 3);
           CHECK(b.back()["memory"]["host_optimizer_bytes"].get<int64_t>() > 0);  // rank 0's
+          // The host update ran beside the next step's forward (strategy.overlap_host_step, on
+          // by default), which waited for it unit by unit: reported from step 2 on.
+          for (size_t i = 0; i < b.size(); ++i) {
+            INFO("step " << i + 1);
+            CHECK_FALSE(a[i]["time"].contains("overlapped_update"));
+            REQUIRE(b[i]["time"].contains("overlapped_update") == (i >= 1));
+            if (i == 0) continue;
+            check_host_update(b[i]["time"]["overlapped_update"]);
+          }
         }
       }
+}
+
+// strategy.overlap_host_step=false: the whole host update before the next step, as before the
+// overlapped one existed: the same bits as the overlapped run (and so as the run without
+// offload), with a checkpoint in between (a point where the overlapped update is waited for), and
+// no overlapped_update record.
+TEST_CASE("offload without the overlapped update: the same bits, no record", "[multiproc]") {
+  const std::map<std::string, std::string> allow = {{"FT_ALLOW_CPU_OFFLOAD", "1"}};
+  const std::vector<std::string> sets =
+      with(kOffloadedBf16,
+           {"train.max_steps=4", "strategy.zero3.offload_param=true", "output.save_every=2"});
+  Job on = run_job(2, sets, allow);
+  Job off = run_job(2, with(sets, {"strategy.overlap_host_step=false"}), allow);
+  const auto [a, b] = same_run(on, off, 4);
+  for (size_t i = 0; i < a.size(); ++i) {
+    CHECK(a[i]["time"].contains("overlapped_update") == (i >= 1));
+    CHECK_FALSE(b[i]["time"].contains("overlapped_update"));
+  }
 }
 
 // ZeRO-Offload's delayed parameter update (strategy.zero3.delayed_update, issue 32): before its
@@ -413,15 +463,9 @@ TEST_CASE("offload at 1 and 2 ranks, with and without accumulation: the same bit
 TEST_CASE("delayed update: the same run before it starts, one step stale after, resumable",
           "[multiproc]") {
   const std::map<std::string, std::string> allow = {{"FT_ALLOW_CPU_OFFLOAD", "1"}};
-  const std::vector<std::string> base = {"train.max_steps=8",
-                                         "train.micro_batch=2",
-                                         "train.grad_accum=2",
-                                         "precision.mode=bf16",
-                                         "strategy.kind=zero3",
-                                         "strategy.zero3.param_persistence_threshold=5000",
-                                         "strategy.zero3.offload_optimizer=true",
-                                         "output.save_every=3",
-                                         "output.keep_last=10"};
+  const std::vector<std::string> base = with(
+      kOffloadedBf16,
+      {"train.max_steps=8", "train.grad_accum=2", "output.save_every=3", "output.keep_last=10"});
   Job plain = run_job(2, base, allow);
   Job late = run_job(
       2,
@@ -456,11 +500,7 @@ TEST_CASE("delayed update: the same run before it starts, one step stale after, 
     const bool beside = i >= 5;
     REQUIRE(d[i]["time"].contains("delayed_update") == beside);
     if (!beside) continue;
-    const auto& u = d[i]["time"]["delayed_update"];
-    CHECK(u["update_s"].get<double>() > 0);
-    CHECK(u["waited_s"].get<double>() >= 0);
-    CHECK(u["hidden_s"].get<double>() ==
-          Approx(std::max(0.0, u["update_s"].get<double>() - u["waited_s"].get<double>())));
+    check_host_update(d[i]["time"]["delayed_update"]);
   }
   // SIGKILL after a random step past the first checkpoint (step 3), the same command again: the
   // same bytes as the uninterrupted delayed run.

@@ -111,6 +111,16 @@ TEST_CASE("the offloaded optimizer's part of each step, per rank", "[unit]") {
   CHECK_THAT(plan::plan_text(p),
              Catch::Contains("offloaded optimizer, per rank per step: about") &&
                  Catch::Contains("it equals the compute on a device achieving"));
+  // The overlapped update by default (strategy.overlap_host_step), and said when it is off.
+  CHECK(p.offload_overlapped);
+  CHECK_THAT(plan::plan_text(p), Catch::Contains("beside the next step's forward (overlapped"));
+  in.settings = config::resolve_settings(
+      "full-7b", {"strategy.kind=zero3", "strategy.zero3.offload_optimizer=true",
+                  "strategy.overlap_host_step=false"});
+  const plan::Plan apart = plan::make_plan(in);
+  CHECK_FALSE(apart.offload_overlapped);
+  CHECK(apart.offload_step_s == Approx(p.offload_step_s).epsilon(1e-9));
+  CHECK_THAT(plan::plan_text(apart), Catch::Contains("not overlapped with the device's"));
   // The delayed update: a second host gradient buffer, the update's part overlapped.
   in.settings = config::resolve_settings(
       "full-7b", {"strategy.kind=zero3", "strategy.zero3.offload_optimizer=true",
@@ -119,6 +129,7 @@ TEST_CASE("the offloaded optimizer's part of each step, per rank", "[unit]") {
   CHECK(d.grad_bytes == 2 * p.grad_bytes);
   CHECK(d.offload_step_s == Approx(p.offload_step_s).epsilon(1e-9));
   CHECK(d.offload_delayed);
+  CHECK_FALSE(d.offload_overlapped);
   CHECK_THAT(plan::plan_text(d), Catch::Contains("overlapped with the next step (delayed update)"));
   // Without offload: no such section.
   in.settings = config::resolve_settings("full-7b", {"strategy.kind=zero3"});

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -458,6 +459,55 @@ TEST_CASE("AdamW's copy-out equals a separate copy_ into bf16 and fp16", "[unit]
       }
     }
   at::set_num_threads(threads_before);
+}
+
+// The update in pieces (AdamW::begin + update, the overlapped host step of an offloaded job):
+// parameters updated one at a time in another order, on another thread, one of them rounding
+// into a staging tensor given at update() instead of its own copy-out: the bits of step() for
+// the parameters, both moments and the copies, over 3 steps with and without the clip's factor.
+TEST_CASE("AdamW in pieces, any order, on another thread: the bits of one step()", "[unit]") {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  const std::vector<int64_t> sizes = {70001, 513, 4096};
+  std::vector<at::Tensor> whole, pieces;
+  for (const int64_t n : sizes) {
+    whole.push_back(at::randn({n}, gen).requires_grad_(true));
+    pieces.push_back(whole.back().detach().clone().requires_grad_(true));
+  }
+  const at::Tensor own_out = at::empty({sizes[0]}, at::kBFloat16);
+  const at::Tensor want_out = at::empty({sizes[0]}, at::kBFloat16);
+  train::AdamWOptions opts;
+  opts.weight_decay = 0.1;
+  // Parameter 1 without weight decay (the other group), parameter 0 with a copy-out.
+  train::AdamW a({{whole[0], true, want_out}, {whole[1], false}, {whole[2], true}}, opts);
+  train::AdamW b({{pieces[0], true, own_out}, {pieces[1], false}, {pieces[2], true}}, opts);
+  REQUIRE(b.size() == 3);
+  for (int s = 1; s <= 3; ++s) {
+    const double scale = s == 2 ? 1.0 : 0.3;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const at::Tensor g = at::randn({sizes[i]}, gen);
+      whole[i].mutable_grad() = g.clone();
+      pieces[i].mutable_grad() = g.clone();
+    }
+    a.step(1e-2, scale, /*zero_grads=*/true);
+    b.begin(1e-2, scale, /*zero_grads=*/true);
+    const at::Tensor staged = at::empty({sizes[0]}, at::kBFloat16);
+    std::thread t([&] {
+      for (const size_t i : {2, 0, 1}) b.update(i, i == 0 && s == 3 ? staged : at::Tensor());
+    });
+    t.join();
+    INFO("step " << s);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      CHECK(at::equal(whole[i].detach(), pieces[i].detach()));
+      CHECK(at::equal(a.exp_avg(i), b.exp_avg(i)));
+      CHECK(at::equal(a.exp_avg_sq(i), b.exp_avg_sq(i)));
+      CHECK(pieces[i].grad().count_nonzero().item<int64_t>() == 0);
+    }
+    // Step 3 rounded into the staging given at update(), not into the parameter's own copy-out.
+    const at::Tensor got = s == 3 ? staged : own_out;
+    CHECK(at::equal(got.view(at::kShort), want_out.view(at::kShort)));
+    if (s == 3) CHECK_FALSE(at::equal(own_out.view(at::kShort), want_out.view(at::kShort)));
+  }
+  CHECK(b.steps() == 3);
 }
 
 // The clip's squared norm on the host (train/optimizer.h): ATen's fp64 norm squared within

@@ -1,0 +1,58 @@
+#include "parallel/host_add.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace ft::parallel {
+namespace {
+
+inline float widen_bf16(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"), optimize("tree-vectorize"))) void
+add_fp32(float* __restrict__ d, const float* __restrict__ s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = d[i] + s[i];
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"), optimize("tree-vectorize"))) void
+add_bf16(float* __restrict__ d, const uint16_t* __restrict__ s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = d[i] + widen_bf16(s[i]);
+}
+
+void add_fp16(float* __restrict__ d, const c10::Half* __restrict__ s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = d[i] + static_cast<float>(s[i]);
+}
+
+}  // namespace
+
+void add_into_host(const at::Tensor& dst, const at::Tensor& src) {
+  const at::ScalarType st = src.scalar_type();
+  if (!(dst.is_cpu() && src.is_cpu() && dst.scalar_type() == at::kFloat && dst.is_contiguous() &&
+        src.is_contiguous() && (st == at::kFloat || st == at::kBFloat16 || st == at::kHalf))) {
+    dst.add_(src);
+    return;
+  }
+  FT_ASSERT(dst.numel() == src.numel(), "add_into_host: ", dst.numel(),
+            " elements += ", src.numel());
+  float* d = dst.data_ptr<float>();
+  const void* s = src.const_data_ptr();
+  at::parallel_for(0, dst.numel(), 1 << 16, [&](int64_t b, int64_t e) {
+    if (st == at::kFloat)
+      add_fp32(d + b, static_cast<const float*>(s) + b, e - b);
+    else if (st == at::kBFloat16)
+      add_bf16(d + b, static_cast<const uint16_t*>(s) + b, e - b);
+    else
+      add_fp16(d + b, static_cast<const c10::Half*>(s) + b, e - b);
+  });
+}
+
+}  // namespace ft::parallel
