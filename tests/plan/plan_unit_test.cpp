@@ -84,7 +84,8 @@ TEST_CASE("zero3 model-state bytes for 7B and 70B agree with DeepSpeed's estimat
 
 // With the optimizer offloaded the plan gives the host's part of each step: AdamW over the rank's
 // trained elements at the measured time per parameter divided by the threads a rank gets, and on
-// a GPU the gradients' copies down every micro-batch and the values' copy up; against the step's
+// a GPU the gradients' additions on the host and their copies down every micro-batch and the
+// values' copy up; against the step's
 // model FLOPs. None without offload.
 TEST_CASE("the offloaded optimizer's part of each step, per rank", "[unit]") {
   plan::PlanInputs in;
@@ -94,7 +95,7 @@ TEST_CASE("the offloaded optimizer's part of each step, per rank", "[unit]") {
   in.budget.host_adamw_ns = 0.5;
   in.budget.host_cores = 16;  // 2 threads per rank
   const plan::Plan p = plan::make_plan(in);
-  REQUIRE(p.offload_step.size() == 2);
+  REQUIRE(p.offload_step.size() == 3);
   const double n = static_cast<double>(p.grad_bytes) / 4;  // this rank's trained elements
   REQUIRE(n > 0);
   CHECK(p.offload_step[0].key == "host_update");
@@ -102,8 +103,10 @@ TEST_CASE("the offloaded optimizer's part of each step, per rank", "[unit]") {
   const double update = n * 0.5e-9 / 2;
   const int64_t micro = in.settings.train.grad_accum;
   const double copies = (static_cast<double>(micro) * n * 4 + n * 2) / 25e9;
-  CHECK(p.offload_step_s == Approx(update + copies).epsilon(1e-9));
-  CHECK(p.offload_step[1].bytes == static_cast<int64_t>(micro * n * 4 + n * 2));
+  const double adds = static_cast<double>(micro) * n * 0.25e-9 / 2;
+  CHECK(p.offload_step[1].key == "host_adds");
+  CHECK(p.offload_step_s == Approx(update + adds + copies).epsilon(1e-9));
+  CHECK(p.offload_step[2].bytes == static_cast<int64_t>(micro * n * 4 + n * 2));
   // 6 N per token at least (full fine-tuning), over the rank's tokens of the step.
   const double tokens =
       static_cast<double>(in.settings.train.micro_batch * in.settings.data.seq_len * micro);
