@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -217,6 +218,22 @@ double fault_delay(int rank) {
   } catch (const std::exception&) {
     throw ConfigError("FT_FAULT_STEP_DELAY must be RANK:SECONDS (a test's straggler), got '" +
                       text + "'");
+  }
+}
+
+// FT_FAULT_HOST_UPDATE=STEP: the overlapped host update of optimizer step STEP fails partway, on
+// every rank (a test's fault: the next forward must report it, not hang or train on); -1 unset.
+int64_t fault_host_update_step() {
+  const char* v = std::getenv("FT_FAULT_HOST_UPDATE");
+  if (!v || !*v) return -1;
+  try {
+    size_t used = 0;
+    const int64_t step = std::stoll(v, &used);
+    FT_CHECK(used == std::strlen(v) && step >= 1, "");
+    return step;
+  } catch (const std::exception&) {
+    throw ConfigError(fmt::format(
+        "FT_FAULT_HOST_UPDATE must be an optimizer step (a test's fault), got '{}'", v));
   }
 }
 
@@ -688,6 +705,7 @@ void TrainingRun::build_trainer() {
   if (s_.strategy.kind == "zero3" && s_.strategy.zero3.delayed_update)
     options.delayed_update_after = s_.strategy.zero3.delayed_update_after;
   options.overlap_host_step = s_.strategy.overlap_host_step;
+  options.fail_host_update_step = fault_host_update_step();
   trainer_ = std::make_unique<Trainer>(*model_, options, *engine_);
   fault_delay_s_ = fault_delay(env_.rank);
   // LoRA dropout draws from LibTorch's default generators, which start from a random seed in each

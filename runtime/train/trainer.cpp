@@ -128,7 +128,7 @@ void Trainer::start_overlapped_update(double lr, double clip_scale) {
   if (update_order_.empty()) update_order_ = engine_.update_order();
   engine_.close_updates();
   pending_overlapped_ = true;
-  pending_ = std::thread([this] {
+  pending_ = std::thread([this, fail = options_.fail_host_update_step == step_, step = step_] {
     try {
       at::NoGradGuard guard;
       const auto t0 = std::chrono::steady_clock::now();
@@ -136,6 +136,10 @@ void Trainer::start_overlapped_update(double lr, double clip_scale) {
         const at::Tensor staged = engine_.update_staging(o.master);
         optimizer_->update(o.master, staged);
         engine_.updated(o.master, staged);
+        if (fail)
+          throw Error(fmt::format(
+              "the host optimizer update of step {} failed (FT_FAULT_HOST_UPDATE, a test's fault)",
+              step));
       }
       pending_run_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } catch (...) {

@@ -45,6 +45,9 @@ struct TrainOptions {
   // updated; the next step starts at once and its forward waits at each unit until that unit is
   // updated (strategy.overlap_host_step). The same bits as the update in one piece.
   bool overlap_host_step = true;
+  // FT_FAULT_HOST_UPDATE (a test's fault, run.cpp): the overlapped host update of this optimizer
+  // step fails after its first master (-1: none).
+  int64_t fail_host_update_step = -1;
 };
 
 struct StepStats {

@@ -454,6 +454,18 @@ TEST_CASE("offload without the overlapped update: the same bits, no record", "[m
   }
 }
 
+// A host update that fails partway (FT_FAULT_HOST_UPDATE: step 2's, after its first master, on
+// every rank): the next step's forward, waiting at its first unit, gets the error and the job ends
+// with it, naming it; no hang, no step trained on half-updated parameters (2 records, not 3).
+TEST_CASE("a failing overlapped host update ends the job with its error", "[multiproc]") {
+  const Job j = run_job(2, with(kOffloadedBf16, {"train.max_steps=4"}),
+                        {{"FT_ALLOW_CPU_OFFLOAD", "1"}, {"FT_FAULT_HOST_UPDATE", "2"}});
+  INFO(output_tail(j.output));
+  CHECK(j.code != 0);
+  CHECK_THAT(j.output, Catch::Contains("the host optimizer update of step 2 failed"));
+  CHECK(read_metrics(j.dir).size() == 2);
+}
+
 // ZeRO-Offload's delayed parameter update (strategy.zero3.delayed_update, issue 32): before its
 // first delayed step a run is the plain offloaded run bit for bit; from then on each step computes
 // its gradients with the parameters of the step before last, so its losses leave the plain run's
