@@ -386,10 +386,12 @@ void Engine::load(const ParamSource& source) {
           g.copy_out = g.shard;
         masters_.push_back({g.master, g.decay, g.layout.shards > 1, g.expert, g.copy_out});
         group_of_master_.emplace_back(static_cast<int>(ui), static_cast<int>(gi));
+        // The first model unit that reads it (0 for names of no unit).
         int first = std::numeric_limits<int>::max();
         for (const Member& m : g.members)
           first = std::min(first, std::max(0, model::DecoderModel::unit_of(m.name)));
-        first_unit_of_master_.push_back(first == std::numeric_limits<int>::max() ? 0 : first);
+        update_order_.push_back(
+            {masters_.size() - 1, first == std::numeric_limits<int>::max() ? 0 : first});
       }
     }
     if (u.sharded) {
@@ -408,8 +410,6 @@ void Engine::load(const ParamSource& source) {
   gather_hooks_ = options_.shard_size > 1 && !options_.buckets;
   // (An offloaded optimizer's overlapped update: the forward waits at its units.)
   if (gather_hooks_ || !sinks_.empty() || options_.offload_optimizer) model_.set_unit_hooks(this);
-  for (size_t i = 0; i < masters_.size(); ++i)
-    update_order_.push_back({i, first_unit_of_master_[i]});
   std::stable_sort(
       update_order_.begin(), update_order_.end(),
       [](const UpdateOrder& a, const UpdateOrder& b) { return a.model_unit < b.model_unit; });
@@ -869,8 +869,6 @@ void Engine::refresh_shard(Group& g, const at::Tensor& staged) {
 }
 
 // ---- the overlapped host update ----
-
-std::vector<Engine::UpdateOrder> Engine::update_order() const { return update_order_; }
 
 void Engine::close_updates() {
   std::lock_guard<std::mutex> lock(update_mu_);

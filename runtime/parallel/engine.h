@@ -186,7 +186,7 @@ class Engine : public model::UnitHooks {
     size_t master = 0;
     int model_unit = 0;
   };
-  std::vector<UpdateOrder> update_order() const;
+  const std::vector<UpdateOrder>& update_order() const { return update_order_; }
   // Training thread, before the update's thread starts: every master counts as not yet updated,
   // and the forward waits at each unit (before_unit, and a sharded unit's gather) until the
   // masters it reads are.
@@ -313,11 +313,10 @@ class Engine : public model::UnitHooks {
   std::vector<Sink> sinks_;
   Accounting acc_;
   int p2p_tag_ = 0;  // full_on_rank0's sends and receives, in call order
-  // The overlapped host update: the master of each group (unit, group), the first model unit
-  // reading each master, and up to which model unit everything is updated (INT_MAX: all; guarded
-  // by update_mu_, as the error and the wait time).
+  // The overlapped host update: the group (unit, group) of each master, the masters in
+  // update_order(), and up to which model unit everything is updated (INT_MAX: all; guarded by
+  // update_mu_, as the error and the wait time).
   std::vector<std::pair<int, int>> group_of_master_;
-  std::vector<int> first_unit_of_master_;
   std::vector<UpdateOrder> update_order_;
   size_t update_next_ = 0;  // (the update's thread) its position in update_order_
   std::mutex update_mu_;

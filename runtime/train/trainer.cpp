@@ -125,14 +125,13 @@ void Trainer::settle() {
 
 void Trainer::start_overlapped_update(double lr, double clip_scale) {
   optimizer_->begin(lr, clip_scale, /*zero_grads=*/true);
-  if (update_order_.empty()) update_order_ = engine_.update_order();
   engine_.close_updates();
   pending_overlapped_ = true;
   pending_ = std::thread([this, fail = options_.fail_host_update_step == step_, step = step_] {
     try {
       at::NoGradGuard guard;
       const auto t0 = std::chrono::steady_clock::now();
-      for (const auto& o : update_order_) {
+      for (const auto& o : engine_.update_order()) {
         const at::Tensor staged = engine_.update_staging(o.master);
         optimizer_->update(o.master, staged);
         engine_.updated(o.master, staged);

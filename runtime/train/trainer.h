@@ -152,11 +152,10 @@ class Trainer {
   core::HostBlockCache loss_blocks_;  // the fused loss's logits and gradients on the CPU
   std::thread pending_;               // a delayed or overlapped update in flight
   bool pending_overlapped_ = false;   // it is the overlapped one (the engine's units wait for it)
-  std::vector<parallel::Engine::UpdateOrder> update_order_;  // the overlapped update's order
-  std::exception_ptr pending_error_;                         // what it threw
-  double pending_run_s_ = 0;         // how long it ran (written by its thread)
-  double settle_wait_s_ = 0;         // how long settle() waited for it, since the last report
-  bool settled_unreported_ = false;  // it finished and no step has reported it yet
+  std::exception_ptr pending_error_;  // what it threw
+  double pending_run_s_ = 0;          // how long it ran (written by its thread)
+  double settle_wait_s_ = 0;          // how long settle() waited for it, since the last report
+  bool settled_unreported_ = false;   // it finished and no step has reported it yet
 
   // After a micro-batch's forward: its aux loss value, with the router gradient it adds set for
   // the backward (`scale`: the loss scale over micro-batches x ranks); its picks added to `load`.
