@@ -107,6 +107,7 @@ if has offload-speed; then
   for d in /tmp/off-on/offload-1b-ft /tmp/off-off/offload-1b-ft; do
     echo "$d: time.overlapped_update per step"
     grep -o '"overlapped_update":{[^}]*}' "$d/metrics.jsonl" | tail -n 3
+    grep -o '"grad_norm":{[^}]*}' "$d/metrics.jsonl" | tail -n 2
     grep -o '"time":{[^}]*}' "$d/metrics.jsonl" | tail -n 2
   done
   BENCH_PROFILE=1 BENCH_REF=0 BENCH_STEPS=1 BENCH_WARMUP=3 OUT_DIR=/tmp/off-prof timeout 150 \

@@ -4,7 +4,8 @@
 // separate rounding pass (what an offloaded step did before) and inside the update's own pass
 // (AdamW::Param::copy_out). Beside them a plain copy of 8 bytes per parameter (the memory's
 // speed), and the accumulation of a bf16 gradient into the fp32 host accumulator that precedes
-// the update (ATen's add_ against ft's add_into_host). One JSON line per variant: the median over
+// the update (ATen's add_ against ft's add_into_host), and the clip's squared norm of that
+// accumulator (host_sq_norm). One JSON line per variant: the median over
 // the timed steps, in ns per parameter, and the bytes each variant moves per parameter.
 // bench/host_adamw.sh runs it beside DeepSpeed's CPU Adam and torch's fused AdamW on buffers of the
 // same size.
@@ -107,5 +108,11 @@ int main(int argc, char** argv) {
   report("accumulate a bf16 gradient into fp32: ft add_into_host",
          median_ns_per_param([&] { ft::parallel::add_into_host(acc, grad16); }, warmup, steps, n),
          10, n);
-  return 0;
+  // The clip's squared norm of the fp32 accumulator (parallel::host_sq_norm): one read, which the
+  // engine's host thread runs beside the backward as each offloaded gradient becomes final.
+  double sink = 0;
+  report("the clip's squared norm of an fp32 gradient: ft host_sq_norm",
+         median_ns_per_param([&] { sink += ft::parallel::host_sq_norm(acc); }, warmup, steps, n), 4,
+         n);
+  return sink == -1.0;  // (keeps the norms computed)
 }

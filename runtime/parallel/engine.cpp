@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <deque>
 #include <map>
 #include <numeric>
@@ -54,6 +55,7 @@ struct Engine::Group {
   at::Tensor grad_full;   // [padded] reduce dtype: this micro-batch's local gradient (S > 1)
   at::Tensor copy_out;    // Master::copy_out: `shard` or undefined
   at::Tensor grad_spare;  // a delayed update's second gradient buffer (hand_over_grads)
+  int master_index = -1;  // in masters_ (trained)
   int64_t full_bytes() const { return layout.padded * full.element_size(); }
 };
 
@@ -86,7 +88,8 @@ struct Engine::Pending {
   struct Part {
     at::Tensor* dst;  // grad_acc
     int64_t offset, numel;
-    bool copy;  // copy (all-reduce of a converted copy) rather than add (reduce-scatter)
+    bool copy;             // copy (all-reduce of a converted copy) rather than add (reduce-scatter)
+    double* sq = nullptr;  // the group's final write this step: its host norm goes here
   };
   std::vector<Part> parts;
 };
@@ -110,10 +113,13 @@ class Engine::HostAdds {
   HostAdds(const HostAdds&) = delete;
   HostAdds& operator=(const HostAdds&) = delete;
 
-  void push(at::Tensor dst, at::Tensor src, bool copy, std::unique_ptr<c10::Event> ready) {
+  // dst += src (or dst = src with `copy`; nothing without `src`), then, with `sq`, *sq = dst's
+  // squared norm (host_sq_norm).
+  void push(at::Tensor dst, at::Tensor src, bool copy, std::unique_ptr<c10::Event> ready,
+            double* sq) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      jobs_.push_back({std::move(dst), std::move(src), copy, std::move(ready)});
+      jobs_.push_back({std::move(dst), std::move(src), copy, std::move(ready), sq});
       ++queued_;
     }
     cv_.notify_all();
@@ -130,6 +136,7 @@ class Engine::HostAdds {
     at::Tensor dst, src;
     bool copy = false;
     std::unique_ptr<c10::Event> ready;  // the copy down from the GPU (null: on the host already)
+    double* sq = nullptr;
   };
   void run() {
     at::NoGradGuard no_grad;
@@ -147,7 +154,9 @@ class Engine::HostAdds {
       std::exception_ptr error;
       try {
         if (j.ready) j.ready->synchronize();
-        if (!failed) j.copy ? void(j.dst.copy_(j.src)) : add_into_host(j.dst, j.src);
+        if (!failed && j.src.defined())
+          j.copy ? void(j.dst.copy_(j.src)) : add_into_host(j.dst, j.src);
+        if (!failed && j.sq) *j.sq = host_sq_norm(j.dst);
       } catch (...) {
         error = std::current_exception();
       }
@@ -384,6 +393,7 @@ void Engine::load(const ParamSource& source) {
             g.master.scalar_type() == at::kFloat &&
             (options_.compute_dtype == at::kBFloat16 || options_.compute_dtype == at::kHalf))
           g.copy_out = g.shard;
+        g.master_index = static_cast<int>(masters_.size());
         masters_.push_back({g.master, g.decay, g.layout.shards > 1, g.expert, g.copy_out});
         group_of_master_.emplace_back(static_cast<int>(ui), static_cast<int>(gi));
         // The first model unit that reads it (0 for names of no unit).
@@ -410,6 +420,7 @@ void Engine::load(const ParamSource& source) {
   gather_hooks_ = options_.shard_size > 1 && !options_.buckets;
   // (An offloaded optimizer's overlapped update: the forward waits at its units.)
   if (gather_hooks_ || !sinks_.empty() || options_.offload_optimizer) model_.set_unit_hooks(this);
+  grad_sq_.assign(masters_.size(), std::nan(""));
   std::stable_sort(
       update_order_.begin(), update_order_.end(),
       [](const UpdateOrder& a, const UpdateOrder& b) { return a.model_unit < b.model_unit; });
@@ -617,12 +628,14 @@ void Engine::finalize(int ui) {
         flush_reduce_queue();
       reduce_queue_.emplace_back(ui, static_cast<int>(gi));
       reduce_queue_elements_ += g.layout.padded;
-    } else if (g.expert) {
+    } else if (g.expert && last_micro_ && groups_.expert_dp) {
       // Each expert's gradient already holds its EP group's tokens (they came to it); the other
       // EP groups' copies add theirs.
-      if (last_micro_ && groups_.expert_dp) all_reduce_grad(g, groups_.expert_dp);
-    } else if (last_micro_ && world_size_ > 1) {
-      all_reduce_grad(g, groups_.world);
+      all_reduce_grad(g, groups_.expert_dp, final_sq(u, g, false));
+    } else if (!g.expert && last_micro_ && world_size_ > 1) {
+      all_reduce_grad(g, groups_.world, final_sq(u, g, false));
+    } else if (double* sq = final_sq(u, g, false)) {
+      host_add(g.grad_acc, at::Tensor(), false, sq);  // (its norm, after its additions)
     }
   }
   if (reduce_queue_elements_ > 0 && reduce_queue_elements_ >= options_.reduce_bucket_elements)
@@ -630,7 +643,7 @@ void Engine::finalize(int ui) {
 }
 
 // Sums a group's step gradient over `pg`, in place or through a copy in the reduce dtype.
-void Engine::all_reduce_grad(Group& g, comm::ProcessGroup* pg) {
+void Engine::all_reduce_grad(Group& g, comm::ProcessGroup* pg, double* sq) {
   auto p = std::make_unique<Pending>();
   // In place, or through a copy on the device in the reduce dtype (offloaded: the accumulator is
   // in host memory, which NCCL cannot reduce).
@@ -641,7 +654,8 @@ void Engine::all_reduce_grad(Group& g, comm::ProcessGroup* pg) {
   std::vector<at::Tensor> v{buf};
   p->work = backend(pg).allreduce(v);
   p->out = buf;
-  if (!buf.is_same(g.grad_acc)) p->parts.push_back({&g.grad_acc, 0, g.layout.shard_numel, true});
+  if (!buf.is_same(g.grad_acc))
+    p->parts.push_back({&g.grad_acc, 0, g.layout.shard_numel, true, sq});
   acc_.all_reduces++;
   acc_.all_reduce_bytes += buf.nbytes();
   issued(*p->work);
@@ -667,7 +681,8 @@ void Engine::flush_reduce_queue() {
   int64_t off = 0;
   for (auto [ui, gi] : reduce_queue_) {
     Group& g = units_[ui]->groups[gi];
-    p->parts.push_back({&g.grad_acc, off, g.layout.shard_numel, false});
+    p->parts.push_back(
+        {&g.grad_acc, off, g.layout.shard_numel, false, final_sq(*units_[ui], g, false)});
     off += g.layout.shard_numel;
     p->keep.push_back(g.grad_full);
     g.grad_full = at::Tensor();
@@ -689,7 +704,7 @@ void Engine::drain() {
     for (const auto& part : p->parts) {
       at::Tensor src = p->out.narrow(0, part.offset, part.numel);
       if (options_.offload_optimizer)  // (an accumulator in host memory: host_add)
-        host_add(*part.dst, src, part.copy);
+        host_add(*part.dst, src, part.copy, part.sq);
       else if (part.copy)
         part.dst->copy_(src);
       else
@@ -745,6 +760,10 @@ void Engine::issued(c10d::Work& work) {
 void Engine::begin_micro_batch(bool last) {
   FT_ASSERT(loaded_, "Engine used before load()");
   ensure_grads();
+  if (last_micro_) {  // a new step: no gradient is final yet (the host thread is idle: drained)
+    drain_host_adds();
+    std::fill(grad_sq_.begin(), grad_sq_.end(), std::nan(""));
+  }
   last_micro_ = last;
   for (auto& u : units_) {
     u->pending = u->trained_members;
@@ -770,11 +789,11 @@ void Engine::end_backward() {
   drain();
 }
 
-void Engine::host_add(const at::Tensor& dst, const at::Tensor& src, bool copy) {
+void Engine::host_add(const at::Tensor& dst, const at::Tensor& src, bool copy, double* sq) {
   if (!host_adds_) host_adds_ = std::make_unique<HostAdds>();
   at::Tensor down = src;
   std::unique_ptr<c10::Event> ready;
-  if (src.is_cuda()) {
+  if (src.defined() && src.is_cuda()) {
     down = at::empty(src.sizes(), src.options().device(at::kCPU).pinned_memory(true));
     down.copy_(src, /*non_blocking=*/true);
     ready = std::make_unique<c10::Event>(c10::DeviceType::CUDA);
@@ -782,8 +801,24 @@ void Engine::host_add(const at::Tensor& dst, const at::Tensor& src, bool copy) {
   }
   // (Added even on the step's first micro-batch, into zeros: a copy would keep a gradient's -0,
   // which 0 + x makes +0, and the first moment can carry that sign.)
-  host_adds_->push(dst, std::move(down), copy, std::move(ready));
+  host_adds_->push(dst, std::move(down), copy, std::move(ready), sq);
 }
+
+// Where the host thread puts group g's squared gradient norm once its accumulator is final: an
+// offloaded fp32 / fp64 accumulator on the step's last micro-batch, with no reduction after this
+// one (HYBRID_SHARD's replicas add theirs later: `replica_pass` is that one). Not for fp16, whose
+// gradients the trainer unscales before their norm.
+double* Engine::final_sq(const Unit& u, const Group& g, bool replica_pass) {
+  if (!last_micro_ || !g.trained || !g.master_host || options_.compute_dtype == at::kHalf ||
+      (g.grad_acc.scalar_type() != at::kFloat && g.grad_acc.scalar_type() != at::kDouble))
+    return nullptr;
+  const bool replica_follows =
+      groups_.replica && groups_.replica->size() > 1 && u.sharded && !g.expert;
+  if (replica_follows && !replica_pass) return nullptr;
+  return &grad_sq_[static_cast<size_t>(g.master_index)];
+}
+
+double Engine::grad_sq_beside_backward(size_t master) const { return grad_sq_.at(master); }
 
 void Engine::drain_host_adds() {
   if (host_adds_) host_adds_->drain();
@@ -798,7 +833,7 @@ void Engine::finish_gradients() {
       if (!u->sharded) continue;
       for (auto& g : u->groups) {
         if (!g.trained || g.expert) continue;
-        all_reduce_grad(g, groups_.replica);
+        all_reduce_grad(g, groups_.replica, final_sq(*u, g, true));
       }
     }
     drain();

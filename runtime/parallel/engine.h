@@ -159,6 +159,10 @@ class Engine : public model::UnitHooks {
     at::Tensor copy_out;
   };
   const std::vector<Master>& masters() const { return masters_; }
+  // After finish_gradients: master i's squared gradient norm (host_sq_norm) where the host thread
+  // took it as soon as the offloaded gradient was final, beside the backward; NaN where it did
+  // not (not offloaded, fp16, ...): the caller computes it.
+  double grad_sq_beside_backward(size_t master) const;
 
   // Elements [begin, end) of trained parameter `name` (flattened in C order) held by this rank
   // at masters()[master] starting at element `offset`.
@@ -274,7 +278,8 @@ class Engine : public model::UnitHooks {
   void member_done(int u);
   void finalize(int u);
   void launch_ready();
-  void all_reduce_grad(Group& g, comm::ProcessGroup* pg);
+  void all_reduce_grad(Group& g, comm::ProcessGroup* pg, double* sq = nullptr);
+  double* final_sq(const Unit& u, const Group& g, bool replica_pass);
   void flush_reduce_queue();
   void drain();
   void ensure_grads();
@@ -325,13 +330,15 @@ class Engine : public model::UnitHooks {
   std::exception_ptr update_error_;
   double update_wait_s_ = 0;
   void await_update(int model_unit);
+  std::vector<double> grad_sq_;  // grad_sq_beside_backward, by master (written by host_adds_)
   // Offloaded accumulators (offload_optimizer): gradients are added on a thread of their own.
   class HostAdds;
   std::unique_ptr<HostAdds> host_adds_;
   // `dst` (an offloaded accumulator) += `src`, or = `src` (copy), in the order of the calls, on
   // host_adds_'s thread; a GPU tensor comes down first by an asynchronous copy on its stream.
   // drain_host_adds() waits for them.
-  void host_add(const at::Tensor& dst, const at::Tensor& src, bool copy);
+  // With `sq`, the host thread then writes dst's squared norm there (src may be undefined).
+  void host_add(const at::Tensor& dst, const at::Tensor& src, bool copy, double* sq = nullptr);
   void drain_host_adds();
   void refresh_shard(Group& g, const at::Tensor& staged);
 };

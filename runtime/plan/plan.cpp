@@ -47,6 +47,9 @@ constexpr double kPcieBytesPerS = 25e9;  // a GPU's copies to and from the host 
 // A gradient added into its host accumulator per element, one thread (parallel/host_add.h; 0.13
 // ns on 2 threads in bench/host_adamw.sh)
 constexpr double kHostAddNs = 0.25;
+// The clip's squared norm of a host gradient per element, one thread (parallel/host_add.h's
+// host_sq_norm; 0.077 ns on 2 threads in bench/host_adamw.sh)
+constexpr double kHostNormNs = 0.15;
 // A CPU rank once its first step has run, beyond what it held before allocating: the LibTorch
 // kernels' code, the thread pools and glibc's heap of small blocks (bench/plan_accuracy.py, with
 // the step pool of core/host_alloc.h).
@@ -955,12 +958,16 @@ void Planner::offload_step() {
   p_.offload_overlapped = !p_.offload_delayed && s_.strategy.overlap_host_step;
   if (gpu_) {
     const int64_t micro = s_.train.grad_accum;
-    const double adds_s = static_cast<double>(micro * n) * kHostAddNs * 1e-9 / threads;
+    // Each final gradient's clip norm too, on the same thread (Engine::final_sq).
+    const double adds_s =
+        (static_cast<double>(micro * n) * kHostAddNs + static_cast<double>(n) * kHostNormNs) *
+        1e-9 / threads;
     p_.offload_step.push_back(
-        {"host_adds", "gradients added into the host accumulators", micro * n * (r_ + 2 * m_),
-         fmt::format("{} micro-batch(es) x {} elements x {:.2f} ns (assumed) / {} thread(s): "
-                     "{:.2f} s, beside the backward",
-                     micro, n3(n), kHostAddNs, threads, adds_s)});
+        {"host_adds", "host additions of the gradients, their norms",
+         micro * n * (r_ + 2 * m_) + n * m_,
+         fmt::format("({} micro-batch(es) x {:.2f} ns + the norm's {:.2f} ns) x {} elements "
+                     "(assumed) / {} thread(s): {:.2f} s, beside the backward",
+                     micro, kHostAddNs, kHostNormNs, n3(n), threads, adds_s)});
     p_.offload_step_s += adds_s;
     const int64_t down = micro * n * r_, up = eo.offload_params ? 0 : n * c_;
     const double copy_s = static_cast<double>(down + up) / kPcieBytesPerS;

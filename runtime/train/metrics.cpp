@@ -143,6 +143,12 @@ void MetricsLog::write(const StepRecord& r) {
         {"update_s", s.host_update_s},
         {"waited_s", s.host_update_wait_s},
         {"hidden_s", std::max(0.0, s.host_update_s - s.host_update_wait_s)}};
+  // The optimizer offloaded (issue 32): the clip norm's part after the backward, and how many of
+  // the masters' norms the host thread had taken beside it.
+  if (s.norms >= 0)
+    j["time"]["grad_norm"] = {{"after_backward_s", s.norm_s},
+                              {"masters", s.norms},
+                              {"beside_backward", s.norms_beside_backward}};
   if (r.exchanged)
     j["moe"]["exchange"] = {{"dispatch_s", r.dispatch_s},
                             {"combine_s", r.combine_s},

@@ -97,38 +97,6 @@ void step_on_host(at::Tensor& p, at::Tensor& grad, at::Tensor& m, at::Tensor& v,
   });
 }
 
-template <typename T>
-__attribute__((target_clones("avx512f", "avx2", "default"), optimize("tree-vectorize"))) double
-sq_sum_block(const T* __restrict__ x, int64_t n) {
-  double lanes[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16)
-    for (int l = 0; l < 16; ++l) {
-      const double v = static_cast<double>(x[j + l]);
-      lanes[l] += v * v;
-    }
-  for (int w = 8; w >= 1; w /= 2)
-    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
-  double s = lanes[0];
-  for (; j < n; ++j) s += static_cast<double>(x[j]) * static_cast<double>(x[j]);
-  return s;
-}
-
-template <typename T>
-double sq_norm_on_host(const T* x, int64_t n) {
-  constexpr int64_t kBlock = int64_t{1} << 15;
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  std::vector<double> partial(static_cast<size_t>(blocks));
-  at::parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i)
-      partial[static_cast<size_t>(i)] =
-          sq_sum_block(x + i * kBlock, std::min(kBlock, n - i * kBlock));
-  });
-  double s = 0;
-  for (const double v : partial) s += v;
-  return s;
-}
-
 void check_copy_out(const at::Tensor& p, const at::Tensor& copy_out) {
   FT_CHECK(p.is_cpu() && p.scalar_type() == at::kFloat && copy_out.is_cpu() &&
                copy_out.is_contiguous() && copy_out.numel() == p.numel() &&
@@ -143,15 +111,6 @@ std::vector<AdamW::Param> by_name(const std::vector<std::pair<std::string, at::T
   return out;
 }
 }  // namespace
-
-double host_sq_norm(const at::Tensor& t) {
-  FT_CHECK(t.is_cpu() && t.is_contiguous() &&
-               (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble),
-           "host_sq_norm takes a contiguous fp32 or fp64 host tensor, got ", t.scalar_type(),
-           " on ", t.device());
-  if (t.scalar_type() == at::kFloat) return sq_norm_on_host(t.data_ptr<float>(), t.numel());
-  return sq_norm_on_host(t.data_ptr<double>(), t.numel());
-}
 
 AdamW::AdamW(const std::vector<std::pair<std::string, at::Tensor>>& params, AdamWOptions options)
     : AdamW(by_name(params), options) {}

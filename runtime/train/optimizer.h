@@ -16,12 +16,6 @@
 
 namespace ft::train {
 
-// The squared L2 norm of a contiguous fp32 or fp64 host tensor (the gradient clip's norm): squares
-// summed in fp64, in 16 lanes per block of 32,768 elements and the blocks in order, so the same
-// bits for any thread count. One pass at the memory's speed: ATen's fp32 vector norm took 0.31 ms
-// of a 6 ms step of bench/train_step.sh's overhead-bound model for 1.8 M gradients.
-double host_sq_norm(const at::Tensor& t);
-
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
 };

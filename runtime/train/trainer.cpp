@@ -10,6 +10,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "model/fused_loss.h"
+#include "parallel/host_add.h"
 
 namespace ft::train {
 namespace {
@@ -248,13 +249,16 @@ StepStats Trainer::apply_update(StepStats st) {
     settled_unreported_ = false;
   }
   if (delay) engine_.hand_over_grads();
-  std::vector<at::Tensor> grads, sharded, replicated, experts, sharded_experts;
-  for (const auto& m : engine_.masters()) {
+  // Each kind of master's gradients, by index into masters().
+  std::vector<at::Tensor> grads;
+  std::vector<size_t> sharded, replicated, experts, sharded_experts;
+  for (size_t i = 0; i < engine_.masters().size(); ++i) {
+    const auto& m = engine_.masters()[i];
     grads.push_back(m.tensor.grad());
     (m.expert    ? (m.sharded ? sharded_experts : experts)
      : m.sharded ? sharded
                  : replicated)
-        .push_back(m.tensor.grad());
+        .push_back(i);
   }
 
   if (fp16) {
@@ -278,17 +282,26 @@ StepStats Trainer::apply_update(StepStats st) {
       return st;
     }
   }
-  auto sq = [](const std::vector<at::Tensor>& ts) {
+  const auto norm_t0 = std::chrono::steady_clock::now();
+  int beside = 0;  // offloaded gradients whose norm the engine's host thread took (fp16: none)
+  auto sq = [&](const std::vector<size_t>& which) {
     double s = 0;
-    if (ts.empty()) return s;
+    if (which.empty()) return s;
+    std::vector<at::Tensor> ts;
+    for (const size_t i : which) ts.push_back(grads[i]);
     // fp32 / fp64 host gradients: ft's own pass over each (host_sq_norm, the same bits for any
-    // thread count), a third of ATen's vector norm's time.
+    // thread count), a third of ATen's vector norm's time. An offloaded one's was taken by the
+    // engine's host thread as soon as it was final, beside the backward (the same function).
     const bool host = std::all_of(ts.begin(), ts.end(), [](const at::Tensor& t) {
       return t.is_cpu() && t.is_contiguous() &&
              (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble);
     });
     if (host) {
-      for (const at::Tensor& t : ts) s += host_sq_norm(t);
+      for (const size_t i : which) {
+        const double early = fp16 ? std::nan("") : engine_.grad_sq_beside_backward(i);
+        beside += !std::isnan(early);
+        s += std::isnan(early) ? parallel::host_sq_norm(grads[i]) : early;
+      }
       return s;
     }
     // Each tensor's norm, their squares summed in fp64 on the host, with one copy to the host
@@ -305,8 +318,14 @@ StepStats Trainer::apply_update(StepStats st) {
     for (const double n : host_values(at::stack(norms).to(at::kDouble))) s += n * n;
     return s;
   };
-  const double norm = std::sqrt(
-      engine_.global_sq_norm(sq(sharded), sq(replicated), sq(experts), sq(sharded_experts)));
+  const double local_sq[4] = {sq(sharded), sq(replicated), sq(experts), sq(sharded_experts)};
+  if (engine_.options().offload_optimizer) {
+    st.norm_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - norm_t0).count();
+    st.norms_beside_backward = beside;
+    st.norms = static_cast<int>(grads.size());
+  }
+  const double norm =
+      std::sqrt(engine_.global_sq_norm(local_sq[0], local_sq[1], local_sq[2], local_sq[3]));
   st.grad_norm = norm;
   // The clip's factor is applied, and the gradients zeroed, inside AdamW's own pass over them
   // (the same bits as a separate multiply; two passes over every gradient fewer).

@@ -71,6 +71,11 @@ struct StepStats {
   // step's hand-over, a checkpoint or evaluation before it); the rest was hidden. < 0: none.
   double host_update_s = -1, host_update_wait_s = 0;
   bool host_update_delayed = false;
+  // The optimizer offloaded: this rank's clip norm after the backward took norm_s, for `norms`
+  // masters, of which norms_beside_backward came from the engine's host thread (taken beside the
+  // backward as each gradient became final). norms < 0: not offloaded.
+  double norm_s = 0;
+  int norms = -1, norms_beside_backward = 0;
 };
 
 // This rank's resident state and communication over one step (parallel::Accounting) plus the

@@ -428,6 +428,13 @@ TEST_CASE("offload at 1 and 2 ranks, with and without accumulation: the same bit
           for (size_t i = 0; i < b.size(); ++i) {
             INFO("step " << i + 1);
             CHECK_FALSE(a[i]["time"].contains("overlapped_update"));
+            // Every master's clip norm was taken by the engine's host thread as its gradient
+            // became final (after the replicated ones' all-reduce at 2 ranks), none after.
+            CHECK_FALSE(a[i]["time"].contains("grad_norm"));
+            const json& n = b[i]["time"]["grad_norm"];
+            CHECK(n["masters"].get<int>() >= 2);
+            CHECK(n["beside_backward"] == n["masters"]);
+            CHECK(n["after_backward_s"].get<double>() >= 0);
             REQUIRE(b[i]["time"].contains("overlapped_update") == (i >= 1));
             if (i == 0) continue;
             check_host_update(b[i]["time"]["overlapped_update"]);

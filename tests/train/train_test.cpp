@@ -19,6 +19,7 @@
 #include "io/safetensors_file.h"
 #include "model/decoder.h"
 #include "model/lora.h"
+#include "parallel/host_add.h"
 #include "parallel/strategy.h"
 #include "support/catch_torch.h"
 #include "support/model_fixtures.h"
@@ -510,9 +511,10 @@ TEST_CASE("AdamW in pieces, any order, on another thread: the bits of one step()
   CHECK(b.steps() == 3);
 }
 
-// The clip's squared norm on the host (train/optimizer.h): ATen's fp64 norm squared within
+// The clip's squared norm on the host (parallel/host_add.h): ATen's fp64 norm squared within
 // rounding, fp32 and fp64, lengths that are not a multiple of the lanes or of a block, and the same
-// bits at 1 and 2 threads.
+// bits at 1 and 2 threads and on another thread (the engine's host thread takes an offloaded
+// gradient's there, the trainer the others').
 TEST_CASE("host_sq_norm: ATen's squared norm, the same bits at any thread count", "[unit]") {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
   const int before = at::get_num_threads();
@@ -525,13 +527,15 @@ TEST_CASE("host_sq_norm: ATen's squared norm, the same bits at any thread count"
       std::vector<double> got;
       for (const int threads : {1, 2}) {
         at::set_num_threads(threads);
-        got.push_back(ft::train::host_sq_norm(t));
+        got.push_back(ft::parallel::host_sq_norm(t));
       }
+      std::thread([&] { got.push_back(ft::parallel::host_sq_norm(t)); }).join();
       at::set_num_threads(before);
       CHECK(std::abs(got[0] - ref) <= 1e-12 * std::max(ref, 1.0));
       CHECK(got[0] == got[1]);
+      CHECK(got[0] == got[2]);
     }
-  CHECK_THROWS_WITH(ft::train::host_sq_norm(at::ones({4, 4}).t().contiguous().to(at::kHalf)),
+  CHECK_THROWS_WITH(ft::parallel::host_sq_norm(at::ones({4, 4}).t().contiguous().to(at::kHalf)),
                     Catch::Contains("fp32 or fp64"));
 }
 
