@@ -18,8 +18,9 @@
 #   and fsdp, full and LoRA on the experts); lora: bench/gpu_speed.sh lora-8b (ft against
 #   transformers + PEFT), then the reference alone under torch.compile (lora.log);
 #   offload-speed: issue 32's figure, full-1b against offload-1b (zero3 offload_optimizer) with
-#   the overlapped host update (strategy.overlap_host_step, the default) and without it, then
-#   offload-1b profiled (offload_speed.log)
+#   the overlapped host update (strategy.overlap_host_step, the default) and without it, and
+#   with clipping off (the update during the backward), then offload-1b profiled
+#   (offload_speed.log)
 #   bench/gpu_session.sh [PHASE...]     phases: tests speed doctor kernels offload offload-speed
 #                                       profile moe lora (default: tests speed doctor)
 set -uo pipefail
@@ -104,7 +105,11 @@ if has offload-speed; then
     OUT_DIR=/tmp/off-off timeout 150 env -u OMP_NUM_THREADS \
     bash bench/gpu_speed.sh build offload-1b >> "$out/offload_speed.log" 2>&1
   say "offload-speed (overlap off) exit $?"
-  for d in /tmp/off-on/offload-1b-ft /tmp/off-off/offload-1b-ft; do
+  FT_SETS=train.grad_clip=0 BENCH_REF=0 BENCH_STEPS=4 BENCH_WARMUP=2 \
+    OUT_DIR=/tmp/off-noclip timeout 120 env -u OMP_NUM_THREADS \
+    bash bench/gpu_speed.sh build offload-1b >> "$out/offload_speed.log" 2>&1
+  say "offload-speed (clipping off: the update during the backward) exit $?"
+  for d in /tmp/off-on/offload-1b-ft /tmp/off-off/offload-1b-ft /tmp/off-noclip/offload-1b-ft; do
     echo "$d: time.overlapped_update per step"
     grep -o '"overlapped_update":{[^}]*}' "$d/metrics.jsonl" | tail -n 3
     grep -o '"grad_norm":{[^}]*}' "$d/metrics.jsonl" | tail -n 2

@@ -101,7 +101,9 @@ struct Engine::Pending {
 // added it, the GPU idle meanwhile: issue 32). Whoever reads the accumulators drains first.
 class Engine::HostAdds {
  public:
-  HostAdds() : thread_([this] { run(); }) {}
+  // on_final(master, error): a norm job's gradient is final (with the error that stopped it).
+  explicit HostAdds(std::function<void(int, std::exception_ptr)> on_final)
+      : on_final_(std::move(on_final)), thread_([this] { run(); }) {}
   ~HostAdds() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -116,10 +118,10 @@ class Engine::HostAdds {
   // dst += src (or dst = src with `copy`; nothing without `src`), then, with `sq`, *sq = dst's
   // squared norm (host_sq_norm).
   void push(at::Tensor dst, at::Tensor src, bool copy, std::unique_ptr<c10::Event> ready,
-            double* sq) {
+            double* sq, int master) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      jobs_.push_back({std::move(dst), std::move(src), copy, std::move(ready), sq});
+      jobs_.push_back({std::move(dst), std::move(src), copy, std::move(ready), sq, master});
       ++queued_;
     }
     cv_.notify_all();
@@ -137,6 +139,7 @@ class Engine::HostAdds {
     bool copy = false;
     std::unique_ptr<c10::Event> ready;  // the copy down from the GPU (null: on the host already)
     double* sq = nullptr;
+    int master = -1;  // (with sq) the master whose gradient is then final
   };
   void run() {
     at::NoGradGuard no_grad;
@@ -151,7 +154,7 @@ class Engine::HostAdds {
         jobs_.pop_front();
         failed = error_ != nullptr;
       }
-      std::exception_ptr error;
+      std::exception_ptr error, first;
       try {
         if (j.ready) j.ready->synchronize();
         if (!failed && j.src.defined())
@@ -160,10 +163,17 @@ class Engine::HostAdds {
       } catch (...) {
         error = std::current_exception();
       }
+      const bool final = j.sq != nullptr;
+      const int master = j.master;
       j = Job();  // (the page-locked block goes back to its cache here, not under the lock)
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (error && !error_) error_ = error;
+        first = error_;
+      }
+      if (final) on_final_(master, first);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
         ++done_;
       }
       done_cv_.notify_all();
@@ -175,6 +185,7 @@ class Engine::HostAdds {
   int64_t queued_ = 0, done_ = 0;
   bool stop_ = false;
   std::exception_ptr error_;
+  std::function<void(int, std::exception_ptr)> on_final_;
   std::thread thread_;  // last: it starts once the rest exists
 };
 
@@ -790,7 +801,11 @@ void Engine::end_backward() {
 }
 
 void Engine::host_add(const at::Tensor& dst, const at::Tensor& src, bool copy, double* sq) {
-  if (!host_adds_) host_adds_ = std::make_unique<HostAdds>();
+  // (A norm's master, from where final_sq put it.)
+  const int master = sq ? static_cast<int>(sq - grad_sq_.data()) : -1;
+  if (!host_adds_)
+    host_adds_ = std::make_unique<HostAdds>(
+        [this](int master, std::exception_ptr error) { grad_final(master, std::move(error)); });
   at::Tensor down = src;
   std::unique_ptr<c10::Event> ready;
   if (src.defined() && src.is_cuda()) {
@@ -801,7 +816,7 @@ void Engine::host_add(const at::Tensor& dst, const at::Tensor& src, bool copy, d
   }
   // (Added even on the step's first micro-batch, into zeros: a copy would keep a gradient's -0,
   // which 0 + x makes +0, and the first moment can carry that sign.)
-  host_adds_->push(dst, std::move(down), copy, std::move(ready), sq);
+  host_adds_->push(dst, std::move(down), copy, std::move(ready), sq, master);
 }
 
 // Where the host thread puts group g's squared gradient norm once its accumulator is final: an
@@ -905,12 +920,31 @@ void Engine::refresh_shard(Group& g, const at::Tensor& staged) {
 
 // ---- the overlapped host update ----
 
+bool update_can_begin_in_backward(const EngineOptions& o, double grad_clip) {
+  return o.offload_optimizer && grad_clip <= 0 && o.compute_dtype != at::kHalf &&
+         (o.master_dtype == at::kFloat || o.master_dtype == at::kDouble);
+}
+
+void Engine::reset_updates(bool during_backward) {
+  std::lock_guard<std::mutex> lock(update_mu_);
+  collect_final_ = during_backward;
+  update_next_ = 0;
+  is_updated_.assign(masters_.size(), 0);
+  final_masters_.clear();
+  update_error_ = nullptr;
+  updates_cancelled_ = false;
+}
+
+// The first model unit a master not yet updated is read by, less one (INT_MAX: all updated).
+int Engine::updated_through_locked() const {
+  return update_next_ < update_order_.size() ? update_order_[update_next_].model_unit - 1
+                                             : std::numeric_limits<int>::max();
+}
+
 void Engine::close_updates() {
   std::lock_guard<std::mutex> lock(update_mu_);
-  update_next_ = 0;
-  updated_through_ = update_order_.empty() ? std::numeric_limits<int>::max()
-                                           : update_order_.front().model_unit - 1;
-  update_error_ = nullptr;
+  updates_closed_ = true;
+  updated_through_ = updated_through_locked();
 }
 
 at::Tensor Engine::update_staging(size_t i) const {
@@ -926,18 +960,16 @@ at::Tensor Engine::update_staging(size_t i) const {
 
 void Engine::updated(size_t i, const at::Tensor& staged) {
   at::NoGradGuard no_grad;
-  FT_ASSERT(update_next_ < update_order_.size() && update_order_[update_next_].master == i,
-            "Engine::updated: master ", i, " out of update_order()");
-  const auto [ui, gi] = group_of_master_[i];
+  const auto [ui, gi] = group_of_master_.at(i);
   Group& g = units_[static_cast<size_t>(ui)]->groups[static_cast<size_t>(gi)];
   if (!g.copy_out.defined()) refresh_shard(g, staged);
-  ++update_next_;
-  const int through = update_next_ < update_order_.size()
-                          ? update_order_[update_next_].model_unit - 1
-                          : std::numeric_limits<int>::max();
   {
     std::lock_guard<std::mutex> lock(update_mu_);
-    updated_through_ = through;
+    FT_ASSERT(!is_updated_.at(i), "Engine::updated: master ", i, " updated twice");
+    is_updated_[i] = 1;
+    while (update_next_ < update_order_.size() && is_updated_[update_order_[update_next_].master])
+      ++update_next_;
+    if (updates_closed_) updated_through_ = updated_through_locked();
   }
   update_cv_.notify_all();
 }
@@ -945,17 +977,47 @@ void Engine::updated(size_t i, const at::Tensor& staged) {
 void Engine::open_updates(std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(update_mu_);
+    updates_closed_ = false;
+    collect_final_ = false;
     updated_through_ = std::numeric_limits<int>::max();
     if (error) update_error_ = std::move(error);
   }
   update_cv_.notify_all();
 }
 
+void Engine::grad_final(int master, std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(update_mu_);
+    if (!collect_final_) return;
+    final_masters_.push_back({master, std::move(error)});
+  }
+  update_cv_.notify_all();
+}
+
+size_t Engine::next_final_master() {
+  std::unique_lock<std::mutex> lock(update_mu_);
+  update_cv_.wait(lock, [&] { return !final_masters_.empty() || updates_cancelled_; });
+  if (final_masters_.empty()) throw Error("the host update was cancelled: the step did not finish");
+  auto [i, error] = std::move(final_masters_.front());
+  final_masters_.pop_front();
+  if (error) std::rethrow_exception(error);
+  return static_cast<size_t>(i);
+}
+
+void Engine::cancel_updates() {
+  {
+    std::lock_guard<std::mutex> lock(update_mu_);
+    updates_cancelled_ = true;
+  }
+  update_cv_.notify_all();
+}
+
 void Engine::await_update(int model_unit) {
   std::unique_lock<std::mutex> lock(update_mu_);
-  if (updated_through_ < model_unit) {
+  // (A failed update may have been closed after it failed: its error ends the wait.)
+  if (updated_through_ < model_unit && !update_error_) {
     const auto t0 = std::chrono::steady_clock::now();
-    update_cv_.wait(lock, [&] { return updated_through_ >= model_unit; });
+    update_cv_.wait(lock, [&] { return updated_through_ >= model_unit || update_error_; });
     update_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   if (update_error_) std::rethrow_exception(update_error_);

@@ -18,6 +18,7 @@
 #include <ATen/ATen.h>
 
 #include <condition_variable>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <limits>
@@ -76,6 +77,11 @@ struct EngineOptions {
   // puts them (the strategy refuses them there unless FT_ALLOW_CPU_OFFLOAD=1, for tests).
   bool offload_optimizer = false;
 };
+
+// Whether an overlapped host update (offload_optimizer) can begin during the backward: no clip
+// factor (grad_clip 0) and no fp16 loss scale to wait for, and masters of a dtype whose final
+// gradients the engine reports (Engine::next_final_master). The trainer and the planner ask.
+bool update_can_begin_in_backward(const EngineOptions& o, double grad_clip);
 
 struct ParamSpec {
   std::string name;            // HF (or PEFT) name
@@ -191,15 +197,25 @@ class Engine : public model::UnitHooks {
     int model_unit = 0;
   };
   const std::vector<UpdateOrder>& update_order() const { return update_order_; }
-  // Training thread, before the update's thread starts: every master counts as not yet updated,
-  // and the forward waits at each unit (before_unit, and a sharded unit's gather) until the
-  // masters it reads are.
+  // Training thread, before the update's thread starts: every master counts as not yet updated
+  // (no unit is closed by this alone); `during_backward`: the masters whose gradients become final
+  // from now on are queued for next_final_master() (until open_updates).
+  void reset_updates(bool during_backward = false);
+  // Training thread: the forward waits at each unit (before_unit, and a sharded unit's gather)
+  // until the masters it reads are updated; those updated already are open.
   void close_updates();
   // The update's thread, after AdamW updated master `i` (with its compute copy rounded into
   // `staged`, from update_staging, when defined): the compute copy is refreshed (on a GPU one
-  // DMA copy up from `staged`, queued on the stream the forward runs on) and the units that need
-  // nothing else are opened. Masters must come in update_order().
+  // DMA copy up from `staged`, queued on the stream the forward runs on) and, once closed, the
+  // units whose masters are all updated are opened. Masters may come in any order; each once.
   void updated(size_t i, const at::Tensor& staged);
+  // The update during the backward (trainer.h, clipping off): blocks until the next master's
+  // gradient is final on the host (the host thread's norm of it taken: grad_sq_beside_backward),
+  // and returns it; rethrows what stopped its additions, or throws once cancel_updates() was
+  // called. Every master comes once per step where they all come (offloaded, no fp16).
+  size_t next_final_master();
+  // Wakes next_final_master() for good (a step that ended early: its thread can be joined).
+  void cancel_updates();
   // Page-locked staging for master i's compute copy on the GPU, which AdamW's pass writes
   // (AdamW::update's copy_out); undefined where the pass writes the compute copy itself or none
   // is needed (fp32 copies are staged by updated()).
@@ -323,12 +339,20 @@ class Engine : public model::UnitHooks {
   // update_mu_, as the error and the wait time).
   std::vector<std::pair<int, int>> group_of_master_;
   std::vector<UpdateOrder> update_order_;
-  size_t update_next_ = 0;  // (the update's thread) its position in update_order_
+  size_t update_next_ = 0;  // the first master in update_order_ not yet updated
   std::mutex update_mu_;
   std::condition_variable update_cv_;
   int updated_through_ = std::numeric_limits<int>::max();
   std::exception_ptr update_error_;
   double update_wait_s_ = 0;
+  std::vector<char> is_updated_;  // by master, this update
+  bool updates_closed_ = false;   // updated_through_ follows the updates (else INT_MAX)
+  bool updates_cancelled_ = false;
+  bool collect_final_ = false;  // grad_final queues masters (reset_updates(true))
+  // Masters whose gradient became final (host thread's order), with what stopped it if anything.
+  std::deque<std::pair<int, std::exception_ptr>> final_masters_;
+  int updated_through_locked() const;
+  void grad_final(int master, std::exception_ptr error);
   void await_update(int model_unit);
   std::vector<double> grad_sq_;  // grad_sq_beside_backward, by master (written by host_adds_)
   // Offloaded accumulators (offload_optimizer): gradients are added on a thread of their own.

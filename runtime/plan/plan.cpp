@@ -956,6 +956,8 @@ void Planner::offload_step() {
   p_.offload_step_s = update_s;
   p_.offload_delayed = delayed_update();
   p_.offload_overlapped = !p_.offload_delayed && s_.strategy.overlap_host_step;
+  p_.offload_during_backward =
+      p_.offload_overlapped && parallel::update_can_begin_in_backward(eo, s_.train.grad_clip);
   if (gpu_) {
     const int64_t micro = s_.train.grad_accum;
     // Each final gradient's clip norm too, on the same thread (Engine::final_sq).
@@ -1286,6 +1288,9 @@ std::string plan_text(const Plan& p) {
                      p.offload_step_s,
                      p.offload_delayed
                          ? "the update's part overlapped with the next step (delayed update)"
+                     : p.offload_during_backward
+                         ? "the update's part beside the backward and the next step's forward "
+                           "(overlapped update, clipping off)"
                      : p.offload_overlapped
                          ? "the update's part beside the next step's forward (overlapped update)"
                          : "not overlapped with the device's (strategy.overlap_host_step=false)");
@@ -1352,11 +1357,10 @@ json plan_json(const Plan& p) {
   j["comm_per_step"] = items(p.comm);
   j["first_step"] = {{"seconds", p.first_step_s}, {"items", items(p.startup)}};
   if (!p.offload_step.empty())
-    j["offload_step"] = {{"seconds", p.offload_step_s},
-                         {"delayed", p.offload_delayed},
-                         {"overlapped", p.offload_overlapped},
-                         {"step_flops", p.step_flops},
-                         {"items", items(p.offload_step)}};
+    j["offload_step"] = {
+        {"seconds", p.offload_step_s},        {"delayed", p.offload_delayed},
+        {"overlapped", p.offload_overlapped}, {"during_backward", p.offload_during_backward},
+        {"step_flops", p.step_flops},         {"items", items(p.offload_step)}};
   json checks = json::array();
   for (const auto& c : p.checks)
     checks.push_back({{"resource", c.resource},

@@ -110,8 +110,9 @@ struct Plan {
   std::vector<Item> offload_step;
   double offload_step_s = 0;
   bool offload_delayed = false;  // strategy.zero3.delayed_update: the update overlaps the next step
-  // strategy.overlap_host_step (without a delay): the update runs beside the next step's forward
-  bool offload_overlapped = false;
+  // strategy.overlap_host_step (without a delay): the update runs beside the next step's forward;
+  // with train.grad_clip 0 (not fp16) it begins during the backward
+  bool offload_overlapped = false, offload_during_backward = false;
   double step_flops = 0;
   std::vector<Check> checks;
   std::vector<Suggestion> suggestions;  // when something does not fit

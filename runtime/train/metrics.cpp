@@ -143,6 +143,8 @@ void MetricsLog::write(const StepRecord& r) {
         {"update_s", s.host_update_s},
         {"waited_s", s.host_update_wait_s},
         {"hidden_s", std::max(0.0, s.host_update_s - s.host_update_wait_s)}};
+  if (s.host_update_s >= 0 && !s.host_update_delayed)
+    j["time"]["overlapped_update"]["during_backward"] = s.host_update_during_backward;
   // The optimizer offloaded (issue 32): the clip norm's part after the backward, and how many of
   // the masters' norms the host thread had taken beside it.
   if (s.norms >= 0)

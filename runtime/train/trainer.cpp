@@ -102,7 +102,9 @@ void Trainer::restore(const State& s) {
 
 Trainer::~Trainer() {
   // A delayed update still running holds the masters: let it finish (an error unwinding past
-  // here has been reported already).
+  // here has been reported already). One that began during a backward that did not finish
+  // would wait for gradients that never come: cancelled.
+  engine_.cancel_updates();
   if (pending_.joinable()) pending_.join();
 }
 
@@ -113,6 +115,9 @@ void Trainer::settle() {
   // (Reported by the next step, whether it waits here or a checkpoint or evaluation did.)
   settle_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   settled_unreported_ = true;
+  settled_run_s_ = pending_run_s_;
+  settled_delayed_ = !pending_overlapped_;
+  settled_during_backward_ = std::exchange(during_backward_, false);
   if (pending_overlapped_) {
     // Each master's compute copy was refreshed as it was updated.
     engine_.open_updates();
@@ -126,22 +131,53 @@ void Trainer::settle() {
 
 void Trainer::start_overlapped_update(double lr, double clip_scale) {
   optimizer_->begin(lr, clip_scale, /*zero_grads=*/true);
+  engine_.reset_updates();
   engine_.close_updates();
+  run_update_thread(/*during_backward=*/false);
+}
+
+// Overlapped, no delay, and nothing of the update waits for the whole gradient.
+bool Trainer::update_during_backward() const {
+  const bool delay = options_.delayed_update_after >= 0 && step_ >= options_.delayed_update_after;
+  return options_.overlap_host_step && !delay &&
+         parallel::update_can_begin_in_backward(engine_.options(), options_.grad_clip);
+}
+
+// Before the backward of the step's last micro-batch: the update before is over (the forward
+// waited for each unit), this one begins with the next step's learning rate, and its thread takes
+// the masters as the engine reports them final. The units stay open until apply_update closes
+// those not yet updated.
+void Trainer::start_update_during_backward() {
+  settle();
+  optimizer_->begin(options_.schedule.lr_at(step_ + 1), /*clip_scale=*/1.0, /*zero_grads=*/true);
+  engine_.reset_updates(/*during_backward=*/true);
+  during_backward_ = began_this_step_ = true;
+  run_update_thread(/*during_backward=*/true);
+}
+
+void Trainer::run_update_thread(bool during_backward) {
   pending_overlapped_ = true;
-  pending_ = std::thread([this, fail = options_.fail_host_update_step == step_, step = step_] {
+  const int64_t step = step_ + (during_backward ? 1 : 0);  // (the step it updates for)
+  pending_ = std::thread([this, during_backward, fail = options_.fail_host_update_step == step,
+                          step] {
     try {
       at::NoGradGuard guard;
-      const auto t0 = std::chrono::steady_clock::now();
-      for (const auto& o : engine_.update_order()) {
-        const at::Tensor staged = engine_.update_staging(o.master);
-        optimizer_->update(o.master, staged);
-        engine_.updated(o.master, staged);
+      // Its working time: not the waits for gradients that are not final yet.
+      double busy_s = 0;
+      const auto& order = engine_.update_order();
+      for (size_t k = 0; k < order.size(); ++k) {
+        const size_t i = during_backward ? engine_.next_final_master() : order[k].master;
+        const auto t0 = std::chrono::steady_clock::now();
+        const at::Tensor staged = engine_.update_staging(i);
+        optimizer_->update(i, staged);
+        engine_.updated(i, staged);
+        busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (fail)
           throw Error(fmt::format(
               "the host optimizer update of step {} failed (FT_FAULT_HOST_UPDATE, a test's fault)",
               step));
       }
-      pending_run_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      pending_run_s_ = busy_s;
     } catch (...) {
       pending_error_ = std::current_exception();
       engine_.open_updates(pending_error_);  // (the forward waiting at a unit throws it)
@@ -193,6 +229,7 @@ StepStats Trainer::compute_gradients(const std::vector<data::Batch>& micro_batch
     at::Tensor loss = ls.sum * (scale / std::max<int64_t>(tokens, 1));
     // The aux loss is the mean over micro-batches and ranks, its gradient added in backward.
     if (moe) aux_sum += route_aux(scale / micro_x_ranks, load);
+    if (i + 1 == micro_batches.size() && update_during_backward()) start_update_during_backward();
     loss.backward();
     engine_.end_backward();
     loss_sums[static_cast<int64_t>(i)].copy_(ls.sum.detach());
@@ -238,14 +275,18 @@ StepStats Trainer::apply_update(StepStats st) {
   // optimizer and the engine accumulates the next ones elsewhere.
   const bool delay = options_.delayed_update_after >= 0 && step_ >= options_.delayed_update_after;
   const bool overlap = !delay && options_.overlap_host_step && engine_.options().offload_optimizer;
-  // The update beside this step (either kind) is done; it is reported with this step.
-  const bool was_delayed = !pending_overlapped_;
-  settle();
-  pending_overlapped_ = false;
+  // The update beside this step (either kind) is done; it is reported with this step. (One that
+  // began during this step's backward runs on: settled by the next step.)
+  const bool during_backward = std::exchange(began_this_step_, false);
+  if (!during_backward) {
+    settle();
+    pending_overlapped_ = false;
+  }
   if (settled_unreported_) {
-    st.host_update_s = pending_run_s_;
+    st.host_update_s = settled_run_s_;
     st.host_update_wait_s = std::exchange(settle_wait_s_, 0.0) + engine_.take_update_wait_s();
-    st.host_update_delayed = was_delayed;
+    st.host_update_delayed = settled_delayed_;
+    st.host_update_during_backward = settled_during_backward_;
     settled_unreported_ = false;
   }
   if (delay) engine_.hand_over_grads();
@@ -299,6 +340,9 @@ StepStats Trainer::apply_update(StepStats st) {
     if (host) {
       for (const size_t i : which) {
         const double early = fp16 ? std::nan("") : engine_.grad_sq_beside_backward(i);
+        // (The update that began during the backward zeroes the gradients it has taken.)
+        FT_ASSERT(!during_backward || !std::isnan(early), "master ", i,
+                  ": no host norm although the update began during the backward");
         beside += !std::isnan(early);
         s += std::isnan(early) ? parallel::host_sq_norm(grads[i]) : early;
       }
@@ -335,7 +379,10 @@ StepStats Trainer::apply_update(StepStats st) {
 
   ++step_;
   st.lr = options_.schedule.lr_at(step_);
-  if (delay) {
+  if (during_backward) {
+    // Its thread goes on; the next forward waits at the units not yet updated.
+    engine_.close_updates();
+  } else if (delay) {
     // On a thread of its own while the next step runs (its AdamW loop threads as usual); it
     // writes no compute copies, which the next step reads: settle() refreshes them.
     pending_ = std::thread([this, lr = st.lr, clip_scale] {

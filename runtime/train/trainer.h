@@ -43,7 +43,10 @@ struct TrainOptions {
   // the host update runs on its own thread, master by master in the order the next forward reads
   // them (parallel::Engine::update_order), each unit's parameters refreshed as soon as they are
   // updated; the next step starts at once and its forward waits at each unit until that unit is
-  // updated (strategy.overlap_host_step). The same bits as the update in one piece.
+  // updated (strategy.overlap_host_step). The same bits as the update in one piece. Without
+  // clipping (grad_clip 0) and fp16's loss scale nothing waits for the whole gradient: the update
+  // starts with the backward of the step's last micro-batch and takes each master as soon as its
+  // gradient is final on the host (parallel::Engine::next_final_master).
   bool overlap_host_step = true;
   // FT_FAULT_HOST_UPDATE (a test's fault, run.cpp): the overlapped host update of this optimizer
   // step fails after its first master (-1: none).
@@ -71,6 +74,7 @@ struct StepStats {
   // step's hand-over, a checkpoint or evaluation before it); the rest was hidden. < 0: none.
   double host_update_s = -1, host_update_wait_s = 0;
   bool host_update_delayed = false;
+  bool host_update_during_backward = false;  // (overlapped) it began with the step's backward
   // The optimizer offloaded: this rank's clip norm after the backward took norm_s, for `norms`
   // masters, of which norms_beside_backward came from the engine's host thread (taken beside the
   // backward as each gradient became final). norms < 0: not offloaded.
@@ -161,12 +165,23 @@ class Trainer {
   double pending_run_s_ = 0;          // how long it ran (written by its thread)
   double settle_wait_s_ = 0;          // how long settle() waited for it, since the last report
   bool settled_unreported_ = false;   // it finished and no step has reported it yet
+  // What settle() found of the update it waited for, until a step reports it.
+  double settled_run_s_ = 0;
+  bool settled_delayed_ = false, settled_during_backward_ = false;
+  // The update in flight began during a backward (clipping off); during this step's backward
+  // (apply_update takes it).
+  bool during_backward_ = false, began_this_step_ = false;
 
   // After a micro-batch's forward: its aux loss value, with the router gradient it adds set for
   // the backward (`scale`: the loss scale over micro-batches x ranks); its picks added to `load`.
   double route_aux(double scale, std::vector<double>& load);
-  // The overlapped update (TrainOptions::overlap_host_step) on its thread.
+  // The overlapped update (TrainOptions::overlap_host_step) on its thread: after the step, every
+  // master in the next forward's order; or during the step's last backward, each master as its
+  // gradient becomes final (update_during_backward: clipping off, no fp16, no delay).
   void start_overlapped_update(double lr, double clip_scale);
+  bool update_during_backward() const;
+  void start_update_during_backward();
+  void run_update_thread(bool during_backward);
 };
 
 // The load-balancing loss's weight a run uses: moe.aux_loss and moe.aux_loss_coef against the

@@ -271,8 +271,9 @@ void group_fp32() {
   }
 }
 
-// Offload at 2 ranks (bf16): the same job without it, bit for bit. offload_param and fsdp
-// cpu_offload could not be checked on one rank (nothing to split).
+// Offload at 2 ranks (bf16): the same job without it, bit for bit, and with clipping off (the
+// update during the backward). offload_param and fsdp cpu_offload could not be checked on one
+// rank (nothing to split).
 void group_offload() {
   const std::vector<std::string> bf16 = {"precision.mode=bf16", "train.micro_batch=4"};
   const std::vector<std::string> z3 = {"strategy.kind=zero3",
@@ -290,6 +291,12 @@ void group_offload() {
   check_same_bits(plain_fsdp,
                   run({2, 1}, with(with(bf16, fsdp), {"strategy.fsdp.cpu_offload=true"})),
                   "bf16, 2 ranks, fsdp cpu_offload");
+  // Clipping off: the host update begins during the backward, each unit's parameters going up
+  // from the update's thread while the backward's kernels run.
+  const std::vector<std::string> noclip = with(with(bf16, z3), {"train.grad_clip=0"});
+  check_same_bits(run({2, 1}, noclip),
+                  run({2, 1}, with(noclip, {"strategy.zero3.offload_optimizer=true"})),
+                  "bf16, 2 ranks, zero3 offload_optimizer, grad_clip 0 (update during backward)");
 }
 
 void group_lora() {

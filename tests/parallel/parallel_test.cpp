@@ -438,6 +438,8 @@ TEST_CASE("offload at 1 and 2 ranks, with and without accumulation: the same bit
             REQUIRE(b[i]["time"].contains("overlapped_update") == (i >= 1));
             if (i == 0) continue;
             check_host_update(b[i]["time"]["overlapped_update"]);
+            // (Clipping on: the update waited for the norm of the whole gradient.)
+            CHECK(b[i]["time"]["overlapped_update"]["during_backward"] == false);
           }
         }
       }
@@ -459,6 +461,44 @@ TEST_CASE("offload without the overlapped update: the same bits, no record", "[m
     CHECK(a[i]["time"].contains("overlapped_update") == (i >= 1));
     CHECK_FALSE(b[i]["time"].contains("overlapped_update"));
   }
+}
+
+// Clipping off (train.grad_clip 0): nothing waits for the whole gradient, so the overlapped update
+// begins with the backward of the step's last micro-batch and takes each master as soon as the
+// engine's host thread has its final gradient (and norm): at 1 and 2 ranks, with accumulation,
+// the same bits as the same job without offload, every record from step 2 on saying so. A fault
+// in that update ends the job with its error (in the backward or the next forward), no hang.
+TEST_CASE("offload with clipping off: the update begins during the backward, the same bits",
+          "[multiproc]") {
+  const std::map<std::string, std::string> allow = {{"FT_ALLOW_CPU_OFFLOAD", "1"}};
+  for (const int nproc : {1, 2})
+    for (const int accum : {1, 2}) {
+      DYNAMIC_SECTION(nproc << " rank(s), grad_accum " << accum) {
+        const std::vector<std::string> sets =
+            with(kOffloadedBf16, {"train.max_steps=3", "train.grad_clip=0",
+                                  "train.grad_accum=" + std::to_string(accum),
+                                  "strategy.zero3.offload_optimizer=false"});
+        Job plain = run_job(nproc, sets);
+        Job off = run_job(nproc, with(sets, {"strategy.zero3.offload_optimizer=true"}), allow);
+        const auto [a, b] = same_run(plain, off, 3);
+        for (size_t i = 0; i < b.size(); ++i) {
+          INFO("step " << i + 1);
+          const json& n = b[i]["time"]["grad_norm"];
+          CHECK(n["beside_backward"] == n["masters"]);
+          CHECK(a[i]["grad_norm"] == b[i]["grad_norm"]);
+          REQUIRE(b[i]["time"].contains("overlapped_update") == (i >= 1));
+          if (i == 0) continue;
+          check_host_update(b[i]["time"]["overlapped_update"]);
+          CHECK(b[i]["time"]["overlapped_update"]["during_backward"] == true);
+        }
+      }
+    }
+  const Job j = run_job(2, with(kOffloadedBf16, {"train.max_steps=4", "train.grad_clip=0"}),
+                        {{"FT_ALLOW_CPU_OFFLOAD", "1"}, {"FT_FAULT_HOST_UPDATE", "2"}});
+  INFO(output_tail(j.output));
+  CHECK(j.code != 0);
+  CHECK_THAT(j.output, Catch::Contains("the host optimizer update of step 2 failed"));
+  CHECK(read_metrics(j.dir).size() <= 2);
 }
 
 // A host update that fails partway (FT_FAULT_HOST_UPDATE: step 2's, after its first master, on

@@ -117,6 +117,13 @@ TEST_CASE("the offloaded optimizer's part of each step, per rank", "[unit]") {
   // The overlapped update by default (strategy.overlap_host_step), and said when it is off.
   CHECK(p.offload_overlapped);
   CHECK_THAT(plan::plan_text(p), Catch::Contains("beside the next step's forward (overlapped"));
+  CHECK_FALSE(p.offload_during_backward);  // (clipping on)
+  in.settings = config::resolve_settings(
+      "full-7b",
+      {"strategy.kind=zero3", "strategy.zero3.offload_optimizer=true", "train.grad_clip=0"});
+  const plan::Plan noclip = plan::make_plan(in);
+  CHECK(noclip.offload_during_backward);
+  CHECK_THAT(plan::plan_text(noclip), Catch::Contains("beside the backward and the next step's"));
   in.settings = config::resolve_settings(
       "full-7b", {"strategy.kind=zero3", "strategy.zero3.offload_optimizer=true",
                   "strategy.overlap_host_step=false"});
