@@ -774,6 +774,49 @@ TEST_CASE("two launchers x 2 workers with HYBRID_SHARD: shards inside a node, re
   CHECK(r3["comm"]["reduce_scatters"].get<int64_t>() > 0);
 }
 
+// HYBRID_SHARD with the optimizer offloaded (fsdp cpu_offload) on two launchers x 2 workers: a
+// sharded gradient is final only after the replicas' all-reduce, where the engine's host thread
+// takes its norm; with clipping on and off (the update during the backward) the same bits as the
+// same job without offload, every norm taken beside the backward.
+TEST_CASE("HYBRID_SHARD with cpu_offload, clipping on and off: the same bits", "[multiproc]") {
+  auto hybrid = [](const std::vector<std::string>& sets) {
+    Job j;
+    j.dir = make_temp_dir() + "/run";
+    const std::string port = std::to_string(free_port());
+    std::vector<Child> nodes;
+    for (int node = 0; node < 2; ++node)
+      nodes.push_back(start(
+          train_argv({"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "2",
+                      "--master-addr", "127.0.0.1", "--master-port", port},
+                     j.dir,
+                     with(sets, {"train.max_steps=3", "train.micro_batch=2", "train.grad_accum=2",
+                                 "precision.mode=bf16", "strategy.kind=fsdp",
+                                 "strategy.fsdp.sharding_strategy=HYBRID_SHARD"})),
+          {{"FT_ALLOW_CPU_OFFLOAD", "1"}}, make_temp_dir() + "/node.txt"));
+    j.code = 0;
+    for (auto& c : nodes) {
+      auto rc = wait_for(c, 150);
+      if (!rc) kill_and_reap(c);
+      j.output += c.output();
+      if (rc.value_or(-1) != 0) j.code = rc.value_or(-1);
+    }
+    return j;
+  };
+  for (const std::string clip : {"1.0", "0"}) {
+    DYNAMIC_SECTION("train.grad_clip " << clip) {
+      const std::vector<std::string> sets = {"train.grad_clip=" + clip};
+      const auto [a, b] =
+          same_run(hybrid(sets), hybrid(with(sets, {"strategy.fsdp.cpu_offload=true"})), 3);
+      for (size_t i = 0; i < b.size(); ++i) {
+        INFO("step " << i + 1);
+        const json& n = b[i]["time"]["grad_norm"];
+        CHECK(n["beside_backward"] == n["masters"]);
+        if (i >= 1) CHECK(b[i]["time"]["overlapped_update"]["during_backward"] == (clip == "0"));
+      }
+    }
+  }
+}
+
 TEST_CASE("strategy settings that do not apply are refused before anything is written",
           "[multiproc]") {
   struct Case {

@@ -305,7 +305,8 @@ TEST_CASE(
 
 // What works for dense models works under expert parallelism: gradient accumulation (the
 // defaults: 2 micro-batches), full activation checkpointing (a recomputed MoE layer exchanges its
-// rows again, on every rank alike), bf16 and offload.
+// rows again, on every rank alike), bf16 and offload (with clipping off too: the update during the
+// backward).
 TEST_CASE(
     "expert parallelism with gradient accumulation, activation checkpointing, bf16 and offload",
     "[multiproc]") {
@@ -328,6 +329,17 @@ TEST_CASE(
             {{"FT_ALLOW_CPU_OFFLOAD", "1"}});
   CHECK(read_file(dir + "/ep/final/model.safetensors") ==
         read_file(dir + "/ep-offload/final/model.safetensors"));
+  // Clipping off: the offloaded update begins during the backward, experts included (each
+  // master as its gradient becomes final): the same bits again.
+  const std::vector<std::string> noclip = with(with(sets, ep2), {"train.grad_clip=0"});
+  launch_ok(2, model, dir + "/ep-noclip", noclip);
+  const auto eager = launch_ok(2, model, dir + "/ep-noclip-offload",
+                               with(noclip, {"strategy.zero3.offload_optimizer=true"}),
+                               {{"FT_ALLOW_CPU_OFFLOAD", "1"}});
+  CHECK(read_file(dir + "/ep-noclip/final/model.safetensors") ==
+        read_file(dir + "/ep-noclip-offload/final/model.safetensors"));
+  REQUIRE(eager.size() >= 2);
+  CHECK(eager.back()["time"]["overlapped_update"]["during_backward"] == true);
   // bf16 compute: EP 2 against the same split without EP, within bf16's rounding.
   const std::vector<std::string> bf16 = with(sets, {"precision.mode=bf16"});
   const auto dp16 = launch_ok(2, model, dir + "/dp16",
@@ -438,7 +450,8 @@ TEST_CASE(
 // Split experts with what dense models have: at world 4 with EP 2 under zero3 without a
 // persistence threshold each layer's experts are split over the 2 ranks holding them. Gradient
 // accumulation (2 micro-batches) with full activation checkpointing (a recomputed layer gathers
-// its experts again) follows the 1-rank run, offloaded state gives the same bits, and LoRA on the
+// its experts again) follows the 1-rank run, offloaded state gives the same bits (with clipping
+// off too: the update during the backward), and LoRA on the
 // experts (the frozen experts split, the adapters whole on every rank) follows 1 rank too.
 TEST_CASE(
     "split experts at world 4 with accumulation, activation checkpointing, offload and LoRA on "
@@ -460,6 +473,15 @@ TEST_CASE(
             {{"FT_ALLOW_CPU_OFFLOAD", "1"}});
   CHECK(read_file(dir + "/ep/final/model.safetensors") ==
         read_file(dir + "/ep-offload/final/model.safetensors"));
+  // Clipping off, the update during the backward (split experts: final after their
+  // reduce-scatter; the replicated ones after their all-reduce): the same bits.
+  const std::vector<std::string> noclip = with(with(sets, split), {"train.grad_clip=0"});
+  launch_ok(4, model, dir + "/ep-noclip", noclip);
+  launch_ok(4, model, dir + "/ep-noclip-offload",
+            with(noclip, {"strategy.zero3.offload_optimizer=true"}),
+            {{"FT_ALLOW_CPU_OFFLOAD", "1"}});
+  CHECK(read_file(dir + "/ep-noclip/final/model.safetensors") ==
+        read_file(dir + "/ep-noclip-offload/final/model.safetensors"));
   const std::vector<std::string> lora = with(
       sets, {"lora.enabled=true", "lora.dropout=0", "train.lr=3e-3", "lora.train_router=true",
              R"(lora.target_parameters=["mlp.experts.gate_up_proj","mlp.experts.down_proj"])"});
