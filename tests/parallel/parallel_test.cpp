@@ -737,29 +737,37 @@ TEST_CASE("collectives: ddp once per step whatever the accumulation, FULL_SHARD 
   CHECK(comm(serial)["wait_s"].get<double>() > 0);
 }
 
-TEST_CASE("two launchers x 2 workers with HYBRID_SHARD: shards inside a node, replicas across",
-          "[multiproc]") {
-  Job ref = run_job(1, {"train.micro_batch=8"});
-  Job hy;
-  hy.dir = make_temp_dir() + "/run";
+namespace {
+// Two `ft launch` nodes x 2 workers on loopback running fsdp HYBRID_SHARD with `sets`.
+Job run_hybrid(const std::vector<std::string>& sets,
+               const std::map<std::string, std::string>& env = {}) {
+  Job j;
+  j.dir = make_temp_dir() + "/run";
   const std::string port = std::to_string(free_port());
   std::vector<Child> nodes;
-  for (int node = 0; node < 2; ++node) {
-    nodes.push_back(
-        start(train_argv({"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node",
-                          "2", "--master-addr", "127.0.0.1", "--master-port", port},
-                         hy.dir,
-                         {"train.micro_batch=2", "strategy.kind=fsdp",
-                          "strategy.fsdp.sharding_strategy=HYBRID_SHARD"}),
-              {}, make_temp_dir() + "/node.txt"));
-  }
-  hy.code = 0;
+  for (int node = 0; node < 2; ++node)
+    nodes.push_back(start(
+        train_argv(
+            {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "2",
+             "--master-addr", "127.0.0.1", "--master-port", port},
+            j.dir,
+            with(sets, {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=HYBRID_SHARD"})),
+        env, make_temp_dir() + "/node.txt"));
+  j.code = 0;
   for (auto& c : nodes) {
     auto rc = wait_for(c, 150);
     if (!rc) kill_and_reap(c);
-    hy.output += c.output();
-    if (rc.value_or(-1) != 0) hy.code = rc.value_or(-1);
+    j.output += c.output();
+    if (rc.value_or(-1) != 0) j.code = rc.value_or(-1);
   }
+  return j;
+}
+}  // namespace
+
+TEST_CASE("two launchers x 2 workers with HYBRID_SHARD: shards inside a node, replicas across",
+          "[multiproc]") {
+  Job ref = run_job(1, {"train.micro_batch=8"});
+  Job hy = run_hybrid({"train.micro_batch=2"});
   check_same_run(ref, hy, "model.safetensors");
   // Every rank holds half of the model (sharded over its node's 2 ranks, not over all 4) and
   // all-reduces its shard's gradient with the other node's replica.
@@ -779,28 +787,11 @@ TEST_CASE("two launchers x 2 workers with HYBRID_SHARD: shards inside a node, re
 // takes its norm; with clipping on and off (the update during the backward) the same bits as the
 // same job without offload, every norm taken beside the backward.
 TEST_CASE("HYBRID_SHARD with cpu_offload, clipping on and off: the same bits", "[multiproc]") {
-  auto hybrid = [](const std::vector<std::string>& sets) {
-    Job j;
-    j.dir = make_temp_dir() + "/run";
-    const std::string port = std::to_string(free_port());
-    std::vector<Child> nodes;
-    for (int node = 0; node < 2; ++node)
-      nodes.push_back(start(
-          train_argv({"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "2",
-                      "--master-addr", "127.0.0.1", "--master-port", port},
-                     j.dir,
-                     with(sets, {"train.max_steps=3", "train.micro_batch=2", "train.grad_accum=2",
-                                 "precision.mode=bf16", "strategy.kind=fsdp",
-                                 "strategy.fsdp.sharding_strategy=HYBRID_SHARD"})),
-          {{"FT_ALLOW_CPU_OFFLOAD", "1"}}, make_temp_dir() + "/node.txt"));
-    j.code = 0;
-    for (auto& c : nodes) {
-      auto rc = wait_for(c, 150);
-      if (!rc) kill_and_reap(c);
-      j.output += c.output();
-      if (rc.value_or(-1) != 0) j.code = rc.value_or(-1);
-    }
-    return j;
+  const std::map<std::string, std::string> allow = {{"FT_ALLOW_CPU_OFFLOAD", "1"}};
+  auto hybrid = [&](const std::vector<std::string>& sets) {
+    return run_hybrid(with(sets, {"train.max_steps=3", "train.micro_batch=2", "train.grad_accum=2",
+                                  "precision.mode=bf16"}),
+                      allow);
   };
   for (const std::string clip : {"1.0", "0"}) {
     DYNAMIC_SECTION("train.grad_clip " << clip) {
