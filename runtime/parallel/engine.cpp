@@ -88,8 +88,8 @@ struct Engine::Pending {
   struct Part {
     at::Tensor* dst;  // grad_acc
     int64_t offset, numel;
-    bool copy;             // copy (all-reduce of a converted copy) rather than add (reduce-scatter)
-    double* sq = nullptr;  // the group's final write this step: its host norm goes here
+    bool copy;  // copy (all-reduce of a converted copy) rather than add (reduce-scatter)
+    int final_master = -1;  // the group's final write this step: then its master's host norm
   };
   std::vector<Part> parts;
 };
@@ -101,8 +101,9 @@ struct Engine::Pending {
 // added it, the GPU idle meanwhile: issue 32). Whoever reads the accumulators drains first.
 class Engine::HostAdds {
  public:
-  // on_final(master, error): a norm job's gradient is final (with the error that stopped it).
-  explicit HostAdds(std::function<void(int, std::exception_ptr)> on_final)
+  // on_final(master, sq, error): a job's master's gradient is final, of squared norm sq (with
+  // the error that stopped it instead).
+  explicit HostAdds(std::function<void(int, double, std::exception_ptr)> on_final)
       : on_final_(std::move(on_final)), thread_([this] { run(); }) {}
   ~HostAdds() {
     {
@@ -115,13 +116,13 @@ class Engine::HostAdds {
   HostAdds(const HostAdds&) = delete;
   HostAdds& operator=(const HostAdds&) = delete;
 
-  // dst += src (or dst = src with `copy`; nothing without `src`), then, with `sq`, *sq = dst's
-  // squared norm (host_sq_norm).
+  // dst += src (or dst = src with `copy`; nothing without `src`), then, with a `final_master`
+  // (>= 0), dst's squared norm (host_sq_norm) reported to on_final.
   void push(at::Tensor dst, at::Tensor src, bool copy, std::unique_ptr<c10::Event> ready,
-            double* sq, int master) {
+            int final_master) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      jobs_.push_back({std::move(dst), std::move(src), copy, std::move(ready), sq, master});
+      jobs_.push_back({std::move(dst), std::move(src), copy, std::move(ready), final_master});
       ++queued_;
     }
     cv_.notify_all();
@@ -138,8 +139,7 @@ class Engine::HostAdds {
     at::Tensor dst, src;
     bool copy = false;
     std::unique_ptr<c10::Event> ready;  // the copy down from the GPU (null: on the host already)
-    double* sq = nullptr;
-    int master = -1;  // (with sq) the master whose gradient is then final
+    int final_master = -1;
   };
   void run() {
     at::NoGradGuard no_grad;
@@ -155,23 +155,23 @@ class Engine::HostAdds {
         failed = error_ != nullptr;
       }
       std::exception_ptr error, first;
+      double sq = std::nan("");
       try {
         if (j.ready) j.ready->synchronize();
         if (!failed && j.src.defined())
           j.copy ? void(j.dst.copy_(j.src)) : add_into_host(j.dst, j.src);
-        if (!failed && j.sq) *j.sq = host_sq_norm(j.dst);
+        if (!failed && j.final_master >= 0) sq = host_sq_norm(j.dst);
       } catch (...) {
         error = std::current_exception();
       }
-      const bool final = j.sq != nullptr;
-      const int master = j.master;
+      const int master = j.final_master;
       j = Job();  // (the page-locked block goes back to its cache here, not under the lock)
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (error && !error_) error_ = error;
         first = error_;
       }
-      if (final) on_final_(master, first);
+      if (master >= 0) on_final_(master, sq, first);
       {
         std::lock_guard<std::mutex> lock(mu_);
         ++done_;
@@ -185,7 +185,7 @@ class Engine::HostAdds {
   int64_t queued_ = 0, done_ = 0;
   bool stop_ = false;
   std::exception_ptr error_;
-  std::function<void(int, std::exception_ptr)> on_final_;
+  std::function<void(int, double, std::exception_ptr)> on_final_;
   std::thread thread_;  // last: it starts once the rest exists
 };
 
@@ -642,11 +642,11 @@ void Engine::finalize(int ui) {
     } else if (g.expert && last_micro_ && groups_.expert_dp) {
       // Each expert's gradient already holds its EP group's tokens (they came to it); the other
       // EP groups' copies add theirs.
-      all_reduce_grad(g, groups_.expert_dp, final_sq(u, g, false));
+      all_reduce_grad(g, groups_.expert_dp, final_master(u, g, false));
     } else if (!g.expert && last_micro_ && world_size_ > 1) {
-      all_reduce_grad(g, groups_.world, final_sq(u, g, false));
-    } else if (double* sq = final_sq(u, g, false)) {
-      host_add(g.grad_acc, at::Tensor(), false, sq);  // (its norm, after its additions)
+      all_reduce_grad(g, groups_.world, final_master(u, g, false));
+    } else if (const int m = final_master(u, g, false); m >= 0) {
+      host_add(g.grad_acc, at::Tensor(), false, m);  // (its norm, after its additions)
     }
   }
   if (reduce_queue_elements_ > 0 && reduce_queue_elements_ >= options_.reduce_bucket_elements)
@@ -654,7 +654,7 @@ void Engine::finalize(int ui) {
 }
 
 // Sums a group's step gradient over `pg`, in place or through a copy in the reduce dtype.
-void Engine::all_reduce_grad(Group& g, comm::ProcessGroup* pg, double* sq) {
+void Engine::all_reduce_grad(Group& g, comm::ProcessGroup* pg, int final_master) {
   auto p = std::make_unique<Pending>();
   // In place, or through a copy on the device in the reduce dtype (offloaded: the accumulator is
   // in host memory, which NCCL cannot reduce).
@@ -666,7 +666,7 @@ void Engine::all_reduce_grad(Group& g, comm::ProcessGroup* pg, double* sq) {
   p->work = backend(pg).allreduce(v);
   p->out = buf;
   if (!buf.is_same(g.grad_acc))
-    p->parts.push_back({&g.grad_acc, 0, g.layout.shard_numel, true, sq});
+    p->parts.push_back({&g.grad_acc, 0, g.layout.shard_numel, true, final_master});
   acc_.all_reduces++;
   acc_.all_reduce_bytes += buf.nbytes();
   issued(*p->work);
@@ -693,7 +693,7 @@ void Engine::flush_reduce_queue() {
   for (auto [ui, gi] : reduce_queue_) {
     Group& g = units_[ui]->groups[gi];
     p->parts.push_back(
-        {&g.grad_acc, off, g.layout.shard_numel, false, final_sq(*units_[ui], g, false)});
+        {&g.grad_acc, off, g.layout.shard_numel, false, final_master(*units_[ui], g, false)});
     off += g.layout.shard_numel;
     p->keep.push_back(g.grad_full);
     g.grad_full = at::Tensor();
@@ -715,7 +715,7 @@ void Engine::drain() {
     for (const auto& part : p->parts) {
       at::Tensor src = p->out.narrow(0, part.offset, part.numel);
       if (options_.offload_optimizer)  // (an accumulator in host memory: host_add)
-        host_add(*part.dst, src, part.copy, part.sq);
+        host_add(*part.dst, src, part.copy, part.final_master);
       else if (part.copy)
         part.dst->copy_(src);
       else
@@ -800,12 +800,11 @@ void Engine::end_backward() {
   drain();
 }
 
-void Engine::host_add(const at::Tensor& dst, const at::Tensor& src, bool copy, double* sq) {
-  // (A norm's master, from where final_sq put it.)
-  const int master = sq ? static_cast<int>(sq - grad_sq_.data()) : -1;
+void Engine::host_add(const at::Tensor& dst, const at::Tensor& src, bool copy, int final_master) {
   if (!host_adds_)
-    host_adds_ = std::make_unique<HostAdds>(
-        [this](int master, std::exception_ptr error) { grad_final(master, std::move(error)); });
+    host_adds_ = std::make_unique<HostAdds>([this](int master, double sq, std::exception_ptr e) {
+      grad_final(master, sq, std::move(e));
+    });
   at::Tensor down = src;
   std::unique_ptr<c10::Event> ready;
   if (src.defined() && src.is_cuda()) {
@@ -816,21 +815,22 @@ void Engine::host_add(const at::Tensor& dst, const at::Tensor& src, bool copy, d
   }
   // (Added even on the step's first micro-batch, into zeros: a copy would keep a gradient's -0,
   // which 0 + x makes +0, and the first moment can carry that sign.)
-  host_adds_->push(dst, std::move(down), copy, std::move(ready), sq, master);
+  host_adds_->push(dst, std::move(down), copy, std::move(ready), final_master);
 }
 
-// Where the host thread puts group g's squared gradient norm once its accumulator is final: an
-// offloaded fp32 / fp64 accumulator on the step's last micro-batch, with no reduction after this
-// one (HYBRID_SHARD's replicas add theirs later: `replica_pass` is that one). Not for fp16, whose
-// gradients the trainer unscales before their norm.
-double* Engine::final_sq(const Unit& u, const Group& g, bool replica_pass) {
+// Group g's master when this write makes its accumulator final (the host thread then takes its
+// norm: grad_final), else -1: an offloaded fp32 / fp64 accumulator on the step's last
+// micro-batch, with no reduction after this one (HYBRID_SHARD's replicas add theirs later:
+// `replica_pass` is that one). Not for fp16, whose gradients the trainer unscales before their
+// norm.
+int Engine::final_master(const Unit& u, const Group& g, bool replica_pass) {
   if (!last_micro_ || !g.trained || !g.master_host || options_.compute_dtype == at::kHalf ||
       (g.grad_acc.scalar_type() != at::kFloat && g.grad_acc.scalar_type() != at::kDouble))
-    return nullptr;
+    return -1;
   const bool replica_follows =
       groups_.replica && groups_.replica->size() > 1 && u.sharded && !g.expert;
-  if (replica_follows && !replica_pass) return nullptr;
-  return &grad_sq_[static_cast<size_t>(g.master_index)];
+  if (replica_follows && !replica_pass) return -1;
+  return g.master_index;
 }
 
 double Engine::grad_sq_beside_backward(size_t master) const { return grad_sq_.at(master); }
@@ -848,7 +848,7 @@ void Engine::finish_gradients() {
       if (!u->sharded) continue;
       for (auto& g : u->groups) {
         if (!g.trained || g.expert) continue;
-        all_reduce_grad(g, groups_.replica, final_sq(*u, g, true));
+        all_reduce_grad(g, groups_.replica, final_master(*u, g, true));
       }
     }
     drain();
@@ -985,7 +985,9 @@ void Engine::open_updates(std::exception_ptr error) {
   update_cv_.notify_all();
 }
 
-void Engine::grad_final(int master, std::exception_ptr error) {
+void Engine::grad_final(int master, double sq, std::exception_ptr error) {
+  // (Read after drain_host_adds, which returns after this.)
+  grad_sq_[static_cast<size_t>(master)] = sq;
   {
     std::lock_guard<std::mutex> lock(update_mu_);
     if (!collect_final_) return;

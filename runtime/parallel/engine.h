@@ -294,8 +294,8 @@ class Engine : public model::UnitHooks {
   void member_done(int u);
   void finalize(int u);
   void launch_ready();
-  void all_reduce_grad(Group& g, comm::ProcessGroup* pg, double* sq = nullptr);
-  double* final_sq(const Unit& u, const Group& g, bool replica_pass);
+  void all_reduce_grad(Group& g, comm::ProcessGroup* pg, int final_master = -1);
+  int final_master(const Unit& u, const Group& g, bool replica_pass);
   void flush_reduce_queue();
   void drain();
   void ensure_grads();
@@ -352,7 +352,8 @@ class Engine : public model::UnitHooks {
   // Masters whose gradient became final (host thread's order), with what stopped it if anything.
   std::deque<std::pair<int, std::exception_ptr>> final_masters_;
   int updated_through_locked() const;
-  void grad_final(int master, std::exception_ptr error);
+  // The host thread: master's gradient is final, of squared norm sq (or `error` stopped it).
+  void grad_final(int master, double sq, std::exception_ptr error);
   void await_update(int model_unit);
   std::vector<double> grad_sq_;  // grad_sq_beside_backward, by master (written by host_adds_)
   // Offloaded accumulators (offload_optimizer): gradients are added on a thread of their own.
@@ -361,8 +362,9 @@ class Engine : public model::UnitHooks {
   // `dst` (an offloaded accumulator) += `src`, or = `src` (copy), in the order of the calls, on
   // host_adds_'s thread; a GPU tensor comes down first by an asynchronous copy on its stream.
   // drain_host_adds() waits for them.
-  // With `sq`, the host thread then writes dst's squared norm there (src may be undefined).
-  void host_add(const at::Tensor& dst, const at::Tensor& src, bool copy, double* sq = nullptr);
+  // With a `final_master` (>= 0), the host thread then takes dst's squared norm and reports the
+  // master final (grad_final; src may be undefined).
+  void host_add(const at::Tensor& dst, const at::Tensor& src, bool copy, int final_master = -1);
   void drain_host_adds();
   void refresh_shard(Group& g, const at::Tensor& staged);
 };

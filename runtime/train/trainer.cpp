@@ -138,8 +138,7 @@ void Trainer::start_overlapped_update(double lr, double clip_scale) {
 
 // Overlapped, no delay, and nothing of the update waits for the whole gradient.
 bool Trainer::update_during_backward() const {
-  const bool delay = options_.delayed_update_after >= 0 && step_ >= options_.delayed_update_after;
-  return options_.overlap_host_step && !delay &&
+  return options_.overlap_host_step && !delayed() &&
          parallel::update_can_begin_in_backward(engine_.options(), options_.grad_clip);
 }
 
@@ -273,7 +272,7 @@ StepStats Trainer::apply_update(StepStats st) {
   at::NoGradGuard no_grad;
   // Delayed: the previous step's update is done and in the model; this step's gradients go to the
   // optimizer and the engine accumulates the next ones elsewhere.
-  const bool delay = options_.delayed_update_after >= 0 && step_ >= options_.delayed_update_after;
+  const bool delay = delayed();
   const bool overlap = !delay && options_.overlap_host_step && engine_.options().offload_optimizer;
   // The update beside this step (either kind) is done; it is reported with this step. (One that
   // began during this step's backward runs on: settled by the next step.)

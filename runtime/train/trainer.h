@@ -180,6 +180,10 @@ class Trainer {
   // gradient becomes final (update_during_backward: clipping off, no fp16, no delay).
   void start_overlapped_update(double lr, double clip_scale);
   bool update_during_backward() const;
+  // This step's update is a delayed one (TrainOptions::delayed_update_after).
+  bool delayed() const {
+    return options_.delayed_update_after >= 0 && step_ >= options_.delayed_update_after;
+  }
   void start_update_during_backward();
   void run_update_thread(bool during_backward);
 };
