@@ -457,6 +457,11 @@ const std::vector<Setting>& preset_schema() {
     B(KEY(train.fused_rope), true,
       "The rotary embedding of queries and keys as one fused kernel (CPU and CUDA) with its "
       "own backward; false: transformers' x * cos + rotate_half(x) * sin."),
+    B(KEY(train.fused_attention), true,
+      "fp32 attention on the CPU by ft's blocked kernel (products of 64-query blocks against the "
+      "keys they see, the causal triangle skipped; faster than LibTorch's CPU flash kernel at "
+      "training shapes); false: at::scaled_dot_product_attention, as transformers' sdpa. Same "
+      "values within rounding. GPUs always use scaled_dot_product_attention."),
     // moe
     C(KEY(moe.aux_loss), "auto", {"auto", "on", "off"},
       "Mixture-of-experts models: add the router's load-balancing loss (transformers' "

@@ -113,6 +113,7 @@ struct TrainSettings {
   bool fused_rms_norm = true;  // model/fused_ops.h
   bool fused_swiglu = true;
   bool fused_rope = true;
+  bool fused_attention = true;  // model/cpu_attention.h
 
   // The warm-up of a run of `total_steps` optimizer steps: warmup_steps, else warmup_ratio of the
   // run rounded up, as HF's Trainer rounds it, except that a product within rounding of a whole

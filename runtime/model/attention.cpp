@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/cpu_attention.h"
 #include "model/fused_ops.h"
 
 namespace ft::model {
@@ -44,8 +45,12 @@ at::Tensor capped_attention(const at::Tensor& q, const at::Tensor& k, const at::
 }  // namespace
 
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                  const at::Tensor& mask, bool causal, double scale, double softcap) {
+                  const at::Tensor& mask, bool causal, double scale, double softcap,
+                  bool host_kernel) {
   if (softcap > 0) return capped_attention(q, k, v, mask, causal, scale, softcap);
+  // fp32 on the host: ft's kernel (the fused attention node's; the same bits on both paths).
+  if (host_kernel && cpu_attention_supported(q, k, v, mask))
+    return cpu_attention(q, k, v, mask, causal && !mask.defined(), scale);
   return at::scaled_dot_product_attention(q, k, v, optional(mask), /*dropout_p=*/0.0,
                                           /*is_causal=*/causal && !mask.defined(), scale,
                                           /*enable_gqa=*/q.size(1) != k.size(1));
@@ -53,7 +58,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 
 at::Tensor attend_windowed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& segment_ids, int64_t window, double scale,
-                           double softcap) {
+                           double softcap, bool host_kernel) {
   FT_ASSERT(window >= 1, "attend_windowed: window ", window);
   const int64_t T = q.size(2);
   const auto longs = at::TensorOptions().dtype(at::kLong).device(q.device());
@@ -71,7 +76,7 @@ at::Tensor attend_windowed(const at::Tensor& q, const at::Tensor& k, const at::T
       m = m.view({1, 1, e - s, e - k0});
     }
     out.push_back(attend(q.slice(2, s, e), k.slice(2, k0, e), v.slice(2, k0, e), m,
-                         /*causal=*/false, scale, softcap));
+                         /*causal=*/false, scale, softcap, host_kernel));
   }
   return out.size() == 1 ? out[0] : at::cat(out, 2);
 }

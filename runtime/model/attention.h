@@ -15,15 +15,18 @@ namespace ft::model {
 // undefined (causal when `causal`, else none), or bool / additive [B|1, 1, Tq, Tk]. softcap > 0:
 // scores -> tanh(s / softcap) * softcap before the mask, by an explicit softmax in fp32 (as
 // transformers' eager_attention_forward of Gemma 2; SDPA has no cap). Returns [B, H, Tq, hd].
+// `host_kernel` (train.fused_attention): fp32 on the host by model/cpu_attention.h's kernel;
+// otherwise, and elsewhere, at::scaled_dot_product_attention.
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                  const at::Tensor& mask, bool causal, double scale, double softcap);
+                  const at::Tensor& mask, bool causal, double scale, double softcap,
+                  bool host_kernel);
 
 // attend() where query i sees key j iff i - W < j <= i (transformers' sliding_window_overlay on
 // the causal mask) and, with segment_ids [B, T], only keys of its own segment. Queries go in
 // chunks of W, each against the W - 1 keys before it and its own: O(T W) memory and work.
 at::Tensor attend_windowed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& segment_ids, int64_t window, double scale,
-                           double softcap);
+                           double softcap, bool host_kernel);
 
 // x * cos + rotate_half(x) * sin on the first cos.size(-1) features of each head, the rest
 // passed through (transformers' apply_rotary_pos_emb, partial as Phi-3's). x [B, T, H, hd]; cos,

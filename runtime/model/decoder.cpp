@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "model/activation_checkpoint.h"
 #include "model/attention.h"
+#include "model/cpu_attention.h"
 #include "model/host_blas.h"
 #include "model/quantized_linear.h"
 
@@ -97,10 +98,6 @@ void sink_product(torch::autograd::AutogradContext* ctx, int slot, const at::Ten
   sink.done();
 }
 
-c10::optional<at::Tensor> optional(const at::Tensor& t) {
-  return t.defined() ? c10::optional<at::Tensor>(t) : c10::nullopt;
-}
-
 // A boolean attention mask as at::scaled_dot_product_attention passes it on: 0 where attended,
 // -inf elsewhere, in the queries' dtype.
 at::Tensor attention_bias(const at::Tensor& mask, at::ScalarType dtype) {
@@ -159,9 +156,9 @@ struct SinkMlpFn : public torch::autograd::Function<SinkMlpFn> {
   }
 };
 
-// o(attention(rope(q(x)), rope(k(x)), v(x))): LibTorch's flash attention for the CPU, as
-// at::scaled_dot_product_attention picks it for these inputs (grouped-query heads included);
-// causal, or under a packed batch's mask in the 0 / -inf form hidden_states makes of it on the CPU.
+// o(attention(rope(q(x)), rope(k(x)), v(x))): ft's host attention (model/cpu_attention.h), as
+// attend() runs it for these inputs (grouped-query heads included); causal, or under a packed
+// batch's mask in the 0 / -inf form hidden_states makes of it on the CPU.
 // With q/k norm weights (Qwen3, Gemma 3: RMSNorm per head before the rotation; Gemma's 1 + w
 // already added by the caller) their kernels run between the product and the rotation, and the
 // weights' gradients go back through autograd as the fused norm's would.
@@ -192,10 +189,8 @@ struct SinkAttentionFn : public torch::autograd::Function<SinkAttentionFn> {
     const at::Tensor k = normed_rotated(k_pre, wkn, k_rstd);
     const at::Tensor v = heads(wv);
     const bool causal = !bias->defined() && T > 1;
-    auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), /*dropout_p=*/0.0, causal,
-        optional(*bias), scale);
-    const at::Tensor a2 = out.transpose(1, 2).reshape({B * T, -1});
+    auto [out, lse] = cpu_attention_forward(q, k, v, *bias, causal, scale);
+    const at::Tensor a2 = out.view({B * T, -1});
     // The norms' inputs only where there are norms (else they would be held for nothing).
     const bool qn = wqn.defined(), kn = wkn.defined();
     ctx->save_for_backward({x2, q, k, v, out, lse, a2, wq, wk, wv, wo, cos, sin,
@@ -221,15 +216,14 @@ struct SinkAttentionFn : public torch::autograd::Function<SinkAttentionFn> {
     const at::Tensor g2 = grad_out[0].reshape({-1, grad_out[0].size(-1)});
     const at::Tensor ga = product(g2, wo);
     sink_product(ctx, 3, g2, a2);
-    auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-        ga.view(q.sizes()).transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        out, lse, /*dropout_p=*/0.0, causal, optional(bias), scale);
+    auto [gq, gk, gv] =
+        cpu_attention_backward(ga.view(q.sizes()), q, k, v, out, lse, bias, causal, scale);
     const int64_t rows = x2.size(0);
     torch::autograd::variable_list grads(15);
     // A head gradient back through the rotation and the norm (its weight's gradient into
     // grads[slot]): [rows, heads * head_dim].
     auto unrotated = [&](const at::Tensor& g, int first, int slot) {
-      at::Tensor d = rope_apply(g.transpose(1, 2), cos, sin, /*backward=*/true);
+      at::Tensor d = rope_apply(g, cos, sin, /*backward=*/true);
       const at::Tensor &pre = s[static_cast<size_t>(first)],
                        &wn = s[static_cast<size_t>(first + 2)];
       if (wn.defined())
@@ -238,7 +232,7 @@ struct SinkAttentionFn : public torch::autograd::Function<SinkAttentionFn> {
                               ctx->needs_input_grad(static_cast<size_t>(slot)));
       return d.view({rows, -1});
     };
-    const at::Tensor gv2 = gv.transpose(1, 2).reshape({rows, -1});
+    const at::Tensor gv2 = gv.view({rows, -1});
     at::Tensor gx = product(gv2, wv);
     sink_product(ctx, 2, gv2, x2);
     const at::Tensor gk2 = unrotated(gk, 16, 8);
@@ -625,8 +619,8 @@ at::Tensor DecoderModel::attention(const DecoderLayer& L, const at::Tensor& x,
                           x.scalar_type() == at::kFloat && x.dim() == 3 && x.requires_grad();
   std::array<UnitHooks::GradSink, 4> sinks;
   // (The mask is in its 0 / -inf form here: the node is CPU-only, and hidden_states made it so.)
-  if (node_input && fused_.rope && plain_attention(L, x, window, T) &&
-      (!mask.defined() || mask.scalar_type() != at::kBool) &&
+  if (node_input && fused_.rope && fused_.attention && host_sgemm_available() &&
+      plain_attention(L, x, window, T) && (!mask.defined() || mask.scalar_type() != at::kBool) &&
       all_sunk({&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj}, sinks.data())) {
     // The q/k norm weights come in attached: their gradients go through autograd.
     c10::optional<at::Tensor> q_norm, k_norm;
@@ -651,10 +645,11 @@ at::Tensor DecoderModel::attention(const DecoderLayer& L, const at::Tensor& x,
     k = rotate(k, cos, sin, fused_.rope).transpose(1, 2);
   }
   v = v.transpose(1, 2);
-  at::Tensor a =
-      window > 0 && window < T
-          ? attend_windowed(q, k, v, segment_ids, window, c.softmax_scale(), c.attn_softcap)
-          : attend(q, k, v, mask, /*causal=*/T > 1, c.softmax_scale(), c.attn_softcap);
+  at::Tensor a = window > 0 && window < T
+                     ? attend_windowed(q, k, v, segment_ids, window, c.softmax_scale(),
+                                       c.attn_softcap, fused_.attention)
+                     : attend(q, k, v, mask, /*causal=*/T > 1, c.softmax_scale(), c.attn_softcap,
+                              fused_.attention);
   return L.o_proj.forward(a.transpose(1, 2).reshape({B, T, -1}), training, hooks_);
 }
 
@@ -770,10 +765,10 @@ at::Tensor DecoderModel::hidden_states(const at::Tensor& input_ids,
     at::Tensor same = segment_ids.unsqueeze(2).eq(segment_ids.unsqueeze(1));
     at::Tensor causal = at::ones({T, T}, input_ids.options().dtype(at::kBool)).tril();
     mask = (same & causal).unsqueeze(1);
-    // On the CPU, once for every layer, the 0 / -inf mask that at::scaled_dot_product_attention
-    // would make of the boolean one in each layer, and that each layer's flash attention would
-    // keep for its backward ([B, 1, T, T] in the compute dtype: 64 MiB per layer for 4096 tokens
-    // in fp32). The same bits.
+    // On the CPU, once for every layer, the 0 / -inf mask that the attention (ft's host kernel,
+    // or at::scaled_dot_product_attention in other dtypes) would make of the boolean one in each
+    // layer and keep for its backward ([B, 1, T, T] in the compute dtype: 64 MiB per layer for
+    // 4096 tokens in fp32). The same bits.
     if (mask.is_cpu()) mask = attention_bias(mask, dtype);
   }
   for (size_t i = 0; i < layers_.size(); ++i) {

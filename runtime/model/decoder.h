@@ -1,8 +1,9 @@
 // The decoder of every model family ft trains (model/family.h), on ATen with autograd, assembled
 // from the family's row: RMSNorm in its three styles and three placements, optional q/k norms,
 // rotary embeddings (rotate-half on HF's q/k layout; partial; linear, llama3 and longrope scaling;
-// a local theta for sliding layers), grouped-query attention through scaled_dot_product_attention
-// (an explicit softmax where scores are soft-capped), sliding windows computed chunk by chunk,
+// a local theta for sliding layers), grouped-query attention (fp32 on the host by
+// model/cpu_attention.h, elsewhere scaled_dot_product_attention; an explicit softmax where scores
+// are soft-capped), sliding windows computed chunk by chunk,
 // SwiGLU or GeGLU MLPs, fused qkv / gate_up projections, and the families' scales. Parameters
 // carry the family's Hugging Face names so weight files map one to one. The model owns its
 // parameter tensors; a strategy (later) may replace their storage with shards. Layers may run under

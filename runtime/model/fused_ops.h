@@ -30,11 +30,13 @@ cuda::ElementType cuda_element_type(const at::Tensor& t);
 // the unfused ops on an H200 by the gpu test's check_fused_kernels, issue 34).
 bool fuses_on_device(const at::Tensor& x);
 
-// Which fused kernels the model uses (train.fused_rms_norm, train.fused_swiglu, train.fused_rope).
+// Which fused kernels the model uses (train.fused_rms_norm, train.fused_swiglu, train.fused_rope,
+// train.fused_attention: model/cpu_attention.h's host kernel for fp32 attention on the CPU).
 struct FusedOps {
   bool rms_norm = true;
   bool swiglu = true;
   bool rope = true;
+  bool attention = true;
 };
 
 // weight * x / sqrt(mean(x^2) + eps) over the last dimension. x [..., H], weight [H], same dtype.

@@ -73,6 +73,21 @@ bool host_addmm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b) {
   return true;
 }
 
+bool host_sgemm_available() { return torch_sgemm() != nullptr; }
+
+bool host_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const Sgemm sgemm = torch_sgemm();
+  if (!sgemm) return false;
+  // Row-major c = op(a) op(b) is column-major c^T = op(b)^T op(a)^T: BLAS's first operand is b.
+  const char tra = tb ? 'T' : 'N', trb = ta ? 'T' : 'N';
+  const int m_ = static_cast<int>(n), n_ = static_cast<int>(m), k_ = static_cast<int>(k);
+  const int lda_ = static_cast<int>(ldb), ldb_ = static_cast<int>(lda),
+            ldc_ = static_cast<int>(ldc);
+  sgemm(&tra, &trb, &m_, &n_, &k_, &alpha, b, &lda_, a, &ldb_, &beta, c, &ldc_);
+  return true;
+}
+
 at::Tensor host_zeros(int64_t rows, int64_t cols, const at::TensorOptions& like) {
   at::Tensor t = at::empty({rows, cols}, like);
   char* p = static_cast<char*>(t.data_ptr());

@@ -19,6 +19,14 @@ namespace ft::model {
 // sgemm_; the caller then uses at::addmm_.
 bool host_addmm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b);
 
+// c = alpha op(a) op(b) + beta c on row-major fp32 arrays, through the same sgemm_: op(a) [m, k]
+// (a stored [m, k] with row stride lda, or, `ta`, stored [k, m] and transposed), op(b) [k, n]
+// likewise, c [m, n] with row stride ldc. Every size at least 1 and every stride within int.
+// Returns false, having done nothing, when LibTorch exports no sgemm_ (host_sgemm_available()).
+bool host_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+bool host_sgemm_available();
+
 // An uninitialised [rows, cols] tensor of `like`'s options, filled with zeros by memset (in
 // blocks over threads when large): the zero-filled result host_addmm adds into.
 at::Tensor host_zeros(int64_t rows, int64_t cols, const at::TensorOptions& like);

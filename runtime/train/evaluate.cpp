@@ -156,7 +156,7 @@ BatchLoss score_batch(const model::DecoderModel& model, const data::Batch& b) {
 
 model::FusedOps eval_fused_ops(const config::TrainSettings& train,
                                const config::EvalSettings& eval) {
-  return eval.fused_kernels ? fused_ops(train) : model::FusedOps{false, false, false};
+  return eval.fused_kernels ? fused_ops(train) : model::FusedOps{false, false, false, false};
 }
 
 namespace {

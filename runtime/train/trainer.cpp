@@ -59,7 +59,7 @@ std::string warmup_warning(const config::TrainSettings& train, int64_t total_ste
 }
 
 model::FusedOps fused_ops(const config::TrainSettings& train) {
-  return {train.fused_rms_norm, train.fused_swiglu, train.fused_rope};
+  return {train.fused_rms_norm, train.fused_swiglu, train.fused_rope, train.fused_attention};
 }
 
 Trainer::Trainer(model::DecoderModel& model, TrainOptions options, parallel::Engine& engine)

@@ -200,7 +200,8 @@ TrainOptions train_options(const config::TrainSettings& train,
 // would rise all run and never decay), naming the setting and the fix; "" when it does not.
 std::string warmup_warning(const config::TrainSettings& train, int64_t total_steps);
 
-// The fused kernels the model uses (train.fused_rms_norm, train.fused_swiglu, train.fused_rope).
+// The fused kernels the model uses (train.fused_rms_norm, train.fused_swiglu, train.fused_rope,
+// train.fused_attention).
 model::FusedOps fused_ops(const config::TrainSettings& train);
 
 }  // namespace ft::train

@@ -2,7 +2,7 @@
 // (transformers' RMSNorm, silu(gate) * up, x * cos + rotate_half(x) * sin): forward and every
 // gradient within 1e-6 (fp32) and 1e-12 (fp64) relative, bf16 within its rounding, the weight's
 // gradient the same bits for 1 and 2 threads, and a whole model with every kernel on against
-// every kernel off.
+// every kernel off (the host attention of model/cpu_attention.h among them).
 #include "model/fused_ops.h"
 
 #include <ATen/Parallel.h>
@@ -206,7 +206,7 @@ TEST_CASE("a model with every fused kernel equals the unfused model: loss and ev
         ft::model::DecoderModel m(c, at::TensorOptions().dtype(dtype));
         m.init_random(3);
         for (auto& p : m.parameters()) p.tensor->requires_grad_(true);
-        m.set_fused_ops({fused, fused, fused});
+        m.set_fused_ops({fused, fused, fused, fused});
         auto gen = at::make_generator<at::CPUGeneratorImpl>(4);
         const at::Tensor ids = at::randint(97, {2, 20}, gen, at::kLong);
         at::Tensor seg, pos;

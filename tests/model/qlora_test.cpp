@@ -150,9 +150,13 @@ TEST_CASE(
           }
         opt.step(1e-2);
       }
+      // After three AdamW steps: each step divides a gradient by its own root mean square, so an
+      // entry near zero carries its rounding into the update at full size. PEFT's attention is
+      // LibTorch's flash kernel, ft's its own (model/cpu_attention.h): the gradients above agree
+      // to 1e-6, the final weights to 2e-4 (llama's q_proj lora_B).
       for (auto& p : params) {
         INFO(p.name);
-        CHECK(rel(*p.tensor, expected.tensor("final." + peft_memory_name(p.name))) < 1e-4);
+        CHECK(rel(*p.tensor, expected.tensor("final." + peft_memory_name(p.name))) < 5e-4);
       }
     }
   }
