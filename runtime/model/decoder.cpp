@@ -676,18 +676,15 @@ at::Tensor DecoderModel::mlp(const DecoderLayer& L, const at::Tensor& x, bool tr
                             L.down_proj.weight.detach(),
                             config_.activation == Activation::kGeluTanh, hooks_, &sinks);
   }
-  at::Tensor gate, up;
+  const bool gelu = config_.activation == Activation::kGeluTanh;
+  at::Tensor m;
   if (L.gate_up_proj.weight.defined()) {  // Phi-3: rows gate, then up
-    const at::Tensor y = L.gate_up_proj.forward(x, training, hooks_);
-    const int64_t n = config_.intermediate_size;
-    gate = y.narrow(-1, 0, n);
-    up = y.narrow(-1, n, n);
+    m = gated_product_packed(L.gate_up_proj.forward(x, training, hooks_), gelu, fused_.swiglu);
   } else {
-    gate = L.gate_proj.forward(x, training, hooks_);
-    up = L.up_proj.forward(x, training, hooks_);
+    const at::Tensor gate = L.gate_proj.forward(x, training, hooks_);
+    const at::Tensor up = L.up_proj.forward(x, training, hooks_);
+    m = gated_product(gate, up, gelu, fused_.swiglu);
   }
-  const at::Tensor m =
-      gated_product(gate, up, config_.activation == Activation::kGeluTanh, fused_.swiglu);
   return L.down_proj.forward(m, training, hooks_);
 }
 

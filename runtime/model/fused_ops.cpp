@@ -413,21 +413,47 @@ namespace {
 
 // ---- SwiGLU -------------------------------------------------------------------------------------
 
+// y = silu(g) * u over n elements (each element on its own: the same bits wherever a range
+// begins).
+template <typename T>
+void swiglu_range(const T* gp, const T* upp, T* yp, int64_t n) {
+  using A = Acc<T>;
+  if (swiglu_forward_vec(gp, upp, yp, n)) return;
+  for (int64_t i = 0; i < n; ++i) {
+    const A x = static_cast<A>(gp[i]);
+    const A silu = round_to<T>(x / (A(1) + exp_acc(-x)));
+    yp[i] = static_cast<T>(silu * static_cast<A>(upp[i]));
+  }
+}
+
+// dg and du (either may be null) of swiglu_range for dy over n elements.
+template <typename T>
+void swiglu_backward_range(const T* gp, const T* upp, const T* dyp, T* dgp, T* dup, int64_t n) {
+  using A = Acc<T>;
+  if (swiglu_backward_vec(gp, upp, dyp, dgp, dup, n)) return;
+  for (int64_t i = 0; i < n; ++i) {
+    const A x = static_cast<A>(gp[i]);
+    const A one_plus = A(1) + exp_acc(-x);
+    const A sig = A(1) / one_plus;
+    const A d = static_cast<A>(dyp[i]);
+    // The unfused graph: y = s * up, s = silu(x) = x / (1 + e^-x): ds = round(dy * up),
+    // dup = dy * s, dx = ds * sig * (1 + x * (1 - sig)) (ATen's silu_backward).
+    if (dup) dup[i] = static_cast<T>(d * round_to<T>(x / one_plus));
+    if (dgp) {
+      const A ds = round_to<T>(d * static_cast<A>(upp[i]));
+      dgp[i] = static_cast<T>(ds * sig * (A(1) + x * (A(1) - sig)));
+    }
+  }
+}
+
 void swiglu_cpu(const at::Tensor& g, const at::Tensor& u, at::Tensor& y) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "fused_swiglu", [&] {
     using T = scalar_t;
-    using A = Acc<T>;
     const T* gp = g.const_data_ptr<T>();
     const T* upp = u.const_data_ptr<T>();
     T* yp = y.data_ptr<T>();
-    at::parallel_for(0, g.numel(), kGrain, [&](int64_t b, int64_t e) {
-      if (swiglu_forward_vec(gp + b, upp + b, yp + b, e - b)) return;
-      for (int64_t i = b; i < e; ++i) {
-        const A x = static_cast<A>(gp[i]);
-        const A silu = round_to<T>(x / (A(1) + exp_acc(-x)));
-        yp[i] = static_cast<T>(silu * static_cast<A>(upp[i]));
-      }
-    });
+    at::parallel_for(0, g.numel(), kGrain,
+                     [&](int64_t b, int64_t e) { swiglu_range(gp + b, upp + b, yp + b, e - b); });
   });
 }
 
@@ -461,29 +487,14 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& gate, const 
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, g.scalar_type(), "fused_swiglu_backward", [&] {
         using T = scalar_t;
-        using A = Acc<T>;
         const T* gp = g.const_data_ptr<T>();
         const T* upp = u.const_data_ptr<T>();
         const T* dyp = dy.const_data_ptr<T>();
         T* dgp = want_g ? dg.data_ptr<T>() : nullptr;
         T* dup = want_u ? du.data_ptr<T>() : nullptr;
         at::parallel_for(0, g.numel(), kGrain, [&](int64_t b, int64_t e) {
-          if (swiglu_backward_vec(gp + b, upp + b, dyp + b, dgp ? dgp + b : nullptr,
-                                  dup ? dup + b : nullptr, e - b))
-            return;
-          for (int64_t i = b; i < e; ++i) {
-            const A x = static_cast<A>(gp[i]);
-            const A one_plus = A(1) + exp_acc(-x);
-            const A sig = A(1) / one_plus;
-            const A d = static_cast<A>(dyp[i]);
-            // The unfused graph: y = s * up, s = silu(x) = x / (1 + e^-x): ds = round(dy * up),
-            // dup = dy * s, dx = ds * sig * (1 + x * (1 - sig)) (ATen's silu_backward).
-            if (dup) dup[i] = static_cast<T>(d * round_to<T>(x / one_plus));
-            if (dgp) {
-              const A ds = round_to<T>(d * static_cast<A>(upp[i]));
-              dgp[i] = static_cast<T>(ds * sig * (A(1) + x * (A(1) - sig)));
-            }
-          }
+          swiglu_backward_range(gp + b, upp + b, dyp + b, dgp ? dgp + b : nullptr,
+                                dup ? dup + b : nullptr, e - b);
         });
       });
   return {dg, du};
@@ -502,6 +513,51 @@ struct SwiGluFn : public torch::autograd::Function<SwiGluFn> {
     auto [dg, du] =
         swiglu_backward(s[0], s[1], grads[0], ctx->needs_input_grad(0), ctx->needs_input_grad(1));
     return {dg, du};
+  }
+};
+
+// silu(gate) * up on the halves of each row of y [rows, 2I] (gate first), row by row: each
+// element as swiglu_range computes it, so fused_swiglu's bits.
+struct SwiGluPackedFn : public torch::autograd::Function<SwiGluPackedFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& packed) {
+    const at::Tensor y = packed.contiguous();
+    ctx->save_for_backward({y});
+    const int64_t I = y.size(-1) / 2, rows = y.numel() / std::max<int64_t>(2 * I, 1);
+    std::vector<int64_t> shape = y.sizes().vec();
+    shape.back() = I;
+    at::Tensor m = at::empty(shape, y.options());
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kBFloat16, at::kHalf, y.scalar_type(), "swiglu_packed", [&] {
+          using T = scalar_t;
+          const T* yp = y.const_data_ptr<T>();
+          T* mp = m.data_ptr<T>();
+          at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(I, 1)),
+                           [&](int64_t b, int64_t e) {
+                             for (int64_t r = b; r < e; ++r)
+                               swiglu_range(yp + r * 2 * I, yp + r * 2 * I + I, mp + r * I, I);
+                           });
+        });
+    return m;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor y = ctx->get_saved_variables()[0], dm = grads[0].contiguous();
+    const int64_t I = y.size(-1) / 2, rows = y.numel() / std::max<int64_t>(2 * I, 1);
+    at::Tensor dy = at::empty_like(y);
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kBFloat16, at::kHalf, y.scalar_type(), "swiglu_packed_bw", [&] {
+          using T = scalar_t;
+          const T* yp = y.const_data_ptr<T>();
+          const T* dmp = dm.const_data_ptr<T>();
+          T* dyp = dy.data_ptr<T>();
+          at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(I, 1)),
+                           [&](int64_t b, int64_t e) {
+                             for (int64_t r = b; r < e; ++r)
+                               swiglu_backward_range(yp + r * 2 * I, yp + r * 2 * I + I,
+                                                     dmp + r * I, dyp + r * 2 * I,
+                                                     dyp + r * 2 * I + I, I);
+                           });
+        });
+    return {dy};
   }
 };
 
@@ -601,6 +657,13 @@ at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up) {
   return SwiGluFn::apply(gate, up);
 }
 
+at::Tensor fused_swiglu_packed(const at::Tensor& y) {
+  FT_CHECK(y.is_cpu() && y.dim() >= 1 && y.size(-1) % 2 == 0, "fused_swiglu_packed: y ", y.sizes(),
+           " on ", y.device(),
+           " must be a CPU tensor whose last dimension holds gate and up (even)");
+  return SwiGluPackedFn::apply(y);
+}
+
 at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   FT_CHECK(x.dim() == 4 && cos.dim() == 3 && sin.sizes() == cos.sizes() &&
                cos.size(0) == x.size(0) && cos.size(1) == x.size(1) && cos.size(2) == x.size(3) &&
@@ -658,6 +721,12 @@ at::Tensor gated_product(const at::Tensor& gate, const at::Tensor& up, bool gelu
   if (gelu_tanh) return at::gelu(gate, "tanh") * up;
   return fused && fuses_on_device(gate) ? fused_swiglu(gate.contiguous(), up.contiguous())
                                         : at::silu(gate) * up;
+}
+
+at::Tensor gated_product_packed(const at::Tensor& y, bool gelu_tanh, bool fused) {
+  if (fused && !gelu_tanh && y.is_cpu()) return fused_swiglu_packed(y);
+  const int64_t n = y.size(-1) / 2;
+  return gated_product(y.narrow(-1, 0, n), y.narrow(-1, n, n), gelu_tanh, fused);
 }
 
 }  // namespace ft::model

@@ -52,6 +52,13 @@ at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
 // fused_swiglu on the CPU when `fused` (the dense MLP's and each expert's).
 at::Tensor gated_product(const at::Tensor& gate, const at::Tensor& up, bool gelu_tanh, bool fused);
 
+// fused_swiglu of the two halves of y [..., 2I] (gate, then up: a fused gate_up product's output)
+// without splitting it: the same bits, and y's gradient comes back as one [..., 2I] tensor (the
+// halves' views would each give a zero-filled [..., 2I] gradient for autograd to add). CPU.
+at::Tensor fused_swiglu_packed(const at::Tensor& y);
+// gated_product of y's halves: fused_swiglu_packed where fused_swiglu would run on the CPU.
+at::Tensor gated_product_packed(const at::Tensor& y, bool gelu_tanh, bool fused);
+
 // The rotary embedding x * cos + rotate_half(x) * sin. x [B, T, heads, head_dim] (any strides),
 // cos and sin [B, T, head_dim] of x's dtype, no gradient. Returns a contiguous [B, T, heads, hd].
 at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);

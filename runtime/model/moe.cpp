@@ -64,10 +64,8 @@ at::Tensor expert_linear(const at::Tensor& x, const ExpertMats& m, size_t e) {
 at::Tensor expert_mlp(const at::Tensor& x, const ExpertMats& gate_up, const ExpertMats& down,
                       size_t e, const MoeOptions& o) {
   const at::Tensor y = expert_linear(x, gate_up, e);
-  const int64_t inter = gate_up.w[e].size(0) / 2;
-  const at::Tensor gate = y.narrow(-1, 0, inter), up = y.narrow(-1, inter, inter);
   return expert_linear(
-      gated_product(gate, up, o.activation == Activation::kGeluTanh, o.fused_swiglu), down, e);
+      gated_product_packed(y, o.activation == Activation::kGeluTanh, o.fused_swiglu), down, e);
 }
 
 // Rows grouped by local expert (`counts` each) through their experts, in the same order. The

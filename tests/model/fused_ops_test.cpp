@@ -111,9 +111,10 @@ TEST_CASE("fused SwiGLU equals silu(gate) * up: output and both gradients", "[un
   }
 }
 
-TEST_CASE("fused SwiGLU in fp32, vectorized with its own exp: every element over exp's whole range, "
-          "the same bits for any thread count and chunk start",
-          "[unit]") {
+TEST_CASE(
+    "fused SwiGLU in fp32, vectorized with its own exp: every element over exp's whole range, "
+    "the same bits for any thread count and chunk start",
+    "[unit]") {
   // 200,003 gates from -120 to 120 (past both ends of fp32's exp), more than one parallel chunk.
   const int64_t n = 200003;
   const at::Tensor g0 = at::linspace(-120.0, 120.0, n, at::kFloat);
@@ -228,4 +229,26 @@ TEST_CASE("a model with every fused kernel equals the unfused model: loss and ev
       }
     }
   }
+}
+
+TEST_CASE(
+    "packed SwiGLU: the halves of one gate_up tensor give fused_swiglu's bits, and one "
+    "gradient",
+    "[unit]") {
+  // 37 rows of 2 x 45 (odd, so rows start off any vector boundary), fp32 and bf16.
+  for (const auto dtype : {at::kFloat, at::kBFloat16, at::kDouble}) {
+    INFO("dtype " << dtype);
+    const at::Tensor y0 = rand({37, 90}, dtype, 11), gm = rand({37, 45}, dtype, 12);
+    at::Tensor y = leaf(y0), yr = leaf(y0);
+    const at::Tensor m = ft::model::fused_swiglu_packed(y);
+    const at::Tensor mr = ft::model::fused_swiglu(yr.narrow(-1, 0, 45).contiguous(),
+                                                  yr.narrow(-1, 45, 45).contiguous());
+    CHECK(m.sizes() == mr.sizes());
+    CHECK(at::equal(m, mr));
+    (m * gm).sum().backward();
+    (mr * gm).sum().backward();
+    CHECK(at::equal(y.grad(), yr.grad()));
+  }
+  CHECK_THROWS_WITH(ft::model::fused_swiglu_packed(at::ones({3, 5})),
+                    Catch::Contains("last dimension holds gate and up"));
 }
