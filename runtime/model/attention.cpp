@@ -44,6 +44,12 @@ at::Tensor capped_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 }  // namespace
 
+at::Tensor attention_bias(const at::Tensor& mask, at::ScalarType dtype) {
+  return at::where(mask, at::scalar_tensor(0.0, at::TensorOptions().dtype(dtype)),
+                   at::scalar_tensor(-std::numeric_limits<double>::infinity(),
+                                     at::TensorOptions().dtype(dtype)));
+}
+
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor& mask, bool causal, double scale, double softcap,
                   bool host_kernel) {

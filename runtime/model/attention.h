@@ -21,6 +21,10 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor& mask, bool causal, double scale, double softcap,
                   bool host_kernel);
 
+// A boolean attention mask as at::scaled_dot_product_attention passes it on: 0 where attended
+// (true), -inf elsewhere, in `dtype`.
+at::Tensor attention_bias(const at::Tensor& mask, at::ScalarType dtype);
+
 // attend() where query i sees key j iff i - W < j <= i (transformers' sliding_window_overlay on
 // the causal mask) and, with segment_ids [B, T], only keys of its own segment. Queries go in
 // chunks of W, each against the W - 1 keys before it and its own: O(T W) memory and work.

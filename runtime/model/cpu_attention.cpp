@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/attention.h"
 #include "model/exp_f32.h"
 #include "model/host_blas.h"
 
@@ -211,10 +212,10 @@ void backward_block(const Geometry& g, const Rows& q, const Rows& k, const Rows&
        d.dk.st);
 }
 
+// The bias in its additive fp32 form (a bool mask through attention_bias).
 at::Tensor additive(const at::Tensor& bias) {
   if (!bias.defined() || bias.scalar_type() != at::kBool) return bias;
-  const auto f = at::TensorOptions().dtype(at::kFloat);
-  return at::where(bias, at::scalar_tensor(0.0, f), at::scalar_tensor(kNegInf, f));
+  return attention_bias(bias, at::kFloat);
 }
 
 struct CpuAttentionFn : public torch::autograd::Function<CpuAttentionFn> {

@@ -6,7 +6,6 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <tuple>
 #include <vector>
 
@@ -96,14 +95,6 @@ void sink_product(torch::autograd::AutogradContext* ctx, int slot, const at::Ten
   const SavedGradSink sink = saved_grad_sink(ctx, slot);
   add_product(sink.into, grad.t(), x);
   sink.done();
-}
-
-// A boolean attention mask as at::scaled_dot_product_attention passes it on: 0 where attended,
-// -inf elsewhere, in the queries' dtype.
-at::Tensor attention_bias(const at::Tensor& mask, at::ScalarType dtype) {
-  return at::where(mask, at::scalar_tensor(0.0, at::TensorOptions().dtype(dtype)),
-                   at::scalar_tensor(-std::numeric_limits<double>::infinity(),
-                                     at::TensorOptions().dtype(dtype)));
 }
 
 // Nodes of several ops for a layer whose linear weights all sink their gradients (replicated fp32
