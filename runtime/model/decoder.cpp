@@ -652,6 +652,7 @@ at::Tensor DecoderModel::moe_mlp(const DecoderLayer& L, const at::Tensor& x, boo
   o.aux = &router_aux_;
   o.record = record;
   o.exchange = exchange_;
+  o.hooks = hooks_;
   return moe_forward(L.moe, config_.moe, x, o);
 }
 

@@ -500,6 +500,46 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& gate, const 
   return {dg, du};
 }
 
+// silu(gate) * up on the halves of each row of y [rows, 2I] (gate first), row by row: each
+// element as swiglu_range computes it, so fused_swiglu's bits.
+at::Tensor swiglu_packed_forward(const at::Tensor& y) {
+  const int64_t I = y.size(-1) / 2, rows = y.numel() / std::max<int64_t>(2 * I, 1);
+  std::vector<int64_t> shape = y.sizes().vec();
+  shape.back() = I;
+  at::Tensor m = at::empty(shape, y.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, y.scalar_type(), "swiglu_packed", [&] {
+    using T = scalar_t;
+    const T* yp = y.const_data_ptr<T>();
+    T* mp = m.data_ptr<T>();
+    at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(I, 1)),
+                     [&](int64_t b, int64_t e) {
+                       for (int64_t r = b; r < e; ++r)
+                         swiglu_range(yp + r * 2 * I, yp + r * 2 * I + I, mp + r * I, I);
+                     });
+  });
+  return m;
+}
+
+at::Tensor swiglu_packed_backward(const at::Tensor& y, const at::Tensor& dm_in) {
+  const at::Tensor dm = dm_in.contiguous();
+  const int64_t I = y.size(-1) / 2, rows = y.numel() / std::max<int64_t>(2 * I, 1);
+  at::Tensor dy = at::empty_like(y);
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, y.scalar_type(), "swiglu_packed_bw", [&] {
+        using T = scalar_t;
+        const T* yp = y.const_data_ptr<T>();
+        const T* dmp = dm.const_data_ptr<T>();
+        T* dyp = dy.data_ptr<T>();
+        at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(I, 1)),
+                         [&](int64_t b, int64_t e) {
+                           for (int64_t r = b; r < e; ++r)
+                             swiglu_backward_range(yp + r * 2 * I, yp + r * 2 * I + I, dmp + r * I,
+                                                   dyp + r * 2 * I, dyp + r * 2 * I + I, I);
+                         });
+      });
+  return dy;
+}
+
 namespace {
 
 struct SwiGluFn : public torch::autograd::Function<SwiGluFn> {
@@ -516,48 +556,15 @@ struct SwiGluFn : public torch::autograd::Function<SwiGluFn> {
   }
 };
 
-// silu(gate) * up on the halves of each row of y [rows, 2I] (gate first), row by row: each
-// element as swiglu_range computes it, so fused_swiglu's bits.
+// swiglu_packed_forward with autograd: y's gradient as one [..., 2I] tensor.
 struct SwiGluPackedFn : public torch::autograd::Function<SwiGluPackedFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& packed) {
     const at::Tensor y = packed.contiguous();
     ctx->save_for_backward({y});
-    const int64_t I = y.size(-1) / 2, rows = y.numel() / std::max<int64_t>(2 * I, 1);
-    std::vector<int64_t> shape = y.sizes().vec();
-    shape.back() = I;
-    at::Tensor m = at::empty(shape, y.options());
-    AT_DISPATCH_FLOATING_TYPES_AND2(
-        at::kBFloat16, at::kHalf, y.scalar_type(), "swiglu_packed", [&] {
-          using T = scalar_t;
-          const T* yp = y.const_data_ptr<T>();
-          T* mp = m.data_ptr<T>();
-          at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(I, 1)),
-                           [&](int64_t b, int64_t e) {
-                             for (int64_t r = b; r < e; ++r)
-                               swiglu_range(yp + r * 2 * I, yp + r * 2 * I + I, mp + r * I, I);
-                           });
-        });
-    return m;
+    return swiglu_packed_forward(y);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const at::Tensor y = ctx->get_saved_variables()[0], dm = grads[0].contiguous();
-    const int64_t I = y.size(-1) / 2, rows = y.numel() / std::max<int64_t>(2 * I, 1);
-    at::Tensor dy = at::empty_like(y);
-    AT_DISPATCH_FLOATING_TYPES_AND2(
-        at::kBFloat16, at::kHalf, y.scalar_type(), "swiglu_packed_bw", [&] {
-          using T = scalar_t;
-          const T* yp = y.const_data_ptr<T>();
-          const T* dmp = dm.const_data_ptr<T>();
-          T* dyp = dy.data_ptr<T>();
-          at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(I, 1)),
-                           [&](int64_t b, int64_t e) {
-                             for (int64_t r = b; r < e; ++r)
-                               swiglu_backward_range(yp + r * 2 * I, yp + r * 2 * I + I,
-                                                     dmp + r * I, dyp + r * 2 * I,
-                                                     dyp + r * 2 * I + I, I);
-                           });
-        });
-    return {dy};
+    return {swiglu_packed_backward(ctx->get_saved_variables()[0], grads[0])};
   }
 };
 

@@ -74,6 +74,10 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& gate, const 
                                                   bool want_up);
 at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                       bool backward);
+// fused_swiglu_packed's kernels (CPU): y [..., 2I] contiguous -> [..., I], and y's gradient
+// [..., 2I] from the output's.
+at::Tensor swiglu_packed_forward(const at::Tensor& y);
+at::Tensor swiglu_packed_backward(const at::Tensor& y, const at::Tensor& dm);
 // RMSNorm likewise (fused_rms_norm's kernels): rms_norm_forward returns {y, rstd}, rstd [rows]
 // in fp32 (fp64 for fp64); rms_norm_backward {dx, dw} from the forward's input, weight and rstd
 // (undefined where not wanted). x contiguous, weight [x.size(-1)] of x's dtype.

@@ -4,7 +4,9 @@
 #include <torch/autograd.h>
 
 #include "core/error.h"
+#include "model/decoder.h"
 #include "model/fused_ops.h"
+#include "model/host_blas.h"
 
 namespace ft::model {
 
@@ -68,6 +70,120 @@ at::Tensor expert_mlp(const at::Tensor& x, const ExpertMats& gate_up, const Expe
       gated_product_packed(y, o.activation == Activation::kGeluTanh, o.fused_swiglu), down, e);
 }
 
+// The local experts' SwiGLU MLPs over rows grouped by expert (`counts` each) as one node: each
+// expert's products into its rows of one [rows, 2I] and one [rows, hidden] tensor (at::mm_out),
+// the fused SwiGLU over all rows at once (it works row by row), and in backward each expert's
+// weight gradients into their slices of one [E, 2I, hidden] / [E, hidden, I] gradient, or of the
+// strategy's accumulator when it gives sinks (the weights then come in detached): no per-expert
+// views for autograd to gather, no cat, stack or zero-filled gradients, no weight-sized add.
+// The products are the ones expert_mlp's nodes make, on the same operands and into contiguous
+// rows, so the same bits (moe_test compares); experts without rows add nothing.
+// CPU, SiLU with the fused SwiGLU, no expert adapter (expert_group_node says when).
+// a @ b into `out` (a view: its rows of a larger tensor).
+void mm_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b) { at::mm_out(out, a, b); }
+
+struct ExpertGroupFn : public torch::autograd::Function<ExpertGroupFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& rows,
+                            const at::Tensor& gate_up, const at::Tensor& down,
+                            const std::vector<int64_t>* counts, UnitHooks* hooks,
+                            const std::array<UnitHooks::GradSink, 2>* sinks) {
+    const int64_t R = rows.size(0);
+    at::Tensor gu = at::empty({R, gate_up.size(1)}, rows.options());
+    at::Tensor out = at::empty({R, down.size(1)}, rows.options());
+    for_experts(*counts, [&](int64_t e, int64_t at, int64_t n) {
+      mm_into(gu.narrow(0, at, n), rows.narrow(0, at, n), gate_up[e].t());
+    });
+    const at::Tensor m = swiglu_packed_forward(gu);
+    for_experts(*counts, [&](int64_t e, int64_t at, int64_t n) {
+      mm_into(out.narrow(0, at, n), m.narrow(0, at, n), down[e].t());
+    });
+    ctx->save_for_backward({rows, gu, m, gate_up, down});
+    ctx->saved_data["counts"] = c10::IValue(*counts);
+    for (int i = 0; i < 2; ++i) save_grad_sink(ctx, hooks, (*sinks)[static_cast<size_t>(i)], i);
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto s = ctx->get_saved_variables();
+    const at::Tensor &rows = s[0], &gu = s[1], &m = s[2], &gate_up = s[3], &down = s[4];
+    const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
+    const at::Tensor g = grad_out[0].contiguous();
+    torch::autograd::variable_list grads(6);
+    // down: m's gradient, then down's (autograd's MmBackward0: grad @ W, grad^T @ input).
+    at::Tensor gm = at::empty_like(m);
+    for_experts(counts, [&](int64_t e, int64_t at, int64_t n) {
+      mm_into(gm.narrow(0, at, n), g.narrow(0, at, n), down[e]);
+    });
+    grads[2] = weight_grads(ctx, 1, 2, counts, down, g, m);
+    const at::Tensor dgu = swiglu_packed_backward(gu, gm);
+    at::Tensor grows = at::empty_like(rows);
+    for_experts(counts, [&](int64_t e, int64_t at, int64_t n) {
+      mm_into(grows.narrow(0, at, n), dgu.narrow(0, at, n), gate_up[e]);
+    });
+    grads[1] = weight_grads(ctx, 0, 1, counts, gate_up, dgu, rows);
+    grads[0] = grows;
+    return grads;
+  }
+
+  // f(expert, first row, rows) for every expert with rows.
+  template <typename F>
+  static void for_experts(const std::vector<int64_t>& counts, F&& f) {
+    int64_t at = 0;
+    for (size_t e = 0; e < counts.size(); ++e) {
+      if (counts[e] > 0) f(static_cast<int64_t>(e), at, counts[e]);
+      at += counts[e];
+    }
+  }
+
+  // The weight's gradient, expert e's slice grad_e^T @ input_e: added into the sink of `slot`
+  // (returns undefined), or as a tensor when autograd wants one (experts without rows zero).
+  static at::Tensor weight_grads(torch::autograd::AutogradContext* ctx, int slot, size_t input,
+                                 const std::vector<int64_t>& counts, const at::Tensor& weight,
+                                 const at::Tensor& grad, const at::Tensor& x) {
+    const SavedGradSink sink = saved_grad_sink(ctx, slot);
+    if (sink.into.defined()) {
+      for_experts(counts, [&](int64_t e, int64_t at, int64_t n) {
+        const at::Tensor into = sink.into[e], a = grad.narrow(0, at, n).t(), b = x.narrow(0, at, n);
+        if (!host_addmm(into, a, b)) into.addmm_(a, b);
+      });
+      sink.done();
+      return {};
+    }
+    if (!ctx->needs_input_grad(input)) return {};
+    at::Tensor dw = at::empty_like(weight);
+    int64_t at = 0;
+    for (size_t e = 0; e < counts.size(); ++e) {
+      const int64_t n = counts[e];
+      at::Tensor slice = dw[static_cast<int64_t>(e)];
+      if (n > 0)
+        mm_into(slice, grad.narrow(0, at, n).t(), x.narrow(0, at, n));
+      else
+        slice.zero_();
+      at += n;
+    }
+    return dw;
+  }
+};
+
+// Whether the expert group runs as one ExpertGroupFn: on the CPU, SiLU with the fused SwiGLU,
+// no expert adapter, contiguous weights; with sinks for both weights when the strategy gives
+// them (`sinks` filled) and the rows need a gradient (else no backward would report them).
+bool expert_group_node(const MoeWeights& w, const at::Tensor& rows, const MoeOptions& o,
+                       std::array<UnitHooks::GradSink, 2>& sinks) {
+  if (!o.expert_node || !rows.is_cpu() || o.activation != Activation::kSilu || !o.fused_swiglu ||
+      w.gate_up_lora.defined() || w.down_lora.defined() || !w.gate_up.is_contiguous() ||
+      !w.down.is_contiguous() || rows.dim() != 2)
+    return false;
+  if (o.hooks && at::GradMode::is_enabled() && rows.requires_grad() && w.gate_up.requires_grad() &&
+      w.down.requires_grad()) {
+    sinks[0] = o.hooks->grad_sink(w.gate_up);
+    sinks[1] = o.hooks->grad_sink(w.down);
+    if (!sinks[0].into.defined() || !sinks[1].into.defined()) sinks = {};
+  }
+  return true;
+}
+
 // Rows grouped by local expert (`counts` each) through their experts, in the same order. The
 // weights are unbound and the rows split once, so backward has one node per tensor gathering
 // every expert's gradient; indexing each expert (gate_up[e], rows.narrow) instead gave each
@@ -78,6 +194,12 @@ at::Tensor run_experts(const MoeWeights& w, const MoeConfig& config, const at::T
   const int64_t first = o.exchange ? o.exchange->first_local_expert() : 0;
   const ExpertMats gate_up = expert_mats(w.gate_up, w.gate_up_lora, config.num_experts, first);
   const ExpertMats down = expert_mats(w.down, w.down_lora, config.num_experts, first);
+  std::array<UnitHooks::GradSink, 2> sinks;
+  if (expert_group_node(w, rows, o, sinks)) {
+    const bool sunk = sinks[0].into.defined();
+    return ExpertGroupFn::apply(rows.contiguous(), sunk ? w.gate_up.detach() : w.gate_up,
+                                sunk ? w.down.detach() : w.down, &counts, o.hooks, &sinks);
+  }
   const std::vector<at::Tensor> parts = rows.split_with_sizes(counts);
   std::vector<at::Tensor> outs;
   for (size_t e = 0; e < counts.size(); ++e)

@@ -98,13 +98,21 @@ struct ExpertFilePiece {
 // same in both layouts (not an expert tensor, or a Qwen router).
 std::vector<ExpertFilePiece> expert_file_pieces(const ModelConfig& config, const std::string& name);
 
+class UnitHooks;  // model/decoder.h
+
 struct MoeOptions {
   Activation activation = Activation::kSilu;
   bool fused_swiglu = true;
+  // The local experts as one autograd node where it applies (moe.cpp: ExpertGroupFn); false: a
+  // node per expert op, the reference moe_test compares it with bit for bit.
+  bool expert_node = true;
   bool weights_in_dtype = false;       // the k weights cast to x's dtype first (Qwen3-MoE's router)
   RouterAux* aux = nullptr;            // where the forward records (null: nowhere)
   bool record = true;                  // false in a recompute: recorded once already
   ExpertExchange* exchange = nullptr;  // null: every expert is local
+  // The strategy's hooks (null: none): asked for the expert weights' gradient sinks
+  // (UnitHooks::grad_sink), into which the expert group's backward adds their gradients.
+  UnitHooks* hooks = nullptr;
 };
 
 // x [B, T, hidden] -> [B, T, hidden].

@@ -373,14 +373,16 @@ void Engine::load(const ParamSource& source) {
               a, std::make_unique<GradHook>(this, static_cast<int>(ui), static_cast<int>(gi),
                                             static_cast<int>(mi)));
           // Replicated, accumulated in the weight's own dtype on its device: a linear layer's
-          // backward may add into the accumulator itself (grad_sink).
+          // backward (or an MoE layer's expert group, for its [E, out, in] weights) may add into
+          // the accumulator itself (grad_sink).
           // (Not the embedding: its gradient comes as rows, and with tied embeddings the LM
           // head is the same tensor, one hook for both.)
           // On a GPU not when offloaded (the accumulator is in host memory); on the CPU the host
           // accumulator is the same memory, and without the sink an offloaded run would add a
           // later micro-batch's product where the plain run's addmm accumulates it: other bits.
           if (g.layout.shards == 1 && (!g.master_host || options_.device.is_cpu()) &&
-              m.shape.size() == 2 && options_.master_dtype == options_.compute_dtype &&
+              (m.shape.size() == 2 || m.shape.size() == 3) &&
+              options_.master_dtype == options_.compute_dtype &&
               m.name != "model.embed_tokens.weight") {
             sink_of_[a.unsafeGetTensorImpl()] = static_cast<int64_t>(sinks_.size());
             sinks_.push_back({static_cast<int>(ui), static_cast<int>(gi), static_cast<int>(mi)});

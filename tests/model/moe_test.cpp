@@ -237,3 +237,99 @@ TEST_CASE("PEFT's LoRA adapter on a Mixtral's attention: logits and adapter grad
   auto expected = io::SafetensorsFile::open(dir + "/expected.safetensors");
   check_adapter_fixture(m, expected, 2 * 4 * 2);  // A and B, q k v o, 2 layers
 }
+
+namespace {
+
+// Sinks for one MoE layer's two expert weights, as the engine gives them (UnitHooks::grad_sink).
+class ExpertSinks final : public UnitHooks {
+ public:
+  ExpertSinks(const at::Tensor& gate_up, const at::Tensor& down)
+      : weights{gate_up, down}, into{at::zeros_like(gate_up), at::zeros_like(down)} {}
+  void before_unit(int) override {}
+  void after_unit(int, const at::Tensor&) override {}
+  GradSink grad_sink(const at::Tensor& w) override {
+    for (int64_t i = 0; i < 2; ++i)
+      if (w.unsafeGetTensorImpl() == weights[i].unsafeGetTensorImpl()) return {into[i], i};
+    return {};
+  }
+  void grad_sunk(int64_t id) override { sunk.push_back(id); }
+  std::vector<at::Tensor> weights, into;
+  std::vector<int64_t> sunk;
+};
+
+struct BlockPass {
+  at::Tensor out, dx, dgate_up, ddown;
+};
+
+// One MoE block forward and backward of sum(out * r) for a fixed random r.
+BlockPass block_pass(const MoeWeights& w, const MoeConfig& c, const at::Tensor& x,
+                     const MoeOptions& o) {
+  const at::Tensor xi = x.detach().requires_grad_(true);
+  const at::Tensor out = moe_forward(w, c, xi, o);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  (out * at::randn(out.sizes(), gen, out.options())).sum().backward();
+  BlockPass p{out.detach(), xi.grad()};
+  for (auto [t, into] : {std::pair{&w.gate_up, &p.dgate_up}, std::pair{&w.down, &p.ddown}})
+    if (t->grad().defined()) {
+      *into = t->grad().clone();
+      const_cast<at::Tensor&>(*t).mutable_grad() = at::Tensor();
+    }
+  return p;
+}
+
+}  // namespace
+
+// moe.cpp runs the local experts as one autograd node on the CPU (fused SwiGLU, no expert
+// adapter); the per-expert nodes (expert_node false) are the reference: the same products on
+// the same operands, so the same bits, with an expert that gets no token, with the weights'
+// gradients returned or added into the strategy's sinks, and with the experts frozen.
+TEST_CASE("MoE experts as one node give the per-expert nodes' bits", "[unit]") {
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    DYNAMIC_SECTION(c10::toString(dtype)) {
+      MoeConfig c;
+      c.num_experts = 6;
+      c.experts_per_token = 2;
+      c.expert_intermediate = 24;
+      const int64_t H = 16;
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+      const auto opt = at::TensorOptions().dtype(dtype);
+      MoeWeights w;
+      w.router = at::randn({6, H}, gen, opt);
+      // Expert 4 is never chosen: its router row is far below the others for positive inputs.
+      w.router[4].fill_(-50);
+      w.gate_up = (at::randn({6, 48, H}, gen, opt) * 0.2).requires_grad_(true);
+      w.down = (at::randn({6, H, 24}, gen, opt) * 0.2).requires_grad_(true);
+      const at::Tensor x = at::randn({2, 15, H}, gen, opt).abs();
+      MoeOptions node, per_expert;
+      per_expert.expert_node = false;
+      const BlockPass ref = block_pass(w, c, x, per_expert);
+      REQUIRE(ref.dgate_up.defined());
+      // The reference's gradient of the unused expert is zero, the used ones' not.
+      CHECK(ref.dgate_up[4].abs().max().item<double>() == 0);
+      CHECK(ref.ddown[3].abs().max().item<double>() > 0);
+      const BlockPass got = block_pass(w, c, x, node);
+      CHECK(at::equal(got.out, ref.out));
+      CHECK(at::equal(got.dx, ref.dx));
+      CHECK(at::equal(got.dgate_up, ref.dgate_up));
+      CHECK(at::equal(got.ddown, ref.ddown));
+
+      ExpertSinks sinks(w.gate_up, w.down);
+      node.hooks = &sinks;
+      const BlockPass sunk = block_pass(w, c, x, node);
+      CHECK(at::equal(sunk.dx, ref.dx));
+      CHECK_FALSE(sunk.dgate_up.defined());  // not through autograd: into the sinks
+      CHECK(sinks.sunk == std::vector<int64_t>{1, 0});
+      CHECK(at::equal(sinks.into[0], ref.dgate_up));
+      CHECK(at::equal(sinks.into[1], ref.ddown));
+
+      w.gate_up.requires_grad_(false);
+      w.down.requires_grad_(false);
+      const BlockPass frozen_ref = block_pass(w, c, x, per_expert);
+      const BlockPass frozen = block_pass(w, c, x, node);
+      CHECK(at::equal(frozen.dx, frozen_ref.dx));
+      CHECK(at::equal(frozen.dx, ref.dx));
+      CHECK_FALSE(frozen.dgate_up.defined());
+      CHECK(sinks.sunk.size() == 2);  // frozen weights ask for no sink
+    }
+  }
+}
