@@ -268,7 +268,7 @@ BlockPass block_pass(const MoeWeights& w, const MoeConfig& c, const at::Tensor& 
   const at::Tensor out = moe_forward(w, c, xi, o);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
   (out * at::randn(out.sizes(), gen, out.options())).sum().backward();
-  BlockPass p{out.detach(), xi.grad()};
+  BlockPass p{out.detach(), xi.grad(), {}, {}};
   for (auto [t, into] : {std::pair{&w.gate_up, &p.dgate_up}, std::pair{&w.down, &p.ddown}})
     if (t->grad().defined()) {
       *into = t->grad().clone();
