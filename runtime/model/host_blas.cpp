@@ -33,6 +33,10 @@ bool fits(int64_t v) { return v >= 2 && v <= INT_MAX; }
 }  // namespace
 
 bool host_addmm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b) {
+  return host_mm(c, a, b, /*accumulate=*/true);
+}
+
+bool host_mm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
   const Sgemm sgemm = torch_sgemm();
   if (!sgemm) return false;
   for (const at::Tensor* t : {&c, &a, &b})
@@ -67,8 +71,8 @@ bool host_addmm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b) {
   const int m = static_cast<int>(N), n = static_cast<int>(M), k = static_cast<int>(K);
   const int lda_ = static_cast<int>(lda), ldb_ = static_cast<int>(ldb),
             ldc_ = static_cast<int>(c.stride(0));
-  const float one = 1.0f;
-  sgemm(&ta, &tb, &m, &n, &k, &one, b.data_ptr<float>(), &lda_, a.data_ptr<float>(), &ldb_, &one,
+  const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  sgemm(&ta, &tb, &m, &n, &k, &one, b.data_ptr<float>(), &lda_, a.data_ptr<float>(), &ldb_, &beta,
         c.data_ptr<float>(), &ldc_);
   return true;
 }

@@ -18,6 +18,8 @@ namespace ft::model {
 // Returns false, having done nothing, when a tensor is outside that or LibTorch exports no
 // sgemm_; the caller then uses at::addmm_.
 bool host_addmm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b);
+// host_addmm, or c = a @ b (beta 0: c's values are not read) when not `accumulate`.
+bool host_mm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, bool accumulate);
 
 // c = alpha op(a) op(b) + beta c on row-major fp32 arrays, through the same sgemm_: op(a) [m, k]
 // (a stored [m, k] with row stride lda, or, `ta`, stored [k, m] and transposed), op(b) [k, n]

@@ -1,7 +1,12 @@
 #include "model/moe.h"
 
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <torch/autograd.h>
+
+#include <algorithm>
+#include <array>
+#include <numeric>
 
 #include "core/error.h"
 #include "model/decoder.h"
@@ -82,6 +87,9 @@ at::Tensor expert_mlp(const at::Tensor& x, const ExpertMats& gate_up, const Expe
 // a @ b into `out` (a view: its rows of a larger tensor).
 void mm_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b) { at::mm_out(out, a, b); }
 
+// {c, a, b}: c = a @ b.
+using Product = std::array<at::Tensor, 3>;
+
 struct ExpertGroupFn : public torch::autograd::Function<ExpertGroupFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& rows,
                             const at::Tensor& gate_up, const at::Tensor& down,
@@ -90,12 +98,12 @@ struct ExpertGroupFn : public torch::autograd::Function<ExpertGroupFn> {
     const int64_t R = rows.size(0);
     at::Tensor gu = at::empty({R, gate_up.size(1)}, rows.options());
     at::Tensor out = at::empty({R, down.size(1)}, rows.options());
-    for_experts(*counts, [&](int64_t e, int64_t at, int64_t n) {
-      mm_into(gu.narrow(0, at, n), rows.narrow(0, at, n), gate_up[e].t());
+    expert_products(*counts, false, [&](int64_t e, int64_t at, int64_t n) {
+      return Product{gu.narrow(0, at, n), rows.narrow(0, at, n), gate_up[e].t()};
     });
     const at::Tensor m = swiglu_packed_forward(gu);
-    for_experts(*counts, [&](int64_t e, int64_t at, int64_t n) {
-      mm_into(out.narrow(0, at, n), m.narrow(0, at, n), down[e].t());
+    expert_products(*counts, false, [&](int64_t e, int64_t at, int64_t n) {
+      return Product{out.narrow(0, at, n), m.narrow(0, at, n), down[e].t()};
     });
     ctx->save_for_backward({rows, gu, m, gate_up, down});
     ctx->saved_data["counts"] = c10::IValue(*counts);
@@ -112,14 +120,14 @@ struct ExpertGroupFn : public torch::autograd::Function<ExpertGroupFn> {
     torch::autograd::variable_list grads(6);
     // down: m's gradient, then down's (autograd's MmBackward0: grad @ W, grad^T @ input).
     at::Tensor gm = at::empty_like(m);
-    for_experts(counts, [&](int64_t e, int64_t at, int64_t n) {
-      mm_into(gm.narrow(0, at, n), g.narrow(0, at, n), down[e]);
+    expert_products(counts, false, [&](int64_t e, int64_t at, int64_t n) {
+      return Product{gm.narrow(0, at, n), g.narrow(0, at, n), down[e]};
     });
     grads[2] = weight_grads(ctx, 1, 2, counts, down, g, m);
     const at::Tensor dgu = swiglu_packed_backward(gu, gm);
     at::Tensor grows = at::empty_like(rows);
-    for_experts(counts, [&](int64_t e, int64_t at, int64_t n) {
-      mm_into(grows.narrow(0, at, n), dgu.narrow(0, at, n), gate_up[e]);
+    expert_products(counts, false, [&](int64_t e, int64_t at, int64_t n) {
+      return Product{grows.narrow(0, at, n), dgu.narrow(0, at, n), gate_up[e]};
     });
     grads[1] = weight_grads(ctx, 0, 1, counts, gate_up, dgu, rows);
     grads[0] = grows;
@@ -136,6 +144,56 @@ struct ExpertGroupFn : public torch::autograd::Function<ExpertGroupFn> {
     }
   }
 
+  // The products f(e, first row, rows) -> {c, a, b} of every expert with rows: c = a @ b, or
+  // c += a @ b with `accumulate`. In fp32 the products are spread over the threads, each whole
+  // on one thread (sgemm_ inside a parallel region runs on its caller's thread): on two cores,
+  // 32 experts of 128 rows took 15-30% less than splitting every product between the threads
+  // (docs/performance.md). The largest first, each onto the least-loaded thread. A product's
+  // bits are then the one-thread sgemm_'s whatever the thread count or the other products (and
+  // at one thread those of at::mm); the products host_mm does not take (fp64, bf16, one row)
+  // go through at::mm_out / addmm_ after.
+  template <typename F>
+  static void expert_products(const std::vector<int64_t>& counts, bool accumulate, F&& f) {
+    std::vector<Product> products;
+    std::vector<int64_t> rows;
+    for_experts(counts, [&](int64_t e, int64_t at, int64_t n) {
+      products.push_back(f(e, at, n));
+      rows.push_back(n);
+    });
+    const int64_t threads = at::get_num_threads();
+    std::vector<char> done(products.size(), 0);
+    if (threads > 1 && products.size() > 1) {
+      std::vector<size_t> order(products.size());
+      std::iota(order.begin(), order.end(), size_t{0});
+      std::stable_sort(order.begin(), order.end(),
+                       [&](size_t a, size_t b) { return rows[a] > rows[b]; });
+      std::vector<std::vector<size_t>> bins(static_cast<size_t>(threads));
+      std::vector<int64_t> load(static_cast<size_t>(threads), 0);
+      for (const size_t i : order) {
+        const size_t t =
+            static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+        bins[t].push_back(i);
+        load[t] += rows[i];
+      }
+      at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t)
+          for (const size_t i : bins[static_cast<size_t>(t)]) {
+            const Product& p = products[i];
+            done[i] = host_mm(p[0], p[1], p[2], accumulate) ? 1 : 0;
+          }
+      });
+    }
+    for (size_t i = 0; i < products.size(); ++i) {
+      if (done[i]) continue;
+      const Product& p = products[i];
+      if (accumulate) {
+        if (!host_addmm(p[0], p[1], p[2])) p[0].addmm_(p[1], p[2]);
+      } else {
+        mm_into(p[0], p[1], p[2]);
+      }
+    }
+  }
+
   // The weight's gradient, expert e's slice grad_e^T @ input_e: added into the sink of `slot`
   // (returns undefined), or as a tensor when autograd wants one (experts without rows zero).
   static at::Tensor weight_grads(torch::autograd::AutogradContext* ctx, int slot, size_t input,
@@ -143,25 +201,19 @@ struct ExpertGroupFn : public torch::autograd::Function<ExpertGroupFn> {
                                  const at::Tensor& grad, const at::Tensor& x) {
     const SavedGradSink sink = saved_grad_sink(ctx, slot);
     if (sink.into.defined()) {
-      for_experts(counts, [&](int64_t e, int64_t at, int64_t n) {
-        const at::Tensor into = sink.into[e], a = grad.narrow(0, at, n).t(), b = x.narrow(0, at, n);
-        if (!host_addmm(into, a, b)) into.addmm_(a, b);
+      expert_products(counts, true, [&](int64_t e, int64_t at, int64_t n) {
+        return Product{sink.into[e], grad.narrow(0, at, n).t(), x.narrow(0, at, n)};
       });
       sink.done();
       return {};
     }
     if (!ctx->needs_input_grad(input)) return {};
     at::Tensor dw = at::empty_like(weight);
-    int64_t at = 0;
-    for (size_t e = 0; e < counts.size(); ++e) {
-      const int64_t n = counts[e];
-      at::Tensor slice = dw[static_cast<int64_t>(e)];
-      if (n > 0)
-        mm_into(slice, grad.narrow(0, at, n).t(), x.narrow(0, at, n));
-      else
-        slice.zero_();
-      at += n;
-    }
+    for (size_t e = 0; e < counts.size(); ++e)
+      if (counts[e] == 0) dw[static_cast<int64_t>(e)].zero_();
+    expert_products(counts, false, [&](int64_t e, int64_t at, int64_t n) {
+      return Product{dw[e], grad.narrow(0, at, n).t(), x.narrow(0, at, n)};
+    });
     return dw;
   }
 };

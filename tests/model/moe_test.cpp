@@ -5,6 +5,8 @@
 // writes it, or transformers 5's fused expert tensors).
 #include "support/catch_torch.h"
 // (catch_torch.h first: c10 defines a CHECK macro of its own)
+#include <ATen/Parallel.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -277,29 +279,44 @@ BlockPass block_pass(const MoeWeights& w, const MoeConfig& c, const at::Tensor& 
   return p;
 }
 
+struct TestBlock {
+  MoeConfig c;
+  MoeWeights w;
+  at::Tensor x;
+};
+
+// 6 experts of 24, top 2, hidden 16, 30 tokens; expert 4 is never chosen (its router row is far
+// below the others for the positive inputs).
+TestBlock test_block(at::ScalarType dtype) {
+  TestBlock b;
+  b.c.num_experts = 6;
+  b.c.experts_per_token = 2;
+  b.c.expert_intermediate = 24;
+  const int64_t H = 16;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const auto opt = at::TensorOptions().dtype(dtype);
+  b.w.router = at::randn({6, H}, gen, opt);
+  b.w.router[4].fill_(-50);
+  b.w.gate_up = (at::randn({6, 48, H}, gen, opt) * 0.2).requires_grad_(true);
+  b.w.down = (at::randn({6, H, 24}, gen, opt) * 0.2).requires_grad_(true);
+  b.x = at::randn({2, 15, H}, gen, opt).abs();
+  return b;
+}
+
 }  // namespace
 
 // moe.cpp runs the local experts as one autograd node on the CPU (fused SwiGLU, no expert
 // adapter); the per-expert nodes (expert_node false) are the reference: the same products on
 // the same operands, so the same bits, with an expert that gets no token, with the weights'
-// gradients returned or added into the strategy's sinks, and with the experts frozen.
+// gradients returned or added into the strategy's sinks, and with the experts frozen. On one
+// thread: the node runs each fp32 product whole on one thread, where at::mm on several may
+// split a product this small between them and sum in another order (the next test).
 TEST_CASE("MoE experts as one node give the per-expert nodes' bits", "[unit]") {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
   for (auto dtype : {at::kFloat, at::kDouble}) {
     DYNAMIC_SECTION(c10::toString(dtype)) {
-      MoeConfig c;
-      c.num_experts = 6;
-      c.experts_per_token = 2;
-      c.expert_intermediate = 24;
-      const int64_t H = 16;
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
-      const auto opt = at::TensorOptions().dtype(dtype);
-      MoeWeights w;
-      w.router = at::randn({6, H}, gen, opt);
-      // Expert 4 is never chosen: its router row is far below the others for positive inputs.
-      w.router[4].fill_(-50);
-      w.gate_up = (at::randn({6, 48, H}, gen, opt) * 0.2).requires_grad_(true);
-      w.down = (at::randn({6, H, 24}, gen, opt) * 0.2).requires_grad_(true);
-      const at::Tensor x = at::randn({2, 15, H}, gen, opt).abs();
+      auto [c, w, x] = test_block(dtype);
       MoeOptions node, per_expert;
       per_expert.expert_node = false;
       const BlockPass ref = block_pass(w, c, x, per_expert);
@@ -332,4 +349,28 @@ TEST_CASE("MoE experts as one node give the per-expert nodes' bits", "[unit]") {
       CHECK(sinks.sunk.size() == 2);  // frozen weights ask for no sink
     }
   }
+  at::set_num_threads(threads);
+}
+
+TEST_CASE(
+    "MoE experts as one node on two threads: within 1e-6 of the per-expert nodes, and "
+    "the same bits as on one thread",
+    "[unit]") {
+  const int threads = at::get_num_threads();
+  auto [c, w, x] = test_block(at::kFloat);
+  MoeOptions per_expert;
+  per_expert.expert_node = false;
+  at::set_num_threads(1);
+  const BlockPass one = block_pass(w, c, x, MoeOptions());
+  at::set_num_threads(2);
+  const BlockPass ref = block_pass(w, c, x, per_expert);
+  const BlockPass got = block_pass(w, c, x, MoeOptions());
+  at::set_num_threads(threads);
+  CHECK(rel(got.out, ref.out) < 1e-6);
+  CHECK(rel(got.dx, ref.dx) < 1e-6);
+  CHECK(rel(got.dgate_up, ref.dgate_up) < 1e-6);
+  CHECK(rel(got.ddown, ref.ddown) < 1e-6);
+  for (auto [a, b] : {std::pair{&got.out, &one.out}, std::pair{&got.dx, &one.dx},
+                      std::pair{&got.dgate_up, &one.dgate_up}, std::pair{&got.ddown, &one.ddown}})
+    CHECK(at::equal(*a, *b));
 }
