@@ -75,21 +75,22 @@ at::Tensor expert_mlp(const at::Tensor& x, const ExpertMats& gate_up, const Expe
       gated_product_packed(y, o.activation == Activation::kGeluTanh, o.fused_swiglu), down, e);
 }
 
-// The local experts' SwiGLU MLPs over rows grouped by expert (`counts` each) as one node: each
-// expert's products into its rows of one [rows, 2I] and one [rows, hidden] tensor (at::mm_out),
-// the fused SwiGLU over all rows at once (it works row by row), and in backward each expert's
-// weight gradients into their slices of one [E, 2I, hidden] / [E, hidden, I] gradient, or of the
-// strategy's accumulator when it gives sinks (the weights then come in detached): no per-expert
-// views for autograd to gather, no cat, stack or zero-filled gradients, no weight-sized add.
-// The products are the ones expert_mlp's nodes make, on the same operands and into contiguous
-// rows, so the same bits (moe_test compares); experts without rows add nothing.
-// CPU, SiLU with the fused SwiGLU, no expert adapter (expert_group_node says when).
 // a @ b into `out` (a view: its rows of a larger tensor).
 void mm_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b) { at::mm_out(out, a, b); }
 
 // {c, a, b}: c = a @ b.
 using Product = std::array<at::Tensor, 3>;
 
+// The local experts' SwiGLU MLPs over rows grouped by expert (`counts` each) as one node: each
+// expert's products into its rows of one [rows, 2I] and one [rows, hidden] tensor, the fused
+// SwiGLU over all rows at once (it works row by row), and in backward each expert's weight
+// gradients into their slices of one [E, 2I, hidden] / [E, hidden, I] gradient, or of the
+// strategy's accumulator when it gives sinks (the weights then come in detached): no per-expert
+// views for autograd to gather, no cat, stack or zero-filled gradients, no weight-sized add.
+// The products are the ones expert_mlp's nodes make, on the same operands and into contiguous
+// rows, so on one thread the same bits (moe_test compares; on several, expert_products); experts
+// without rows add nothing.
+// CPU, SiLU with the fused SwiGLU, no expert adapter (expert_group_node says when).
 struct ExpertGroupFn : public torch::autograd::Function<ExpertGroupFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& rows,
                             const at::Tensor& gate_up, const at::Tensor& down,
@@ -147,7 +148,7 @@ struct ExpertGroupFn : public torch::autograd::Function<ExpertGroupFn> {
   // The products f(e, first row, rows) -> {c, a, b} of every expert with rows: c = a @ b, or
   // c += a @ b with `accumulate`. In fp32 the products are spread over the threads, each whole
   // on one thread (sgemm_ inside a parallel region runs on its caller's thread): on two cores,
-  // 32 experts of 128 rows took 15-30% less than splitting every product between the threads
+  // 32 experts of 128 rows took 13-30% less than splitting every product between the threads
   // (docs/performance.md). The largest first, each onto the least-loaded thread. A product's
   // bits are then the one-thread sgemm_'s whatever the thread count or the other products (and
   // at one thread those of at::mm); the products host_mm does not take (fp64, bf16, one row)
