@@ -174,42 +174,79 @@ struct Grads {
   Rows dq, dk, dv;
 };
 
-// One block of queries of head h: dq's rows; dk's and dv's rows [0, kend) added into.
-// s and ds: [kQueryBlock, Tk] each.
+// Query heads whose blocks go through backward's products together: two heads of one key-value
+// head, their rows stacked (products of 2 x 64 rows, and dV's and dK's sums over 128 rows rather
+// than two of 64: fuller products on this size), one where a key-value head has an odd number.
+int64_t backward_heads(const Geometry& g) {
+  return (g.H / std::max<int64_t>(g.KV, 1)) % 2 == 0 ? 2 : 1;
+}
+
+// A backward task's buffers: the stacked scores and their gradient [hg x kQueryBlock, Tk], and
+// the stacked rows of q, dout and dq [hg x kQueryBlock, D].
+struct Scratch {
+  std::vector<float> s, ds, q, dout, dq;
+  Scratch(const Geometry& g, int64_t hg) {
+    const auto rows = static_cast<size_t>(hg * kQueryBlock);
+    s.resize(rows * static_cast<size_t>(g.Tk));
+    ds.resize(s.size());
+    q.resize(rows * static_cast<size_t>(g.D));
+    dout.resize(q.size());
+    dq.resize(q.size());
+  }
+};
+
+// One block of queries of heads [h0, h0 + hg) (one key-value head's): dq's rows; dk's and dv's
+// rows [0, kend) added into. Stacked row r * bq + (i - i0) is query i of head h0 + r.
 void backward_block(const Geometry& g, const Rows& q, const Rows& k, const Rows& v, const Rows& o,
                     const Rows& dout, const Bias& bias, const float* stats, const Grads& d,
-                    int64_t b, int64_t h, int64_t i0, float* s, float* ds) {
+                    int64_t b, int64_t h0, int64_t hg, int64_t i0, Scratch& w) {
   const int64_t i1 = std::min(i0 + kQueryBlock, g.Tq), kend = g.limit(i1 - 1), bq = i1 - i0;
-  const int64_t kv = h / (g.H / g.KV);
+  const int64_t kv = h0 / (g.H / g.KV), M = hg * bq, D = g.D;
+  const size_t row_bytes = static_cast<size_t>(D) * sizeof(float);
   if (kend == 0) {
-    for (int64_t i = i0; i < i1; ++i) fill_zero(d.dq.at(b, i, h), g.D);
+    for (int64_t r = 0; r < hg; ++r)
+      for (int64_t i = i0; i < i1; ++i) fill_zero(d.dq.at(b, i, h0 + r), D);
     return;
   }
-  block_scores(g, q, k, bias, b, h, i0, i1, kend, s);
-  // dP = dO V^T
-  gemm(false, true, bq, kend, g.D, 1.0f, dout.at(b, i0, h), dout.st, v.at(b, 0, kv), v.st, 0.0f, ds,
-       kend);
-  for (int64_t i = i0; i < i1; ++i) {
-    float *p = s + (i - i0) * kend, *dp = ds + (i - i0) * kend;
-    const int64_t n = g.limit(i);
-    const float m = stats[2 * i];
-    if (m == kNegInf) {
-      fill_zero(p, kend);
-      fill_zero(dp, kend);
-      continue;
+  for (int64_t r = 0; r < hg; ++r)
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t row = r * bq + (i - i0);
+      std::memcpy(w.q.data() + row * D, q.at(b, i, h0 + r), row_bytes);
+      std::memcpy(w.dout.data() + row * D, dout.at(b, i, h0 + r), row_bytes);
     }
-    const float di = row_dot_f32(dout.at(b, i, h), o.at(b, i, h), g.D);
-    row_softmax_grad_f32(p, dp, n, m, stats[2 * i + 1], di);
-    fill_zero(p + n, kend - n);
-    fill_zero(dp + n, kend - n);
+  float *s = w.s.data(), *ds = w.ds.data();
+  // S = scale Q K^T (+ bias), dP = dO V^T
+  gemm(false, true, M, kend, D, g.scale, w.q.data(), D, k.at(b, 0, kv), k.st, 0.0f, s, kend);
+  if (bias.base)
+    for (int64_t r = 0; r < hg; ++r)
+      for (int64_t i = i0; i < i1; ++i)
+        row_add_f32(s + (r * bq + i - i0) * kend, bias.row(b, i), g.limit(i));
+  gemm(false, true, M, kend, D, 1.0f, w.dout.data(), D, v.at(b, 0, kv), v.st, 0.0f, ds, kend);
+  for (int64_t r = 0; r < hg; ++r) {
+    const float* st = stats + (h0 + r) * g.Tq * 2;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t row = r * bq + (i - i0);
+      float *p = s + row * kend, *dp = ds + row * kend;
+      const int64_t n = g.limit(i);
+      const float m = st[2 * i];
+      if (m == kNegInf) {
+        fill_zero(p, kend);
+        fill_zero(dp, kend);
+        continue;
+      }
+      const float di = row_dot_f32(w.dout.data() + row * D, o.at(b, i, h0 + r), D);
+      row_softmax_grad_f32(p, dp, n, m, st[2 * i + 1], di);
+      fill_zero(p + n, kend - n);
+      fill_zero(dp + n, kend - n);
+    }
   }
   // dV += P^T dO, dQ = scale dS K, dK += scale dS^T Q
-  gemm(true, false, kend, g.D, bq, 1.0f, s, kend, dout.at(b, i0, h), dout.st, 1.0f,
-       d.dv.at(b, 0, kv), d.dv.st);
-  gemm(false, false, bq, g.D, kend, g.scale, ds, kend, k.at(b, 0, kv), k.st, 0.0f,
-       d.dq.at(b, i0, h), d.dq.st);
-  gemm(true, false, kend, g.D, bq, g.scale, ds, kend, q.at(b, i0, h), q.st, 1.0f, d.dk.at(b, 0, kv),
-       d.dk.st);
+  gemm(true, false, kend, D, M, 1.0f, s, kend, w.dout.data(), D, 1.0f, d.dv.at(b, 0, kv), d.dv.st);
+  gemm(false, false, M, D, kend, g.scale, ds, kend, k.at(b, 0, kv), k.st, 0.0f, w.dq.data(), D);
+  gemm(true, false, kend, D, M, g.scale, ds, kend, w.q.data(), D, 1.0f, d.dk.at(b, 0, kv), d.dk.st);
+  for (int64_t r = 0; r < hg; ++r)
+    for (int64_t i = i0; i < i1; ++i)
+      std::memcpy(d.dq.at(b, i, h0 + r), w.dq.data() + (r * bq + i - i0) * D, row_bytes);
 }
 
 // The bias in its additive fp32 form (a bool mask through attention_bias).
@@ -305,14 +342,15 @@ std::array<at::Tensor, 3> cpu_attention_backward(const at::Tensor& grad_out, con
   const float* s0 = st.data_ptr<float>();
   const int64_t nblk = g.blocks(), rep = g.H / std::max<int64_t>(g.KV, 1), tasks = g.B * g.KV;
   if (tasks == 0 || g.Tq == 0 || g.D == 0) return {dq.zero_(), dk, dv};
+  const int64_t hg = backward_heads(g);
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s(static_cast<size_t>(kQueryBlock * g.Tk)), ds(s.size());
+    Scratch w(g, hg);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t kv = t % g.KV, b = t / g.KV;
-      for (int64_t h = kv * rep; h < (kv + 1) * rep; ++h)
+      for (int64_t h0 = kv * rep; h0 < (kv + 1) * rep; h0 += hg)
         for (int64_t blk = 0; blk < nblk; ++blk)
-          backward_block(g, rq, rk, rv, ro, rdo, bias, s0 + (b * g.H + h) * g.Tq * 2, d, b, h,
-                         blk * kQueryBlock, s.data(), ds.data());
+          backward_block(g, rq, rk, rv, ro, rdo, bias, s0 + b * g.H * g.Tq * 2, d, b, h0, hg,
+                         blk * kQueryBlock, w);
     }
   });
   return {dq, dk, dv};
