@@ -18,9 +18,10 @@ namespace ft::model {
 
 namespace {
 
-// Queries per block: the rows of each product. 64 keeps a block's scores and their gradient (2 x
-// 64 x Tk floats) in the L2 cache up to Tk = 2048, and wastes little of the diagonal blocks' work
-// under the causal mask; 32, 128 and 256 were no faster at T = 512 and 2048 (bench/cpu_attention).
+// Queries per block: the rows of each product (of each head's in backward, which stacks two heads:
+// backward_heads). 64 keeps a block's scores and their gradient (2 x 64 x Tk floats) in the L2
+// cache up to Tk = 2048, and wastes little of the diagonal blocks' work under the causal mask; 32,
+// 128 and 256 were no faster at T = 512 and 2048 (bench/cpu_attention).
 constexpr int64_t kQueryBlock = 64;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
