@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <numeric>
 
 #include "core/error.h"
@@ -78,8 +79,69 @@ at::Tensor expert_mlp(const at::Tensor& x, const ExpertMats& gate_up, const Expe
 // a @ b into `out` (a view: its rows of a larger tensor).
 void mm_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b) { at::mm_out(out, a, b); }
 
-// {c, a, b}: c = a @ b.
-using Product = std::array<at::Tensor, 3>;
+// One expert's product: c = a @ b, or c += a @ b with `accumulate`; `rows` its expert's rows
+// (its cost, for the order it is taken in).
+struct Product {
+  at::Tensor c, a, b;
+  bool accumulate = false;
+  int64_t rows = 0;
+};
+using Products = std::vector<Product>;
+
+// f(expert, first row, rows) for every expert with rows.
+template <typename F>
+void for_experts(const std::vector<int64_t>& counts, F&& f) {
+  int64_t at = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] > 0) f(static_cast<int64_t>(e), at, counts[e]);
+    at += counts[e];
+  }
+}
+
+// Adds to `out` the product f(e, first row, rows) -> {c, a, b} of every expert with rows.
+template <typename F>
+void add_products(Products& out, const std::vector<int64_t>& counts, bool accumulate, F&& f) {
+  for_experts(counts, [&](int64_t e, int64_t at, int64_t n) {
+    std::array<at::Tensor, 3> p = f(e, at, n);
+    out.push_back({std::move(p[0]), std::move(p[1]), std::move(p[2]), accumulate, n});
+  });
+}
+
+// Runs independent products (no two write the same tensor). In fp32 they are spread over the
+// threads, each whole on one thread (sgemm_ inside a parallel region runs on its caller's
+// thread): on two cores, 32 experts of 128 rows took 13-30% less than splitting every product
+// between the threads (docs/performance.md). The largest first, each taken by the next thread
+// that is free, so that a thread slowed by its products' shapes or by the machine gets fewer
+// and the threads end within about the smallest product of each other. A product's bits are the
+// one-thread sgemm_'s whatever the thread count, the order or the other products (and at one
+// thread those of at::mm); the products host_mm does not take (fp64, bf16, one row) go through
+// at::mm_out / addmm_ after.
+void run_products(const Products& products) {
+  const int64_t threads = at::get_num_threads();
+  std::vector<char> done(products.size(), 0);
+  if (threads > 1 && products.size() > 1) {
+    std::vector<size_t> order(products.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return products[a].rows > products[b].rows; });
+    std::atomic<size_t> next{0};
+    at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+      for (size_t k = next.fetch_add(1); k < order.size(); k = next.fetch_add(1)) {
+        const Product& p = products[order[k]];
+        done[order[k]] = host_mm(p.c, p.a, p.b, p.accumulate) ? 1 : 0;
+      }
+    });
+  }
+  for (size_t i = 0; i < products.size(); ++i) {
+    if (done[i]) continue;
+    const Product& p = products[i];
+    if (p.accumulate) {
+      if (!host_addmm(p.c, p.a, p.b)) p.c.addmm_(p.a, p.b);
+    } else {
+      mm_into(p.c, p.a, p.b);
+    }
+  }
+}
 
 // The local experts' SwiGLU MLPs over rows grouped by expert (`counts` each) as one node: each
 // expert's products into its rows of one [rows, 2I] and one [rows, hidden] tensor, the fused
@@ -88,8 +150,9 @@ using Product = std::array<at::Tensor, 3>;
 // strategy's accumulator when it gives sinks (the weights then come in detached): no per-expert
 // views for autograd to gather, no cat, stack or zero-filled gradients, no weight-sized add.
 // The products are the ones expert_mlp's nodes make, on the same operands and into contiguous
-// rows, so on one thread the same bits (moe_test compares; on several, expert_products); experts
-// without rows add nothing.
+// rows, so on one thread the same bits (moe_test compares; on several, run_products); experts
+// without rows add nothing. Backward runs each layer's input gradient and weight gradient
+// products together (they are independent), two batches in all.
 // CPU, SiLU with the fused SwiGLU, no expert adapter (expert_group_node says when).
 struct ExpertGroupFn : public torch::autograd::Function<ExpertGroupFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& rows,
@@ -99,13 +162,16 @@ struct ExpertGroupFn : public torch::autograd::Function<ExpertGroupFn> {
     const int64_t R = rows.size(0);
     at::Tensor gu = at::empty({R, gate_up.size(1)}, rows.options());
     at::Tensor out = at::empty({R, down.size(1)}, rows.options());
-    expert_products(*counts, false, [&](int64_t e, int64_t at, int64_t n) {
-      return Product{gu.narrow(0, at, n), rows.narrow(0, at, n), gate_up[e].t()};
+    Products first, second;
+    add_products(first, *counts, false, [&](int64_t e, int64_t at, int64_t n) {
+      return std::array{gu.narrow(0, at, n), rows.narrow(0, at, n), gate_up[e].t()};
     });
+    run_products(first);
     const at::Tensor m = swiglu_packed_forward(gu);
-    expert_products(*counts, false, [&](int64_t e, int64_t at, int64_t n) {
-      return Product{out.narrow(0, at, n), m.narrow(0, at, n), down[e].t()};
+    add_products(second, *counts, false, [&](int64_t e, int64_t at, int64_t n) {
+      return std::array{out.narrow(0, at, n), m.narrow(0, at, n), down[e].t()};
     });
+    run_products(second);
     ctx->save_for_backward({rows, gu, m, gate_up, down});
     ctx->saved_data["counts"] = c10::IValue(*counts);
     for (int i = 0; i < 2; ++i) save_grad_sink(ctx, hooks, (*sinks)[static_cast<size_t>(i)], i);
@@ -119,103 +185,60 @@ struct ExpertGroupFn : public torch::autograd::Function<ExpertGroupFn> {
     const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
     const at::Tensor g = grad_out[0].contiguous();
     torch::autograd::variable_list grads(6);
-    // down: m's gradient, then down's (autograd's MmBackward0: grad @ W, grad^T @ input).
+    // down: m's gradient and down's (autograd's MmBackward0: grad @ W, grad^T @ input).
     at::Tensor gm = at::empty_like(m);
-    expert_products(counts, false, [&](int64_t e, int64_t at, int64_t n) {
-      return Product{gm.narrow(0, at, n), g.narrow(0, at, n), down[e]};
+    Products first, second;
+    add_products(first, counts, false, [&](int64_t e, int64_t at, int64_t n) {
+      return std::array{gm.narrow(0, at, n), g.narrow(0, at, n), down[e]};
     });
-    grads[2] = weight_grads(ctx, 1, 2, counts, down, g, m);
+    WeightGrad down_grad = weight_grads(ctx, 1, 2, counts, down, g, m, first);
+    run_products(first);
+    grads[2] = down_grad.finish();
+    // gate_up: the rows' gradient and gate_up's.
     const at::Tensor dgu = swiglu_packed_backward(gu, gm);
     at::Tensor grows = at::empty_like(rows);
-    expert_products(counts, false, [&](int64_t e, int64_t at, int64_t n) {
-      return Product{grows.narrow(0, at, n), dgu.narrow(0, at, n), gate_up[e]};
+    add_products(second, counts, false, [&](int64_t e, int64_t at, int64_t n) {
+      return std::array{grows.narrow(0, at, n), dgu.narrow(0, at, n), gate_up[e]};
     });
-    grads[1] = weight_grads(ctx, 0, 1, counts, gate_up, dgu, rows);
+    WeightGrad gate_up_grad = weight_grads(ctx, 0, 1, counts, gate_up, dgu, rows, second);
+    run_products(second);
+    grads[1] = gate_up_grad.finish();
     grads[0] = grows;
     return grads;
   }
 
-  // f(expert, first row, rows) for every expert with rows.
-  template <typename F>
-  static void for_experts(const std::vector<int64_t>& counts, F&& f) {
-    int64_t at = 0;
-    for (size_t e = 0; e < counts.size(); ++e) {
-      if (counts[e] > 0) f(static_cast<int64_t>(e), at, counts[e]);
-      at += counts[e];
+  // A weight's gradient being made: into a sink (reported done when the products have run), or
+  // a tensor for autograd, or nothing.
+  struct WeightGrad {
+    SavedGradSink sink;
+    at::Tensor grad;
+    at::Tensor finish() const {
+      if (sink.into.defined()) sink.done();
+      return grad;
     }
-  }
+  };
 
-  // The products f(e, first row, rows) -> {c, a, b} of every expert with rows: c = a @ b, or
-  // c += a @ b with `accumulate`. In fp32 the products are spread over the threads, each whole
-  // on one thread (sgemm_ inside a parallel region runs on its caller's thread): on two cores,
-  // 32 experts of 128 rows took 13-30% less than splitting every product between the threads
-  // (docs/performance.md). The largest first, each onto the least-loaded thread. A product's
-  // bits are then the one-thread sgemm_'s whatever the thread count or the other products (and
-  // at one thread those of at::mm); the products host_mm does not take (fp64, bf16, one row)
-  // go through at::mm_out / addmm_ after.
-  template <typename F>
-  static void expert_products(const std::vector<int64_t>& counts, bool accumulate, F&& f) {
-    std::vector<Product> products;
-    std::vector<int64_t> rows;
-    for_experts(counts, [&](int64_t e, int64_t at, int64_t n) {
-      products.push_back(f(e, at, n));
-      rows.push_back(n);
-    });
-    const int64_t threads = at::get_num_threads();
-    std::vector<char> done(products.size(), 0);
-    if (threads > 1 && products.size() > 1) {
-      std::vector<size_t> order(products.size());
-      std::iota(order.begin(), order.end(), size_t{0});
-      std::stable_sort(order.begin(), order.end(),
-                       [&](size_t a, size_t b) { return rows[a] > rows[b]; });
-      std::vector<std::vector<size_t>> bins(static_cast<size_t>(threads));
-      std::vector<int64_t> load(static_cast<size_t>(threads), 0);
-      for (const size_t i : order) {
-        const size_t t =
-            static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-        bins[t].push_back(i);
-        load[t] += rows[i];
-      }
-      at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; ++t)
-          for (const size_t i : bins[static_cast<size_t>(t)]) {
-            const Product& p = products[i];
-            done[i] = host_mm(p[0], p[1], p[2], accumulate) ? 1 : 0;
-          }
-      });
-    }
-    for (size_t i = 0; i < products.size(); ++i) {
-      if (done[i]) continue;
-      const Product& p = products[i];
-      if (accumulate) {
-        if (!host_addmm(p[0], p[1], p[2])) p[0].addmm_(p[1], p[2]);
-      } else {
-        mm_into(p[0], p[1], p[2]);
-      }
-    }
-  }
-
-  // The weight's gradient, expert e's slice grad_e^T @ input_e: added into the sink of `slot`
-  // (returns undefined), or as a tensor when autograd wants one (experts without rows zero).
-  static at::Tensor weight_grads(torch::autograd::AutogradContext* ctx, int slot, size_t input,
+  // Adds to `out` the weight's gradient products, expert e's slice grad_e^T @ input_e: added
+  // into the sink of `slot`, or into a tensor when autograd wants one (experts without rows
+  // zero).
+  static WeightGrad weight_grads(torch::autograd::AutogradContext* ctx, int slot, size_t input,
                                  const std::vector<int64_t>& counts, const at::Tensor& weight,
-                                 const at::Tensor& grad, const at::Tensor& x) {
-    const SavedGradSink sink = saved_grad_sink(ctx, slot);
-    if (sink.into.defined()) {
-      expert_products(counts, true, [&](int64_t e, int64_t at, int64_t n) {
-        return Product{sink.into[e], grad.narrow(0, at, n).t(), x.narrow(0, at, n)};
+                                 const at::Tensor& grad, const at::Tensor& x, Products& out) {
+    WeightGrad w{saved_grad_sink(ctx, slot), {}};
+    if (w.sink.into.defined()) {
+      add_products(out, counts, true, [&](int64_t e, int64_t at, int64_t n) {
+        return std::array{w.sink.into[e], grad.narrow(0, at, n).t(), x.narrow(0, at, n)};
       });
-      sink.done();
-      return {};
+      return w;
     }
-    if (!ctx->needs_input_grad(input)) return {};
-    at::Tensor dw = at::empty_like(weight);
+    if (!ctx->needs_input_grad(input)) return w;
+    w.grad = at::empty_like(weight);
     for (size_t e = 0; e < counts.size(); ++e)
-      if (counts[e] == 0) dw[static_cast<int64_t>(e)].zero_();
-    expert_products(counts, false, [&](int64_t e, int64_t at, int64_t n) {
-      return Product{dw[e], grad.narrow(0, at, n).t(), x.narrow(0, at, n)};
+      if (counts[e] == 0) w.grad[static_cast<int64_t>(e)].zero_();
+    add_products(out, counts, false, [&](int64_t e, int64_t at, int64_t n) {
+      return std::array{w.grad[e], grad.narrow(0, at, n).t(), x.narrow(0, at, n)};
     });
-    return dw;
+    return w;
   }
 };
 
