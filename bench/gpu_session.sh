@@ -10,12 +10,13 @@
 #      fused_swiglu, fused_rope false; against transformers) and on (ft's default; against
 #      transformers + torch.compile)
 #   3. doctor.log: ft doctor at 2 "nodes" on the GPU
-#   kernels: the fused CUDA kernels against the unfused ops alone, NF4 dequantization against
+#   kernels: the fused CUDA kernels against the unfused ops alone, MoE's experts as the grouped
+#   GEMM against one product per expert (and both timed), NF4 dequantization against
 #   the host's bits, and ft eval on the GPU against the CPU's loss (the gpu test's checks);
 #   offload: the offload checks alone (both gpu tests); profile: ft's full-1b step profiled
 #   (fused kernels off and on) and without the chunked loss (profile.log); moe: expert
 #   parallelism over NCCL (test_cuda_gpu_ranks moe: EP 2 across 2 "nodes" and inside one, zero3
-#   and fsdp, full and LoRA on the experts); lora: bench/gpu_speed.sh lora-8b (ft against
+#   and fsdp, full and LoRA on the experts; bf16 with the grouped GEMM); lora: bench/gpu_speed.sh lora-8b (ft against
 #   transformers + PEFT), then the reference alone under torch.compile (lora.log);
 #   offload-speed: issue 32's figure, full-1b against offload-1b (zero3 offload_optimizer) with
 #   the overlapped host update (strategy.overlap_host_step, the default) and without it, and
@@ -84,9 +85,9 @@ if has lora; then
   grep -E -A4 '^case |"impl"' "$out/lora.log"
 fi
 if has kernels; then
-  say "phase kernels: the fused CUDA kernels against the unfused ops, NF4 against the host, ft eval"
-  timeout 150 build/bin/test_cuda_gpu kernels nf4 eval > "$out/kernels.log" 2>&1
-  grep -E '^(ok|FAIL|all checks|[0-9]+ check)' "$out/kernels.log"
+  say "phase kernels: the fused CUDA kernels against the unfused ops, MoE's grouped GEMM, NF4 against the host, ft eval"
+  timeout 180 build/bin/test_cuda_gpu kernels grouped nf4 eval > "$out/kernels.log" 2>&1
+  grep -E '^(ok|FAIL|time|all checks|[0-9]+ check)' "$out/kernels.log"
 fi
 if has offload; then
   say "phase offload: the offload checks of both gpu tests"

@@ -47,6 +47,7 @@ Run add_eval(CLI::App& app) {
     opts->data = settings.data;
     opts->eval = settings.eval;
     opts->fused = train::eval_fused_ops(settings.train, settings.eval);
+    opts->moe_grouped_mm = model::parse_grouped_mm(settings.moe.grouped_mm);
     opts->device = settings.hardware.device;
     opts->lora = settings.lora;
     const auto t0 = std::chrono::steady_clock::now();

@@ -477,6 +477,12 @@ const std::vector<Setting>& preset_schema() {
     I(KEY(moe.collapse_steps), 100, 1, kMaxCount,
       "An expert of a MoE layer that receives no token for this many optimizer steps in a row "
       "is named in a warning (once per run): its router has collapsed."),
+    C(KEY(moe.grouped_mm), "auto", {"auto", "on", "off"},
+      "The experts' products as LibTorch's grouped GEMM (at::_grouped_mm: one call per weight for "
+      "all of a layer's experts) instead of one product per expert. auto: on a CUDA GPU in bf16 "
+      "when hidden_size and moe_intermediate_size are multiples of 8; on: wherever LibTorch has "
+      "it (CPU and CUDA, fp32, bf16 or fp16), an error where the sizes do not fit; off: one "
+      "product per expert (on the CPU ft's expert node, the faster there)."),
     // precision
     C(KEY(precision.mode), "bf16", {"fp32", "bf16", "fp16", "fp64"},
       "Compute dtype; bf16/fp16 keep fp32 master weights and optimizer state; fp64 is for exact numerical checks."),

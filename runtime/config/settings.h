@@ -152,6 +152,7 @@ struct MoeSettings {
   double aux_loss_coef = -1;   // < 0: the model's router_aux_loss_coef
   std::string aux_loss_scope;  // micro_batch | global (f_e over every rank's micro-batch)
   int64_t collapse_steps = 0;  // steps an expert may get no token before the warning
+  std::string grouped_mm;      // auto | on | off: the experts' products as one grouped GEMM
 };
 
 struct HardwareSettings {

@@ -264,6 +264,7 @@ ProbeRun probe_layers(const config::Settings& s, const model::ModelConfig& base,
       model::parse_activation_checkpointing(s.train.activation_checkpointing),
       s.train.checkpoint_every_n_layers);
   m.set_fused_ops(train::fused_ops(s.train));
+  m.set_moe_grouped_mm(model::parse_grouped_mm(s.moe.grouped_mm));
   auto engine = parallel::single_process_engine(m, s.lora.enabled, dtype);
   train::Trainer tr(m, train::train_options(s.train, s.precision, 1000), *engine);
   // (A private generator: the default one is left as it was.)

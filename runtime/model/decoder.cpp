@@ -648,6 +648,7 @@ at::Tensor DecoderModel::moe_mlp(const DecoderLayer& L, const at::Tensor& x, boo
   MoeOptions o;
   o.activation = config_.activation;
   o.fused_swiglu = fused_.swiglu;
+  o.grouped_mm = moe_grouped_mm_;
   o.weights_in_dtype = family_->moe == MoeStyle::kQwen;
   o.aux = &router_aux_;
   o.record = record;

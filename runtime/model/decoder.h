@@ -195,6 +195,8 @@ class DecoderModel {
   // the CPU). Off by default: a plain autograd user finds a dense .grad().
   void set_sparse_embedding_grad(bool on) { sparse_embedding_grad_ = on; }
   const FusedOps& fused_ops() const { return fused_; }
+  // How MoE layers run their experts' products (moe.grouped_mm, model/moe.h); auto by default.
+  void set_moe_grouped_mm(GroupedMm mode) { moe_grouped_mm_ = mode; }
 
   // What the last forward's MoE layers routed (model/moe.h); cleared by every forward. The
   // trainer turns it into the aux loss between forward and backward.
@@ -249,6 +251,7 @@ class DecoderModel {
   ActivationCheckpointing checkpointing_ = ActivationCheckpointing::kNone;
   int64_t checkpoint_every_n_ = 1;
   FusedOps fused_;
+  GroupedMm moe_grouped_mm_ = GroupedMm::kAuto;
   bool sparse_embedding_grad_ = false;
   mutable RouterAux router_aux_;
   ExpertExchange* exchange_ = nullptr;

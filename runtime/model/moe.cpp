@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdint>
+#include <limits>
 #include <numeric>
 
 #include "core/error.h"
@@ -260,6 +262,102 @@ bool expert_group_node(const MoeWeights& w, const at::Tensor& rows, const MoeOpt
   return true;
 }
 
+// One fused expert weight [E, out, in] as the grouped GEMM's operands for the local experts
+// [first, first + local): the weight transposed ([E, in, out], a view) and, with an adapter,
+// A_e^T ([E, in, r], a view) and B_e^T ([E, r, out], made contiguous: PEFT's layout interleaves
+// the experts in B's columns).
+struct GroupedWeight {
+  at::Tensor w, a, b;
+  double scale = 0;
+};
+
+GroupedWeight grouped_weight(const at::Tensor& weight, const ExpertLora& lora, int64_t num_experts,
+                             int64_t first) {
+  GroupedWeight g{weight.transpose(1, 2), {}, {}, 0};
+  if (!lora.defined()) return g;
+  const int64_t local = weight.size(0), out = weight.size(1), in = weight.size(2);
+  const int64_t r = lora.a.size(0) / num_experts;
+  g.a = lora.a.reshape({num_experts, r, in}).narrow(0, first, local).transpose(1, 2);
+  g.b =
+      lora.b.reshape({out, r, num_experts}).permute({2, 1, 0}).narrow(0, first, local).contiguous();
+  g.scale = lora.scale;
+  return g;
+}
+
+// x [R, in] grouped by expert (offs: each expert's end row, int32 on x's device) -> [R, out],
+// each expert's rows times its weight, plus scale (x A_e^T) B_e^T with an adapter (as
+// expert_linear).
+at::Tensor grouped_linear(const at::Tensor& x, const GroupedWeight& g, const at::Tensor& offs) {
+  const at::Tensor y = at::_grouped_mm(x, g.w, offs);
+  if (!g.a.defined()) return y;
+  return y + at::_grouped_mm(at::_grouped_mm(x, g.a, offs), g.b, offs) * g.scale;
+}
+
+// What keeps the grouped GEMM from taking these operands, "" when nothing (LibTorch 2.11's rules,
+// ATen/native/GroupedMMUtils.h): fp32, bf16 or fp16; each matrix's rows a multiple of 16 bytes
+// apart (so hidden_size and moe_intermediate_size multiples of 16 bytes' elements, which also
+// keeps the outputs contiguous); on CUDA, data 16-byte aligned. The adapters' rank is free: an
+// [R, r] product comes back with padded rows, which the next one takes.
+std::string grouped_mm_misfit(const at::Tensor& rows, const std::array<GroupedWeight, 2>& gw) {
+  const at::ScalarType dtype = rows.scalar_type();
+  if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf)
+    return fmt::format("it takes fp32, bf16 or fp16, and this run computes in {}",
+                       c10::toString(dtype));
+  const int64_t align = 16 / static_cast<int64_t>(rows.element_size());
+  for (const GroupedWeight& g : gw)
+    if (g.w.size(1) % align != 0 || g.w.size(2) % align != 0)
+      return fmt::format(
+          "in {} it needs hidden_size and moe_intermediate_size to be multiples of {}, and an "
+          "expert matrix is {} x {}",
+          c10::toString(dtype), align, g.w.size(2), g.w.size(1));
+  if (rows.is_cuda())
+    for (const at::Tensor* t : {&rows, &gw[0].w, &gw[0].a, &gw[1].w, &gw[1].a})
+      if (t->defined() && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0)
+        return "it needs 16-byte aligned data, and an expert weight starts between two 16-byte "
+               "boundaries in the strategy's flat buffer";
+  return "";
+}
+
+// Whether the local experts are to run as the grouped GEMM (MoeOptions::grouped_mm), before
+// looking at the operands: never over no rows (the per-expert path's product over zero rows
+// keeps the weights in the graph); auto on CUDA in bf16.
+bool wants_grouped_mm(const at::Tensor& rows, const MoeOptions& o) {
+  if (o.grouped_mm == GroupedMm::kOff || rows.dim() != 2 || rows.size(0) == 0) return false;
+  return o.grouped_mm == GroupedMm::kOn || (rows.is_cuda() && rows.scalar_type() == at::kBFloat16);
+}
+
+// Whether the operands fit the grouped GEMM: auto runs the per-expert products where they do
+// not; on says why in an error naming the key.
+bool fits_grouped_mm(const at::Tensor& rows, const std::array<GroupedWeight, 2>& gw,
+                     const MoeOptions& o) {
+  const std::string misfit = grouped_mm_misfit(rows, gw);
+  FT_CHECK(misfit.empty() || o.grouped_mm != GroupedMm::kOn,
+           "moe.grouped_mm=on: LibTorch's grouped GEMM (at::_grouped_mm) cannot take this "
+           "model's experts: ",
+           misfit,
+           "; set moe.grouped_mm=auto (one product per expert where "
+           "it cannot)");
+  return misfit.empty();
+}
+
+// The local experts as LibTorch's grouped GEMM: rows [R, hidden] grouped by expert (`counts`
+// each) -> [R, hidden], two grouped products and the gated activation between them over all
+// rows; backward is at::_grouped_mm's own. On the CPU the products are LibTorch's per-group
+// at::mm, so the per-expert nodes' bits (moe_test).
+at::Tensor grouped_experts(const at::Tensor& rows, const std::array<GroupedWeight, 2>& gw,
+                           const std::vector<int64_t>& counts, const MoeOptions& o) {
+  std::vector<int32_t> ends(counts.size());
+  int64_t end = 0;
+  for (size_t e = 0; e < counts.size(); ++e) ends[e] = static_cast<int32_t>(end += counts[e]);
+  FT_CHECK(end < std::numeric_limits<int32_t>::max(), "moe.grouped_mm: ", end,
+           " rows for the local experts exceed the grouped GEMM's int32 offsets; set "
+           "moe.grouped_mm=off or lower train.micro_batch");
+  const at::Tensor offs = at::tensor(ends, at::kInt).to(rows.device());
+  const at::Tensor y = grouped_linear(rows.contiguous(), gw[0], offs);
+  return grouped_linear(
+      gated_product_packed(y, o.activation == Activation::kGeluTanh, o.fused_swiglu), gw[1], offs);
+}
+
 // Rows grouped by local expert (`counts` each) through their experts, in the same order. The
 // weights are unbound and the rows split once, so backward has one node per tensor gathering
 // every expert's gradient; indexing each expert (gate_up[e], rows.narrow) instead gave each
@@ -268,6 +366,11 @@ bool expert_group_node(const MoeWeights& w, const at::Tensor& rows, const MoeOpt
 at::Tensor run_experts(const MoeWeights& w, const MoeConfig& config, const at::Tensor& rows,
                        const std::vector<int64_t>& counts, const MoeOptions& o) {
   const int64_t first = o.exchange ? o.exchange->first_local_expert() : 0;
+  if (wants_grouped_mm(rows, o)) {
+    const std::array gw{grouped_weight(w.gate_up, w.gate_up_lora, config.num_experts, first),
+                        grouped_weight(w.down, w.down_lora, config.num_experts, first)};
+    if (fits_grouped_mm(rows, gw, o)) return grouped_experts(rows, gw, counts, o);
+  }
   const ExpertMats gate_up = expert_mats(w.gate_up, w.gate_up_lora, config.num_experts, first);
   const ExpertMats down = expert_mats(w.down, w.down_lora, config.num_experts, first);
   std::array<UnitHooks::GradSink, 2> sinks;
@@ -293,6 +396,13 @@ std::vector<int64_t> host_counts(const at::Tensor& picks, int64_t num_experts) {
 }
 
 }  // namespace
+
+GroupedMm parse_grouped_mm(const std::string& name) {
+  if (name == "auto") return GroupedMm::kAuto;
+  if (name == "on") return GroupedMm::kOn;
+  FT_CHECK(name == "off", "moe.grouped_mm: '", name, "' is not auto, on or off");
+  return GroupedMm::kOff;
+}
 
 int64_t ExpertFilePiece::numel() const {
   int64_t n = 1;

@@ -100,12 +100,22 @@ std::vector<ExpertFilePiece> expert_file_pieces(const ModelConfig& config, const
 
 class UnitHooks;  // model/decoder.h
 
+// How the local experts' products run (moe.grouped_mm): as LibTorch's grouped GEMM
+// (at::_grouped_mm, one call per weight for all the experts), or one product per expert with
+// rows. kAuto: the grouped GEMM on a CUDA device in bf16 when its operands fit it
+// (grouped_mm_fits), the per-expert products elsewhere (on the CPU ft's expert node is the faster:
+// docs/performance.md). kOn: the grouped GEMM wherever LibTorch has one (CPU and CUDA, fp32, bf16
+// and fp16), an ft::Error naming the key where the operands do not fit it.
+enum class GroupedMm { kAuto, kOn, kOff };
+GroupedMm parse_grouped_mm(const std::string& name);  // auto | on | off
+
 struct MoeOptions {
   Activation activation = Activation::kSilu;
   bool fused_swiglu = true;
   // The local experts as one autograd node where it applies (moe.cpp: ExpertGroupFn); false: a
   // node per expert op, the reference moe_test compares it with bit for bit.
   bool expert_node = true;
+  GroupedMm grouped_mm = GroupedMm::kAuto;
   bool weights_in_dtype = false;       // the k weights cast to x's dtype first (Qwen3-MoE's router)
   RouterAux* aux = nullptr;            // where the forward records (null: nowhere)
   bool record = true;                  // false in a recompute: recorded once already

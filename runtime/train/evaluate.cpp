@@ -170,6 +170,7 @@ std::unique_ptr<model::DecoderModel> load_eval_model(const EvalOptions& o, model
   auto model = std::make_unique<model::DecoderModel>(
       mc, at::TensorOptions().dtype(at::kFloat).device(device));
   model->set_fused_ops(o.fused);
+  model->set_moe_grouped_mm(o.moe_grouped_mm);
   // (The weights are read into the device's tensors through a host buffer.)
   model->load([&](const std::string& name, at::Tensor& dst) { weights.copy_to(name, dst); });
   if (!o.adapter_dir.empty()) {

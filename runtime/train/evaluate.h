@@ -25,6 +25,7 @@ struct EvalOptions {
   std::string data_path;       // JSONL
   std::string tokenizer_path;  // default: <model_dir>/tokenizer.json
   model::FusedOps fused;       // eval_fused_ops
+  model::GroupedMm moe_grouped_mm = model::GroupedMm::kAuto;  // moe.grouped_mm
   // Its quantize_base / double_quant: the base's projections in NF4, as a QLoRA run held them (a
   // model saved in NF4 is read so whatever they say).
   config::LoraSettings lora;

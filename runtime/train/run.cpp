@@ -389,6 +389,7 @@ void TrainingRun::build_model() {
                                                  /*materialize=*/false);
   model_->set_activation_checkpointing(checkpointing, s_.train.checkpoint_every_n_layers);
   model_->set_fused_ops(fused_ops(s_.train));
+  model_->set_moe_grouped_mm(model::parse_grouped_mm(s_.moe.grouped_mm));
   if (s_.lora.enabled) {
     lora_config_ = lora_config_from_preset(s_.lora, o_.model_dir, &mc_);
     model::attach_lora(*model_, lora_config_, s_.train.seed + 1);

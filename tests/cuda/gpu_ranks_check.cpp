@@ -350,6 +350,23 @@ std::string moe_fixture(const std::string& name) {
   return std::string(FT_TEST_DIR) + "/model/fixtures/moe/" + name;
 }
 
+// bf16 on the GPU, where moe.grouped_mm's auto runs the experts as LibTorch's grouped GEMM: at 1
+// rank against one product per expert (moe.grouped_mm=off), and under EP 2 across 2 "nodes" (fsdp)
+// against the 1-rank run, within bf16's tolerances.
+void group_moe_grouped_mm(const std::string& model) {
+  const std::vector<std::string> bf16 = {"precision.mode=bf16", "moe.aux_loss_scope=global",
+                                         "train.grad_accum=1"};
+  const Job grouped = run({1, 1, model}, with(bf16, {"train.micro_batch=8"}));
+  if (!ran(grouped, "MoE bf16, grouped GEMM, 1 rank")) return;
+  check_follows(grouped,
+                run({1, 1, model}, with(bf16, {"train.micro_batch=8", "moe.grouped_mm=off"})),
+                "MoE bf16, one product per expert (moe.grouped_mm=off), 1 rank", kBf16);
+  check_follows(grouped,
+                run({2, 1, model}, with(bf16, {"train.micro_batch=4", "strategy.kind=fsdp",
+                                               "strategy.expert_parallel=2"})),
+                "MoE bf16, grouped GEMM, EP 2, 2 node(s) x 1 fsdp", kBf16);
+}
+
 // Mixture of experts over NCCL (issue 31): expert parallelism's all-to-all with EP 2 across two
 // "nodes" and inside one (2 workers), under zero3 and fsdp, full and with LoRA on the experts and
 // the routers trained. Losses follow the 1-rank run (1e-5, the aux loss counted over the global
@@ -399,6 +416,7 @@ void group_moe() {
              label + ": rows left the rank (moe.exchange)");
     }
   }
+  group_moe_grouped_mm(model);
 }
 
 // Node 1's launcher killed with SIGKILL after a random number of steps; the same command again:

@@ -83,12 +83,17 @@ void check_adapter_fixture(DecoderModel& m, io::SafetensorsFile& expected, size_
 
 }  // namespace
 
+// Both ways of running the experts' products: the per-expert ones (auto on the CPU) and
+// LibTorch's grouped GEMM (moe.grouped_mm=on).
 TEST_CASE("MoE logits, losses, routing and gradients equal transformers' (fp32)", "[unit]") {
   const auto dirs = moe_fixture_dirs();
   REQUIRE(dirs.size() >= 2);
+  const GroupedMm mode = GENERATE(GroupedMm::kAuto, GroupedMm::kOn);
   for (const std::string& dir : dirs) {
-    DYNAMIC_SECTION(std::filesystem::path(dir).filename().string()) {
+    DYNAMIC_SECTION(std::filesystem::path(dir).filename().string()
+                    << (mode == GroupedMm::kOn ? " grouped_mm" : "")) {
       DecoderModel m = load_moe(dir);
+      m.set_moe_grouped_mm(mode);
       const MoeConfig& moe = m.config().moe;
       REQUIRE(moe.enabled());
       auto expected = io::SafetensorsFile::open(dir + "/expected.safetensors");
@@ -210,9 +215,11 @@ TEST_CASE("PEFT's LoRA adapter on Qwen3-MoE's fused experts: logits, loss, gradi
   const std::string dir = moe_fixtures() + "/lora_qwen3_moe_experts";
   auto expected = io::SafetensorsFile::open(dir + "/expected.safetensors");
   const at::Tensor ids = expected.tensor("input_ids").clone();
+  const GroupedMm mode = GENERATE(GroupedMm::kAuto, GroupedMm::kOn);  // (r 2: padded products)
   for (const char* base : {"qwen3_moe_tiny", "qwen3_moe_tiny_fused"}) {
-    INFO(base);
+    INFO(base << (mode == GroupedMm::kOn ? " grouped_mm" : ""));
     DecoderModel m = load_moe(moe_fixtures() + "/" + base);
+    m.set_moe_grouped_mm(mode);
     const LoraConfig lc = load_lora_config(dir + "/adapter_config.json");
     attach_lora(m, lc, 0);
     train::load_adapter(m, dir);
@@ -373,4 +380,68 @@ TEST_CASE(
   for (auto [a, b] : {std::pair{&got.out, &one.out}, std::pair{&got.dx, &one.dx},
                       std::pair{&got.dgate_up, &one.dgate_up}, std::pair{&got.ddown, &one.ddown}})
     CHECK(at::equal(*a, *b));
+}
+
+// moe.grouped_mm=on runs the experts as at::_grouped_mm on the CPU too: LibTorch's CPU grouped
+// GEMM is one at::mm per group, so on one thread the per-expert nodes' bits, forward and
+// backward, with an expert that gets no token (its gradient zero) and with the experts frozen.
+// The strategy's sinks are not used (the weights' gradients come through autograd). bf16 runs
+// too; fp64 and sizes that are not multiples of 16 bytes are refused with the key's name, and
+// auto runs them per expert (on the CPU auto never takes the grouped GEMM).
+TEST_CASE("MoE experts as LibTorch's grouped GEMM give the per-expert nodes' bits", "[unit]") {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  auto [c, w, x] = test_block(at::kFloat);
+  MoeOptions grouped, per_expert;
+  grouped.grouped_mm = GroupedMm::kOn;
+  per_expert.expert_node = false;
+  const BlockPass ref = block_pass(w, c, x, per_expert);
+  const BlockPass got = block_pass(w, c, x, grouped);
+  CHECK(at::equal(got.out, ref.out));
+  CHECK(at::equal(got.dx, ref.dx));
+  REQUIRE(got.dgate_up.defined());
+  CHECK(at::equal(got.dgate_up, ref.dgate_up));
+  CHECK(at::equal(got.ddown, ref.ddown));
+  CHECK(got.dgate_up[4].abs().max().item<double>() == 0);  // the expert no token chose
+  CHECK(got.ddown[4].abs().max().item<double>() == 0);
+
+  ExpertSinks sinks(w.gate_up, w.down);
+  grouped.hooks = &sinks;
+  const BlockPass hooked = block_pass(w, c, x, grouped);
+  CHECK(sinks.sunk.empty());
+  CHECK(at::equal(hooked.dgate_up, ref.dgate_up));
+  grouped.hooks = nullptr;
+
+  w.gate_up.requires_grad_(false);
+  w.down.requires_grad_(false);
+  const BlockPass frozen = block_pass(w, c, x, grouped);
+  CHECK(at::equal(frozen.dx, ref.dx));
+  CHECK_FALSE(frozen.dgate_up.defined());
+  at::set_num_threads(threads);
+
+  SECTION("bf16") {
+    auto [cb, wb, xb] = test_block(at::kBFloat16);
+    const BlockPass r = block_pass(wb, cb, xb, per_expert);
+    const BlockPass g = block_pass(wb, cb, xb, grouped);
+    CHECK(rel(g.out.to(at::kFloat), r.out.to(at::kFloat)) < 1e-2);
+    CHECK(rel(g.dx.to(at::kFloat), r.dx.to(at::kFloat)) < 1e-2);
+    CHECK(rel(g.ddown.to(at::kFloat), r.ddown.to(at::kFloat)) < 1e-2);
+  }
+  SECTION("what it cannot take: an error naming the key under on, the per-expert path under auto") {
+    auto [cd, wd, xd] = test_block(at::kDouble);
+    CHECK_THROWS_WITH(moe_forward(wd, cd, xd, grouped),
+                      Catch::Contains("moe.grouped_mm=on") && Catch::Contains("Double"));
+    MoeOptions automatic;
+    const BlockPass r = block_pass(wd, cd, xd, per_expert);
+    CHECK(at::equal(block_pass(wd, cd, xd, automatic).out, r.out));
+    // hidden 18: rows 72 bytes apart.
+    MoeWeights odd = w;
+    odd.router = at::randn({6, 18});
+    odd.gate_up = at::randn({6, 48, 18});
+    odd.down = at::randn({6, 18, 24});
+    CHECK_THROWS_WITH(moe_forward(odd, c, at::randn({2, 15, 18}), grouped),
+                      Catch::Contains("multiples of 4"));
+  }
+  CHECK(parse_grouped_mm("on") == GroupedMm::kOn);
+  CHECK_THROWS_WITH(parse_grouped_mm("yes"), Catch::Contains("auto, on or off"));
 }
