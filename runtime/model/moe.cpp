@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <mutex>
 #include <numeric>
 
 #include "core/error.h"
@@ -327,16 +328,24 @@ bool wants_grouped_mm(const at::Tensor& rows, const MoeOptions& o) {
 }
 
 // Whether the operands fit the grouped GEMM: auto runs the per-expert products where they do
-// not; on says why in an error naming the key.
+// not, and says so once per process (on stderr: the run goes on, slower); on says why in an
+// error naming the key.
 bool fits_grouped_mm(const at::Tensor& rows, const std::array<GroupedWeight, 2>& gw,
                      const MoeOptions& o) {
   const std::string misfit = grouped_mm_misfit(rows, gw);
   FT_CHECK(misfit.empty() || o.grouped_mm != GroupedMm::kOn,
            "moe.grouped_mm=on: LibTorch's grouped GEMM (at::_grouped_mm) cannot take this "
            "model's experts: ",
-           misfit,
-           "; set moe.grouped_mm=auto (one product per expert where "
-           "it cannot)");
+           misfit, "; set moe.grouped_mm=auto (one product per expert where it cannot)");
+  if (!misfit.empty()) {
+    static std::once_flag once;
+    std::call_once(once, [&] {
+      fmt::print(stderr,
+                 "ft: warning: moe.grouped_mm=auto: the experts run one product per expert, "
+                 "not LibTorch's grouped GEMM: {} (moe.grouped_mm=off says this is meant)\n",
+                 misfit);
+    });
+  }
   return misfit.empty();
 }
 
