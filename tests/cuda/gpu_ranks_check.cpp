@@ -356,15 +356,22 @@ std::string moe_fixture(const std::string& name) {
 void group_moe_grouped_mm(const std::string& model) {
   const std::vector<std::string> bf16 = {"precision.mode=bf16", "moe.aux_loss_scope=global",
                                          "train.grad_accum=1"};
+  // auto says on stderr when it falls back to one product per expert.
+  auto grouped_ran = [](const Job& j, const std::string& what) {
+    expect(j.output.find("moe.grouped_mm=auto: the experts run one product") == std::string::npos,
+           what + ": the grouped GEMM ran (no fallback warning)");
+  };
   const Job grouped = run({1, 1, model}, with(bf16, {"train.micro_batch=8"}));
   if (!ran(grouped, "MoE bf16, grouped GEMM, 1 rank")) return;
+  grouped_ran(grouped, "MoE bf16, 1 rank");
   check_follows(grouped,
                 run({1, 1, model}, with(bf16, {"train.micro_batch=8", "moe.grouped_mm=off"})),
                 "MoE bf16, one product per expert (moe.grouped_mm=off), 1 rank", kBf16);
-  check_follows(grouped,
-                run({2, 1, model}, with(bf16, {"train.micro_batch=4", "strategy.kind=fsdp",
-                                               "strategy.expert_parallel=2"})),
-                "MoE bf16, grouped GEMM, EP 2, 2 node(s) x 1 fsdp", kBf16);
+  const Job ep =
+      run({2, 1, model},
+          with(bf16, {"train.micro_batch=4", "strategy.kind=fsdp", "strategy.expert_parallel=2"}));
+  check_follows(grouped, ep, "MoE bf16, grouped GEMM, EP 2, 2 node(s) x 1 fsdp", kBf16);
+  grouped_ran(ep, "MoE bf16, EP 2, fsdp");
 }
 
 // Mixture of experts over NCCL (issue 31): expert parallelism's all-to-all with EP 2 across two
