@@ -294,29 +294,41 @@ at::Tensor grouped_linear(const at::Tensor& x, const GroupedWeight& g, const at:
   return y + at::_grouped_mm(at::_grouped_mm(x, g.a, offs), g.b, offs) * g.scale;
 }
 
-// What keeps the grouped GEMM from taking these operands, "" when nothing (LibTorch 2.11's rules,
-// ATen/native/GroupedMMUtils.h): fp32, bf16 or fp16; each matrix's rows a multiple of 16 bytes
-// apart (so hidden_size and moe_intermediate_size multiples of 16 bytes' elements, which also
-// keeps the outputs contiguous); on CUDA, data 16-byte aligned. The adapters' rank is free: an
-// [R, r] product comes back with padded rows, which the next one takes.
-std::string grouped_mm_misfit(const at::Tensor& rows, const std::array<GroupedWeight, 2>& gw) {
-  const at::ScalarType dtype = rows.scalar_type();
+// What keeps the grouped GEMM from taking a model's experts, "" when nothing (LibTorch 2.11's
+// rules, ATen/native/GroupedMMUtils.h): fp32, bf16 or fp16, and each matrix's rows a multiple of
+// 16 bytes apart, so hidden_size and moe_intermediate_size multiples of 16 bytes' elements (which
+// also keeps the outputs contiguous). The adapters' rank is free: an [R, r] product comes back
+// with padded rows, which the next one takes.
+std::string grouped_mm_misfit(at::ScalarType dtype, int64_t hidden, int64_t inter) {
   if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf)
     return fmt::format("it takes fp32, bf16 or fp16, and this run computes in {}",
                        c10::toString(dtype));
-  const int64_t align = 16 / static_cast<int64_t>(rows.element_size());
-  for (const GroupedWeight& g : gw)
-    if (g.w.size(1) % align != 0 || g.w.size(2) % align != 0)
-      return fmt::format(
-          "in {} it needs hidden_size and moe_intermediate_size to be multiples of {}, and an "
-          "expert matrix is {} x {}",
-          c10::toString(dtype), align, g.w.size(2), g.w.size(1));
-  if (rows.is_cuda())
+  const int64_t align = 16 / static_cast<int64_t>(c10::elementSize(dtype));
+  if (hidden % align != 0 || inter % align != 0)
+    return fmt::format(
+        "in {} it needs hidden_size and moe_intermediate_size to be multiples of {}, and they "
+        "are {} and {}",
+        c10::toString(dtype), align, hidden, inter);
+  return "";
+}
+
+// The same for the operands of one forward, and on CUDA their data 16-byte aligned.
+std::string grouped_mm_misfit(const at::Tensor& rows, const std::array<GroupedWeight, 2>& gw) {
+  // gw[0].w is gate_up transposed, [E, hidden, 2 inter]; gw[1].w down's, [E, inter, hidden].
+  std::string misfit = grouped_mm_misfit(rows.scalar_type(), gw[0].w.size(1), gw[1].w.size(1));
+  if (misfit.empty() && rows.is_cuda())
     for (const at::Tensor* t : {&rows, &gw[0].w, &gw[0].a, &gw[1].w, &gw[1].a})
       if (t->defined() && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0)
         return "it needs 16-byte aligned data, and an expert weight starts between two 16-byte "
                "boundaries in the strategy's flat buffer";
-  return "";
+  return misfit;
+}
+
+// moe.grouped_mm=on's error.
+std::string grouped_mm_refusal(const std::string& misfit) {
+  return "moe.grouped_mm=on: LibTorch's grouped GEMM (at::_grouped_mm) cannot take this model's "
+         "experts: " +
+         misfit + "; set moe.grouped_mm=auto (one product per expert where it cannot)";
 }
 
 // Whether the local experts are to run as the grouped GEMM (MoeOptions::grouped_mm), before
@@ -333,10 +345,7 @@ bool wants_grouped_mm(const at::Tensor& rows, const MoeOptions& o) {
 bool fits_grouped_mm(const at::Tensor& rows, const std::array<GroupedWeight, 2>& gw,
                      const MoeOptions& o) {
   const std::string misfit = grouped_mm_misfit(rows, gw);
-  FT_CHECK(misfit.empty() || o.grouped_mm != GroupedMm::kOn,
-           "moe.grouped_mm=on: LibTorch's grouped GEMM (at::_grouped_mm) cannot take this "
-           "model's experts: ",
-           misfit, "; set moe.grouped_mm=auto (one product per expert where it cannot)");
+  FT_CHECK(misfit.empty() || o.grouped_mm != GroupedMm::kOn, grouped_mm_refusal(misfit));
   if (!misfit.empty()) {
     static std::once_flag once;
     std::call_once(once, [&] {
@@ -411,6 +420,13 @@ GroupedMm parse_grouped_mm(const std::string& name) {
   if (name == "on") return GroupedMm::kOn;
   FT_CHECK(name == "off", "moe.grouped_mm: '", name, "' is not auto, on or off");
   return GroupedMm::kOff;
+}
+
+void check_grouped_mm(GroupedMm mode, at::ScalarType dtype, const ModelConfig& config) {
+  if (mode != GroupedMm::kOn || !config.moe.enabled()) return;
+  const std::string misfit =
+      grouped_mm_misfit(dtype, config.hidden_size, config.moe.expert_intermediate);
+  FT_CHECK(misfit.empty(), grouped_mm_refusal(misfit));
 }
 
 int64_t ExpertFilePiece::numel() const {

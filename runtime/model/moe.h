@@ -108,6 +108,9 @@ class UnitHooks;  // model/decoder.h
 // and fp16), an ft::Error naming the key where the operands do not fit it.
 enum class GroupedMm { kAuto, kOn, kOff };
 GroupedMm parse_grouped_mm(const std::string& name);  // auto | on | off
+// An ft::Error, before anything runs, where moe.grouped_mm=on cannot take this model's experts in
+// `dtype` (its dtype or its sizes; the forward checks the rest: CUDA data alignment).
+void check_grouped_mm(GroupedMm mode, at::ScalarType dtype, const ModelConfig& config);
 
 struct MoeOptions {
   Activation activation = Activation::kSilu;

@@ -378,6 +378,7 @@ void TrainingRun::build_model() {
   base_ = std::make_unique<BaseWeights>(o_.model_dir, mc_, model_param_shapes(mc_),
                                         static_cast<uint64_t>(s_.train.seed));
   dtype_ = parse_dtype(s_.precision.mode);
+  model::check_grouped_mm(model::parse_grouped_mm(s_.moe.grouped_mm), dtype_, mc_);
   FT_CHECK(s_.data.seq_len <= mc_.max_position_embeddings, "data.seq_len ", s_.data.seq_len,
            " exceeds the model's max_position_embeddings ", mc_.max_position_embeddings,
            ": --set data.seq_len=", mc_.max_position_embeddings, " or less");

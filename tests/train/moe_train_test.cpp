@@ -594,7 +594,8 @@ TEST_CASE(
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("strategy.expert_parallel is refused by key where it cannot apply", "[multiproc]") {
+TEST_CASE("strategy.expert_parallel and moe.grouped_mm are refused by key where they cannot apply",
+          "[multiproc]") {
   const std::string dir = make_temp_dir();
   // Not dividing the world, the experts, or a dense model: exit 2 and a message naming the key.
   struct Bad {
@@ -624,4 +625,15 @@ TEST_CASE("strategy.expert_parallel is refused by key where it cannot apply", "[
     CHECK_THAT(f.output, !Catch::Contains("terminate called"));
     std::filesystem::remove_all(dir + "/out");
   }
+  // moe.grouped_mm=on where LibTorch's grouped GEMM cannot run: refused before the run starts (no
+  // output folder), saying why and what to set.
+  const Finished f = run_to_end(moe_train(moe_fixture("qwen3_moe_tiny"), "", dir + "/out",
+                                          {"moe.grouped_mm=on", "precision.mode=fp64"}),
+                                {}, dir + "/bad.txt", 120);
+  CHECK(f.code != 0);
+  CHECK_THAT(f.output, Catch::Contains("moe.grouped_mm=on: LibTorch's grouped GEMM") &&
+                           Catch::Contains("fp32, bf16 or fp16") &&
+                           Catch::Contains("set moe.grouped_mm=auto"));
+  CHECK_FALSE(std::filesystem::exists(dir + "/out"));
+  std::filesystem::remove_all(dir);
 }
