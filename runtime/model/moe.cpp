@@ -45,19 +45,28 @@ struct ExpertMats {
   double scale = 0;
 };
 
+// An adapter's factors for the local experts [first, first + local) of a fused weight
+// [local, out, in]: {A [local, r, in], B [local, out, r]} (views of PEFT's layout).
+std::array<at::Tensor, 2> local_lora_factors(const at::Tensor& weight, const ExpertLora& lora,
+                                             int64_t num_experts, int64_t first) {
+  const int64_t local = weight.size(0), out = weight.size(1), in = weight.size(2);
+  const int64_t r = lora.a.size(0) / num_experts;
+  return {lora.a.reshape({num_experts, r, in}).narrow(0, first, local),
+          lora.b.reshape({out, r, num_experts}).permute({2, 0, 1}).narrow(0, first, local)};
+}
+
 ExpertMats expert_mats(const at::Tensor& weight, const ExpertLora& lora, int64_t num_experts,
                        int64_t first) {
   ExpertMats m;
   m.w = weight.unbind(0);
-  const int64_t local = weight.size(0), out = weight.size(1), in = weight.size(2);
   if (!lora.defined()) {
-    m.a.resize(local);
-    m.b.resize(local);
+    m.a.resize(weight.size(0));
+    m.b.resize(weight.size(0));
     return m;
   }
-  const int64_t r = lora.a.size(0) / num_experts;
-  m.a = lora.a.reshape({num_experts, r, in}).narrow(0, first, local).unbind(0);
-  m.b = lora.b.reshape({out, r, num_experts}).permute({2, 0, 1}).narrow(0, first, local).unbind(0);
+  const auto [a, b] = local_lora_factors(weight, lora, num_experts, first);
+  m.a = a.unbind(0);
+  m.b = b.unbind(0);
   m.scale = lora.scale;
   return m;
 }
@@ -274,15 +283,9 @@ struct GroupedWeight {
 
 GroupedWeight grouped_weight(const at::Tensor& weight, const ExpertLora& lora, int64_t num_experts,
                              int64_t first) {
-  GroupedWeight g{weight.transpose(1, 2), {}, {}, 0};
-  if (!lora.defined()) return g;
-  const int64_t local = weight.size(0), out = weight.size(1), in = weight.size(2);
-  const int64_t r = lora.a.size(0) / num_experts;
-  g.a = lora.a.reshape({num_experts, r, in}).narrow(0, first, local).transpose(1, 2);
-  g.b =
-      lora.b.reshape({out, r, num_experts}).permute({2, 1, 0}).narrow(0, first, local).contiguous();
-  g.scale = lora.scale;
-  return g;
+  if (!lora.defined()) return {weight.transpose(1, 2), {}, {}, 0};
+  const auto [a, b] = local_lora_factors(weight, lora, num_experts, first);
+  return {weight.transpose(1, 2), a.transpose(1, 2), b.transpose(1, 2).contiguous(), lora.scale};
 }
 
 // x [R, in] grouped by expert (offs: each expert's end row, int32 on x's device) -> [R, out],
