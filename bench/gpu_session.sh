@@ -66,7 +66,7 @@ if has tests; then
   wait $p2; r2=$?
   wait $p3; r3=$?
   say "gpu test exit $r1; ranks fp32 exit $r2; ranks offload/lora/bf16/resume exit $r3"
-  grep -h -E '^(FAIL|SKIP|all checks|[0-9]+ check)' "$out/gpu_test.log" "$out"/ranks_*.log
+  grep -h -E '^(FAIL|SKIP|note|all checks|[0-9]+ check)' "$out/gpu_test.log" "$out"/ranks_*.log
 fi
 if has moe; then
   say "phase moe: expert parallelism over NCCL"
@@ -94,7 +94,7 @@ if has offload; then
   timeout 150 build/bin/test_cuda_gpu offload > "$out/gpu_test.log" 2>&1 &
   timeout 150 build/bin/test_cuda_gpu_ranks offload > "$out/ranks_offload.log" 2>&1 &
   wait
-  grep -h -E '^(ok|FAIL|SKIP|all checks|[0-9]+ check|     median)' "$out/gpu_test.log" "$out/ranks_offload.log"
+  grep -h -E '^(ok|FAIL|SKIP|note|all checks|[0-9]+ check|     median)' "$out/gpu_test.log" "$out/ranks_offload.log"
 fi
 if has offload-speed; then
   say "phase offload-speed: full-1b, offload-1b overlapped (default), offload-1b not overlapped"

@@ -1,6 +1,7 @@
 #include "parallel/engine.h"
 
 #include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -12,6 +13,7 @@
 #include <deque>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
@@ -50,12 +52,13 @@ struct Engine::Group {
   bool master_host = false;  // `master` and `grad_acc` are in host memory (offload_optimizer)
   at::Tensor full;           // [padded] compute dtype; its storage is freed while released (S > 1)
   at::Tensor shard;          // [shard_numel] compute dtype; the same tensor as `full` when S == 1
-  at::Tensor master;      // [shard_numel] master dtype (trained); aliases `shard` if dtypes agree
-  at::Tensor grad_acc;    // [shard_numel] master dtype: the step's gradient (trained)
-  at::Tensor grad_full;   // [padded] reduce dtype: this micro-batch's local gradient (S > 1)
-  at::Tensor copy_out;    // Master::copy_out: `shard` or undefined
-  at::Tensor grad_spare;  // a delayed update's second gradient buffer (hand_over_grads)
-  int master_index = -1;  // in masters_ (trained)
+  at::Tensor master;        // [shard_numel] master dtype (trained); aliases `shard` if dtypes agree
+  at::Tensor grad_acc;      // [shard_numel] master dtype: the step's gradient (trained)
+  at::Tensor grad_full;     // [padded] reduce dtype: this micro-batch's local gradient (S > 1)
+  at::Tensor copy_out;      // Master::copy_out: `shard` or undefined
+  at::Tensor grad_spare;    // a delayed update's second gradient buffer (hand_over_grads)
+  int master_index = -1;    // in masters_ (trained)
+  int64_t host_ticket = 0;  // master_host: the host thread's last job into grad_acc (HostAdds)
   int64_t full_bytes() const { return layout.padded * full.element_size(); }
 };
 
@@ -86,7 +89,7 @@ struct Engine::Pending {
   at::Tensor out;
   std::vector<at::Tensor> keep;  // inputs that must live until the work completes
   struct Part {
-    at::Tensor* dst;  // grad_acc
+    Group* group;  // into its grad_acc
     int64_t offset, numel;
     bool copy;  // copy (all-reduce of a converted copy) rather than add (reduce-scatter)
     int final_master = -1;  // the group's final write this step: then its master's host norm
@@ -98,13 +101,19 @@ struct Engine::Pending {
 // come. From a GPU each comes down by an asynchronous copy into page-locked memory, queued on the
 // stream that produced it, and the thread waits for that copy's event: the backward goes on
 // queuing kernels while the host adds (before, the hook waited for each gradient's copy and then
-// added it, the GPU idle meanwhile: issue 32). Whoever reads the accumulators drains first.
+// added it, the GPU idle meanwhile: issue 32). A reduction's output comes as soon as the reduction
+// is issued (Engine::hand_down): the thread waits for it (a Gloo work: `after`; from a GPU: its
+// copy's event). Whoever reads an accumulator drains first, up to the last job into it (tickets).
 class Engine::HostAdds {
  public:
   // on_final(master, sq, error): a job's master's gradient is final, of squared norm sq (with
-  // the error that stopped it instead).
-  explicit HostAdds(std::function<void(int, double, std::exception_ptr)> on_final)
-      : on_final_(std::move(on_final)), thread_([this] { run(); }) {}
+  // the error that stopped it instead). wait_work(work): waits for a collective (Engine::wait's
+  // errors).
+  HostAdds(std::function<void(int, double, std::exception_ptr)> on_final,
+           std::function<void(c10d::Work&)> wait_work)
+      : on_final_(std::move(on_final)),
+        wait_work_(std::move(wait_work)),
+        thread_([this] { run(); }) {}
   ~HostAdds() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -116,31 +125,35 @@ class Engine::HostAdds {
   HostAdds(const HostAdds&) = delete;
   HostAdds& operator=(const HostAdds&) = delete;
 
+  struct Job {
+    at::Tensor dst, src;
+    bool copy = false;
+    std::unique_ptr<c10::Event> ready;     // the copy down from the GPU (null: on the host already)
+    c10::intrusive_ptr<c10d::Work> after;  // a host collective that writes `src` (null: none)
+    std::shared_ptr<const void> keep;      // what must live until the job is done (its reduction)
+    int final_master = -1;
+  };
   // dst += src (or dst = src with `copy`; nothing without `src`), then, with a `final_master`
-  // (>= 0), dst's squared norm (host_sq_norm) reported to on_final.
-  void push(at::Tensor dst, at::Tensor src, bool copy, std::unique_ptr<c10::Event> ready,
-            int final_master) {
+  // (>= 0), dst's squared norm (host_sq_norm) reported to on_final. Returns the job's ticket.
+  int64_t push(Job job) {
+    int64_t ticket;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      jobs_.push_back({std::move(dst), std::move(src), copy, std::move(ready), final_master});
-      ++queued_;
+      jobs_.push_back(std::move(job));
+      ticket = ++queued_;
     }
     cv_.notify_all();
+    return ticket;
   }
-  // Waits until every job pushed so far is done; rethrows the first error of one.
-  void drain() {
+  // Waits until every job pushed so far (or up to `ticket`) is done; rethrows the first error.
+  void drain(int64_t ticket = -1) {
     std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [&] { return done_ == queued_; });
+    const int64_t upto = ticket < 0 ? queued_ : ticket;
+    done_cv_.wait(lock, [&] { return done_ >= upto; });
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
  private:
-  struct Job {
-    at::Tensor dst, src;
-    bool copy = false;
-    std::unique_ptr<c10::Event> ready;  // the copy down from the GPU (null: on the host already)
-    int final_master = -1;
-  };
   void run() {
     at::NoGradGuard no_grad;
     for (;;) {
@@ -157,6 +170,7 @@ class Engine::HostAdds {
       std::exception_ptr error, first;
       double sq = std::nan("");
       try {
+        if (j.after) wait_work_(*j.after);
         if (j.ready) j.ready->synchronize();
         if (!failed && j.src.defined())
           j.copy ? void(j.dst.copy_(j.src)) : add_into_host(j.dst, j.src);
@@ -186,6 +200,7 @@ class Engine::HostAdds {
   bool stop_ = false;
   std::exception_ptr error_;
   std::function<void(int, double, std::exception_ptr)> on_final_;
+  std::function<void(c10d::Work&)> wait_work_;
   std::thread thread_;  // last: it starts once the rest exists
 };
 
@@ -560,7 +575,7 @@ void Engine::on_param_grad(int ui, int gi, int mi, const at::Tensor& param) {
     if (!grad.is_sparse()) {
       // An offloaded accumulator: added on the host's own thread (host_add).
       if (g.layout.shards == 1 && g.master_host)
-        host_add(dst, grad.reshape({-1}), /*copy=*/false);
+        g.host_ticket = host_add(dst, grad.reshape({-1}));
       else
         dst.add_(grad.reshape({-1}));
       return;
@@ -660,7 +675,7 @@ void Engine::all_reduce_grad(Group& g, comm::ProcessGroup* pg, int final_master)
   auto p = std::make_unique<Pending>();
   // In place, or through a copy on the device in the reduce dtype (offloaded: the accumulator is
   // in host memory, which NCCL cannot reduce).
-  if (g.master_host) drain_host_adds();
+  if (g.master_host && host_adds_) host_adds_->drain(g.host_ticket);
   at::Tensor buf = options_.reduce_dtype == g.grad_acc.scalar_type() && !g.master_host
                        ? g.grad_acc
                        : g.grad_acc.to(options_.device, options_.reduce_dtype, false, true);
@@ -668,11 +683,11 @@ void Engine::all_reduce_grad(Group& g, comm::ProcessGroup* pg, int final_master)
   p->work = backend(pg).allreduce(v);
   p->out = buf;
   if (!buf.is_same(g.grad_acc))
-    p->parts.push_back({&g.grad_acc, 0, g.layout.shard_numel, true, final_master});
+    p->parts.push_back({&g, 0, g.layout.shard_numel, true, final_master});
   acc_.all_reduces++;
   acc_.all_reduce_bytes += buf.nbytes();
   issued(*p->work);
-  pending_.push_back(std::move(p));
+  settle_later(std::move(p));
 }
 
 void Engine::flush_reduce_queue() {
@@ -694,8 +709,7 @@ void Engine::flush_reduce_queue() {
   int64_t off = 0;
   for (auto [ui, gi] : reduce_queue_) {
     Group& g = units_[ui]->groups[gi];
-    p->parts.push_back(
-        {&g.grad_acc, off, g.layout.shard_numel, false, final_master(*units_[ui], g, false)});
+    p->parts.push_back({&g, off, g.layout.shard_numel, false, final_master(*units_[ui], g, false)});
     off += g.layout.shard_numel;
     p->keep.push_back(g.grad_full);
     g.grad_full = at::Tensor();
@@ -705,9 +719,44 @@ void Engine::flush_reduce_queue() {
   acc_.reduce_scatters++;
   acc_.reduce_scatter_bytes += in.nbytes();
   issued(*p->work);
-  pending_.push_back(std::move(p));
+  settle_later(std::move(p));
   reduce_queue_.clear();
   reduce_queue_elements_ = 0;
+}
+
+// A reduction just issued: drain() folds its output into the accumulators, or, where they are in
+// host memory (offload_optimizer), the host thread does as soon as the reduction completes.
+void Engine::settle_later(std::unique_ptr<Pending> p) {
+  if (options_.offload_optimizer)
+    hand_down(std::move(p));
+  else
+    pending_.push_back(std::move(p));
+}
+
+// An offloaded reduction's output goes to the host thread now, while the backward goes on: a unit's
+// gradient reaches its master, and its update can begin (update_can_begin_in_backward), as soon
+// as its reduction is done, at any number of ranks (issue 32; before, at drain()). From a GPU it
+// comes down by a copy on a side stream that waits for the reduction (NCCL's wait makes the
+// current stream wait; the backward's stream does not); on the host the thread waits for the
+// work itself. The jobs keep the reduction's tensors until they are done.
+void Engine::hand_down(std::unique_ptr<Pending> p) {
+  std::shared_ptr<Pending> keep(std::move(p));
+  c10::intrusive_ptr<c10d::Work> after;
+  std::optional<c10::StreamGuard> on_side;
+  if (keep->out.is_cuda()) {
+    if (!down_stream_)
+      down_stream_ = c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA)
+                         .getStreamFromGlobalPool(keep->out.device());
+    on_side.emplace(*down_stream_);
+    wait(*keep->work);  // (the side stream waits)
+  } else {
+    after = keep->work;
+  }
+  for (const auto& part : keep->parts) {
+    Group& g = *part.group;
+    g.host_ticket = host_add(g.grad_acc, keep->out.narrow(0, part.offset, part.numel), part.copy,
+                             part.final_master, after, keep);
+  }
 }
 
 void Engine::drain() {
@@ -716,30 +765,33 @@ void Engine::drain() {
     wait(*p->work);
     for (const auto& part : p->parts) {
       at::Tensor src = p->out.narrow(0, part.offset, part.numel);
-      if (options_.offload_optimizer)  // (an accumulator in host memory: host_add)
-        host_add(*part.dst, src, part.copy, part.final_master);
-      else if (part.copy)
-        part.dst->copy_(src);
-      else
-        part.dst->add_(src);
+      at::Tensor& dst = part.group->grad_acc;
+      part.copy ? void(dst.copy_(src)) : void(dst.add_(src));
     }
   }
   pending_.clear();
 }
 
-void Engine::wait(c10d::Work& work) {
-  const auto t0 = std::chrono::steady_clock::now();
+namespace {
+// Waits for a collective, its failure an ft error: PeerLostError when a peer is gone, else
+// BackendError (the message without LibTorch's backtrace).
+void wait_work(c10d::Work& work, int rank, const std::string& kind) {
   try {
     work.wait();
   } catch (const std::exception& e) {
     if (auto lost = comm::peer_failure(e))
-      throw PeerLostError(
-          fmt::format("rank {}: {} collective failed: {}", rank_, options_.kind, *lost));
+      throw PeerLostError(fmt::format("rank {}: {} collective failed: {}", rank, kind, *lost));
     const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
     if (!c10_error) throw;
-    throw BackendError(fmt::format("rank {}: {} collective failed: {}", rank_, options_.kind,
+    throw BackendError(fmt::format("rank {}: {} collective failed: {}", rank, kind,
                                    c10_error->what_without_backtrace()));
   }
+}
+}  // namespace
+
+void Engine::wait(c10d::Work& work) {
+  const auto t0 = std::chrono::steady_clock::now();
+  wait_work(work, rank_, options_.kind);
   acc_.comm_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -776,8 +828,10 @@ void Engine::begin_micro_batch(bool last) {
   if (last_micro_) {  // a new step: no gradient is final yet (the host thread is idle: drained)
     drain_host_adds();
     std::fill(grad_sq_.begin(), grad_sq_.end(), std::nan(""));
+    finals_in_backward_ = 0;
   }
   last_micro_ = last;
+  in_last_backward_ = last;
   for (auto& u : units_) {
     u->pending = u->trained_members;
     u->input_done = false;
@@ -788,6 +842,7 @@ void Engine::begin_micro_batch(bool last) {
 }
 
 void Engine::end_backward() {
+  in_last_backward_ = false;
   // Whatever did not report (units whose input needs no gradient, the root, the persistent
   // group), in the fixed order.
   for (int ui : launch_order_) {
@@ -802,22 +857,28 @@ void Engine::end_backward() {
   drain();
 }
 
-void Engine::host_add(const at::Tensor& dst, const at::Tensor& src, bool copy, int final_master) {
+int64_t Engine::host_add(at::Tensor dst, at::Tensor src, bool copy, int final_master,
+                         c10::intrusive_ptr<c10d::Work> after, std::shared_ptr<const void> keep) {
   if (!host_adds_)
-    host_adds_ = std::make_unique<HostAdds>([this](int master, double sq, std::exception_ptr e) {
-      grad_final(master, sq, std::move(e));
-    });
-  at::Tensor down = src;
-  std::unique_ptr<c10::Event> ready;
-  if (src.defined() && src.is_cuda()) {
-    down = at::empty(src.sizes(), src.options().device(at::kCPU).pinned_memory(true));
-    down.copy_(src, /*non_blocking=*/true);
-    ready = std::make_unique<c10::Event>(c10::DeviceType::CUDA);
-    ready->record(c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getStream(src.device()));
+    host_adds_ = std::make_unique<HostAdds>(
+        [this](int master, double sq, std::exception_ptr e) {
+          grad_final(master, sq, std::move(e));
+        },
+        [rank = rank_, kind = options_.kind](c10d::Work& w) { wait_work(w, rank, kind); });
+  HostAdds::Job job{std::move(dst),   std::move(src),  copy,        nullptr,
+                    std::move(after), std::move(keep), final_master};
+  if (job.src.defined() && job.src.is_cuda()) {
+    at::Tensor down =
+        at::empty(job.src.sizes(), job.src.options().device(at::kCPU).pinned_memory(true));
+    down.copy_(job.src, /*non_blocking=*/true);
+    job.ready = std::make_unique<c10::Event>(c10::DeviceType::CUDA);
+    job.ready->record(
+        c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getStream(job.src.device()));
+    job.src = std::move(down);
   }
   // (Added even on the step's first micro-batch, into zeros: a copy would keep a gradient's -0,
   // which 0 + x makes +0, and the first moment can carry that sign.)
-  host_adds_->push(dst, std::move(down), copy, std::move(ready), final_master);
+  return host_adds_->push(std::move(job));
 }
 
 // Group g's master when this write makes its accumulator final (the host thread then takes its
@@ -990,6 +1051,7 @@ void Engine::open_updates(std::exception_ptr error) {
 void Engine::grad_final(int master, double sq, std::exception_ptr error) {
   // (Read after drain_host_adds, which returns after this.)
   grad_sq_[static_cast<size_t>(master)] = sq;
+  if (in_last_backward_.load()) ++finals_in_backward_;
   {
     std::lock_guard<std::mutex> lock(update_mu_);
     if (!collect_final_) return;

@@ -17,6 +17,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -24,6 +25,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -169,6 +171,10 @@ class Engine : public model::UnitHooks {
   // took it as soon as the offloaded gradient was final, beside the backward; NaN where it did
   // not (not offloaded, fp16, ...): the caller computes it.
   double grad_sq_beside_backward(size_t master) const;
+  // After finish_gradients: of the masters whose gradient the host thread made final (and took
+  // the norm of) this step, how many were done before the step's last backward ended
+  // (end_backward): at any number of ranks, a reduction's output is added as soon as it is there.
+  int finals_before_backward_end() const { return finals_in_backward_.load(); }
 
   // Elements [begin, end) of trained parameter `name` (flattened in C order) held by this rank
   // at masters()[master] starting at element `offset`.
@@ -297,6 +303,8 @@ class Engine : public model::UnitHooks {
   void all_reduce_grad(Group& g, comm::ProcessGroup* pg, int final_master = -1);
   int final_master(const Unit& u, const Group& g, bool replica_pass);
   void flush_reduce_queue();
+  void settle_later(std::unique_ptr<Pending> p);
+  void hand_down(std::unique_ptr<Pending> p);
   void drain();
   void ensure_grads();
   at::TensorOptions master_options(const Group& g) const;
@@ -356,15 +364,24 @@ class Engine : public model::UnitHooks {
   void grad_final(int master, double sq, std::exception_ptr error);
   void await_update(int model_unit);
   std::vector<double> grad_sq_;  // grad_sq_beside_backward, by master (written by host_adds_)
+  // finals_before_backward_end(): set from begin_micro_batch(last) to that micro-batch's
+  // end_backward; the host thread counts the finals meanwhile.
+  std::atomic<bool> in_last_backward_{false};
+  std::atomic<int> finals_in_backward_{0};
   // Offloaded accumulators (offload_optimizer): gradients are added on a thread of their own.
   class HostAdds;
   std::unique_ptr<HostAdds> host_adds_;
+  std::optional<c10::Stream> down_stream_;  // a GPU's reductions' outputs come down on (hand_down)
   // `dst` (an offloaded accumulator) += `src`, or = `src` (copy), in the order of the calls, on
-  // host_adds_'s thread; a GPU tensor comes down first by an asynchronous copy on its stream.
-  // drain_host_adds() waits for them.
+  // host_adds_'s thread; a GPU tensor comes down first by an asynchronous copy on the current
+  // stream; `after`, a host collective that writes `src`, is waited for there first; `keep` lives
+  // until the job is done. drain_host_adds() waits for them (host_adds_->drain(ticket): up to the
+  // job whose ticket this returns).
   // With a `final_master` (>= 0), the host thread then takes dst's squared norm and reports the
   // master final (grad_final; src may be undefined).
-  void host_add(const at::Tensor& dst, const at::Tensor& src, bool copy, int final_master = -1);
+  int64_t host_add(at::Tensor dst, at::Tensor src, bool copy = false, int final_master = -1,
+                   c10::intrusive_ptr<c10d::Work> after = {},
+                   std::shared_ptr<const void> keep = {});
   void drain_host_adds();
   void refresh_shard(Group& g, const at::Tensor& staged);
 };

@@ -334,6 +334,8 @@ class Planner {
   void expert_exchange();
   void first_step();
   void offload_step();
+  void optimizer_on_host();
+  void param_shards_up();
   // zero3's delayed update with the optimizer offloaded (a second host gradient buffer).
   bool delayed_update() const {
     return sp_.engine.offload_optimizer && s_.strategy.kind == "zero3" &&
@@ -931,14 +933,52 @@ void Planner::first_step() {
 
 // ---- the offloaded optimizer's part of each step ----
 
-// The host's work per rank per step with the optimizer offloaded: AdamW over the rank's trained
-// elements on the threads it gets (the loop is compute-bound: its time per parameter divides by
-// the threads, bench/host_adamw.sh), and on a GPU the gradients' copies down (every micro-batch)
-// and the updated values' copy up. Overlapped (strategy.overlap_host_step) the update runs beside
-// the next step's forward, which hides at most the forward's time; delayed, beside all of it.
+// The host's work and the copies per rank per step with state offloaded: the optimizer's
+// (optimizer_on_host) and, on a GPU, the offloaded parameter shards' (param_shards_up); against
+// the step's model FLOPs.
 void Planner::offload_step() {
   const parallel::EngineOptions& eo = sp_.engine;
-  if (!eo.offload_optimizer) return;
+  if (eo.offload_optimizer) optimizer_on_host();
+  if (gpu_ && eo.offload_params && st_.host_param > 0) param_shards_up();
+  if (p_.offload_step.empty()) return;
+  p_.offload_params_only = !eo.offload_optimizer;
+  const model::ModelConfig& mc = shape_.mc;
+  p_.step_flops =
+      model::training_flops(mc, s_.data.seq_len,
+                            s_.lora.enabled ? s_.lora.target_modules : std::vector<std::string>{},
+                            s_.lora.r)
+          .per_token() *
+      static_cast<double>(s_.train.micro_batch * s_.data.seq_len * s_.train.grad_accum);
+}
+
+// Offloaded parameter shards (zero3 offload_param, fsdp cpu_offload) on a GPU: each gather first
+// copies the rank's shard of the unit up from host memory (Engine::gather, on the compute stream
+// before the collective): every micro-batch the root's and every layer's, and the layers' again in
+// backward where the forward released them (reshard_after_forward; the root stays gathered).
+void Planner::param_shards_up() {
+  const parallel::EngineOptions& eo = sp_.engine;
+  const int64_t micro = s_.train.grad_accum;
+  const int64_t root = std::min(st_.host_param, st_.root_bytes / std::max(1, eo.shard_size));
+  const int64_t again = eo.reshard_after_forward ? st_.host_param - root : 0;
+  const int64_t up = micro * (st_.host_param + again);
+  const double s = static_cast<double>(up) / kPcieBytesPerS;
+  p_.offload_step.push_back(
+      {"param_shards_up", "parameter shards up before their gathers", up,
+       fmt::format(
+           "{} micro-batch(es) x ({} forward{}) at {}/s (assumed): {:.2f} s", micro,
+           human_bytes(st_.host_param),
+           again > 0 ? fmt::format(" + {} again in backward", human_bytes(again)) : std::string(),
+           human_bytes(static_cast<int64_t>(kPcieBytesPerS)), s)});
+  p_.offload_step_s += s;
+}
+
+// The offloaded optimizer: AdamW over the rank's trained elements on the threads it gets (the
+// loop is compute-bound: its time per parameter divides by the threads, bench/host_adamw.sh), and
+// on a GPU the gradients' host additions and copies down (every micro-batch) and the updated
+// values' copy up. Overlapped (strategy.overlap_host_step) the update runs beside the next step's
+// forward, which hides at most the forward's time; delayed, beside all of it.
+void Planner::optimizer_on_host() {
+  const parallel::EngineOptions& eo = sp_.engine;
   const Budget& b = in_.budget;
   const int64_t n = st_.host_grad / m_ / (delayed_update() ? 2 : 1);
   const int threads = b.host_cores > 0 ? std::max(1, b.host_cores / layout_.nproc_per_node) : 1;
@@ -978,17 +1018,11 @@ void Planner::offload_step() {
          fmt::format("{} micro-batch(es) x {} x {} B down{} at {}/s (assumed): {:.2f} s", micro,
                      n3(n), r_,
                      up > 0 ? fmt::format(" + {} x {} B up", n3(n), c_)
-                            : std::string(" (parameters offloaded too: none up)"),
+                            : std::string(" (parameters offloaded too: the update writes "
+                                          "their host shards, which go up with their gathers)"),
                      human_bytes(static_cast<int64_t>(kPcieBytesPerS)), copy_s)});
     p_.offload_step_s += copy_s;
   }
-  const model::ModelConfig& mc = shape_.mc;
-  p_.step_flops =
-      model::training_flops(mc, s_.data.seq_len,
-                            s_.lora.enabled ? s_.lora.target_modules : std::vector<std::string>{},
-                            s_.lora.r)
-          .per_token() *
-      static_cast<double>(s_.train.micro_batch * s_.data.seq_len * s_.train.grad_accum);
 }
 
 // NF4 at load: the projection values this rank quantizes, on its threads.
@@ -1284,16 +1318,22 @@ std::string plan_text(const Plan& p) {
   o += fmt::format("\ntime to the first step: about {:.0f} s\n", p.first_step_s);
   for (const auto& i : p.startup) line(i);
   if (!p.offload_step.empty()) {
-    o += fmt::format("\noffloaded optimizer, per rank per step: about {:.2f} s of host work, {}\n",
-                     p.offload_step_s,
-                     p.offload_delayed
-                         ? "the update's part overlapped with the next step (delayed update)"
-                     : p.offload_during_backward
-                         ? "the update's part beside the backward and the next step's forward "
-                           "(overlapped update, clipping off)"
-                     : p.offload_overlapped
-                         ? "the update's part beside the next step's forward (overlapped update)"
-                         : "not overlapped with the device's (strategy.overlap_host_step=false)");
+    if (p.offload_params_only)
+      o += fmt::format(
+          "\noffloaded parameter shards, per rank per step: about {:.2f} s of copies up, each on "
+          "the compute stream before its unit's gather\n",
+          p.offload_step_s);
+    else
+      o += fmt::format(
+          "\noffloaded optimizer, per rank per step: about {:.2f} s of host work, {}\n",
+          p.offload_step_s,
+          p.offload_delayed ? "the update's part overlapped with the next step (delayed update)"
+          : p.offload_during_backward
+              ? "the update's part beside the backward and the next step's forward "
+                "(overlapped update, clipping off)"
+          : p.offload_overlapped
+              ? "the update's part beside the next step's forward (overlapped update)"
+              : "not overlapped with the device's (strategy.overlap_host_step=false)");
     for (const auto& i : p.offload_step) line(i);
     if (p.offload_step_s > 0 && p.device_name == "GPU") {
       // A stated reference rate, not a measurement: 40% of an H100's dense bf16 peak.
@@ -1357,10 +1397,13 @@ json plan_json(const Plan& p) {
   j["comm_per_step"] = items(p.comm);
   j["first_step"] = {{"seconds", p.first_step_s}, {"items", items(p.startup)}};
   if (!p.offload_step.empty())
-    j["offload_step"] = {
-        {"seconds", p.offload_step_s},        {"delayed", p.offload_delayed},
-        {"overlapped", p.offload_overlapped}, {"during_backward", p.offload_during_backward},
-        {"step_flops", p.step_flops},         {"items", items(p.offload_step)}};
+    j["offload_step"] = {{"seconds", p.offload_step_s},
+                         {"delayed", p.offload_delayed},
+                         {"overlapped", p.offload_overlapped},
+                         {"during_backward", p.offload_during_backward},
+                         {"step_flops", p.step_flops},
+                         {"items", items(p.offload_step)},
+                         {"parameters_only", p.offload_params_only}};
   json checks = json::array();
   for (const auto& c : p.checks)
     checks.push_back({{"resource", c.resource},

@@ -106,13 +106,15 @@ struct Plan {
   std::vector<Item> startup;
   double first_step_s = 0;
   // With the optimizer offloaded: the host's part of each step, per rank (its items' bytes are
-  // those moved), and the model FLOPs per rank per step it compares with.
+  // those moved), and the model FLOPs per rank per step it compares with. With only the
+  // parameter shards offloaded (offload_params_only; GPUs): their copies up.
   std::vector<Item> offload_step;
   double offload_step_s = 0;
   bool offload_delayed = false;  // strategy.zero3.delayed_update: the update overlaps the next step
   // strategy.overlap_host_step (without a delay): the update runs beside the next step's forward;
   // with train.grad_clip 0 (not fp16) it begins during the backward
   bool offload_overlapped = false, offload_during_backward = false;
+  bool offload_params_only = false;
   double step_flops = 0;
   std::vector<Check> checks;
   std::vector<Suggestion> suggestions;  // when something does not fit

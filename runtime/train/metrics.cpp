@@ -146,11 +146,12 @@ void MetricsLog::write(const StepRecord& r) {
   if (s.host_update_s >= 0 && !s.host_update_delayed)
     j["time"]["overlapped_update"]["during_backward"] = s.host_update_during_backward;
   // The optimizer offloaded (issue 32): the clip norm's part after the backward, and how many of
-  // the masters' norms the host thread had taken beside it.
+  // the masters' norms the host thread had taken beside it (of which before its end).
   if (s.norms >= 0)
     j["time"]["grad_norm"] = {{"after_backward_s", s.norm_s},
                               {"masters", s.norms},
-                              {"beside_backward", s.norms_beside_backward}};
+                              {"beside_backward", s.norms_beside_backward},
+                              {"before_backward_end", s.norms_before_backward_end}};
   if (r.exchanged)
     j["moe"]["exchange"] = {{"dispatch_s", r.dispatch_s},
                             {"combine_s", r.combine_s},

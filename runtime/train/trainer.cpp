@@ -365,6 +365,7 @@ StepStats Trainer::apply_update(StepStats st) {
   if (engine_.options().offload_optimizer) {
     st.norm_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - norm_t0).count();
     st.norms_beside_backward = beside;
+    st.norms_before_backward_end = engine_.finals_before_backward_end();
     st.norms = static_cast<int>(grads.size());
   }
   const double norm =

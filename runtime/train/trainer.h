@@ -77,9 +77,10 @@ struct StepStats {
   bool host_update_during_backward = false;  // (overlapped) it began with the step's backward
   // The optimizer offloaded: this rank's clip norm after the backward took norm_s, for `norms`
   // masters, of which norms_beside_backward came from the engine's host thread (taken beside the
-  // backward as each gradient became final). norms < 0: not offloaded.
+  // backward as each gradient became final), norms_before_backward_end before the step's last
+  // backward had ended. norms < 0: not offloaded.
   double norm_s = 0;
-  int norms = -1, norms_beside_backward = 0;
+  int norms = -1, norms_beside_backward = 0, norms_before_backward_end = 0;
 };
 
 // This rank's resident state and communication over one step (parallel::Accounting) plus the

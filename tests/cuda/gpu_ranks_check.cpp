@@ -271,18 +271,37 @@ void group_fp32() {
   }
 }
 
+// An offloaded job's gradient norms over its steps (metrics' time.grad_norm): how many the host
+// thread took, and how many of those before the backward had ended (each reduction's output comes
+// down on a side stream as soon as the reduction is issued). Printed, not checked: on a GPU the
+// host queues a small model's backward faster than the reductions run.
+void note_norms(const Job& j, const std::string& what) {
+  int masters = 0, beside = 0, before_end = 0;
+  for (const auto& r : ft::test::read_metrics(j.dir)) {
+    if (!r.contains("time") || !r["time"].contains("grad_norm")) continue;
+    const auto& n = r["time"]["grad_norm"];
+    masters += n.value("masters", 0);
+    beside += n.value("beside_backward", 0);
+    before_end += n.value("before_backward_end", 0);
+  }
+  fmt::print("note {}: {} of {} gradient norms taken beside the backward, {} before its end\n",
+             what, beside, masters, before_end);
+}
+
 // Offload at 2 ranks (bf16): the same job without it, bit for bit, and with clipping off (the
 // update during the backward). offload_param and fsdp cpu_offload could not be checked on one
 // rank (nothing to split).
 void group_offload() {
   const std::vector<std::string> bf16 = {"precision.mode=bf16", "train.micro_batch=4"};
+  // (A reduce-scatter per unit: each one's output comes down while the backward goes on.)
   const std::vector<std::string> z3 = {"strategy.kind=zero3",
-                                       "strategy.zero3.param_persistence_threshold=0"};
+                                       "strategy.zero3.param_persistence_threshold=0",
+                                       "strategy.zero3.reduce_bucket_size=1"};
   const std::vector<std::string> fsdp = {"strategy.kind=fsdp"};
   const Job plain_z3 = run({2, 1}, with(bf16, z3));
-  check_same_bits(plain_z3,
-                  run({2, 1}, with(with(bf16, z3), {"strategy.zero3.offload_optimizer=true"})),
-                  "bf16, 2 ranks, zero3 offload_optimizer");
+  const Job off_z3 = run({2, 1}, with(with(bf16, z3), {"strategy.zero3.offload_optimizer=true"}));
+  check_same_bits(plain_z3, off_z3, "bf16, 2 ranks, zero3 offload_optimizer");
+  if (off_z3.code == 0) note_norms(off_z3, "bf16, 2 ranks, zero3 offload_optimizer");
   check_same_bits(plain_z3,
                   run({2, 1}, with(with(bf16, z3), {"strategy.zero3.offload_optimizer=true",
                                                     "strategy.zero3.offload_param=true"})),

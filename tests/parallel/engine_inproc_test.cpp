@@ -347,3 +347,83 @@ TEST_CASE("add_into_host: ATen's add_ bit for bit, fp32 / bf16 / fp16 into fp32"
     }
   at::set_num_threads(threads_before);
 }
+
+// The optimizer offloaded at 2 ranks (zero3, every parameter sharded, a reduce-scatter per unit):
+// each unit's reduce-scatter output goes to the engine's host thread as soon as it is issued, so
+// gradients are added, made final and normed while the backward is still running (issue 32). The
+// ranks wait after autograd's backward, before end_backward: final gradients arrive there (before,
+// every reduction output came down in end_backward). After the step every master is final, and the
+// masters equal the same step's without offload, bit for bit.
+TEST_CASE("in one process, offloaded reduce-scatter outputs are final before the backward ends",
+          "[unit]") {
+  // (The strategy allows offload on the CPU for tests only; unset again however this case ends.)
+  ::setenv("FT_ALLOW_CPU_OFFLOAD", "1", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("FT_ALLOW_CPU_OFFLOAD"); }
+  } unset;
+  const Setup s =
+      make_setup(with(kFp32, {"strategy.kind=zero3", "strategy.zero3.param_persistence_threshold=0",
+                              "strategy.zero3.reduce_bucket_size=1", "train.micro_batch=2"}));
+  struct Seen {
+    int before_end = -1, after = -1, masters = 0;
+    std::vector<at::Tensor> grads;
+  };
+  auto one_step = [&](bool offload, int world) {
+    std::vector<Seen> seen(world);
+    const std::vector<std::string> errors =
+        test::run_rank_threads(world, [&](int rank, uint16_t port) {
+          at::set_num_threads(1);
+          const comm::DistEnv env = test::inproc_rank_env(rank, world, port);
+          config::StrategySettings st = s.settings.strategy;
+          st.zero3.offload_optimizer = offload;
+          const parallel::StrategyPlan plan = parallel::plan_strategy(st, "fp32", env, at::kCPU);
+          comm::ProcessGroupOptions po;
+          po.timeout = test::kInprocTimeout;
+          comm::ProcessGroup group(env, po);
+          model::DecoderModel m(s.model, at::TensorOptions(at::kFloat), /*materialize=*/false);
+          parallel::Engine engine(m, parallel::param_specs(m, false), plan.engine,
+                                  {&group, &group, nullptr});
+          engine.load(s.initial);
+          data::SyntheticSource source = source_for(s.settings, s.model.vocab_size, rank, world, 2);
+          const data::Batch b = source.next();
+          engine.begin_micro_batch(true);
+          const at::Tensor loss = model::causal_lm_loss_sum(
+                                      m.forward(b.input_ids, b.position_ids, true), b.labels, false)
+                                      .sum;
+          loss.backward();
+          // Autograd is done; end_backward not called yet: the reductions issued during the
+          // backward complete and their outputs are added, on the host thread, meanwhile.
+          const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+          while (offload && engine.finals_before_backward_end() == 0 &&
+                 std::chrono::steady_clock::now() < give_up)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          seen[rank].before_end = engine.finals_before_backward_end();
+          engine.end_backward();
+          engine.finish_gradients();
+          seen[rank].after = engine.finals_before_backward_end();
+          seen[rank].masters = static_cast<int>(engine.masters().size());
+          for (const auto& ms : engine.masters())
+            seen[rank].grads.push_back(ms.tensor.grad().clone());
+          engine.sum_over_ranks(0);
+        });
+    for (int r = 0; r < world; ++r) {
+      INFO("rank " << r << ": " << errors[r]);
+      REQUIRE(errors[r].empty());
+    }
+    return seen;
+  };
+  const std::vector<Seen> off = one_step(true, 2), plain = one_step(false, 2);
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(off[r].masters >= 2);
+    CHECK(off[r].before_end >= 1);  // came while end_backward was not yet called
+    CHECK(off[r].after >= off[r].before_end);
+    CHECK(off[r].after <= off[r].masters);
+    REQUIRE(plain[r].grads.size() == off[r].grads.size());
+    for (size_t i = 0; i < off[r].grads.size(); ++i) {
+      INFO("master " << i);
+      CHECK(off[r].grads[i].device().is_cpu());
+      CHECK(at::equal(off[r].grads[i], plain[r].grads[i]));
+    }
+  }
+}

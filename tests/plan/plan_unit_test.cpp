@@ -148,6 +148,58 @@ TEST_CASE("the offloaded optimizer's part of each step, per rank", "[unit]") {
   CHECK_THAT(plan::plan_text(q), !Catch::Contains("offloaded optimizer"));
 }
 
+// Offloaded parameter shards on GPUs (fsdp cpu_offload, zero3 offload_param): each gather first
+// copies the rank's shard up, every micro-batch, and the layers' again in backward where the
+// forward released them (FULL_SHARD; not SHARD_GRAD_OP, whose units stay gathered). With only the
+// parameters offloaded the section has that item alone.
+TEST_CASE("offloaded parameter shards: their copies up before each gather, per rank", "[unit]") {
+  plan::PlanInputs in;
+  in.layout = {1, 8, true};
+  auto plan_of = [&](const std::vector<std::string>& sets) {
+    in.settings = config::resolve_settings("full-7b", sets);
+    return plan::make_plan(in);
+  };
+  auto item = [](const plan::Plan& p, const std::string& key) -> const plan::Item* {
+    for (const auto& i : p.offload_step)
+      if (i.key == key) return &i;
+    return nullptr;
+  };
+  const plan::Plan kept = plan_of({"strategy.kind=fsdp", "strategy.fsdp.cpu_offload=true",
+                                   "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP"});
+  const plan::Plan full = plan_of({"strategy.kind=fsdp", "strategy.fsdp.cpu_offload=true",
+                                   "strategy.fsdp.sharding_strategy=FULL_SHARD"});
+  const int64_t micro = in.settings.train.grad_accum;
+  const plan::Item* k = item(kept, "param_shards_up");
+  const plan::Item* f = item(full, "param_shards_up");
+  REQUIRE(k != nullptr);
+  REQUIRE(f != nullptr);
+  // SHARD_GRAD_OP: the rank's bf16 shard of every parameter (fsdp keeps none whole), once per
+  // micro-batch.
+  const double shard = 2.0 * static_cast<double>(kept.parameters) / 8;
+  CHECK(std::abs(static_cast<double>(k->bytes) / static_cast<double>(micro) - shard) / shard <
+        1e-3);
+  CHECK_THAT(k->from, !Catch::Contains("again in backward"));
+  // FULL_SHARD: the layers' shards again in backward, the root's not.
+  CHECK(f->bytes > k->bytes);
+  CHECK(f->bytes < 2 * k->bytes);
+  CHECK_THAT(f->from, Catch::Contains("again in backward"));
+  CHECK(full.offload_step_s > kept.offload_step_s);
+  CHECK_FALSE(full.offload_params_only);
+  CHECK(item(full, "host_update") != nullptr);
+  // zero3 with only the parameters offloaded: their copies alone, said so.
+  const plan::Plan params = plan_of({"strategy.kind=zero3", "strategy.zero3.offload_param=true",
+                                     "strategy.zero3.param_persistence_threshold=0"});
+  REQUIRE(params.offload_step.size() == 1);
+  CHECK(params.offload_step[0].key == "param_shards_up");
+  CHECK(params.offload_params_only);
+  CHECK(params.offload_step_s ==
+        Approx(static_cast<double>(params.offload_step[0].bytes) / 25e9).epsilon(1e-9));
+  CHECK_THAT(plan::plan_text(params),
+             Catch::Contains("offloaded parameter shards, per rank per step: about") &&
+                 !Catch::Contains("offloaded optimizer"));
+  CHECK(plan::plan_json(params)["offload_step"]["parameters_only"] == true);
+}
+
 TEST_CASE("ft plan of full-70b takes well under a second", "[unit]") {
   const auto t0 = std::chrono::steady_clock::now();
   const plan::Plan p = gpu_plan("full-70b", {}, 2, 8);
