@@ -464,8 +464,14 @@ void Engine::gather(int ui) {
   for (auto& g : u.groups) {
     alloc_storage(g.full, g.full_bytes());
     at::Tensor src = g.shard;
-    if (g.shard_host) {
-      // Ordered on the compute stream, before the collective that reads it.
+    std::optional<c10::StreamGuard> on_up;
+    if (g.shard_host && g.full.is_cuda()) {
+      // Up on a stream of its own, the collective after it there: shard_up.
+      src = shard_up(g);
+      on_up.emplace(*up_stream_);
+      src.copy_(g.shard, /*non_blocking=*/true);
+      u.gather_inputs.push_back(src);
+    } else if (g.shard_host) {
       src = g.shard.to(g.full.device(), /*non_blocking=*/true, /*copy=*/true);
       u.gather_inputs.push_back(src);
     }
@@ -477,6 +483,25 @@ void Engine::gather(int ui) {
   acc_.gathered_peak_bytes = std::max(acc_.gathered_peak_bytes, acc_.gathered_bytes);
   u.state = Unit::State::kGathering;
   if (!options_.overlap_comm) ensure_gathered(ui);
+}
+
+// An offloaded (page-locked) shard's device buffer for its gather. The copy into it and the
+// gather run on up_stream_, so that the copy runs beside the compute stream's kernels instead of
+// between them (before, a prefetched unit's copy up delayed the running unit's kernels by its
+// transfer time; issue 32). NCCL's collective waits for the stream it is issued on, which holds
+// the copy; ensure_gathered makes the compute stream wait for the collective. The buffer, and the
+// gathered `full` the collective writes, come from the compute stream's pool, so up_stream_
+// first waits for the compute stream's work queued so far (whoever used those blocks before).
+at::Tensor Engine::shard_up(const Group& g) {
+  const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
+  const c10::Device device = g.full.device();
+  if (!up_stream_) up_stream_ = cuda.getStreamFromGlobalPool(device);
+  at::Tensor dst =
+      at::empty(g.shard.sizes(), g.shard.options().device(device).pinned_memory(false));
+  c10::Event compute_so_far(c10::DeviceType::CUDA);
+  compute_so_far.record(cuda.getStream(device));
+  compute_so_far.block(*up_stream_);
+  return dst;
 }
 
 void Engine::ensure_gathered(int ui) {

@@ -292,6 +292,7 @@ class Engine : public model::UnitHooks {
   struct Unit;
   struct Pending;
   void gather(int u);
+  at::Tensor shard_up(const Group& g);
   void ensure_gathered(int u);
   void release(int u);
   void prefetch(int from, int step);
@@ -372,6 +373,7 @@ class Engine : public model::UnitHooks {
   class HostAdds;
   std::unique_ptr<HostAdds> host_adds_;
   std::optional<c10::Stream> down_stream_;  // a GPU's reductions' outputs come down on (hand_down)
+  std::optional<c10::Stream> up_stream_;    // offloaded shards go up and are gathered on (shard_up)
   // `dst` (an offloaded accumulator) += `src`, or = `src` (copy), in the order of the calls, on
   // host_adds_'s thread; a GPU tensor comes down first by an asynchronous copy on the current
   // stream; `after`, a host collective that writes `src`, is waited for there first; `keep` lives

@@ -952,9 +952,9 @@ void Planner::offload_step() {
 }
 
 // Offloaded parameter shards (zero3 offload_param, fsdp cpu_offload) on a GPU: each gather first
-// copies the rank's shard of the unit up from host memory (Engine::gather, on the compute stream
-// before the collective): every micro-batch the root's and every layer's, and the layers' again in
-// backward where the forward released them (reshard_after_forward; the root stays gathered).
+// copies the rank's shard of the unit up from host memory (Engine::shard_up, on a stream of its
+// own, then the collective): every micro-batch the root's and every layer's, and the layers' again
+// in backward where the forward released them (reshard_after_forward; the root stays gathered).
 void Planner::param_shards_up() {
   const parallel::EngineOptions& eo = sp_.engine;
   const int64_t micro = s_.train.grad_accum;
@@ -1320,8 +1320,8 @@ std::string plan_text(const Plan& p) {
   if (!p.offload_step.empty()) {
     if (p.offload_params_only)
       o += fmt::format(
-          "\noffloaded parameter shards, per rank per step: about {:.2f} s of copies up, each on "
-          "the compute stream before its unit's gather\n",
+          "\noffloaded parameter shards, per rank per step: about {:.2f} s of copies up, each "
+          "before its unit's gather, on a stream of their own beside the compute\n",
           p.offload_step_s);
     else
       o += fmt::format(
