@@ -98,12 +98,13 @@ struct Engine::Pending {
 };
 
 // Gradients added into offloaded (host) accumulators on a thread of their own, in the order they
-// come. From a GPU each comes down by an asynchronous copy into page-locked memory, queued on the
-// stream that produced it, and the thread waits for that copy's event: the backward goes on
-// queuing kernels while the host adds (before, the hook waited for each gradient's copy and then
-// added it, the GPU idle meanwhile: issue 32). A reduction's output comes as soon as the reduction
-// is issued (Engine::hand_down): the thread waits for it (a Gloo work: `after`; from a GPU: its
-// copy's event). Whoever reads an accumulator drains first, up to the last job into it (tickets).
+// come. From a GPU each comes down by an asynchronous copy into page-locked memory, on a side
+// stream once the stream that produced it got there (Engine::host_add), and the thread waits for
+// that copy's event: the backward's kernels run on beside the copies, and the host adds (before,
+// the hook waited for each gradient's copy and then added it, the GPU idle meanwhile: issue 32). A
+// reduction's output comes as soon as the reduction is issued (Engine::hand_down): the thread waits
+// for it (a Gloo work: `after`; from a GPU: its copy's event). Whoever reads an accumulator drains
+// first, up to the last job into it (tickets).
 class Engine::HostAdds {
  public:
   // on_final(master, sq, error): a job's master's gradient is final, of squared norm sq (with
@@ -132,6 +133,7 @@ class Engine::HostAdds {
     c10::intrusive_ptr<c10d::Work> after;  // a host collective that writes `src` (null: none)
     std::shared_ptr<const void> keep;      // what must live until the job is done (its reduction)
     int final_master = -1;
+    at::Tensor device_src;  // the GPU tensor `src` was copied down from, kept until it is done
   };
   // dst += src (or dst = src with `copy`; nothing without `src`), then, with a `final_master`
   // (>= 0), dst's squared norm (host_sq_norm) reported to on_final. Returns the job's ticket.
@@ -452,6 +454,12 @@ void Engine::load(const ParamSource& source) {
   std::stable_sort(
       update_order_.begin(), update_order_.end(),
       [](const UpdateOrder& a, const UpdateOrder& b) { return a.model_unit < b.model_unit; });
+  // The GPU's side streams: offloaded gradients down (host_add), offloaded shards up (shard_up).
+  if (options_.device.is_cuda()) {
+    const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
+    if (options_.offload_optimizer) down_stream_ = cuda.getStreamFromGlobalPool(options_.device);
+    if (options_.offload_params) up_stream_ = cuda.getStreamFromGlobalPool(options_.device);
+  }
   loaded_ = true;
 }
 
@@ -495,7 +503,6 @@ void Engine::gather(int ui) {
 at::Tensor Engine::shard_up(const Group& g) {
   const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
   const c10::Device device = g.full.device();
-  if (!up_stream_) up_stream_ = cuda.getStreamFromGlobalPool(device);
   at::Tensor dst =
       at::empty(g.shard.sizes(), g.shard.options().device(device).pinned_memory(false));
   c10::Event compute_so_far(c10::DeviceType::CUDA);
@@ -769,9 +776,6 @@ void Engine::hand_down(std::unique_ptr<Pending> p) {
   c10::intrusive_ptr<c10d::Work> after;
   std::optional<c10::StreamGuard> on_side;
   if (keep->out.is_cuda()) {
-    if (!down_stream_)
-      down_stream_ = c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA)
-                         .getStreamFromGlobalPool(keep->out.device());
     on_side.emplace(*down_stream_);
     wait(*keep->work);  // (the side stream waits)
   } else {
@@ -890,16 +894,23 @@ int64_t Engine::host_add(at::Tensor dst, at::Tensor src, bool copy, int final_ma
           grad_final(master, sq, std::move(e));
         },
         [rank = rank_, kind = options_.kind](c10d::Work& w) { wait_work(w, rank, kind); });
-  HostAdds::Job job{std::move(dst),   std::move(src),  copy,        nullptr,
-                    std::move(after), std::move(keep), final_master};
+  HostAdds::Job job{std::move(dst),   std::move(src),  copy,         nullptr,
+                    std::move(after), std::move(keep), final_master, at::Tensor()};
   if (job.src.defined() && job.src.is_cuda()) {
+    // Down on down_stream_, beside the backward's kernels, once the work queued so far on the
+    // current stream (what made src) is done; the job keeps src (a block of that stream's pool)
+    // until the copy has run. (hand_down is on down_stream_ already.)
+    const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
+    c10::Event made(c10::DeviceType::CUDA);
+    made.record(cuda.getStream(job.src.device()));
+    made.block(*down_stream_);
+    const c10::StreamGuard on_down(*down_stream_);
     at::Tensor down =
         at::empty(job.src.sizes(), job.src.options().device(at::kCPU).pinned_memory(true));
     down.copy_(job.src, /*non_blocking=*/true);
     job.ready = std::make_unique<c10::Event>(c10::DeviceType::CUDA);
-    job.ready->record(
-        c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getStream(job.src.device()));
-    job.src = std::move(down);
+    job.ready->record(*down_stream_);
+    job.device_src = std::exchange(job.src, down);
   }
   // (Added even on the step's first micro-batch, into zeros: a copy would keep a gradient's -0,
   // which 0 + x makes +0, and the first moment can carry that sign.)
