@@ -503,6 +503,7 @@ void Engine::gather(int ui) {
 at::Tensor Engine::shard_up(const Group& g) {
   const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
   const c10::Device device = g.full.device();
+  FT_ASSERT(up_stream_, "offloaded GPU shard without the engine's side stream");
   at::Tensor dst =
       at::empty(g.shard.sizes(), g.shard.options().device(device).pinned_memory(false));
   c10::Event compute_so_far(c10::DeviceType::CUDA);
@@ -900,6 +901,7 @@ int64_t Engine::host_add(at::Tensor dst, at::Tensor src, bool copy, int final_ma
     // Down on down_stream_, beside the backward's kernels, once the work queued so far on the
     // current stream (what made src) is done; the job keeps src (a block of that stream's pool)
     // until the copy has run. (hand_down is on down_stream_ already.)
+    FT_ASSERT(down_stream_, "offloaded GPU gradient without the engine's side stream");
     const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
     c10::Event made(c10::DeviceType::CUDA);
     made.record(cuda.getStream(job.src.device()));

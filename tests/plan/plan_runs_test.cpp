@@ -350,9 +350,12 @@ TEST_CASE("a sharded CPU job's peak host memory is the same from run to run", "[
         CHECK(m["host_pool_peak_bytes"].get<double>() > 0.5 * m["peak_rss_bytes"].get<double>());
         CHECK(m["host_pool_peak_bytes"].get<double>() < m["peak_rss_bytes"].get<double>());
       }
-      // No growth after the first steps: the last step's peak is the second's.
+      // No growth after the first steps: the last step's peak is the second's, within 2%. (The
+      // blocks below the pool's 1 MiB still come from glibc's heap: a 1% bound failed in 4 of
+      // 26 runs on 2026-12-06, at 1.07-1.21% more at step 6 than at step 2, before and after
+      // that day's engine change; without the pool, runs spread over 14%.)
       CHECK(records[5]["memory"]["peak_rss_bytes"].get<double>() <
-            1.01 * records[1]["memory"]["peak_rss_bytes"].get<double>());
+            1.02 * records[1]["memory"]["peak_rss_bytes"].get<double>());
       peaks.push_back(peak);
     }
   }
