@@ -504,8 +504,7 @@ at::Tensor Engine::shard_up(const Group& g) {
   const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
   const c10::Device device = g.full.device();
   FT_ASSERT(up_stream_, "offloaded GPU shard without the engine's side stream");
-  at::Tensor dst =
-      at::empty(g.shard.sizes(), g.shard.options().device(device).pinned_memory(false));
+  at::Tensor dst = at::empty(g.shard.sizes(), g.shard.options().device(device));
   c10::Event compute_so_far(c10::DeviceType::CUDA);
   compute_so_far.record(cuda.getStream(device));
   compute_so_far.block(*up_stream_);
@@ -900,12 +899,15 @@ int64_t Engine::host_add(at::Tensor dst, at::Tensor src, bool copy, int final_ma
   if (job.src.defined() && job.src.is_cuda()) {
     // Down on down_stream_, beside the backward's kernels, once the work queued so far on the
     // current stream (what made src) is done; the job keeps src (a block of that stream's pool)
-    // until the copy has run. (hand_down is on down_stream_ already.)
+    // until the copy has run. (hand_down calls from down_stream_, which needs no event.)
     FT_ASSERT(down_stream_, "offloaded GPU gradient without the engine's side stream");
-    const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
-    c10::Event made(c10::DeviceType::CUDA);
-    made.record(cuda.getStream(job.src.device()));
-    made.block(*down_stream_);
+    const c10::Stream current =
+        c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getStream(job.src.device());
+    if (current != *down_stream_) {
+      c10::Event made(c10::DeviceType::CUDA);
+      made.record(current);
+      made.block(*down_stream_);
+    }
     const c10::StreamGuard on_down(*down_stream_);
     at::Tensor down =
         at::empty(job.src.sizes(), job.src.options().device(at::kCPU).pinned_memory(true));

@@ -376,9 +376,9 @@ class Engine : public model::UnitHooks {
   std::optional<c10::Stream> up_stream_;    // offloaded shards go up and are gathered on (shard_up)
   // `dst` (an offloaded accumulator) += `src`, or = `src` (copy), in the order of the calls, on
   // host_adds_'s thread; a GPU tensor comes down first by an asynchronous copy on down_stream_
-  // after the current stream's work so far; `after`, a host collective that writes `src`, is waited for there first; `keep` lives
-  // until the job is done. drain_host_adds() waits for them (host_adds_->drain(ticket): up to the
-  // job whose ticket this returns).
+  // after the current stream's work so far; `after`, a host collective that writes `src`, is
+  // waited for there first; `keep` lives until the job is done. drain_host_adds() waits for them
+  // (host_adds_->drain(ticket): up to the job whose ticket this returns).
   // With a `final_master` (>= 0), the host thread then takes dst's squared norm and reports the
   // master final (grad_final; src may be undefined).
   int64_t host_add(at::Tensor dst, at::Tensor src, bool copy = false, int final_master = -1,
