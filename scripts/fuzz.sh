@@ -14,6 +14,9 @@ shift || true
 build=build-fuzz
 FT_CACHE=${FT_CACHE:-$HOME/.cache/ft}
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)}
+export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
+# Objects compiled with the precompiled ATen header (ft_aten_pch) are cached too.
+export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
 
 log() { printf '[fuzz] %s\n' "$*"; }
 # Runs "$@" and passes its output through; after 20 s without a line says it is still at work.
