@@ -23,6 +23,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cuda/device.h"
@@ -61,6 +62,8 @@ std::map<std::string, std::string> node_env(int node) {
 
 // A job: `nodes` launchers with `per_node` workers each (1 x 1: `ft train` alone).
 struct Layout {
+  // (A constructor, so {2, 1} leaves the model empty without -Wmissing-field-initializers.)
+  Layout(int n = 1, int p = 1, std::string m = {}) : nodes(n), per_node(p), model(std::move(m)) {}
   int nodes = 1, per_node = 1;
   std::string model;  // --model (empty: tiny-demo's own shape)
   int world() const { return nodes * per_node; }
