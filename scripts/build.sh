@@ -4,8 +4,8 @@
 # Reads $FT_CACHE/env.sh written by setup.sh. ccache and Ninja are used when present.
 #
 # Debug information is -g1 by default (function names and line tables: enough for backtraces and
-# `perf`), not -g: full DWARF made each object of LibTorch's inline code about 30% slower to build on
-# CI's two cores, and the binaries 5x larger. FT_DEBUG_INFO=-g brings it back.
+# `perf`), not -g: full DWARF made each object of LibTorch's inline code about 30% slower to build
+# on CI's two cores, and the binaries 5x larger. FT_DEBUG_INFO=-g brings it back.
 set -euo pipefail
 build=${1:-build}
 shift || true
