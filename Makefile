@@ -2,6 +2,7 @@
 #   make demo   install what ft needs (no test tools), build only ft, run a real small job on CPU
 #   make test   install dependencies, build, run every test (CTest), then a short fuzz smoke
 #   make fuzz   build the libFuzzer harnesses (build-fuzz/) and run each for FUZZ_SECONDS (60)
+#   make bench  also install the benchmarks' anchors (deepspeed), build, run the CPU benchmarks
 # Everything heavy (LibTorch, the Python venv) lives in $(FT_CACHE), outside the checkout.
 # Set FT_PYTHON=/path/to/python (a Python that already imports torch) to use an existing torch and
 # skip every download, e.g. on a GPU machine with no network.
@@ -37,10 +38,15 @@ demo:
 	@bash scripts/build.sh $(BUILD) ft
 	@bash scripts/demo.sh $(BUILD)
 
-bench: build
+# The benchmarks that run on a CPU in a few minutes each; the others (bench/*.sh) say their own
+# commands and sizes in docs/performance.md.
+bench:
+	@FT_SETUP=bench bash scripts/setup.sh
+	@bash scripts/build.sh $(BUILD)
 	@bash bench/launch_startup.sh $(BUILD)
 	@bash bench/train_step.sh $(BUILD)
 	@bash bench/strategies.sh $(BUILD)
+	@bash bench/host_adamw.sh $(BUILD)
 
 format:
 	@clang-format -i $$(git ls-files '*.h' '*.cpp')

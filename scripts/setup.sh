@@ -15,6 +15,8 @@
 #                       FT_PYTHON (no downloads) and FT_SETUP=demo
 #   FT_SETUP=demo       only what building and running `ft` needs (`make demo`): no test tools
 #                       (clang, chromium, iproute2) and no reference libraries
+#   FT_SETUP=bench      everything, and the benchmarks' anchors (`make bench`): deepspeed, whose
+#                       DeepSpeedCPUAdam bench/host_adamw.sh times beside ft's host AdamW
 set -euo pipefail
 FT_TORCH_VERSION=${FT_TORCH_VERSION:-2.11.0}
 # Apache Arrow's C++ library (Parquet and Arrow data) comes from the pyarrow wheel, as LibTorch from
@@ -134,5 +136,18 @@ sys.exit(not all(u.find_spec(m) for m in ("transformers", "peft", "tokenizers", 
     log "installing the reference libraries (transformers, peft, tokenizers, safetensors, jinja2, tensorboard, datasets, bitsandbytes) into $py"
     "$py" -m pip install -q --disable-pip-version-check --progress-bar off \
       "${reference_pkgs[@]}"
+  fi
+fi
+
+# --- Benchmark anchors (`make bench`) --------------------------------------------------------------
+# deepspeed: DeepSpeedCPUAdam, the host optimizer step's anchor (bench/host_adamw.sh, issue 32); its
+# CPU op builds on first use. Not needed by any test, so `make test` does not install it.
+bench_pkgs=(deepspeed==0.19.8)
+if [[ "${FT_SETUP:-all}" == bench && -z "${FT_PYTHON:-}" ]]; then
+  if "$py" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("deepspeed") is None)'; then
+    log "benchmark anchors present in $py"
+  else
+    log "installing the benchmark anchors (${bench_pkgs[*]}) into $py"
+    "$py" -m pip install -q --disable-pip-version-check --progress-bar off "${bench_pkgs[@]}"
   fi
 fi
