@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 
@@ -133,7 +134,11 @@ Run add_launch(CLI::App& app, const std::vector<std::string>& program) {
       po.node_rank = cfg.node_rank.value_or(-1);
       po.running = 0;
       po.who = "ft launch";
-      plan::preflight(po);
+      const plan::Plan p = plan::preflight(po);
+      // The node's memory bandwidth, measured here while no worker runs: the workers' plans
+      // share it out among them (plan::machine_budget).
+      if (p.host_memory_bps > 0)
+        ::setenv(plan::kHostMemoryEnv, fmt::format("{:.0f}", p.host_memory_bps).c_str(), 1);
     }
     return launcher::run_launch(cfg, bi);
   };

@@ -1,5 +1,6 @@
 // `ft plan --preset NAME|FILE [every other ft train option] [--nnodes N] [--nproc-per-node G]
-// [--gpu-memory SIZE] [--host-memory SIZE] [--disk-throughput SIZE] [--json]`: what the job needs
+// [--gpu-memory SIZE] [--host-memory SIZE] [--disk-throughput SIZE] [--host-bandwidth SIZE]
+// [--host-cores N] [--json]`: what the job needs
 // per rank, per node, on disk and on the wire, against what this machine (or the sizes given) has.
 // It takes ft train's options (train_options.h), so a train command pastes into it.
 #include <fmt/format.h>
@@ -23,8 +24,8 @@ Run add_plan(CLI::App& app) {
       "it fits (before anything is allocated)");
   struct Args {
     TrainCommandLine train;  // --preset, --model, --data, --output, --set, ... as ft train's
-    std::string gpu_memory, host_memory, disk_throughput;
-    int nnodes = 1, nproc = 0;
+    std::string gpu_memory, host_memory, disk_throughput, host_bandwidth;
+    int nnodes = 1, nproc = 0, host_cores = 0;
     bool json = false;
   };
   auto a = std::make_shared<Args>();
@@ -47,6 +48,14 @@ Run add_plan(CLI::App& app) {
   cmd->add_option("--disk-throughput", a->disk_throughput,
                   "Read throughput of the model files per second, e.g. 2GB (default: measured on "
                   "--model's largest file, else 1 GB/s)");
+  cmd->add_option("--host-bandwidth", a->host_bandwidth,
+                  "Memory bandwidth of each node per second, e.g. 300GB, which its ranks' host "
+                  "optimizer steps share (default: measured on this machine when the optimizer "
+                  "is offloaded)");
+  cmd->add_option("--host-cores", a->host_cores,
+                  "CPU cores of each node, shared out among its ranks' host optimizer steps "
+                  "(default: this machine's)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--json", a->json, "Print the plan as one JSON object");
   return [a]() -> int {
     FT_CHECK(!a->train.value("preset").empty(),
@@ -82,7 +91,17 @@ Run add_plan(CLI::App& app) {
     in.layout.nnodes = a->nnodes;
     in.layout.nproc_per_node = a->nproc > 0 ? a->nproc : (in.layout.gpu ? std::max(1, visible) : 1);
     const plan::Machine machine = plan::probe_machine(output);
-    in.budget = plan::machine_budget(machine, 0, model);
+    const bool host_step = st.zero3.offload_optimizer || st.fsdp.cpu_offload;
+    in.budget = plan::machine_budget(machine, 0, model, host_step && a->host_bandwidth.empty());
+    if (!a->host_bandwidth.empty()) {
+      in.budget.host_memory_bps =
+          static_cast<double>(plan::parse_size(a->host_bandwidth, "--host-bandwidth"));
+      in.budget.host_memory_from = "--host-bandwidth";
+    }
+    if (a->host_cores > 0) {
+      in.budget.host_cores = a->host_cores;
+      in.budget.host_cores_from = "--host-cores";
+    }
     if (output.empty()) in.budget.disk_bytes = 0;  // checked only where the run would write
     if (gpu_bytes > 0) {
       in.budget.gpu_bytes = gpu_bytes;

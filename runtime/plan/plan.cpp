@@ -335,6 +335,7 @@ class Planner {
   void first_step();
   void offload_step();
   void optimizer_on_host();
+  double host_pass_s(double compute_s, int64_t bytes, std::string& from) const;
   void param_shards_up();
   // zero3's delayed update with the optimizer offloaded (a second host gradient buffer).
   bool delayed_update() const {
@@ -972,28 +973,33 @@ void Planner::param_shards_up() {
   p_.offload_step_s += s;
 }
 
-// The offloaded optimizer: AdamW over the rank's trained elements on the threads it gets (the
-// loop is compute-bound: its time per parameter divides by the threads, bench/host_adamw.sh), and
-// on a GPU the gradients' host additions and copies down (every micro-batch) and the updated
-// values' copy up. Overlapped (strategy.overlap_host_step) the update runs beside the next step's
-// forward, which hides at most the forward's time; delayed, beside all of it.
+// The offloaded optimizer: AdamW over the rank's trained elements on the threads it gets, and on
+// a GPU the gradients' host additions and copies down (every micro-batch) and the updated values'
+// copy up. Each host pass takes its time per element on the rank's threads, or its bytes through
+// the node's memory shared by the node's ranks, whichever is longer (host_pass_s). Overlapped
+// (strategy.overlap_host_step) the update runs beside the next step's forward, which hides at
+// most the forward's time; delayed, beside all of it.
 void Planner::optimizer_on_host() {
   const parallel::EngineOptions& eo = sp_.engine;
   const Budget& b = in_.budget;
   const int64_t n = st_.host_grad / m_ / (delayed_update() ? 2 : 1);
   const int threads = b.host_cores > 0 ? std::max(1, b.host_cores / layout_.nproc_per_node) : 1;
   const double ns = b.host_adamw_ns > 0 ? b.host_adamw_ns : kHostAdamwNs;
-  const double update_s = static_cast<double>(n) * ns * 1e-9 / threads;
+  const int64_t update_bytes = n * (8 * m_ + (c_ != m_ ? c_ : 0));
+  std::string from = fmt::format(
+      "{} trained elements x {:.2f} ns on one thread ({}) / {} thread(s){}", n3(n), ns,
+      b.host_adamw_ns > 0 ? "measured on this machine" : "assumed", threads,
+      b.host_cores > 0
+          ? fmt::format(" ({} {} cores / {} ranks)",
+                        b.host_cores_from.empty() ? "this machine's" : b.host_cores_from + ":",
+                        b.host_cores, layout_.nproc_per_node)
+          : "");
+  const double update_s =
+      host_pass_s(static_cast<double>(n) * ns * 1e-9 / threads, update_bytes, from);
   p_.offload_step.push_back(
-      {"host_update", "AdamW on the host (clip, zeroing, copy in one pass)",
-       n * (8 * m_ + (c_ != m_ ? c_ : 0)),
-       fmt::format("{} trained elements x {:.2f} ns on one thread ({}) / {} thread(s){}: {:.2f} s",
-                   n3(n), ns, b.host_adamw_ns > 0 ? "measured on this machine" : "assumed", threads,
-                   b.host_cores > 0 ? fmt::format(" (this machine's {} cores / {} ranks)",
-                                                  b.host_cores, layout_.nproc_per_node)
-                                    : "",
-                   update_s)});
+      {"host_update", "AdamW on the host (clip, zeroing, copy in one pass)", update_bytes, from});
   p_.offload_step_s = update_s;
+  p_.host_memory_bps = b.host_memory_bps;
   p_.offload_delayed = delayed_update();
   p_.offload_overlapped = !p_.offload_delayed && s_.strategy.overlap_host_step;
   p_.offload_during_backward =
@@ -1001,15 +1007,18 @@ void Planner::optimizer_on_host() {
   if (gpu_) {
     const int64_t micro = s_.train.grad_accum;
     // Each final gradient's clip norm too, on the same thread (Engine::final_sq).
-    const double adds_s =
+    const int64_t adds_bytes = micro * n * (r_ + 2 * m_) + n * m_;
+    std::string adds_from = fmt::format(
+        "({} micro-batch(es) x {:.2f} ns + the norm's {:.2f} ns) x {} elements "
+        "(assumed) / {} thread(s)",
+        micro, kHostAddNs, kHostNormNs, n3(n), threads);
+    const double adds_s = host_pass_s(
         (static_cast<double>(micro * n) * kHostAddNs + static_cast<double>(n) * kHostNormNs) *
-        1e-9 / threads;
+            1e-9 / threads,
+        adds_bytes, adds_from);
+    adds_from += ", beside the backward";
     p_.offload_step.push_back(
-        {"host_adds", "host additions of the gradients, their norms",
-         micro * n * (r_ + 2 * m_) + n * m_,
-         fmt::format("({} micro-batch(es) x {:.2f} ns + the norm's {:.2f} ns) x {} elements "
-                     "(assumed) / {} thread(s): {:.2f} s, beside the backward",
-                     micro, kHostAddNs, kHostNormNs, n3(n), threads, adds_s)});
+        {"host_adds", "host additions of the gradients, their norms", adds_bytes, adds_from});
     p_.offload_step_s += adds_s;
     const int64_t down = micro * n * r_, up = eo.offload_params ? 0 : n * c_;
     const double copy_s = static_cast<double>(down + up) / kPcieBytesPerS;
@@ -1023,6 +1032,26 @@ void Planner::optimizer_on_host() {
                      human_bytes(static_cast<int64_t>(kPcieBytesPerS)), copy_s)});
     p_.offload_step_s += copy_s;
   }
+}
+
+// A host pass of one rank: `compute_s` on its threads, or its `bytes` through the node's memory
+// at the measured bandwidth shared by the node's ranks (their host steps run at once), whichever
+// is longer; `from` gets both and the result (": 1.23 s").
+double Planner::host_pass_s(double compute_s, int64_t bytes, std::string& from) const {
+  const Budget& b = in_.budget;
+  if (b.host_memory_bps <= 0) {
+    from += fmt::format(": {:.2f} s", compute_s);
+    return compute_s;
+  }
+  const int ranks = layout_.nproc_per_node;
+  const double memory_s = static_cast<double>(bytes) * ranks / b.host_memory_bps;
+  from += fmt::format(
+      " = {:.2f} s; its {} through the node's memory at {}/s ({}){}: {:.2f} s; {}: {:.2f} s",
+      compute_s, human_bytes(bytes), human_bytes(static_cast<int64_t>(b.host_memory_bps)),
+      b.host_memory_from.empty() ? "given" : b.host_memory_from,
+      ranks > 1 ? fmt::format(" shared by {} ranks", ranks) : "", memory_s,
+      memory_s > compute_s ? "memory-bound" : "compute-bound", std::max(compute_s, memory_s));
+  return std::max(compute_s, memory_s);
 }
 
 // NF4 at load: the projection values this rank quantizes, on its threads.

@@ -38,6 +38,12 @@ struct Budget {
   // thread of this machine, and this machine's cores (0: assume 0.5 ns and the cores of none).
   double host_adamw_ns = 0;
   int host_cores = 0;
+  std::string host_cores_from;  // "" (this machine's) or "--host-cores"
+  // Bytes per second through a node's memory in the host step's pattern, on all its cores
+  // (measure_host_memory_bps), which the node's ranks share when their host steps run at once
+  // (0: unknown; the host step is then planned from its time per thread alone).
+  double host_memory_bps = 0;
+  std::string host_memory_from;
   // Resident memory of one ft process before it allocates anything (LibTorch, threads, code):
   // measured on this machine by the caller (0: assume 200 MiB).
   int64_t process_bytes = 0;
@@ -116,6 +122,7 @@ struct Plan {
   bool offload_overlapped = false, offload_during_backward = false;
   bool offload_params_only = false;
   double step_flops = 0;
+  double host_memory_bps = 0;  // the budget's, which ft launch hands to its workers
   std::vector<Check> checks;
   std::vector<Suggestion> suggestions;  // when something does not fit
   bool fits() const;

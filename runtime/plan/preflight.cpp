@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "core/strings.h"
@@ -15,9 +17,26 @@ namespace {
 std::string node_name(int node_rank) {
   return node_rank >= 0 ? fmt::format("node {}", node_rank) : std::string("this node");
 }
+
+// The node's memory bandwidth for the host step (Budget::host_memory_bps); see machine_budget. A
+// worker takes its launcher's figure; a process alone on the node measures it.
+void host_memory(Budget& b, int running) {
+  if (const char* env = running > 0 ? std::getenv(kHostMemoryEnv) : nullptr) {
+    char* end = nullptr;
+    const double v = std::strtod(env, &end);
+    FT_CHECK(end != env && *end == '\0' && v > 0 && std::isfinite(v), kHostMemoryEnv, "=", env,
+             ": not a positive number of bytes per second (ft launch sets it for its workers; "
+             "unset it)");
+    b.host_memory_bps = v;
+    b.host_memory_from = "measured by this node's ft launch";
+  } else if (running <= 1) {
+    b.host_memory_bps = measure_host_memory_bps();
+    b.host_memory_from = "measured on this machine";
+  }  // (else workers beside each other, not started by ft launch: unknown)
+}
 }  // namespace
 
-Budget machine_budget(const Machine& m, int running, const std::string& model_dir) {
+Budget machine_budget(const Machine& m, int running, const std::string& model_dir, bool host_step) {
   Budget b;
   b.gpu_bytes = m.gpu_free;
   b.gpu_from = m.gpu_from;
@@ -38,6 +57,7 @@ Budget machine_budget(const Machine& m, int running, const std::string& model_di
   b.init_elements_per_s = model_dir.empty() ? measure_init_rate() : 0;
   b.host_adamw_ns = measure_host_adamw_ns();
   b.host_cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  if (host_step) host_memory(b, running);
   return b;
 }
 
@@ -48,7 +68,9 @@ Plan preflight(const PreflightOptions& o) {
   in.model_dir = o.model_dir;
   in.layout = o.layout;
   const Machine machine = probe_machine(o.output_dir);
-  in.budget = machine_budget(machine, o.running, o.model_dir);
+  const auto& st = o.settings.strategy;
+  in.budget = machine_budget(machine, o.running, o.model_dir,
+                             st.zero3.offload_optimizer || st.fsdp.cpu_offload);
   if (mode == "off") {
     // Still planned (the expected start-up time), never checked.
     in.budget.gpu_bytes = in.budget.host_bytes = in.budget.disk_bytes = 0;

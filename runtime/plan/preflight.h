@@ -14,8 +14,14 @@ namespace ft::plan {
 
 // The budget of one node from what this machine has: `running` ft processes of the job are
 // already resident on it (their memory is in use, and the plan counts it), `model_dir`'s read
-// throughput is measured.
-Budget machine_budget(const Machine& machine, int running, const std::string& model_dir);
+// throughput is measured. With `host_step` (the optimizer is offloaded) the memory's bandwidth
+// too: measured by a process that is alone on the node (`running` at most 1: ft plan, ft launch,
+// a single ft train), else taken from kHostMemoryEnv, which ft launch sets for its workers.
+Budget machine_budget(const Machine& machine, int running, const std::string& model_dir,
+                      bool host_step);
+// The node's memory bandwidth in bytes per second, as ft launch measured it before starting its
+// workers (their host steps then share it; a worker measuring beside the others would not see it).
+inline constexpr const char* kHostMemoryEnv = "FT_HOST_MEMORY_BPS";
 
 struct PreflightOptions {
   config::Settings settings;

@@ -50,6 +50,11 @@ double measure_init_rate();
 // ns per parameter of ft's host AdamW step (train/optimizer.h: clip factor, zeroing and a bf16
 // copy-out in its pass) on one thread, over 2^21 fp32 parameters (about 20 ms).
 double measure_host_adamw_ns();
+// Bytes per second through this machine's memory in the host step's pattern: the same AdamW pass
+// (34 B per parameter read and written) on every core this process may run on, over 2^24
+// parameters (288 MiB, past the last-level cache of most hosts; about 0.3 s with the first touch).
+// What the ranks of a node share when their host steps run at once.
+double measure_host_memory_bps();
 
 // "80GiB", "768 GB", "1.5TiB", "512MiB", "1e9": bytes. ConfigError naming `flag` for anything
 // else (unknown units, negative or zero sizes, overflow).

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "support/runs.h"
@@ -405,6 +406,51 @@ TEST_CASE("every ft launch prints the verdict and refuses before starting worker
   CHECK_FALSE(exists(out));
 }
 
+// With the optimizer offloaded the plan takes each host pass's bytes through the node's memory,
+// shared by its ranks. ft launch measures the bandwidth before it starts its workers (beside each
+// other they could not) and hands it to them; a lone ft train measures it itself.
+TEST_CASE("the offloaded host step's memory bandwidth: measured by ft launch for its workers",
+          "[multiproc]") {
+  const std::string dir = make_temp_dir();
+  const std::map<std::string, std::string> allow = {{"FT_ALLOW_CPU_OFFLOAD", "1"}};
+  const std::vector<std::string> sets = {"--set", "train.max_steps=1",
+                                         "--set", "strategy.kind=zero3",
+                                         "--set", "strategy.zero3.offload_optimizer=true"};
+  auto update_from = [](const std::string& out) {
+    std::ifstream in(out + "/plan.json");
+    REQUIRE(in.good());
+    const json p = json::parse(in);
+    REQUIRE(p["offload_step"]["items"][0]["key"] == "host_update");
+    return p["offload_step"]["items"][0]["from"].get<std::string>();
+  };
+  std::vector<std::string> launch = {ft_bin(),           "launch",   "--standalone",
+                                     "--nproc-per-node", "2",        "--preset",
+                                     "tiny-demo",        "--output", dir + "/launched"};
+  launch.insert(launch.end(), sets.begin(), sets.end());
+  const Finished l = run_to_end(launch, allow, dir + "/l.txt", 120);
+  INFO(output_tail(l.output));
+  REQUIRE(l.code == 0);
+  CHECK_THAT(update_from(dir + "/launched"),
+             Catch::Contains("through the node's memory at") &&
+                 Catch::Contains("(measured by this node's ft launch) shared by 2 ranks"));
+  std::vector<std::string> alone = {ft_bin(),    "train",    "--preset",
+                                    "tiny-demo", "--output", dir + "/alone"};
+  alone.insert(alone.end(), sets.begin(), sets.end());
+  const Finished a = run_to_end(alone, allow, dir + "/a.txt", 120);
+  INFO(output_tail(a.output));
+  REQUIRE(a.code == 0);
+  CHECK_THAT(update_from(dir + "/alone"), Catch::Contains("through the node's memory at") &&
+                                              Catch::Contains("(measured on this machine)"));
+  // A figure that is not one is refused by the workers' preflight, naming it.
+  const Finished bad = run_to_end(
+      tiny_job_argv(
+          2, dir + "/bad",
+          {"train.max_steps=1", "strategy.kind=zero3", "strategy.zero3.offload_optimizer=true"}),
+      {{"FT_ALLOW_CPU_OFFLOAD", "1"}, {"FT_HOST_MEMORY_BPS", "fast"}}, dir + "/b.txt", 120);
+  CHECK(bad.code != 0);
+  CHECK_THAT(bad.output, Catch::Contains("FT_HOST_MEMORY_BPS=fast: not a positive number"));
+}
+
 TEST_CASE("a job that fits says so, and start-up says what it loads", "[multiproc]") {
   const std::string dir = make_temp_dir();
   const Finished f = run_to_end(
@@ -436,6 +482,20 @@ TEST_CASE("ft plan prints every section, --json the same as one object, and bad 
         "gathered units", "activations", "logits", "communication buckets", "per node, host memory",
         "offloaded state", "disk", "communication per rank", "time to the first step", "fits."})
     CHECK_THAT(text.output, Catch::Contains(s));
+  // The offloaded optimizer's host passes: this machine's memory bandwidth shared by the node's
+  // 8 ranks, or the node given.
+  CHECK_THAT(text.output, Catch::Contains("(measured on this machine) shared by 8 ranks"));
+  const Finished given =
+      run_to_end({ft_bin(), "plan", "--preset", "full-70b", "--nnodes", "2", "--nproc-per-node",
+                  "8", "--gpu-memory", "80GiB", "--host-memory", "768GiB", "--host-bandwidth",
+                  "300GB", "--host-cores", "96"},
+                 {}, dir + "/g.txt", 30);
+  INFO(output_tail(given.output));
+  CHECK(given.code == 0);
+  CHECK_THAT(given.output,
+             Catch::Contains("/ 12 thread(s) (--host-cores: 96 cores / 8 ranks)") &&
+                 Catch::Contains("at 279.4 GiB/s (--host-bandwidth) shared by 8 ranks") &&
+                 Catch::Contains("memory-bound"));
   const Finished js = run_to_end({ft_bin(), "plan", "--preset", "lora-7b", "--nproc-per-node", "4",
                                   "--gpu-memory", "24GiB", "--host-memory", "64GiB", "--json"},
                                  {}, dir + "/j.txt", 30);
@@ -452,10 +512,16 @@ TEST_CASE("ft plan prints every section, --json the same as one object, and bad 
       {{"--gpu-memory", "80XB"}, "--gpu-memory 80XB: not a size"},
       {{"--host-memory", "-5GiB"}, "--host-memory -5GiB"},
       {{"--disk-throughput", "fastGB"}, "--disk-throughput fastGB: not a size"},
+      {{"--host-bandwidth", "fast"}, "--host-bandwidth fast: not a size"},
       {{"--model", dir + "/nowhere"}, "config.json"},
       {{"--set", "train.micro_batch=0"}, "train.micro_batch"},
       {{"--data", dir + "/missing.jsonl"}, "missing.jsonl: no such file"},
   };
+  // (A range is CLI11's to check, with its own exit status, as --nnodes 0.)
+  const Finished cores = run_to_end(
+      {ft_bin(), "plan", "--preset", "tiny-demo", "--host-cores", "0"}, {}, dir + "/c.txt", 30);
+  CHECK(cores.code != 0);
+  CHECK_THAT(cores.output, Catch::Contains("--host-cores: Value 0 not in range"));
   for (const auto& b : bad) {
     std::vector<std::string> argv = {ft_bin(), "plan", "--preset", "tiny-demo"};
     argv.insert(argv.end(), b.args.begin(), b.args.end());

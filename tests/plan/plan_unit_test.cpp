@@ -131,6 +131,27 @@ TEST_CASE("the offloaded optimizer's part of each step, per rank", "[unit]") {
   CHECK_FALSE(apart.offload_overlapped);
   CHECK(apart.offload_step_s == Approx(p.offload_step_s).epsilon(1e-9));
   CHECK_THAT(plan::plan_text(apart), Catch::Contains("not overlapped with the device's"));
+  // With the node's memory bandwidth known, each host pass takes the longer of its time on the
+  // rank's threads and its bytes through memory shared by the node's 8 ranks.
+  in.settings = config::resolve_settings(
+      "full-7b", {"strategy.kind=zero3", "strategy.zero3.offload_optimizer=true"});
+  in.budget.host_memory_bps = 20e9;
+  in.budget.host_memory_from = "test";
+  const plan::Plan slow = plan::make_plan(in);
+  const double bytes_update = static_cast<double>(slow.offload_step[0].bytes);
+  const double bytes_adds = static_cast<double>(slow.offload_step[1].bytes);
+  CHECK(bytes_update == Approx(n * 34));  // fp32 p, g, m, v read; p, m, v, g written; bf16 out
+  CHECK(bytes_adds == Approx(micro * n * 12 + n * 4));
+  const double mem_update = bytes_update * 8 / 20e9, mem_adds = bytes_adds * 8 / 20e9;
+  REQUIRE(mem_update > update);
+  CHECK(slow.offload_step_s == Approx(mem_update + mem_adds + copies).epsilon(1e-9));
+  CHECK_THAT(slow.offload_step[0].from,
+             Catch::Contains("(test) shared by 8 ranks") && Catch::Contains("memory-bound"));
+  in.budget.host_memory_bps = 1e15;  // a memory no pass waits for: the threads' time again
+  const plan::Plan fast = plan::make_plan(in);
+  CHECK(fast.offload_step_s == Approx(p.offload_step_s).epsilon(1e-9));
+  CHECK_THAT(fast.offload_step[0].from, Catch::Contains("compute-bound"));
+  in.budget.host_memory_bps = 0;
   // The delayed update: a second host gradient buffer, the update's part overlapped.
   in.settings = config::resolve_settings(
       "full-7b", {"strategy.kind=zero3", "strategy.zero3.offload_optimizer=true",
