@@ -53,7 +53,8 @@ double measure_host_adamw_ns();
 // Bytes per second through this machine's memory in the host step's pattern: the same AdamW pass
 // (34 B per parameter read and written) on every core this process may run on, over 2^24
 // parameters (288 MiB, past the last-level cache of most hosts; about 0.3 s with the first touch).
-// What the ranks of a node share when their host steps run at once.
+// What the ranks of a node share when their host steps run at once. 0 when the memory for it
+// cannot be had.
 double measure_host_memory_bps();
 
 // "80GiB", "768 GB", "1.5TiB", "512MiB", "1e9": bytes. ConfigError naming `flag` for anything
