@@ -19,9 +19,9 @@
 #   and fsdp, full and LoRA on the experts; bf16 with the grouped GEMM); lora: bench/gpu_speed.sh lora-8b (ft against
 #   transformers + PEFT), then the reference alone under torch.compile (lora.log);
 #   offload-speed: issue 32's figure, full-1b against offload-1b (zero3 offload_optimizer) with
-#   the overlapped host update (strategy.overlap_host_step, the default) and without it, and
-#   with clipping off (the update during the backward), then offload-1b profiled
-#   (offload_speed.log)
+#   the overlapped host update (strategy.overlap_host_step, the default) and without it, with
+#   clipping off (the update during the backward) and with the delayed update, ft plan's
+#   prediction of the host's part on this machine, then offload-1b profiled (offload_speed.log)
 #   bench/gpu_session.sh [PHASE...]     phases: tests speed doctor kernels offload offload-speed
 #                                       profile moe lora (default: tests speed doctor)
 set -uo pipefail
@@ -110,7 +110,17 @@ if has offload-speed; then
     OUT_DIR=/tmp/off-noclip timeout 120 env -u OMP_NUM_THREADS \
     bash bench/gpu_speed.sh build offload-1b >> "$out/offload_speed.log" 2>&1
   say "offload-speed (clipping off: the update during the backward) exit $?"
-  for d in /tmp/off-on/offload-1b-ft /tmp/off-off/offload-1b-ft /tmp/off-noclip/offload-1b-ft; do
+  FT_SETS=strategy.zero3.delayed_update=true BENCH_REF=0 BENCH_STEPS=4 BENCH_WARMUP=2 \
+    OUT_DIR=/tmp/off-delay timeout 100 env -u OMP_NUM_THREADS \
+    bash bench/gpu_speed.sh build offload-1b >> "$out/offload_speed.log" 2>&1
+  say "offload-speed (delayed update: the host step beside the next step's forward and backward) exit $?"
+  # What ft plan predicted for the host's part on this machine (its cores, its measured memory
+  # bandwidth), beside what the runs measured.
+  python3 -c 'import json, sys; p = json.load(open(sys.argv[1]))["offload_step"]
+print("plan: host part", round(p["seconds"], 3), "s"); [print("  ", i["key"], i["from"]) for i in p["items"]]' \
+    /tmp/off-on/offload-1b-plan.json || true
+  for d in /tmp/off-on/offload-1b-ft /tmp/off-off/offload-1b-ft /tmp/off-noclip/offload-1b-ft \
+           /tmp/off-delay/offload-1b-ft; do
     echo "$d: time.overlapped_update per step"
     grep -o '"overlapped_update":{[^}]*}' "$d/metrics.jsonl" | tail -n 3
     grep -o '"grad_norm":{[^}]*}' "$d/metrics.jsonl" | tail -n 2
