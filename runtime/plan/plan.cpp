@@ -1007,7 +1007,10 @@ void Planner::optimizer_on_host() {
   if (gpu_) {
     const int64_t micro = s_.train.grad_accum;
     // Each final gradient's clip norm too, on the same thread (Engine::final_sq).
-    const int64_t adds_bytes = micro * n * (r_ + 2 * m_) + n * m_;
+    // Bytes per gradient element that come down: reduced in the reduce dtype, or, unsharded (one
+    // rank), as the backward made it, in the compute dtype (Engine::on_param_grad).
+    const int64_t d = eo.shard_size > 1 ? r_ : c_;
+    const int64_t adds_bytes = micro * n * (d + 2 * m_) + n * m_;
     std::string adds_from = fmt::format(
         "({} micro-batch(es) x {:.2f} ns + the norm's {:.2f} ns) x {} elements "
         "(assumed) / {} thread(s)",
@@ -1020,12 +1023,12 @@ void Planner::optimizer_on_host() {
     p_.offload_step.push_back(
         {"host_adds", "host additions of the gradients, their norms", adds_bytes, adds_from});
     p_.offload_step_s += adds_s;
-    const int64_t down = micro * n * r_, up = eo.offload_params ? 0 : n * c_;
+    const int64_t down = micro * n * d, up = eo.offload_params ? 0 : n * c_;
     const double copy_s = static_cast<double>(down + up) / kPcieBytesPerS;
     p_.offload_step.push_back(
         {"host_copies", "gradients down, parameters up", down + up,
          fmt::format("{} micro-batch(es) x {} x {} B down{} at {}/s (assumed): {:.2f} s", micro,
-                     n3(n), r_,
+                     n3(n), d,
                      up > 0 ? fmt::format(" + {} x {} B up", n3(n), c_)
                             : std::string(" (parameters offloaded too: the update writes "
                                           "their host shards, which go up with their gathers)"),

@@ -152,6 +152,13 @@ TEST_CASE("the offloaded optimizer's part of each step, per rank", "[unit]") {
   CHECK(fast.offload_step_s == Approx(p.offload_step_s).epsilon(1e-9));
   CHECK_THAT(fast.offload_step[0].from, Catch::Contains("compute-bound"));
   in.budget.host_memory_bps = 0;
+  // One rank holds its gradients whole: they come down as the backward made them, in bf16.
+  in.layout = {1, 1, true};
+  const plan::Plan one = plan::make_plan(in);
+  const double n1 = static_cast<double>(one.grad_bytes) / 4;
+  CHECK(one.offload_step[2].bytes == static_cast<int64_t>(micro * n1 * 2 + n1 * 2));
+  CHECK(one.offload_step[1].bytes == static_cast<int64_t>(micro * n1 * 10 + n1 * 4));
+  in.layout = {1, 8, true};
   // The delayed update: a second host gradient buffer, the update's part overlapped.
   in.settings = config::resolve_settings(
       "full-7b", {"strategy.kind=zero3", "strategy.zero3.offload_optimizer=true",
