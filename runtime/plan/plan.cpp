@@ -335,6 +335,7 @@ class Planner {
   void first_step();
   void offload_step();
   void optimizer_on_host();
+  void gradients_through_host(int64_t n, int threads);
   double host_pass_s(double compute_s, int64_t bytes, std::string& from) const;
   void param_shards_up();
   // zero3's delayed update with the optimizer offloaded (a second host gradient buffer).
@@ -1004,37 +1005,42 @@ void Planner::optimizer_on_host() {
   p_.offload_overlapped = !p_.offload_delayed && s_.strategy.overlap_host_step;
   p_.offload_during_backward =
       p_.offload_overlapped && parallel::update_can_begin_in_backward(eo, s_.train.grad_clip);
-  if (gpu_) {
-    const int64_t micro = s_.train.grad_accum;
-    // Each final gradient's clip norm too, on the same thread (Engine::final_sq).
-    // Bytes per gradient element that come down: reduced in the reduce dtype, or, unsharded (one
-    // rank), as the backward made it, in the compute dtype (Engine::on_param_grad).
-    const int64_t d = eo.shard_size > 1 ? r_ : c_;
-    const int64_t adds_bytes = micro * n * (d + 2 * m_) + n * m_;
-    std::string adds_from = fmt::format(
-        "({} micro-batch(es) x {:.2f} ns + the norm's {:.2f} ns) x {} elements "
-        "(assumed) / {} thread(s)",
-        micro, kHostAddNs, kHostNormNs, n3(n), threads);
-    const double adds_s = host_pass_s(
-        (static_cast<double>(micro * n) * kHostAddNs + static_cast<double>(n) * kHostNormNs) *
-            1e-9 / threads,
-        adds_bytes, adds_from);
-    adds_from += ", beside the backward";
-    p_.offload_step.push_back(
-        {"host_adds", "host additions of the gradients, their norms", adds_bytes, adds_from});
-    p_.offload_step_s += adds_s;
-    const int64_t down = micro * n * d, up = eo.offload_params ? 0 : n * c_;
-    const double copy_s = static_cast<double>(down + up) / kPcieBytesPerS;
-    p_.offload_step.push_back(
-        {"host_copies", "gradients down, parameters up", down + up,
-         fmt::format("{} micro-batch(es) x {} x {} B down{} at {}/s (assumed): {:.2f} s", micro,
-                     n3(n), d,
-                     up > 0 ? fmt::format(" + {} x {} B up", n3(n), c_)
-                            : std::string(" (parameters offloaded too: the update writes "
-                                          "their host shards, which go up with their gathers)"),
-                     human_bytes(static_cast<int64_t>(kPcieBytesPerS)), copy_s)});
-    p_.offload_step_s += copy_s;
-  }
+  if (gpu_) gradients_through_host(n, threads);
+}
+
+// On a GPU: each micro-batch's gradients come down and are added into the host accumulators
+// (with each final gradient's clip norm, on the same thread: Engine::final_sq), and the updated
+// values go up.
+void Planner::gradients_through_host(int64_t n, int threads) {
+  const parallel::EngineOptions& eo = sp_.engine;
+  const int64_t micro = s_.train.grad_accum;
+  // Bytes per gradient element that come down: reduced in the reduce dtype, or, unsharded (one
+  // rank), as the backward made it, in the compute dtype (Engine::on_param_grad).
+  const int64_t d = eo.shard_size > 1 ? r_ : c_;
+  const int64_t adds_bytes = micro * n * (d + 2 * m_) + n * m_;
+  std::string adds_from = fmt::format(
+      "({} micro-batch(es) x {:.2f} ns + the norm's {:.2f} ns) x {} elements "
+      "(assumed) / {} thread(s)",
+      micro, kHostAddNs, kHostNormNs, n3(n), threads);
+  const double adds_s = host_pass_s(
+      (static_cast<double>(micro * n) * kHostAddNs + static_cast<double>(n) * kHostNormNs) * 1e-9 /
+          threads,
+      adds_bytes, adds_from);
+  adds_from += ", beside the backward";
+  p_.offload_step.push_back(
+      {"host_adds", "host additions of the gradients, their norms", adds_bytes, adds_from});
+  p_.offload_step_s += adds_s;
+  const int64_t down = micro * n * d, up = eo.offload_params ? 0 : n * c_;
+  const double copy_s = static_cast<double>(down + up) / kPcieBytesPerS;
+  p_.offload_step.push_back(
+      {"host_copies", "gradients down, parameters up", down + up,
+       fmt::format("{} micro-batch(es) x {} x {} B down{} at {}/s (assumed): {:.2f} s", micro,
+                   n3(n), d,
+                   up > 0 ? fmt::format(" + {} x {} B up", n3(n), c_)
+                          : std::string(" (parameters offloaded too: the update writes "
+                                        "their host shards, which go up with their gathers)"),
+                   human_bytes(static_cast<int64_t>(kPcieBytesPerS)), copy_s)});
+  p_.offload_step_s += copy_s;
 }
 
 // A host pass of one rank: `compute_s` on its threads, or its `bytes` through the node's memory
