@@ -91,8 +91,8 @@ Run add_plan(CLI::App& app) {
     in.layout.nnodes = a->nnodes;
     in.layout.nproc_per_node = a->nproc > 0 ? a->nproc : (in.layout.gpu ? std::max(1, visible) : 1);
     const plan::Machine machine = plan::probe_machine(output);
-    const bool host_step = st.zero3.offload_optimizer || st.fsdp.cpu_offload;
-    in.budget = plan::machine_budget(machine, 0, model, host_step && a->host_bandwidth.empty());
+    in.budget =
+        plan::machine_budget(machine, 0, model, plan::host_step(st) && a->host_bandwidth.empty());
     if (!a->host_bandwidth.empty()) {
       in.budget.host_memory_bps =
           static_cast<double>(plan::parse_size(a->host_bandwidth, "--host-bandwidth"));

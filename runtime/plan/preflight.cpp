@@ -68,9 +68,7 @@ Plan preflight(const PreflightOptions& o) {
   in.model_dir = o.model_dir;
   in.layout = o.layout;
   const Machine machine = probe_machine(o.output_dir);
-  const auto& st = o.settings.strategy;
-  in.budget = machine_budget(machine, o.running, o.model_dir,
-                             st.zero3.offload_optimizer || st.fsdp.cpu_offload);
+  in.budget = machine_budget(machine, o.running, o.model_dir, host_step(o.settings.strategy));
   if (mode == "off") {
     // Still planned (the expected start-up time), never checked.
     in.budget.gpu_bytes = in.budget.host_bytes = in.budget.disk_bytes = 0;

@@ -19,6 +19,11 @@ namespace ft::plan {
 // a single ft train), else taken from kHostMemoryEnv, which ft launch sets for its workers.
 Budget machine_budget(const Machine& machine, int running, const std::string& model_dir,
                       bool host_step);
+// The strategy runs the optimizer step on the host (zero3 offload_optimizer, fsdp cpu_offload).
+inline bool host_step(const config::StrategySettings& st) {
+  return (st.kind == "zero3" && st.zero3.offload_optimizer) ||
+         (st.kind == "fsdp" && st.fsdp.cpu_offload);
+}
 // The node's memory bandwidth in bytes per second, as ft launch measured it before starting its
 // workers (their host steps then share it; a worker measuring beside the others would not see it).
 inline constexpr const char* kHostMemoryEnv = "FT_HOST_MEMORY_BPS";
