@@ -328,6 +328,9 @@ std::string suggest_option(const std::string& given) {
       best = spec.name;
     }
   }
+  // A shortened name (--nproc, --master) is a prefix of the option meant, however many edits away.
+  for (const auto& spec : launch_option_specs())
+    if (best.empty() && g.size() >= 3 && spec.name.rfind(g, 0) == 0) best = spec.name;
   return best.empty() ? "" : " (did you mean --" + best + "?)";
 }
 

@@ -20,6 +20,7 @@
 #include "io/storage.h"
 #include "options.h"
 #include "plan/preflight.h"
+#include "train/run_dir.h"
 #include "train_options.h"
 
 namespace ft::app {
@@ -129,6 +130,17 @@ Run add_launch(CLI::App& app, const std::vector<std::string>& program) {
       po.model_dir = train_args->value("model");
       po.output_dir = train_args->value("output");
       io::check_writable_dir(po.output_dir, "--output");
+      // A directory holding another run, or this run with changes it cannot continue with, is
+      // refused by every node's launcher before the rendezvous (its workers would each refuse).
+      comm::DistEnv job;
+      job.world_size = cfg.min_nodes * cfg.nproc_per_node;
+      job.rank = 1;  // the workers' rank 0 says what it goes on with
+      train::RunOptions run = train_args->run_options();
+      run.settings = po.settings;
+      if (const train::OutputPlan out = train::plan_output(run, job); out.finished) {
+        fmt::print("ft launch: {}\n", train::finished_text(out, run.output_dir));
+        return 0;
+      }
       po.layout = {cfg.min_nodes, cfg.nproc_per_node,
                    cuda::choose_device(po.settings.hardware.device, 0).device.is_cuda()};
       po.node_rank = cfg.node_rank.value_or(-1);

@@ -14,6 +14,7 @@
 #include "plan/preflight.h"
 #include "report/report.h"
 #include "train/run.h"
+#include "train/run_dir.h"
 #include "train_options.h"
 
 namespace ft::app {
@@ -32,7 +33,9 @@ void write_run_report(const std::string& output_dir) {
 }  // namespace
 
 Run add_train(CLI::App& app) {
-  auto* cmd = app.add_subcommand("train", "Fine-tune a Llama-family model as a preset says");
+  auto* cmd = app.add_subcommand("train",
+                                 "Fine-tune a Hugging Face decoder model (Llama, Qwen, Gemma, "
+                                 "Mistral, Phi, OLMo, Granite, Mixtral...) as a preset says");
   auto args = std::make_shared<TrainCommandLine>();
   args->add_to(cmd, /*require=*/true, "Options");
   return [args]() -> int {
@@ -42,8 +45,14 @@ Run add_train(CLI::App& app) {
     args->resolve_model("ft train", env.rank == 0 ? stdout : nullptr);
     train::RunOptions opts = args->run_options();
     opts.settings = config::resolve_settings(args->value("preset"), args->values("set"));
-    // An output nothing can be written to is refused before anything is loaded or allocated.
+    // An output nothing can be written to is refused before anything is loaded or allocated;
+    // so is one that holds another run, or this run with changes it cannot continue with.
     io::check_writable_dir(opts.output_dir, "--output");
+    train::OutputPlan out = train::plan_output(opts, env);
+    if (out.finished) {
+      if (env.rank == 0) fmt::print("ft train: {}\n", train::finished_text(out, opts.output_dir));
+      return 0;
+    }
     // Preflight: the job's plan against this node, before anything is allocated or written.
     plan::PreflightOptions po;
     po.settings = opts.settings;
@@ -59,17 +68,16 @@ Run add_train(CLI::App& app) {
     const plan::Plan plan = plan::preflight(po);
     opts.expected_start_s = plan.first_step_s;
     opts.plan = plan::plan_json(plan);
-    auto s = train::run_training(opts);
+    auto s = train::run_training(opts, std::move(out));
     const bool rank0 = comm::read_dist_env().rank == 0;
-    if (rank0 && !s.already_finished) write_run_report(opts.output_dir);
+    if (rank0) write_run_report(opts.output_dir);
     if (s.preempted) return train::kExitPreempted;
     if (!rank0) return 0;
-    if (s.already_finished) {
-      fmt::print("ft train: {} holds a finished run (its model is in final/): nothing to do\n",
-                 opts.output_dir);
-      return 0;
-    }
-    fmt::print("ft train: {} steps, loss {:.4f} -> {:.4f}{}\n", s.steps, s.first_loss, s.last_loss,
+    const std::string steps =
+        s.first_step > 1 ? fmt::format("steps {}-{} ({} in this process, resumed after step {})",
+                                       s.first_step, s.steps, s.ran, s.first_step - 1)
+                         : fmt::format("{} steps", s.steps);
+    fmt::print("ft train: {}, loss {:.4f} -> {:.4f}{}\n", steps, s.first_loss, s.last_loss,
                s.skipped_steps ? fmt::format(", {} fp16 steps skipped", s.skipped_steps) : "");
     return 0;
   };

@@ -31,6 +31,11 @@ const std::vector<TrainOptionSpec>& train_option_specs() {
        "auto (default): continue from the newest good checkpoint in --output if there is one; "
        "none: start afresh; DIR: continue from that checkpoint (a step-N directory)",
        false, false},
+      {"resume-changed", "",
+       "Continue the run --output holds although settings that change what it computes differ "
+       "from its own (learning rate, data, batch...; docs/training.md); recorded in "
+       "events.jsonl. Without it such a command is refused and nothing is written",
+       false, false, true},
       {"set", "KEY=VALUE", "Override a preset key: --set train.lr=1e-4 (repeatable)", false, true},
   };
   // clang-format on
@@ -40,14 +45,17 @@ const std::vector<TrainOptionSpec>& train_option_specs() {
 void TrainCommandLine::add_to(CLI::App* cmd, bool require, const std::string& group) {
   for (const auto& spec : train_option_specs()) {
     CLI::Option* o;
-    if (spec.repeatable) {
+    if (spec.flag) {
+      o = cmd->add_flag("--" + spec.name, flags_[spec.name], spec.help);
+    } else if (spec.repeatable) {
       // One value per occurrence, so `--set a=1 PROGRAM` never takes PROGRAM as a second value.
       o = cmd->add_option("--" + spec.name, repeated_[spec.name], spec.help)
               ->allow_extra_args(false);
     } else {
       o = cmd->add_option("--" + spec.name, single_[spec.name], spec.help);
     }
-    o->type_name(spec.value_name)->group(group);
+    if (!spec.flag) o->type_name(spec.value_name);
+    o->group(group);
     if (require && spec.required) o->required();
     options_[spec.name] = o;
   }
@@ -74,6 +82,12 @@ const std::string& TrainCommandLine::value(const std::string& name) const {
   return it->second;
 }
 
+bool TrainCommandLine::flag(const std::string& name) const {
+  auto it = flags_.find(name);
+  FT_ASSERT(it != flags_.end(), "not a flag of ft train: ", name);
+  return it->second;
+}
+
 const std::vector<std::string>& TrainCommandLine::values(const std::string& name) const {
   auto it = repeated_.find(name);
   FT_ASSERT(it != repeated_.end(), "not a repeatable ft train option: ", name);
@@ -84,7 +98,9 @@ std::vector<std::string> TrainCommandLine::train_argv() const {
   std::vector<std::string> argv;
   for (const auto& spec : train_option_specs()) {
     if (options_.at(spec.name)->count() == 0) continue;
-    if (spec.repeatable) {
+    if (spec.flag) {
+      argv.push_back("--" + spec.name);
+    } else if (spec.repeatable) {
       for (const auto& v : values(spec.name)) argv.insert(argv.end(), {"--" + spec.name, v});
     } else {
       argv.insert(argv.end(), {"--" + spec.name, value(spec.name)});
@@ -101,6 +117,7 @@ train::RunOptions TrainCommandLine::run_options() const {
   o.data_cache_dir = value("data-cache");
   o.output_dir = value("output");
   o.resume = value("resume").empty() ? "auto" : value("resume");
+  o.resume_changed = flag("resume-changed");
   return o;
 }
 

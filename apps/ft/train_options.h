@@ -19,6 +19,7 @@ struct TrainOptionSpec {
   std::string help;
   bool required = false;    // ft train cannot run without it
   bool repeatable = false;  // may be given more than once (--set); order kept
+  bool flag = false;        // takes no value (--resume-changed)
 };
 
 // The table, in the order --help shows it and train_argv() writes it.
@@ -36,9 +37,11 @@ class TrainCommandLine {
   // Required options not given, as "--output".
   std::vector<std::string> missing_required() const;
 
-  // A single-valued option's value ("" when not given) and a repeatable one's values, in order.
+  // A single-valued option's value ("" when not given), a repeatable one's values, in order, and
+  // whether a flag was given.
   const std::string& value(const std::string& name) const;
   const std::vector<std::string>& values(const std::string& name) const;
+  bool flag(const std::string& name) const;
 
   // The given options as `ft train` arguments, in table order: {"--preset", "tiny-demo", "--set",
   // "train.lr=1e-4", ...}.
@@ -55,6 +58,7 @@ class TrainCommandLine {
  private:
   std::map<std::string, std::string> single_;
   std::map<std::string, std::vector<std::string>> repeated_;
+  std::map<std::string, bool> flags_;
   std::map<std::string, CLI::Option*> options_;
 };
 

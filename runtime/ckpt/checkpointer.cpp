@@ -24,6 +24,9 @@ namespace {
 // step that is running. The handler only writes preformatted bytes (async-signal-safe).
 volatile std::sig_atomic_t g_terminate = 0, g_signal = SIGTERM;
 volatile std::sig_atomic_t g_announce = 0, g_second_stops = 0;
+// On a terminal a message first ends the progress bar's line; in a pipe (a launcher prefixes each
+// line) that newline would be an empty line of its own.
+volatile std::sig_atomic_t g_tty = 0;
 std::atomic<int64_t> g_step{0};
 static_assert(std::atomic<int64_t>::is_always_lock_free, "read in a signal handler");
 struct sigaction g_old_term {
@@ -57,7 +60,7 @@ void on_terminate(int sig) {
   char msg[256];
   size_t n = 0;
   if (g_terminate && g_second_stops) {
-    put(msg, &n, "\nft train: ");
+    put(msg, &n, g_tty ? "\nft train: " : "ft train: ");
     put(msg, &n, name);
     put(msg, &n, " again: stopping now; the checkpoints already committed are intact\n");
     write_all(msg, n);
@@ -66,7 +69,7 @@ void on_terminate(int sig) {
     return;
   }
   if (!g_terminate && g_announce) {
-    put(msg, &n, "\nft train: ");
+    put(msg, &n, g_tty ? "\nft train: " : "ft train: ");
     put(msg, &n, name);
     put(msg, &n, ": finishing step ");
     put_number(msg, &n, g_step.load());
@@ -94,10 +97,16 @@ Checkpointer::Checkpointer(CheckpointerOptions options)
   g_terminate = 0;
   g_announce = options_.announce ? 1 : 0;
   g_second_stops = options_.second_signal_stops ? 1 : 0;
+  g_tty = ::isatty(STDERR_FILENO) == 1 ? 1 : 0;
   struct sigaction sa {};
   sa.sa_handler = on_terminate;
   sa.sa_flags = SA_RESTART;
+  // Each blocks the other while it runs: a launcher forwards a SIGINT and sends its own SIGTERM
+  // right after, and with both pending the kernel ran the SIGTERM handler first, stacked on the
+  // SIGINT one, so the run said it stopped on SIGTERM (issue 51).
   sigemptyset(&sa.sa_mask);
+  sigaddset(&sa.sa_mask, SIGINT);
+  sigaddset(&sa.sa_mask, SIGTERM);
   ::sigaction(SIGTERM, &sa, &g_old_term);
   ::sigaction(SIGINT, &sa, &g_old_int);
 }
@@ -161,6 +170,8 @@ bool Checkpointer::after_step(int64_t step, int64_t total_steps,
     agreed = 0;
   }
   const bool stop = agreed >= 2 && step < total_steps;
+  // A signal from here on is answered after the next step: that is the step it finishes.
+  if (!stop) g_step.store(step + 1);
   const bool due = (options_.save_every > 0 && step % options_.save_every == 0) || agreed >= 1 ||
                    (checkpoints_at_all(options_) && step == total_steps);
   if (due) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "config/foreign_keys.h"
 #include "core/error.h"
@@ -368,11 +369,100 @@ void walk(const json& node, const std::string& prefix, const std::string& where)
   }
 }
 
+// What another value of each key does to a run continued in the same --output (OnResume). Keys
+// not named here change what the run computes (the data, the batch's rows, the optimizer and its
+// schedule, the precision, LoRA's scaling, the strategy's numerics). The model's shape keys are
+// the shape only without --model (train/run_changes.cpp then compares config.json instead).
+const std::map<std::string, OnResume>& resume_effects() {
+  static const std::map<std::string, OnResume> effects = {
+      {"model.vocab_size", OnResume::kState},
+      {"model.hidden_size", OnResume::kState},
+      {"model.intermediate_size", OnResume::kState},
+      {"model.num_layers", OnResume::kState},
+      {"model.num_heads", OnResume::kState},
+      {"model.num_kv_heads", OnResume::kState},
+      {"model.tie_embeddings", OnResume::kState},
+      {"model.require_dir", OnResume::kFree},
+      {"lora.enabled", OnResume::kState},
+      {"lora.r", OnResume::kState},
+      {"lora.target_modules", OnResume::kState},
+      {"lora.target_parameters", OnResume::kState},
+      {"lora.train_router", OnResume::kState},
+      {"train.micro_batch", OnResume::kBatch},
+      {"train.grad_accum", OnResume::kBatch},
+      // The run's length: a longer run continues, a shorter one is finished sooner.
+      {"train.max_steps", OnResume::kFree},
+      {"train.epochs", OnResume::kFree},
+      {"train.log_every", OnResume::kFree},
+      // Memory and speed: the same products, recomputed or fused.
+      {"train.activation_checkpointing", OnResume::kFree},
+      {"train.checkpoint_every_n_layers", OnResume::kFree},
+      {"train.fused_loss", OnResume::kFree},
+      {"train.fused_rms_norm", OnResume::kFree},
+      {"train.fused_swiglu", OnResume::kFree},
+      {"train.fused_rope", OnResume::kFree},
+      {"train.fused_attention", OnResume::kFree},
+      {"moe.grouped_mm", OnResume::kFree},
+      {"moe.collapse_steps", OnResume::kFree},
+      {"hardware.device", OnResume::kFree},
+      {"hardware.preflight", OnResume::kFree},
+      // Where the state lives and when it moves; checkpoints reshard between layouts.
+      {"strategy.kind", OnResume::kFree},
+      {"strategy.expert_parallel", OnResume::kFree},
+      {"strategy.overlap_host_step", OnResume::kFree},
+      {"strategy.overlap_comm", OnResume::kFree},
+      {"strategy.ddp.bucket_mb", OnResume::kFree},
+      {"strategy.zero3.prefetch_bucket_size", OnResume::kFree},
+      {"strategy.zero3.param_persistence_threshold", OnResume::kFree},
+      {"strategy.zero3.reduce_bucket_size", OnResume::kFree},
+      {"strategy.zero3.offload_optimizer", OnResume::kFree},
+      {"strategy.zero3.offload_param", OnResume::kFree},
+      {"strategy.fsdp.forward_prefetch", OnResume::kFree},
+      {"strategy.fsdp.backward_prefetch", OnResume::kFree},
+      {"strategy.fsdp.cpu_offload", OnResume::kFree},
+      {"output.save_every", OnResume::kFree},
+      {"output.save_every_minutes", OnResume::kFree},
+      {"output.keep_last", OnResume::kFree},
+      {"output.async_save", OnResume::kFree},
+      {"output.on_save_error", OnResume::kFree},
+      {"output.profile_steps", OnResume::kFree},
+      {"output.tensorboard", OnResume::kFree},
+      // Evaluation reads the model; it does not change it (eval.split does: it holds records out).
+      {"eval.long_records", OnResume::kFree},
+      {"eval.batch_tokens", OnResume::kFree},
+      {"eval.data", OnResume::kFree},
+      {"eval.every", OnResume::kFree},
+      {"eval.fused_kernels", OnResume::kFree},
+  };
+  return effects;
+}
+
+std::vector<Setting> with_resume_effects(std::vector<Setting> rows) {
+  for (Setting& s : rows)
+    if (auto it = resume_effects().find(s.key); it != resume_effects().end())
+      s.on_resume = it->second;
+  return rows;
+}
+
 }  // namespace
+
+const char* on_resume_name(OnResume r) {
+  switch (r) {
+    case OnResume::kComputes:
+      return "computes";
+    case OnResume::kState:
+      return "state";
+    case OnResume::kBatch:
+      return "batch";
+    case OnResume::kFree:
+      return "free";
+  }
+  return "?";
+}
 
 const std::vector<Setting>& preset_schema() {
   // clang-format off
-  static const std::vector<Setting> schema = {
+  static const std::vector<Setting> schema = with_resume_effects({
     // model: the shape used when no --model directory is given (random init, for demos/benchmarks)
     I(KEY(model.vocab_size), 32000, 1, 16777216, "Vocabulary size of a randomly initialised model."),
     I(KEY(model.hidden_size), 4096, 1, 1048576, "Hidden size."),
@@ -573,7 +663,7 @@ const std::vector<Setting>& preset_schema() {
       "choose; false: transformers' op sequence, so the hidden states are transformers' bits and "
       "the loss equals its within 1e-8 (about 1% of an evaluation's time on the CPU; "
       "docs/training.md)."),
-  };
+  });
   // clang-format on
   return schema;
 }
@@ -676,13 +766,13 @@ std::string type_text(const Setting& s) {
 }  // namespace
 
 std::string schema_markdown() {
-  std::string md = "| key | type | default | meaning |\n|---|---|---|---|\n";
+  std::string md = "| key | type | default | on resume | meaning |\n|---|---|---|---|---|\n";
   for (const auto& s : preset_schema()) {
-    md += fmt::format("| `{}` | {} | `{}` | {} |\n", s.key, type_text(s), s.default_value.dump(),
-                      s.help);
+    md += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", s.key, type_text(s),
+                      s.default_value.dump(), on_resume_name(s.on_resume), s.help);
     for (const Setting& f : s.fields)
-      md += fmt::format("| `{}[].{}` | {} | `{}` | {} |\n", s.key, f.key, type_text(f),
-                        f.default_value.dump(), f.help);
+      md += fmt::format("| `{}[].{}` | {} | `{}` | {} | {} |\n", s.key, f.key, type_text(f),
+                        f.default_value.dump(), on_resume_name(s.on_resume), f.help);
   }
   return md;
 }

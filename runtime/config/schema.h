@@ -16,6 +16,15 @@ namespace ft::config {
 // kObjectList: a list of objects whose keys are `fields` (data.sources).
 enum class Kind { kInt, kFloat, kBool, kString, kChoice, kStringList, kObjectList };
 
+// What another value of a key does to a run continued in the same --output (train/run_changes.h
+// compares a command with the run a directory holds).
+enum class OnResume {
+  kComputes,  // changes what the run computes: refused unless --resume-changed
+  kState,     // the saved state has another shape: refused (a new --output)
+  kBatch,     // a factor of the global batch: free while micro_batch x grad_accum x ranks stays
+  kFree,      // how or how long, not what: cadence, length, speed knobs; allowed and said
+};
+
 struct Setting {
   std::string key;  // dotted path, "train.micro_batch"
   Kind kind;
@@ -29,6 +38,7 @@ struct Setting {
   // kObjectList: the keys of each entry (their `bind` unused), and whether each must be given.
   std::vector<Setting> fields;
   bool required = false;
+  OnResume on_resume = OnResume::kComputes;
 };
 
 const std::vector<Setting>& preset_schema();
@@ -44,6 +54,9 @@ void validate_preset(const nlohmann::json& preset, const std::string& where);
 // Parses the text of `--set key=value` by the key's declared type.
 nlohmann::json parse_setting_value(const Setting& s, const std::string& text,
                                    const std::string& where);
+
+// "computes", "state", "batch" or "free" (docs/presets.md's column, the resume check's records).
+const char* on_resume_name(OnResume r);
 
 // Markdown reference of the schema (docs/presets.md).
 std::string schema_markdown();

@@ -159,45 +159,58 @@ const Family* find_family(const std::string& model_type) {
 }
 
 std::string refused_family_reason(const std::string& model_type) {
+  constexpr const char* kMoe =
+      "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
+      "mixtral, qwen3_moe)";
+  constexpr const char* kLatent =
+      "a model with multi-head latent attention and grouped sigmoid routing (the DeepSeek-V3 "
+      "layout), which ft does not implement yet";
+  constexpr const char* kLinear =
+      "a hybrid model with linear-attention layers ft does not implement";
+  constexpr const char* kStateSpace =
+      "a hybrid model with state-space layers ft does not implement";
+  constexpr const char* kDense =
+      "a dense family of 2025-26 whose differences from Llama (its attention and norm variants) "
+      "ft does not implement yet";
+  constexpr const char* kVision = "a vision-language model ft does not implement";
   static const std::pair<const char*, const char*> kRefused[] = {
-      {"qwen2_moe",
-       "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
-       "mixtral, qwen3_moe)"},
-      {"olmoe",
-       "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
-       "mixtral, qwen3_moe)"},
-      {"granitemoe",
-       "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
-       "mixtral, qwen3_moe)"},
-      {"granitemoeshared",
-       "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
-       "mixtral, qwen3_moe)"},
-      {"phimoe",
-       "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
-       "mixtral, qwen3_moe)"},
-      {"deepseek_v2",
-       "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
-       "mixtral, qwen3_moe)"},
-      {"deepseek_v3",
-       "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
-       "mixtral, qwen3_moe)"},
+      {"qwen2_moe", kMoe},
+      {"olmoe", kMoe},
+      {"granitemoe", kMoe},
+      {"granitemoeshared", kMoe},
+      {"phimoe", kMoe},
+      {"deepseek_v2", kMoe},
+      {"deepseek_v3", kLatent},
+      {"glm4_moe_lite", kLatent},
+      {"mistral4", kLatent},
+      {"glm4_moe",
+       "GLM-4.5's mixture-of-experts layout (sigmoid grouped routing, shared experts, dense first "
+       "layers), which ft does not implement yet"},
       {"gpt_oss",
-       "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
-       "mixtral, qwen3_moe)"},
+       "gpt-oss, whose attention sinks, alternating sliding windows and clamped SwiGLU experts ft "
+       "does not implement yet"},
       {"llama4",
-       "a mixture-of-experts model whose expert layout ft does not implement (ft's MoE families: "
-       "mixtral, qwen3_moe)"},
-      {"qwen3_next", "a hybrid model with linear-attention layers ft does not implement"},
-      {"qwen3_5", "a hybrid model with linear-attention layers ft does not implement"},
+       "Llama 4, whose chunked attention, NoPE layers and top-1 routed experts ft does not "
+       "implement yet"},
+      {"gemma4", "Gemma 4, a family ft does not implement yet"},
+      {"qwen3_next", kLinear},
+      {"qwen3_5", kLinear},
       {"qwen3_5_moe", "a hybrid mixture-of-experts model ft does not implement"},
-      {"granitemoehybrid", "a hybrid model with state-space layers ft does not implement"},
+      {"granitemoehybrid", kStateSpace},
+      {"falcon_h1", kStateSpace},
+      {"olmo3", "OLMo 3, whose sliding-window layers on OLMo 2's layout ft does not implement yet"},
+      {"smollm3", "SmolLM3, whose layers without rotary embeddings ft does not implement yet"},
+      {"exaone4", kDense},
+      {"seed_oss", kDense},
+      {"hunyuan_v1_dense", kDense},
+      {"ernie4_5", kDense},
       {"gemma3",
        "the multimodal Gemma 3 (Gemma3ForConditionalGeneration); ft trains the text-only "
        "gemma3_text checkpoints (Gemma 3 1B, or a text model extracted from 4B-27B)"},
       {"gemma3n", "a Gemma 3n model, whose per-layer embeddings and AltUp ft does not implement"},
-      {"qwen2_vl", "a vision-language model ft does not implement"},
-      {"qwen2_5_vl", "a vision-language model ft does not implement"},
-      {"qwen3_vl", "a vision-language model ft does not implement"},
+      {"qwen2_vl", kVision},
+      {"qwen2_5_vl", kVision},
+      {"qwen3_vl", kVision},
   };
   for (const auto& [type, why] : kRefused)
     if (model_type == type) return why;

@@ -231,6 +231,7 @@ std::string timeline_chart(const RunRecords& r) {
       case Event::Kind::kStart:
       case Event::Kind::kStartOver:
       case Event::Kind::kResume:
+      case Event::Kind::kSettingsChanged:
         row = 0;
         break;
       case Event::Kind::kRestart:
@@ -318,7 +319,9 @@ std::string experts_section(const RunRecords& r) {
         it = layers
                  .emplace(layer, Series{fmt::format("imbalance.{}", layer),
                                         fmt::format("layer {}", layer),
-                                        colors[layers.size() % 8], {}, {}})
+                                        colors[layers.size() % 8],
+                                        {},
+                                        {}})
                  .first;
       it->second.x.push_back(static_cast<double>(p.step));
       it->second.y.push_back(v);
@@ -332,10 +335,10 @@ std::string experts_section(const RunRecords& r) {
   std::vector<Series> curves;
   for (auto& [layer, series] : layers) curves.push_back(thin_extremes(std::move(series)));
   std::string h = "<section><h2>Experts</h2><div class=\"grid\">\n";
-  h += line_chart(chart("expert_imbalance",
-                        "Expert load: most-loaded expert's tokens / mean, per MoE layer", "step",
-                        "max / mean (1 = balanced)"),
-                  curves);
+  h += line_chart(
+      chart("expert_imbalance", "Expert load: most-loaded expert's tokens / mean, per MoE layer",
+            "step", "max / mean (1 = balanced)"),
+      curves);
   if (!aux.x.empty())
     h += line_chart(chart("aux_loss", "Load-balancing loss (E x sum f_e P_e)", "step", "aux loss"),
                     {thin_extremes(std::move(aux))});
@@ -368,6 +371,20 @@ std::string environment_table(const RunRecords& r) {
   return s + "</table>";
 }
 
+// The preset as the run used it: with --model, the model's shape came from its config.json, and
+// the preset's shape keys (Llama-7B's hidden_size 4096 in the shipped `lora`) were not used.
+json shown_preset(const RunRecords& r) {
+  json p = r.preset;
+  const std::string model =
+      r.environment.is_object() ? r.environment.value("model", std::string()) : "";
+  if (model.empty() || !p.contains("model") || !p["model"].is_object()) return p;
+  json kept = json::object();
+  if (p["model"].contains("require_dir")) kept["require_dir"] = p["model"]["require_dir"];
+  kept["shape"] = model + "/config.json (with --model the preset's shape keys are not used)";
+  p["model"] = kept;
+  return p;
+}
+
 std::string events_table(const RunRecords& r) {
   if (r.events.empty()) return "<p class=\"note\">No events recorded.</p>";
   std::string s = "<table class=\"events\"><tr><th>step</th><th>event</th><th>detail</th></tr>";
@@ -375,7 +392,8 @@ std::string events_table(const RunRecords& r) {
     s += fmt::format("<tr class=\"ev-{}\"><td>{}</td><td>{}</td><td>{}</td></tr>",
                      e.kind == Event::Kind::kCheckpointFailed ||
                              e.kind == Event::Kind::kCheckpointDamaged ||
-                             e.kind == Event::Kind::kRestart || e.kind == Event::Kind::kStartOver
+                             e.kind == Event::Kind::kRestart || e.kind == Event::Kind::kStartOver ||
+                             e.kind == Event::Kind::kSettingsChanged
                          ? "bad"
                          : "ok",
                      e.step, escape(event_name(e.kind)), escape(e.detail));
@@ -502,7 +520,7 @@ std::string render_report(const RunRecords& r) {
   h += "<section><h2>Skipped fp16 steps</h2>" + skipped_table(r) + "</section>\n";
   h += "<section><h2>Environment</h2>" + environment_table(r) + "</section>\n";
   h += "<section><h2>Resolved preset</h2>";
-  h += r.preset.is_object() ? "<pre>" + escape(r.preset.dump(2)) + "</pre>"
+  h += r.preset.is_object() ? "<pre>" + escape(shown_preset(r).dump(2)) + "</pre>"
                             : "<p class=\"note\">preset.json is missing.</p>";
   h += "</section>\n</main></body></html>\n";
   return h;

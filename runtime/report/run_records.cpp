@@ -38,6 +38,8 @@ const char* event_name(Event::Kind kind) {
       return "finished";
     case Event::Kind::kSkipped:
       return "skipped fp16 step";
+    case Event::Kind::kSettingsChanged:
+      return "settings changed";
   }
   return "?";
 }
@@ -251,6 +253,17 @@ void add_event(const json& e, RunRecords& r) {
     r.events.push_back({Event::Kind::kCheckpointDamaged, step,
                         fmt::format("{}: {}; skipped when resuming", e.value("dir", "?"),
                                     e.value("reason", "?"))});
+  } else if (kind == "settings_changed" && e.contains("changes") && e["changes"].is_array()) {
+    std::string list;
+    for (const json& c : e["changes"])
+      if (c.is_object())
+        list += fmt::format("{}{} {} -> {}", list.empty() ? "" : "; ", c.value("key", "?"),
+                            c.contains("was") ? c["was"].dump() : "?",
+                            c.contains("now") ? c["now"].dump() : "?");
+    r.events.push_back(
+        {Event::Kind::kSettingsChanged, step,
+         fmt::format("{}{}", e.value("resume_changed", false) ? "with --resume-changed: " : "",
+                     list)});
   } else if (kind == "finished") {
     r.events.push_back({Event::Kind::kFinished, step, "final model saved"});
     r.finished = true;
@@ -353,6 +366,8 @@ RunRecords read_run(const std::string& dir_name) {
         return 3;
       case Event::Kind::kResume:
         return 4;
+      case Event::Kind::kSettingsChanged:
+        return 5;
     }
     return 0;
   };

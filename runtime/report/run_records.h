@@ -57,7 +57,8 @@ struct Event {
     kCheckpointDamaged,  // found unusable (meta.json lost, a chunk's checksum) when resuming
     kPreempted,
     kFinished,
-    kSkipped
+    kSkipped,
+    kSettingsChanged  // the run continued with other settings (train/run_changes.h)
   };
   Kind kind = Kind::kStart;
   int64_t step = 0;    // the step it happened after (a start: the step it starts from)

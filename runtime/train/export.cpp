@@ -20,6 +20,7 @@
 #include "model/decoder.h"
 #include "model/lora.h"
 #include "model/moe.h"
+#include "train/run_dir.h"
 #include "train/saved_model.h"
 #include "train/trainer.h"
 #include "train/weights.h"
@@ -65,28 +66,6 @@ bool is_final_model(const fs::path& dir) {
   std::error_code ec;
   return fs::is_regular_file(dir / "config.json", ec) ||
          fs::is_regular_file(dir / "adapter_config.json", ec);
-}
-
-// The step a run's final/ holds: final_save.json's, else the events' last "finished" (runs from
-// before final_save.json recorded it); -1 when neither says.
-int64_t final_step(const fs::path& run_dir) {
-  std::error_code ec;
-  const fs::path record = run_dir / "final_save.json";
-  if (fs::is_regular_file(record, ec)) {
-    const json j = json::parse(read_text(record), nullptr, false);
-    if (j.is_object() && j.contains("step") && j["step"].is_number_integer())
-      return j["step"].get<int64_t>();
-  }
-  int64_t step = -1;
-  std::ifstream events(run_dir / "events.jsonl");
-  for (std::string line; std::getline(events, line);) {
-    if (json_too_deep_at(line) != std::string_view::npos) continue;
-    const json e = json::parse(line, nullptr, false);
-    if (e.is_object() && e.value("event", "") == "finished" && e.contains("step") &&
-        e["step"].is_number_integer())
-      step = e["step"].get<int64_t>();
-  }
-  return step;
 }
 
 std::string steps_list(const std::vector<std::string>& committed) {

@@ -33,6 +33,7 @@ struct StepTimes {
 struct RanksSummary {
   bool known = false;
   double busy_median_s = 0;  // the ranks' median busy time
+  int64_t input_tokens = 0;  // every rank's non-padding tokens of the step
   double busy_max_s = 0;
   int slowest_rank = 0;
 };
@@ -56,6 +57,11 @@ struct StepRecord {
   RanksSummary ranks;
   int64_t input_tokens = 0;  // non-padding tokens processed this step (this rank)
   double tokens_per_s = 0;   // input_tokens / step_time_s
+  // The job's: every rank's tokens over rank 0's step time (the ranks step together).
+  double job_tokens_per_s() const {
+    return ranks.known && step_time_s > 0 ? static_cast<double>(ranks.input_tokens) / step_time_s
+                                          : tokens_per_s;
+  }
   MemoryStats memory;
   int64_t peak_rss_bytes = 0;
   int64_t samples_consumed = 0;

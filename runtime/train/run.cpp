@@ -40,6 +40,7 @@
 #include "train/final_save.h"
 #include "train/metrics.h"
 #include "train/profile.h"
+#include "train/run_dir.h"
 #include "train/run_events.h"
 #include "train/saved_model.h"
 #include "train/stragglers.h"
@@ -97,82 +98,6 @@ int64_t count_epoch_rows(
   });
   if (shown && tty) fmt::print("\n");
   return rows;
-}
-
-// Where the run writes and what it resumes from, decided before anything else.
-struct OutputPlan {
-  std::string ckpt_root;                // OUTPUT/checkpoints
-  std::vector<std::string> candidates;  // checkpoints to resume from, newest first
-  bool finished = false;                // the run is already finished: nothing to do
-  bool started_over = false;            // an interrupted run without a checkpoint, begun anew
-  std::vector<nlohmann::json> damage;   // events.jsonl records of damaged checkpoints found
-};
-
-// A step-<N> directory appears only when its save commits (the temporary directory, meta.json
-// included, is renamed into place), so one without meta.json lost it afterwards: damage, not a
-// save that never finished.
-nlohmann::json damaged_checkpoint(const std::string& dir, const std::string& reason) {
-  return {{"event", "checkpoint_damaged"},
-          {"step", ckpt::step_of_dir(dir)},
-          {"dir", dir},
-          {"reason", reason}};
-}
-
-OutputPlan plan_output(const RunOptions& o, const comm::DistEnv& env) {
-  FT_CHECK(!o.output_dir.empty(), "--output is required");
-  OutputPlan out;
-  // Which of the candidates is used is agreed once the strategy knows what this rank reads.
-  out.ckpt_root = (fs::path(o.output_dir) / "checkpoints").string();
-  if (o.resume == "auto") {
-    out.candidates = ckpt::list_committed(out.ckpt_root);
-    // Newer step directories without meta.json are damaged: skipped, said, and recorded.
-    for (const auto& dir : ckpt::list_uncommitted(out.ckpt_root)) {
-      if (!out.candidates.empty() && dir < out.candidates.front()) continue;
-      out.damage.push_back(damaged_checkpoint(
-          dir, fmt::format("{} is missing (deleted or lost after the save committed)",
-                           ckpt::kMetaFile)));
-      if (env.rank == 0)
-        fmt::print(stderr,
-                   "ft train: {} is damaged: it has no {}, which its save wrote before the "
-                   "directory got its name (a step directory appears only when its save "
-                   "commits), so it was deleted or lost since; skipped, resuming from {}\n",
-                   dir, ckpt::kMetaFile,
-                   out.candidates.empty() ? std::string("the beginning (no other checkpoint)")
-                                          : out.candidates.front());
-    }
-  } else if (o.resume != "none") {
-    FT_CHECK(fs::is_regular_file(fs::path(o.resume) / ckpt::kMetaFile), "--resume ", o.resume,
-             ": not a committed checkpoint (no ", ckpt::kMetaFile,
-             "); give a step-N directory under OUTPUT/checkpoints, auto or none");
-    out.candidates = {o.resume};
-  }
-  // A later launcher round (a node admitted, a restart) that finds the run finished — final/ is
-  // complete and no checkpoint is left to continue from — has nothing to do: the round may have
-  // begun just as the job ended, and training again would write over the result.
-  const fs::path final_path = fs::path(o.output_dir) / "final";
-  const bool auto_fresh = o.resume == "auto" && out.candidates.empty();
-  if (auto_fresh && env.restart_count > 0 &&
-      (fs::exists(final_path / "config.json") || fs::exists(final_path / "adapter_config.json"))) {
-    out.finished = true;
-    return out;
-  }
-  // A launcher restart without a checkpoint starts the run over in its own directory.
-  // So does `--resume auto` in the directory of an ft run that was interrupted before its first
-  // checkpoint was committed (it has preset.json but no final model): nothing there can be resumed.
-  const bool interrupted_run = auto_fresh && fs::exists(fs::path(o.output_dir) / "preset.json") &&
-                               !fs::exists(fs::path(o.output_dir) / "final");
-  out.started_over = interrupted_run;
-  if (interrupted_run && env.rank == 0)
-    fmt::print(stderr,
-               "ft train: {} holds an interrupted run without a committed checkpoint: starting it "
-               "over\n",
-               o.output_dir);
-  FT_CHECK(!out.candidates.empty() || !fs::exists(o.output_dir) || fs::is_empty(o.output_dir) ||
-               (auto_fresh && env.restart_count > 0) || interrupted_run,
-           "--output ", o.output_dir,
-           " already holds a run (it is not empty) and no checkpoint to resume; choose another "
-           "directory so nothing is written over");
-  return out;
 }
 
 // The refusals that need only the settings and the command line.
@@ -679,6 +604,8 @@ void TrainingRun::write_run_files() {
     FT_CHECK(!ec, "cannot create --output ", o_.output_dir, ": ", ec.message());
     write_text_atomic((fs::path(o_.output_dir) / "preset.json").string(),
                       s_.resolved.dump(2) + "\n");
+    write_text_atomic((fs::path(o_.output_dir) / kRunInputsFile).string(),
+                      to_json(out_.inputs).dump(2) + "\n");
     if (eval_set_ && s_.eval.split > 0)  // which records eval.split held out, as FILE:LINE
       write_text_atomic(
           (fs::path(o_.output_dir) / "eval_split.json").string(),
@@ -918,18 +845,19 @@ void TrainingRun::compare_ranks(StepRecord& r, StragglerWatch& watch) {
   if (env_.world_size == 1) return;
   const double comm0 = engine_->comm_wait_s();
   const double busy = r.step_time_s - r.times.comm_s;
-  const std::vector<double> all =
-      engine_->all_gather_values({busy, static_cast<double>(env_.node_rank),
-                                  device_.is_cuda() ? double(device_.index()) : -1});
+  const std::vector<double> all = engine_->all_gather_values(
+      {busy, static_cast<double>(env_.node_rank), device_.is_cuda() ? double(device_.index()) : -1,
+       static_cast<double>(r.input_tokens)});
   r.times.comm_s += engine_->comm_wait_s() - comm0;
   if (!rank0_) return;
   std::vector<double> busy_s;
   std::vector<RankPlace> places;
   for (int k = 0; k < env_.world_size; ++k) {
-    busy_s.push_back(all[3 * k]);
-    const int dev = static_cast<int>(all[3 * k + 2]);
+    busy_s.push_back(all[4 * k]);
+    const int dev = static_cast<int>(all[4 * k + 2]);
     places.push_back(
-        {k, static_cast<int>(all[3 * k + 1]), dev < 0 ? "cpu" : fmt::format("cuda:{}", dev)});
+        {k, static_cast<int>(all[4 * k + 1]), dev < 0 ? "cpu" : fmt::format("cuda:{}", dev)});
+    r.ranks.input_tokens += static_cast<int64_t>(all[4 * k + 3]);
   }
   r.ranks.known = true;
   r.ranks.busy_median_s = lower_median(busy_s);
@@ -1072,6 +1000,14 @@ RunSummary TrainingRun::train() {
       keep_through);
   Progress progress(rank0_ ? total_steps_ : 0, s_.train.log_every, trainer_->steps());
   for (const auto& d : out_.damage) append_event(events_path(), d);
+  if (!out_.changes.empty()) {
+    json changes = json::array();
+    for (const auto& c : out_.changes) changes.push_back(change_json(c));
+    append_event(events_path(), {{"event", "settings_changed"},
+                                 {"step", ck_ ? ck_->step() : 0},
+                                 {"resume_changed", out_.resume_changed},
+                                 {"changes", changes}});
+  }
   nlohmann::json start =
       start_event(env_, ck_ ? ck_->step() : 0, device_.str(),
                   env_.world_size > 1 ? world_->backend_name() : "", plan_.label);
@@ -1155,7 +1091,10 @@ RunSummary TrainingRun::train() {
     publish_stop_estimate(checkpointer, seconds_since(t0) - r.times.checkpoint_s);
     if (++steps_here == kRemeasurePeakStep) remeasure_peak();
     if (!r.stats.skipped) {
-      if (sum.steps == 0) sum.first_loss = r.stats.loss;
+      if (sum.ran++ == 0) {
+        sum.first_loss = r.stats.loss;
+        sum.first_step = r.stats.step;
+      }
       sum.last_loss = r.stats.loss;
       sum.steps = r.stats.step;
     }
@@ -1210,14 +1149,9 @@ std::string TrainingRun::events_path() const {
 
 }  // namespace
 
-RunSummary run_training(const RunOptions& o) {
+RunSummary run_training(const RunOptions& o, OutputPlan out) {
   const comm::DistEnv env = comm::read_dist_env();
-  OutputPlan out = plan_output(o, env);
-  if (out.finished) {
-    RunSummary done;
-    done.already_finished = true;
-    return done;
-  }
+  FT_ASSERT(!out.finished, "a finished run is not trained again (ft train returns first)");
   TrainingRun run(o, env, std::move(out));
   RunSummary sum = run.train();
   if (!sum.preempted) run.save_final();

@@ -28,6 +28,9 @@ struct RunOptions {
   // "auto": the newest committed checkpoint in output_dir/checkpoints that reads back whole (older
   // ones if not), else a fresh start; "none": a fresh start; else a checkpoint directory.
   std::string resume = "auto";
+  // Continue the run --output holds although settings that change what it computes differ from
+  // its own (train/run_changes.h); recorded in events.jsonl.
+  bool resume_changed = false;
   // The plan's expected time to the first step (plan/preflight.h), shown while loading; 0: none.
   double expected_start_s = 0;
   // The preflight's plan (plan::plan_json), written to plan.json for `ft report`; null: none.
@@ -35,19 +38,22 @@ struct RunOptions {
 };
 
 struct RunSummary {
-  int64_t steps = 0;
+  int64_t steps = 0;       // the last step trained
+  int64_t first_step = 0;  // the first step this process trained (past 1 when it resumed)
+  int64_t ran = 0;         // steps this process trained (skipped fp16 steps not counted)
   double first_loss = 0, last_loss = 0;
   int64_t skipped_steps = 0;
   bool preempted = false;  // stopped by SIGTERM after writing a checkpoint (no final model)
-  // A launcher round found the run already finished (final/ complete, no checkpoint): no step.
-  bool already_finished = false;
 };
 
 // ft train's exit code after SIGTERM: a checkpoint of the last finished step was written and the
 // run stopped; the same command continues it. The launcher passes it on (core/worker_contract.h).
 using contract::kExitPreempted;
 
-RunSummary run_training(const RunOptions& options);
+struct OutputPlan;  // train/run_dir.h
+
+// `out`: plan_output's decision on the output directory, taken before the preflight.
+RunSummary run_training(const RunOptions& options, OutputPlan out);
 
 // Optimizer steps that `epochs` passes over data of `rows_per_epoch` sequences take, when each
 // step takes micro_batch * grad_accum sequences on each of world_size ranks:

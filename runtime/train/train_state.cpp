@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <mutex>
 
@@ -24,6 +25,27 @@ std::string rng_tensor(const ckpt::Checkpoint& ck, int rank, int world_size,
                      ck.world_size() == world_size ? rank : rank % ck.world_size());
 }
 
+// Why checkpoint `c` holds the state of another model than the one whose pieces are `held` (a
+// tensor it lacks, or of another shape); "" when it fits.
+std::string other_model(const ckpt::Checkpoint& c,
+                        const std::vector<parallel::Engine::Piece>& held) {
+  for (const auto& pc : held)
+    for (const char* kind : kStateKinds) {
+      const std::string t = kind + pc.name;
+      if (!c.has(t))
+        return fmt::format(
+            "{} has no {}, which this run's model trains (a checkpoint of another "
+            "model or LoRA targets)",
+            c.dir(), t);
+      if (c.shape(t) != pc.shape)
+        return fmt::format(
+            "{}: {} has shape [{}] but this run's model makes it [{}] (a checkpoint of "
+            "another model or LoRA shape)",
+            c.dir(), t, fmt::join(c.shape(t), ", "), fmt::join(pc.shape, ", "));
+    }
+  return "";
+}
+
 }  // namespace
 
 std::unique_ptr<ckpt::Checkpoint> choose_checkpoint(
@@ -32,17 +54,13 @@ std::unique_ptr<ckpt::Checkpoint> choose_checkpoint(
     std::vector<std::pair<std::string, std::string>>* unusable) {
   for (size_t i = 0; i < candidates.size(); ++i) {
     std::unique_ptr<ckpt::Checkpoint> c;
-    std::string why;
+    std::string why, other;  // damage; the state of another model (not damage)
     try {
       c = std::make_unique<ckpt::Checkpoint>(ckpt::Checkpoint::open(candidates[i]));
+      other = other_model(*c, held);
       for (const auto& pc : held)
-        for (const char* kind : kStateKinds) {
-          const std::string t = kind + pc.name;
-          FT_CHECK_T(FormatError, c->shape(t) == pc.shape, c->dir(), ": ", t, " has shape ",
-                     at::IntArrayRef(c->shape(t)), " but this run's model makes it ",
-                     at::IntArrayRef(pc.shape), " (a checkpoint of another model)");
-          c->verify_range(t, pc.begin, pc.end);
-        }
+        for (const char* kind : kStateKinds)
+          if (other.empty()) c->verify_range(kind + pc.name, pc.begin, pc.end);
       for (const char* kind : {"cpu", "cuda"}) {
         const std::string rng = rng_tensor(*c, engine.rank(), engine.world_size(), kind);
         if (c->has(rng)) c->verify_range(rng, 0, c->shape(rng)[0]);
@@ -50,7 +68,17 @@ std::unique_ptr<ckpt::Checkpoint> choose_checkpoint(
     } catch (const FormatError& e) {
       why = e.what();
     }
-    if (engine.max_over_ranks(why.empty() ? 0 : 1) == 0) return c;
+    // A checkpoint of another model or LoRA shape is refused on every rank, never passed over as
+    // damage: falling back would start the run over and write over the other run's files.
+    const int64_t verdict = engine.max_over_ranks(!other.empty() ? 2 : why.empty() ? 0 : 1);
+    if (verdict == 0) return c;
+    if (verdict == 2)
+      throw ConfigError(
+          (other.empty() ? candidates[i] + " holds the state of another model (another rank "
+                                           "says which tensor)"
+                         : other) +
+          "; it is not damaged, and nothing was written: give the settings and --model it was "
+          "saved with, or another --output");
     if (!why.empty())
       fmt::print(stderr, "ft train: rank {}: checkpoint {} is unusable: {}\n", engine.rank(),
                  candidates[i], why);

@@ -183,6 +183,36 @@ TEST_CASE("SIGTERM to the launcher: every rank checkpoints, exit 75, the same co
 }
 
 TEST_CASE(
+    "SIGINT to the launcher: the workers say SIGINT, the step they announce is the one they save, "
+    "and no empty line",
+    "[multiproc]") {
+  const std::string out = make_temp_dir() + "/run";
+  // Rank 0 sleeps 0.2 s a step, so that the signal comes mid-run, often between two steps.
+  Child c = start(train_argv(2, out, {"output.save_every=0", "train.max_steps=200"}),
+                  {{"FT_FAULT_STEP_DELAY", "0:0.2"}}, make_temp_dir() + "/out.txt");
+  wait_for_steps(out, 3, std::chrono::steady_clock::now() + std::chrono::seconds(120));
+  ::kill(c.pid, SIGINT);
+  const int code = wait_for(c, 60).value_or(-1);
+  const std::string text = c.output();
+  INFO(output_tail(text));
+  REQUIRE(code == 75);
+  CHECK_THAT(text, Catch::Contains("ft train: SIGINT: finishing step") &&
+                       Catch::Contains("on SIGINT; checkpoint written"));
+  CHECK_THAT(text, !Catch::Contains("ft train: SIGTERM"));
+  const auto announced = lines_with(text, "SIGINT: finishing step ");
+  const auto saved = lines_with(text, "stopped after step ");
+  REQUIRE(announced.size() == 1);
+  REQUIRE(saved.size() >= 1);
+  const auto number_after = [](const std::string& line, const std::string& what) {
+    return std::stoi(line.substr(line.find(what) + what.size()));
+  };
+  CHECK(number_after(announced[0], "finishing step ") ==
+        number_after(saved[0], "stopped after step "));
+  for (const auto& line : lines_with(text, "[node 0 rank "))
+    CHECK(line.find("] ", line.find("[node 0 rank ")) + 2 < line.size());  // never empty
+}
+
+TEST_CASE(
     "two launchers x 2: a node that stops answering is detected by heartbeat, rejoins, "
     "and the job finishes from the checkpoint",
     "[multiproc]") {

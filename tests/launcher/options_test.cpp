@@ -194,3 +194,12 @@ TEST_CASE("ft launch --bind-cores shares: contiguous, as equal as they come, ref
   CHECK(config({}, {{"FT_BIND_CORES", "1"}}).bind_cores);
   CHECK_FALSE(config({}, {}).bind_cores);
 }
+
+TEST_CASE("an unknown option gets the one meant: a typo, or a shortened name") {
+  CHECK(suggest_option("--nproc-per-nod") == " (did you mean --nproc-per-node?)");
+  CHECK(suggest_option("--nproc_per_node") == " (did you mean --nproc-per-node?)");
+  CHECK(suggest_option("--nproc") == " (did you mean --nproc-per-node?)");  // issue 51
+  CHECK(suggest_option("--nproc=2") == " (did you mean --nproc-per-node?)");
+  CHECK(suggest_option("--foo").empty());
+  CHECK(suggest_option("--no").empty());  // too short to stand for one option
+}

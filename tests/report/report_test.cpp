@@ -307,3 +307,29 @@ TEST_CASE("TensorBoard records: TFRecord framing with masked CRC-32C, protobuf E
   const std::string start = train::encode_session_start(1.5, 5);
   CHECK(start.substr(9) == std::string("\x10\x05\x3a\x02\x08\x01", 6));
 }
+
+TEST_CASE("a run with --model shows the model's config.json, not the preset's unused shape, "
+          "and changed settings are on the timeline",
+          "[unit]") {
+  const std::string dir = make_temp_dir() + "/run";
+  fs::create_directories(dir);
+  write(dir + "/metrics.jsonl", step_line(1, 2.0) + step_line(2, 1.9));
+  write(dir + "/preset.json",
+        R"({"model": {"hidden_size": 4096, "num_layers": 32, "require_dir": true},
+            "train": {"lr": 0.0002}})");
+  write(dir + "/events.jsonl",
+        "{\"event\":\"start\",\"step\":0,\"world_size\":1,\"model\":\"/m/SmolLM2\"}\n"
+        "{\"event\":\"start\",\"step\":1,\"world_size\":1,\"model\":\"/m/SmolLM2\"}\n"
+        "{\"event\":\"settings_changed\",\"step\":1,\"resume_changed\":true,\"changes\":"
+        "[{\"key\":\"train.lr\",\"was\":0.0002,\"now\":0.0001,\"effect\":\"computes\"}]}\n");
+  const std::string html = read_file(report::write_report(dir, dir + "/page.html").path);
+  CHECK_THAT(html, Catch::Contains("/m/SmolLM2/config.json (with --model the preset&#39;s shape "
+                                   "keys are not used)") ||
+                       Catch::Contains("/m/SmolLM2/config.json (with --model the preset's shape "
+                                       "keys are not used)"));
+  CHECK(html.find("4096") == std::string::npos);
+  CHECK_THAT(html, Catch::Contains("&quot;require_dir&quot;: true") ||
+                       Catch::Contains("\"require_dir\": true"));
+  CHECK_THAT(html, Catch::Contains("settings changed") &&
+                       Catch::Contains("with --resume-changed: train.lr 0.0002 -&gt; 0.0001"));
+}

@@ -67,11 +67,18 @@ TEST_CASE("ft train writes metrics, the preset and a model that ft train loads a
               dir + "/2.log") == 0);
   CHECK(exists(dir + "/run2/metrics.jsonl"));
 
-  // An earlier run is never written over.
+  // An earlier run is never written over: a shorter one has nothing to do, a longer one has no
+  // checkpoint to continue from.
   std::string before = read_file(out + "/metrics.jsonl");
-  CHECK(run({"train", "--preset", "tiny-demo", "--output", out, "--set", "train.max_steps=1"},
-            dir + "/3.log") == 2);
-  CHECK_THAT(read_file(dir + "/3.log"), Catch::Contains("already holds a run"));
+  CHECK(run({"train", "--preset", "tiny-demo", "--output", out, "--set", "train.max_steps=1",
+             "--set", "train.log_every=2"},
+            dir + "/3.log") == 0);
+  CHECK_THAT(read_file(dir + "/3.log"), Catch::Contains("already finished at step 6"));
+  CHECK(run({"train", "--preset", "tiny-demo", "--output", out, "--set", "train.max_steps=9",
+             "--set", "train.log_every=2"},
+            dir + "/3b.log") == 2);
+  CHECK_THAT(read_file(dir + "/3b.log"),
+             Catch::Contains("holds a run finished at step 6 and no checkpoint to continue it"));
   CHECK(read_file(out + "/metrics.jsonl") == before);
   // A later launcher round (TORCHELASTIC_RESTART_COUNT > 0) that finds the run finished, with no
   // checkpoint to continue from, has nothing to do: exit 0, nothing trained or written over.
@@ -82,7 +89,7 @@ TEST_CASE("ft train writes metrics, the preset and a model that ft train loads a
             dir + "/4.log");
   CHECK(wait_for(again, 60) == 0);
   CHECK_THAT(again.output(),
-             Catch::Contains("holds a finished run") && Catch::Contains("nothing to do"));
+             Catch::Contains("already finished at step 6") && Catch::Contains("nothing to do"));
   CHECK(read_file(out + "/metrics.jsonl") == before);
   CHECK(read_file(out + "/final/model.safetensors") == final_before);
 }

@@ -15,7 +15,11 @@ and a chat JSONL. Then:
   4. transformers' AutoTokenizer on final/, the exported adapter and the merged model renders the
      conversations with the same ids as training did, and the merged model loads with no missing
      or unexpected weights;
-  5. a run with a built-in template (data.template=llama3 over a model with its own template):
+  5. the finished run given again: the same command has nothing to do; another LoRA rank, a changed
+     learning rate or other data are refused with their diff (ft train and ft launch), and
+     --resume-changed continues a longer run with a new learning rate; every refused command
+     leaves the run directory byte for byte as it was;
+  6. a run with a built-in template (data.template=llama3 over a model with its own template):
      final/ carries the built-in as chat_template.jinja, tokenizer_config.json no other template,
      and transformers renders the ids `ft data show` gives for that run's settings.
 
@@ -159,6 +163,63 @@ def train_preempt_resume(ft, work, base, data):
     return out, [s for s in steps if s.startswith("step-")]
 
 
+def snapshot(d):
+    """Every file under d with its bytes: a directory equal before and after was not written."""
+    out = {}
+    for root, _, files in os.walk(d):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, d)] = f.read()
+    return out
+
+
+def rerun_finished(ft, work, base, data, out):
+    """The finished run given again, unchanged and changed (issue 51), as ft launch's train
+    options: each node's launcher checks before its workers start."""
+    launch = [ft, "launch", "--nproc-per-node", "2", "--master-port", str(free_port()),
+              "--preset", "tiny-lora", "--model", base, "--output", out,
+              "--set", "data.format=auto", "--set", "strategy.kind=fsdp",
+              "--set", "data.seq_len=128", "--set", "train.warmup_steps=1"]
+    before = snapshot(out)
+    text = run(launch + ["--data", data, "--set", "train.max_steps=12"],
+               os.path.join(work, "again.log"))
+    check("already finished at step 12" in text and "nothing to do" in text,
+          "the same command on the finished run: already finished at step 12, exit 0")
+    check(snapshot(out) == before, "... and nothing in the run directory changed")
+    text = run(launch + ["--data", data, "--set", "train.max_steps=12", "--set", "lora.r=16"],
+               os.path.join(work, "rank.log"), want=2)
+    check("lora.r 8 -> 16" in text and "another --output" in text and "damaged" not in text,
+          "another LoRA rank is refused with its diff, not taken for damage")
+    half = os.path.join(work, "half.jsonl")
+    with open(half, "w") as f:
+        for c in CONVERSATIONS[:8]:
+            f.write(json.dumps({"messages": c}) + "\n")
+    text = run(launch + ["--data", half, "--set", "train.max_steps=14"],
+               os.path.join(work, "data.log"), want=2)
+    check("\n  data " in text and f"--data {data}" in text,
+          "other data is refused, naming the --data that continues the run as it was")
+    text = run(launch + ["--data", data, "--set", "train.max_steps=14", "--set", "train.lr=1e-3"],
+               os.path.join(work, "launch-lr.log"), want=2)
+    check("train.lr 0.002 -> 0.001" in text and "--resume-changed" in text,
+          "a changed learning rate is refused before the workers start")
+    # ft train alone on 1 rank: half the run's global batch of 2 ranks.
+    text = run([ft, "train"] + launch[6:] + ["--data", data, "--set", "train.max_steps=12"],
+               os.path.join(work, "one-rank.log"), want=2)
+    check("global batch 8 x 1 x 2 = 16 -> 8 x 1 x 1 = 8" in text,
+          "one rank instead of two halves the global batch and is refused")
+    check(snapshot(out) == before, "every refused command left the run directory as it was")
+    run(launch + ["--data", data, "--set", "train.max_steps=14", "--set", "train.lr=1e-3",
+                  "--resume-changed"], os.path.join(work, "launch-forced.log"))
+    events = [json.loads(line) for line in open(os.path.join(out, "events.jsonl"))]
+    changed = [e for e in events if e.get("event") == "settings_changed"]
+    check(len(changed) == 1 and changed[0]["resume_changed"]
+          and any(c["key"] == "train.lr" for c in changed[0]["changes"]),
+          "--resume-changed continues the longer run and events.jsonl records the change")
+    steps = [json.loads(line)["step"] for line in open(os.path.join(out, "metrics.jsonl"))]
+    check(steps == list(range(1, 15)), f"the run went on to step 14 ({steps[-3:]})")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ft", required=True, help="the ft binary")
@@ -228,7 +289,10 @@ def newcomer(ft, work):
           f"transformers loads the merged model whole ({info['missing_keys']}, "
           f"{info['unexpected_keys']})")
 
-    # 5. A built-in template over a model with its own: the built-in is what the model carries.
+    # 5. The finished run given again (after the exports, which read it).
+    rerun_finished(ft, work, base, data, out)
+
+    # 6. A built-in template over a model with its own: the built-in is what the model carries.
     sets = ["data.template=llama3"]
     builtin_out = os.path.join(work, "builtin")
     run([ft, "train", "--preset", "tiny-lora", "--model", base, "--data", data, "--output",

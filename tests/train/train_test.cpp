@@ -610,6 +610,15 @@ TEST_CASE("the ETA counts the steps this process ran, at their recent pace") {
     if (step > 31 + static_cast<int64_t>(train::Progress::kPaceWindow))
       CHECK(eta == Approx(3.0 * (100 - step)));
   }
+  // One slow step (the peak measured again at step 3, a save) does not set the pace of the rest:
+  // the demo's ETA said 152 s at step 20 and 6 s at step 40 (issue 51).
+  train::Progress demo(200, 10);
+  t = 0;
+  for (int64_t step = 1; step <= 40; ++step) {
+    t += step == 3 ? 15 : 0.15;
+    const double eta = demo.eta(t, step);
+    if (step >= 3) CHECK(eta == Approx(0.15 * (200 - step)));
+  }
 }
 
 TEST_CASE("ft export takes a run's newest state: final/ unless a checkpoint is newer, or --step") {
