@@ -6,12 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
-#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <optional>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -19,7 +16,6 @@
 #include "ckpt/checkpointer.h"
 #include "comm/dist_env.h"
 #include "comm/process_group.h"
-#include "core/build_info.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/strings.h"
@@ -30,19 +26,20 @@
 #include "data/synthetic.h"
 #include "model/cpu_math.h"
 #include "model/decoder.h"
-#include "model/flops.h"
 #include "model/lora.h"
 #include "parallel/expert_exchange.h"
 #include "parallel/strategy.h"
-#include "train/device_peak.h"
 #include "train/evaluate.h"
 #include "train/expert_load.h"
+#include "train/faults.h"
 #include "train/final_save.h"
+#include "train/launcher_link.h"
 #include "train/metrics.h"
 #include "train/profile.h"
 #include "train/run_dir.h"
 #include "train/run_events.h"
 #include "train/saved_model.h"
+#include "train/step_meter.h"
 #include "train/stragglers.h"
 #include "train/tensorboard.h"
 #include "train/train_state.h"
@@ -127,41 +124,6 @@ void check_data_and_length(const RunOptions& o) {
            "train.max_steps (optimizer steps) or train.epochs (passes over --data)");
 }
 
-// FT_FAULT_STEP_DELAY=RANK:SECONDS: that rank sleeps SECONDS while fetching each step's data, a
-// straggler for the tests (docs/training.md); 0 for every other rank and when unset.
-double fault_delay(int rank) {
-  const char* v = std::getenv("FT_FAULT_STEP_DELAY");
-  if (!v || !*v) return 0;
-  const std::string text(v);
-  const size_t colon = text.find(':');
-  try {
-    FT_CHECK(colon != std::string::npos, "");
-    const int r = std::stoi(text.substr(0, colon));
-    const double s = std::stod(text.substr(colon + 1));
-    FT_CHECK(s >= 0 && s < 3600, "");
-    return r == rank ? s : 0;
-  } catch (const std::exception&) {
-    throw ConfigError("FT_FAULT_STEP_DELAY must be RANK:SECONDS (a test's straggler), got '" +
-                      text + "'");
-  }
-}
-
-// FT_FAULT_HOST_UPDATE=STEP: the overlapped host update of optimizer step STEP fails partway, on
-// every rank (a test's fault: the next forward must report it, not hang or train on); -1 unset.
-int64_t fault_host_update_step() {
-  const char* v = std::getenv("FT_FAULT_HOST_UPDATE");
-  if (!v || !*v) return -1;
-  try {
-    size_t used = 0;
-    const int64_t step = std::stoll(v, &used);
-    FT_CHECK(used == std::strlen(v) && step >= 1, "");
-    return step;
-  } catch (const std::exception&) {
-    throw ConfigError(fmt::format(
-        "FT_FAULT_HOST_UPDATE must be an optimizer step (a test's fault), got '{}'", v));
-  }
-}
-
 // This process's command line as a shell would take it back (arguments with spaces or quotes
 // single-quoted), from /proc/self/cmdline; "" where that cannot be read.
 std::string command_line() {
@@ -224,19 +186,20 @@ class TrainingRun {
   void print_start() const;
   std::string epochs_text() const;
   StepRecord step(ckpt::Checkpointer& checkpointer);
-  double step_flops(const std::vector<data::Batch>& mbs);
-  void measure_peak(bool quiet = false);
-  void remeasure_peak();
-  void keep_mfu_at_most_one(StepRecord& r);
   void compare_ranks(StepRecord& r, StragglerWatch& watch);
   void open_sources();
   std::vector<SourceCount> placed_by_source() const;
   void add_sources_over_ranks(StepRecord& r);
   bool eval_due(const StepRecord& r) const;
   void evaluate_step(StepRecord& r);
-  void report_progress();
-  c10d::Store* launcher_store();
   void publish_stop_estimate(const ckpt::Checkpointer& checkpointer, double iteration_s);
+  struct StepLogs;
+  StepLogs open_step_logs();
+  void record_start();
+  bool checkpoint_after_step(ckpt::Checkpointer& checkpointer, const RunRecord& record,
+                             StepRecord& r, Clock::time_point t0, StepLogs& logs);
+  void complete_record(StepRecord& r, Clock::time_point t0, StragglerWatch& watch);
+  RunSummary stopped(const ckpt::Checkpointer& checkpointer, RunSummary sum);
   parallel::ParamSource with_progress(parallel::ParamSource inner, size_t tensors) const;
 
   const RunOptions& o_;
@@ -275,16 +238,9 @@ class TrainingRun {
   std::unique_ptr<ckpt::Checkpoint> ck_;       // resumed from; null for a fresh start
   LoadRecord load_;
   std::unique_ptr<Trainer> trainer_;
-  PeakFlops peak_;            // the device's matmul peak MFU is measured against
-  bool peak_raised_ = false;  // a step ran faster than peak_ (keep_mfu_at_most_one)
-  static constexpr int64_t kRemeasurePeakStep = 3;
-  double fault_delay_s_ = 0;  // FT_FAULT_STEP_DELAY: a test's straggler (fault_delay())
-  std::chrono::steady_clock::time_point next_progress_ = std::chrono::steady_clock::now();
-  // The launcher's stop estimate (publish_stop_estimate): recent iterations, what was published.
-  std::deque<double> recent_iterations_s_;
-  std::optional<contract::StopEstimate> published_stop_;
-  double assumed_save_s_ = -1;  // a save's guessed seconds before one is measured
-  std::chrono::steady_clock::time_point next_stop_publish_;
+  std::unique_ptr<StepMeter> meter_;  // MFU: the step's FLOPs and the device's peak
+  double fault_delay_s_ = 0;          // FT_FAULT_STEP_DELAY: a test's straggler (fault_delay())
+  std::unique_ptr<LauncherLink> launcher_;  // progress and stop estimates for ft launch
 };
 
 // The device, before LibTorch is asked anything about CUDA: a GPU run opens libft_cuda.so now.
@@ -636,6 +592,21 @@ void TrainingRun::build_trainer() {
   options.overlap_host_step = s_.strategy.overlap_host_step;
   options.fail_host_update_step = fault_host_update_step();
   trainer_ = std::make_unique<Trainer>(*model_, options, *engine_);
+  StepMeter::Options mo;
+  mo.model = mc_;
+  if (s_.lora.enabled) mo.lora_targets = lora_config_.target_modules;
+  mo.lora_r = lora_config_.r;
+  mo.device = device_;
+  mo.dtype = dtype_;
+  mo.rank0 = rank0_;
+  if (env_.world_size > 1) mo.barrier = [this] { engine_->sum_over_ranks(0); };
+  meter_ = std::make_unique<StepMeter>(std::move(mo));
+  launcher_ = std::make_unique<LauncherLink>(
+      world_ ? &world_->store() : launcher_store_.get(), env_.rank, [this] {
+        int64_t elements = 0;
+        for (const auto& p : engine_->pieces(/*to_write=*/true)) elements += p.end - p.begin;
+        return elements;
+      });
   fault_delay_s_ = fault_delay(env_.rank);
   // LoRA dropout draws from LibTorch's default generators, which start from a random seed in each
   // process: seeding them makes a run with dropout repeat exactly.
@@ -717,72 +688,6 @@ void TrainingRun::print_start() const {
   std::fflush(stdout);
 }
 
-// The model FLOPs of this rank's micro-batches: each one's input tokens at its own length.
-double TrainingRun::step_flops(const std::vector<data::Batch>& mbs) {
-  double flops = 0;
-  for (const auto& b : mbs) {
-    const auto f = model::training_flops(
-        mc_, b.input_ids.size(1),
-        s_.lora.enabled ? lora_config_.target_modules : std::vector<std::string>{}, lora_config_.r);
-    flops += f.per_token() * static_cast<double>(b.input_tokens());
-  }
-  return flops;
-}
-
-// The device's peak, measured by every rank at once (a barrier first, so that ranks sharing a
-// CPU measure their share of it, as they will train).
-void TrainingRun::measure_peak(bool quiet) {
-  if (env_.world_size > 1) engine_->sum_over_ranks(0);
-  const BuildInfo info = build_info(device_.is_cuda());
-  const std::string name =
-      device_.is_cuda() && device_.index() < static_cast<int>(info.gpu_names.size())
-          ? info.gpu_names[device_.index()]
-          : "";
-  peak_ = device_peak(device_, dtype_, name);
-  if (rank0_ && !quiet)
-    fmt::print("ft train: MFU against {:.3g} TFLOP/s ({})\n", peak_.flops_per_s / 1e12, peak_.from);
-}
-
-// A peak measured at start can come out low when another process was busy in those 0.15 s (MFU
-// of 173% and 355% were seen on a loaded machine): measured again once the run is steady, the
-// higher figure kept.
-// measure_peak is a collective (its barrier), so every rank takes part whatever its own figure:
-// a rank whose step outran its peak (keep_mfu_at_most_one) holds that step's rate, not a
-// measurement, and used to return before the barrier while the others waited in it. Their
-// barrier then paired with its next scalar collective, and every collective after it with the
-// wrong one: a hang in the final save (the offload test under load, 1 run in 3 of its fp16 job),
-// or Gloo's "Received data size doesn't match expected size" where the sizes differ.
-void TrainingRun::remeasure_peak() {
-  const PeakFlops before = peak_;
-  measure_peak(/*quiet=*/true);
-  // A data sheet's figure or a step's own rate stands; of two measurements the higher.
-  if (before.from.rfind("measured", 0) != 0 || peak_.flops_per_s < before.flops_per_s) {
-    peak_ = before;
-    return;
-  }
-  peak_.from += fmt::format(" (again after {} steps: {:.3g} TFLOP/s at start)", kRemeasurePeakStep,
-                            before.flops_per_s / 1e12);
-  if (rank0_)
-    fmt::print("ft train: MFU now against {:.3g} TFLOP/s ({})\n", peak_.flops_per_s / 1e12,
-               peak_.from);
-}
-
-// A step that ran faster than the peak proves the peak low: its own rate becomes the peak (said
-// once), so no MFU above 100% is ever shown or recorded.
-void TrainingRun::keep_mfu_at_most_one(StepRecord& r) {
-  const double achieved = r.flops / std::max(r.step_time_s, 1e-12);
-  const double before = peak_.flops_per_s;
-  if (!raise_peak(peak_, achieved, r.stats.step)) return;
-  if (rank0_ && !peak_raised_)
-    fmt::print(stderr,
-               "ft train: step {} ran at {:.3g} TFLOP/s, above the peak measured at start "
-               "({:.3g}; the machine was busier then?): MFU is against the fastest step's rate "
-               "from now on\n",
-               r.stats.step, achieved / 1e12, before / 1e12);
-  peak_raised_ = true;
-  r.peak_flops_s = peak_.flops_per_s;
-}
-
 // One optimizer step: grad_accum micro-batches forward and backward, the update, and what it
 // cost, part by part (the checkpointer's turn after the update is timed by train()).
 StepRecord TrainingRun::step(ckpt::Checkpointer& checkpointer) {
@@ -820,8 +725,8 @@ StepRecord TrainingRun::step(ckpt::Checkpointer& checkpointer) {
   r.step_time_s = seconds_since(t0);
   if (exchange_) take_exchange_stats(r);
   for (const auto& b : mbs) r.input_tokens += b.input_tokens();
-  r.flops = step_flops(mbs);
-  r.peak_flops_s = peak_.flops_per_s;
+  r.flops = meter_->flops(mbs);
+  r.peak_flops_s = meter_->peak_flops_s();
   r.memory = trainer_->memory();
   if (device_.is_cuda()) {
     const cuda::DeviceMemory m = cuda::api().memory(device_.index(), /*reset_peak=*/true);
@@ -935,70 +840,51 @@ void TrainingRun::evaluate_step(StepRecord& r) {
                r.stats.step, r.eval_loss, r.eval_tokens, eval_name_, r.eval_s);
 }
 
-// The launcher's store under this round's prefix; null when not launched.
-c10d::Store* TrainingRun::launcher_store() {
-  return world_ ? &world_->store() : launcher_store_.get();
-}
-
-// Progress for the launcher's hang detection (--hang-timeout): at most once a second.
-void TrainingRun::report_progress() {
-  c10d::Store* store = launcher_store();
-  if (!store || std::chrono::steady_clock::now() < next_progress_) return;
-  store->add(contract::progress_key(env_.rank), 1);
-  next_progress_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-}
-
-// A save not measured yet is guessed from this rank's share of a checkpoint (an fp32 master and
-// Adam's two moments per trained element) at a write rate slow shared storage still reaches.
-constexpr double kAssumedSaveBytesPerS = 200e6;
-constexpr double kAssumedSaveFixedS = 2;  // fsync, meta.json, the commit's rename
-
-// What stopping this rank costs, for the launcher's wait between SIGTERM and SIGKILL: the
-// slowest of its last 8 iterations (`iteration_s`, checkpoint stalls left out; 0 before the
-// first), its checkpoint's save and the newest committed step. At most once a second, and at once
-// when a checkpoint commits.
+// What stopping this rank costs, for the launcher (LauncherLink).
 void TrainingRun::publish_stop_estimate(const ckpt::Checkpointer& checkpointer,
                                         double iteration_s) {
-  c10d::Store* store = launcher_store();
-  if (!store) return;
-  if (iteration_s > 0) recent_iterations_s_.push_back(iteration_s);
-  if (recent_iterations_s_.size() > 8) recent_iterations_s_.pop_front();
-  contract::StopEstimate e;
-  e.step = trainer_->steps();
-  for (double t : recent_iterations_s_) e.step_s = std::max(e.step_s, t);
-  e.committed_step = checkpointer.committed_step();
-  e.save_s = checkpointer.last_save_s();
-  e.save_measured = e.save_s > 0;
-  if (!e.save_measured) {
-    if (assumed_save_s_ < 0) {
-      int64_t elements = 0;
-      for (const auto& p : engine_->pieces(/*to_write=*/true)) elements += p.end - p.begin;
-      assumed_save_s_ =
-          static_cast<double>(elements) * 12 / kAssumedSaveBytesPerS + kAssumedSaveFixedS;
-    }
-    e.save_s = assumed_save_s_;
-  }
-  const auto now = std::chrono::steady_clock::now();
-  const bool committed = published_stop_ && e.committed_step != published_stop_->committed_step;
-  if (published_stop_ && !committed && now < next_stop_publish_) return;
-  const std::string text = contract::to_json(e);
-  store->set(contract::stop_estimate_key(env_.rank),
-             std::vector<uint8_t>(text.begin(), text.end()));
-  published_stop_ = e;
-  next_stop_publish_ = now + std::chrono::seconds(1);
+  launcher_->publish_stop_estimate(trainer_->steps(), checkpointer.committed_step(),
+                                   checkpointer.last_save_s(), iteration_s);
 }
 
-RunSummary TrainingRun::train() {
-  ckpt::Checkpointer checkpointer(checkpointer_options());
-  print_start();
+// The run's records of its steps: metrics.jsonl (rank 0), metrics.rank<k>.jsonl (every rank of
+// several), TensorBoard's events (output.tensorboard) and the console (rank 0).
+struct TrainingRun::StepLogs {
+  MetricsLog log, rank_log;
+  Progress progress;
+  std::unique_ptr<EventWriter> tensorboard;
+
+  void write_metrics(const StepRecord& r) {
+    log.write(r);
+    rank_log.write(r);
+  }
+  void show(const StepRecord& r, bool rank0) {
+    if (tensorboard && !r.stats.skipped) tensorboard->write(r.stats.step, tensorboard_scalars(r));
+    if (rank0) progress.update(r);
+  }
+};
+
+TrainingRun::StepLogs TrainingRun::open_step_logs() {
   // A resumed run keeps the records of the steps it does not redo.
   const int64_t keep_through = ck_ ? ck_->step() : -1;
   const fs::path out(o_.output_dir);
-  MetricsLog log(rank0_ ? (out / "metrics.jsonl").string() : "", keep_through);
-  MetricsLog rank_log(
-      env_.world_size > 1 ? (out / fmt::format("metrics.rank{}.jsonl", env_.rank)).string() : "",
-      keep_through);
-  Progress progress(rank0_ ? total_steps_ : 0, s_.train.log_every, trainer_->steps());
+  StepLogs logs{MetricsLog(rank0_ ? (out / "metrics.jsonl").string() : "", keep_through),
+                MetricsLog(env_.world_size > 1
+                               ? (out / fmt::format("metrics.rank{}.jsonl", env_.rank)).string()
+                               : "",
+                           keep_through),
+                Progress(rank0_ ? total_steps_ : 0, s_.train.log_every, trainer_->steps()),
+                nullptr};
+  if (rank0_ && s_.output.tensorboard)
+    logs.tensorboard =
+        std::make_unique<EventWriter>((out / "tensorboard").string(), trainer_->steps() + 1);
+  return logs;
+}
+
+// events.jsonl at the start: damaged checkpoints passed over, the settings changed since the
+// run's last start, and the start itself with what the run was given (the report's environment
+// table shows it).
+void TrainingRun::record_start() {
   for (const auto& d : out_.damage) append_event(events_path(), d);
   if (!out_.changes.empty()) {
     json changes = json::array();
@@ -1011,26 +897,108 @@ RunSummary TrainingRun::train() {
   nlohmann::json start =
       start_event(env_, ck_ ? ck_->step() : 0, device_.str(),
                   env_.world_size > 1 ? world_->backend_name() : "", plan_.label);
-  // What the run was given: the report's environment table shows it.
   start.update({{"model", o_.model_dir},
                 {"data", data_text_},
                 {"tokenizer", o_.tokenizer_path},
                 {"command", command_line()},
                 {"started_over", out_.started_over}});
   append_event(events_path(), start);
-  std::unique_ptr<EventWriter> tensorboard;
-  if (rank0_ && s_.output.tensorboard)
-    tensorboard =
-        std::make_unique<EventWriter>((out / "tensorboard").string(), trainer_->steps() + 1);
+}
+
+// The whole iteration since `t0` is the step; what its parts do not cover is "other".
+void set_step_time(StepRecord& r, Clock::time_point t0) {
+  r.step_time_s = seconds_since(t0);
+  r.times.other_s = r.step_time_s - r.times.data_s - r.times.compute_s - r.times.comm_s -
+                    r.times.optimizer_s - r.times.checkpoint_s;
+}
+
+// The checkpointer's turn after the update (a save when due, the ranks' agreement to stop),
+// timed as the step's checkpoint part. A save that failed stops the run: the step it followed is
+// recorded first. Returns whether the run stops here (a signal).
+bool TrainingRun::checkpoint_after_step(ckpt::Checkpointer& checkpointer, const RunRecord& record,
+                                        StepRecord& r, Clock::time_point t0, StepLogs& logs) {
+  const auto t1 = Clock::now();
+  const double comm0 = engine_->comm_wait_s();
+  const auto checkpoint_done = [&] {
+    const double ckpt_comm = engine_->comm_wait_s() - comm0;
+    r.times.checkpoint_s += seconds_since(t1) - ckpt_comm;
+    r.times.comm_s += ckpt_comm;
+    set_step_time(r, t0);
+  };
+  bool stop = false;
+  try {
+    stop = checkpointer.after_step(trainer_->steps(), total_steps_, [&] {
+      trainer_->settle();
+      trainer_->release_host_blocks();
+      return make_snapshot(*engine_, *trainer_, *source_, record, env_.rank);
+    });
+  } catch (...) {
+    checkpoint_done();
+    logs.write_metrics(r);
+    throw;
+  }
+  checkpoint_done();
+  return stop;
+}
+
+// What the step's record holds besides its own parts: the ranks compared, a mixture's sources
+// added over the ranks, the whole iteration's time and rate, the MFU kept at most 1, and the
+// evaluation when one is due. Collectives, in this order on every rank.
+void TrainingRun::complete_record(StepRecord& r, Clock::time_point t0, StragglerWatch& watch) {
+  compare_ranks(r, watch);  // (on the step time so far)
+  add_sources_over_ranks(r);
+  set_step_time(r, t0);
+  r.tokens_per_s = static_cast<double>(r.input_tokens) / std::max(r.step_time_s, 1e-9);
+  meter_->keep_mfu_at_most_one(r);
+  if (eval_due(r)) {
+    trainer_->settle();
+    trainer_->release_host_blocks();
+    evaluate_step(r);
+  }
+}
+
+// The summary's figures after each step that was not skipped.
+void tally(RunSummary& sum, const StepRecord& r) {
+  if (!r.stats.skipped) {
+    if (sum.ran++ == 0) {
+      sum.first_loss = r.stats.loss;
+      sum.first_step = r.stats.step;
+    }
+    sum.last_loss = r.stats.loss;
+    sum.steps = r.stats.step;
+  }
+  sum.skipped_steps = r.stats.skipped_total;
+}
+
+// A signal stopped the run after a checkpoint: said, recorded, and the summary marked.
+RunSummary TrainingRun::stopped(const ckpt::Checkpointer& checkpointer, RunSummary sum) {
+  if (rank0_)
+    fmt::print(stderr,
+               "ft train: stopped after step {} on {}; checkpoint written to {}; run the same "
+               "command again to continue (exit {})\n",
+               trainer_->steps(), ckpt::Checkpointer::stop_signal(), checkpointer.root(),
+               kExitPreempted);
+  append_event(events_path(), {{"event", "preempted"},
+                               {"step", trainer_->steps()},
+                               {"signal", ckpt::Checkpointer::stop_signal()}});
+  sum.preempted = true;
+  return sum;
+}
+
+RunSummary TrainingRun::train() {
+  ckpt::Checkpointer checkpointer(checkpointer_options());
+  print_start();
+  StepLogs logs = open_step_logs();
+  record_start();
   const RunRecord record{s_.resolved,  s_.lora.enabled,
                          o_.model_dir, s_.data.synthetic() ? "" : o_.tokenizer_path,
                          plan_.label,  chat_template_};
-  RunSummary sum;
   if (ck_) checkpointer.resumed_from(ck_->step());
   publish_stop_estimate(checkpointer, 0);
   StepProfiler profiler(trainer_->steps() + 4, rank0_ ? s_.output.profile_steps : 0, total_steps_,
                         device_.is_cuda(), o_.output_dir);
-  measure_peak();
+  meter_->measure();
+  RunSummary sum;
   int64_t steps_here = 0;  // steps this process ran (a resumed run starts past 0)
   StragglerWatch stragglers;
   ExpertWatch experts(s_.moe.collapse_steps);
@@ -1041,82 +1009,24 @@ RunSummary TrainingRun::train() {
     checkpointer.running(trainer_->steps() + 1);
     StepRecord r = step(checkpointer);
     profiler.after_step(trainer_->steps());
-    report_progress();
-    const auto t1 = Clock::now();
-    const double comm0 = engine_->comm_wait_s();
-    const auto checkpoint_done = [&] {
-      const double ckpt_comm = engine_->comm_wait_s() - comm0;
-      r.times.checkpoint_s += seconds_since(t1) - ckpt_comm;
-      r.times.comm_s += ckpt_comm;
-      r.step_time_s = seconds_since(t0);
-      r.times.other_s = r.step_time_s - r.times.data_s - r.times.compute_s - r.times.comm_s -
-                        r.times.optimizer_s - r.times.checkpoint_s;
-    };
-    bool stop = false;
-    try {
-      stop = checkpointer.after_step(trainer_->steps(), total_steps_, [&] {
-        trainer_->settle();
-        trainer_->release_host_blocks();
-        return make_snapshot(*engine_, *trainer_, *source_, record, env_.rank);
-      });
-    } catch (...) {
-      // A save that failed stops the run: the step it followed is trained and recorded first.
-      checkpoint_done();
-      log.write(r);
-      rank_log.write(r);
-      throw;
-    }
-    checkpoint_done();
-    compare_ranks(r, stragglers);  // (on the step time so far)
-    add_sources_over_ranks(r);
-    // The whole iteration is the step; what the parts do not cover is "other".
-    r.step_time_s = seconds_since(t0);
-    r.times.other_s = r.step_time_s - r.times.data_s - r.times.compute_s - r.times.comm_s -
-                      r.times.optimizer_s - r.times.checkpoint_s;
-    r.tokens_per_s = static_cast<double>(r.input_tokens) / std::max(r.step_time_s, 1e-9);
-    keep_mfu_at_most_one(r);
-    if (eval_due(r)) {
-      trainer_->settle();
-      trainer_->release_host_blocks();
-      evaluate_step(r);
-    }
-    log.write(r);
-    rank_log.write(r);
-    if (tensorboard && !r.stats.skipped) tensorboard->write(r.stats.step, tensorboard_scalars(r));
-    if (rank0_) progress.update(r);
+    launcher_->report_progress();
+    const bool stop = checkpoint_after_step(checkpointer, record, r, t0, logs);
+    complete_record(r, t0, stragglers);
+    logs.write_metrics(r);
+    logs.show(r, rank0_);
     if (const std::string w =
             experts.observe(r.stats.step, r.stats.expert_tokens, r.stats.moe_layers, aux_coef);
         rank0_ && !w.empty())
       fmt::print(stderr, "ft train: {}\n", w);
     publish_stop_estimate(checkpointer, seconds_since(t0) - r.times.checkpoint_s);
-    if (++steps_here == kRemeasurePeakStep) remeasure_peak();
-    if (!r.stats.skipped) {
-      if (sum.ran++ == 0) {
-        sum.first_loss = r.stats.loss;
-        sum.first_step = r.stats.step;
-      }
-      sum.last_loss = r.stats.loss;
-      sum.steps = r.stats.step;
-    }
-    sum.skipped_steps = r.stats.skipped_total;
-    if (stop) {
-      if (rank0_)
-        fmt::print(stderr,
-                   "ft train: stopped after step {} on {}; checkpoint written to {}; run the "
-                   "same command again to continue (exit {})\n",
-                   trainer_->steps(), ckpt::Checkpointer::stop_signal(), checkpointer.root(),
-                   kExitPreempted);
-      append_event(events_path(), {{"event", "preempted"},
-                                   {"step", trainer_->steps()},
-                                   {"signal", ckpt::Checkpointer::stop_signal()}});
-      sum.preempted = true;
-      return sum;
-    }
+    if (++steps_here == StepMeter::kRemeasureStep) meter_->remeasure();
+    tally(sum, r);
+    if (stop) return stopped(checkpointer, sum);
   }
   trainer_->settle();
   trainer_->release_host_blocks();
   checkpointer.finish(trainer_->steps());
-  if (rank0_) progress.finish();
+  if (rank0_) logs.progress.finish();
   return sum;
 }
 
