@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Packs what a lent GPU machine needs to run ft built here into .gpu/ (ignored; name it in the
-# device tool's `carry`): this build's ft, libft_cuda.so and gpu test programs, stripped of debug
+# Packs what a lent GPU machine needs to run ft built here into .gpu/ (ignored; send it with the
+# working tree): this build's ft, libft_cuda.so and gpu test programs, stripped of debug
 # information (6 MB instead of 61), and the system libraries the machine's image lacks (ICU,
 # PCRE2). bench/gpu_session.sh unpacks them there. Saves building on the GPU machine, whose
 # minutes are few; the libraries are built against this machine's LibTorch 2.11 (cu130), which

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 34's runs on a lent GPU machine, one command (the device tool's run), over a working tree
+# Issue 34's runs on a lent GPU machine, one command on that machine, over a working tree
 # that carries .gpu/ (bench/gpu_carry.sh: ft and the gpu tests built here). Puts the binaries
 # where the tests' compiled-in paths expect them, points their LibTorch run path at the machine's
 # own torch 2.11 (cu130), then, each phase under a time limit, its log in $OUT:

@@ -14,7 +14,7 @@
 // frees its activations and gradients, shrinks the heap, and faults the same pages in again (zeroed
 // by the kernel) on the next step's first writes. On the overhead-bound model of
 // bench/train_step.sh that was 8% of the main thread's time in the kernel and 9% of the step
-// (docs/performance.md). Blocks under 32 MiB (glibc's own ceiling for that threshold) now always
+// (docs/performance-log.md). Blocks under 32 MiB (glibc's own ceiling for that threshold) now always
 // come from the heap, and up to 256 MiB of free heap top stays with the process. (Since the step
 // pool, LibTorch's blocks of 1 MiB and more no longer reach glibc; these settings serve the rest.)
 #pragma once
@@ -46,7 +46,7 @@ bool keep_freed_heap();
 // Why. With glibc's heap (above), a sharded CPU job's per-step blocks of 1-32 MiB (activations,
 // gathered units, Gloo's flat copies) were carved from one heap in an order the threads' timing
 // decided; the holes left grew the heap by 100-165 MiB a rank, differently each run, and still
-// growing at step 8 (docs/performance.md). Blocks kept by size are found again whatever the order:
+// growing at step 8 (docs/performance-log.md). Blocks kept by size are found again whatever the order:
 // a rank's resident set is its blocks' high-water mark per size, the same every run, and no page
 // is faulted in twice. release_step_pool() unmaps the idle blocks (before an evaluation, a
 // checkpoint's snapshot, the final save).

@@ -6,7 +6,7 @@
 // its sum (no T x T tensor is held) and makes the four products of the gradients. What
 // at::_scaled_dot_product_flash_attention_for_cpu computes, with products of whole blocks against
 // every key they see rather than its 32-64 query tiles against key tiles (faster at training
-// shapes: docs/performance.md).
+// shapes: docs/performance-log.md).
 // Threads: the forward over (batch, head, block), the backward over (batch, key-value head), so
 // that one thread owns the keys' and values' gradients it adds into. Every sum is in a fixed order
 // and each product is made by one thread, so the bits do not depend on the number of threads.

@@ -28,7 +28,7 @@ bool zeroed_product(const at::Tensor& a) { return a.is_cpu() && a.scalar_type() 
 // result: MKL's sgemm with beta 0 first scales its output by zero in a pass of its own
 // (mkl_blas_def_sgemm_mscale, 3% of the overhead-bound model's samples), slower than a memset, and
 // the bits are the same (each element is 0 + the same sum; model_test checks them against
-// autograd's products). 3-8% less per product of 64 tokens at d=256 (docs/performance.md). The
+// autograd's products). 3-8% less per product of 64 tokens at d=256 (docs/performance-log.md). The
 // product goes straight to sgemm_ (host_blas.h: the same call at::addmm_ makes, without the
 // dispatcher), at::addmm_ where it cannot.
 at::Tensor product(const at::Tensor& a, const at::Tensor& b) {

@@ -19,7 +19,7 @@ namespace ft::model {
 inline constexpr int64_t kLossChunkElements = int64_t{1} << 25;
 // On a GPU, 1 GiB of fp32 (2093 tokens at a 128k vocabulary): 128 MiB made 261-token chunks whose
 // launches, small products and head-gradient additions took 45 ms of a 1B model's 211 ms step on
-// an H200 (docs/performance.md).
+// an H200 (docs/performance-log.md).
 inline constexpr int64_t kLossChunkElementsGpu = int64_t{1} << 28;
 inline int64_t loss_chunk_elements(bool gpu) {
   return gpu ? kLossChunkElementsGpu : kLossChunkElements;

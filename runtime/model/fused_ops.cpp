@@ -36,7 +36,7 @@ inline Acc<T> round_to(Acc<T> v) {
 
 // Elements per parallel chunk: below this a kernel runs on the calling thread. 4096, not ATen's
 // 32768: a layer's [64 tokens, 256] RMSNorm and RoPE then use both threads of a 2-core machine
-// (1.5% of the overhead-bound model's step; docs/performance.md). Every kernel's bits are the
+// (1.5% of the overhead-bound model's step; docs/performance-log.md). Every kernel's bits are the
 // same for any split (tested at 1 and 2 threads).
 constexpr int64_t kGrain = 1 << 12;
 

@@ -122,7 +122,7 @@ void add_products(Products& out, const std::vector<int64_t>& counts, bool accumu
 // Runs independent products (no two write the same tensor). In fp32 they are spread over the
 // threads, each whole on one thread (sgemm_ inside a parallel region runs on its caller's
 // thread): on two cores, 32 experts of 128 rows took 13-30% less than splitting every product
-// between the threads (docs/performance.md). The largest first, each taken by the next thread
+// between the threads (docs/performance-log.md). The largest first, each taken by the next thread
 // that is free, so that a thread slowed by its products' shapes or by the machine gets fewer
 // and the threads end within about the smallest product of each other. A product's bits are the
 // one-thread sgemm_'s whatever the thread count, the order or the other products (and at one
@@ -383,7 +383,7 @@ at::Tensor grouped_experts(const at::Tensor& rows, const std::array<GroupedWeigh
 // weights are unbound and the rows split once, so backward has one node per tensor gathering
 // every expert's gradient; indexing each expert (gate_up[e], rows.narrow) instead gave each
 // slice's gradient as a zero tensor of the whole parameter, E of them added per step (45% of a
-// 32-expert step: bench/moe_block.py, docs/performance.md).
+// 32-expert step: bench/moe_block.py, docs/performance-log.md).
 at::Tensor run_experts(const MoeWeights& w, const MoeConfig& config, const at::Tensor& rows,
                        const std::vector<int64_t>& counts, const MoeOptions& o) {
   const int64_t first = o.exchange ? o.exchange->first_local_expert() : 0;

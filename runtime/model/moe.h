@@ -104,7 +104,7 @@ class UnitHooks;  // model/decoder.h
 // (at::_grouped_mm, one call per weight for all the experts), or one product per expert with
 // rows. kAuto: the grouped GEMM on a CUDA device in bf16 when its operands fit it
 // (moe.cpp: grouped_mm_misfit), the per-expert products elsewhere (on the CPU ft's expert node is
-// the faster: docs/performance.md). kOn: the grouped GEMM wherever LibTorch has one (CPU and CUDA,
+// the faster: docs/performance-log.md). kOn: the grouped GEMM wherever LibTorch has one (CPU and CUDA,
 // fp32, bf16 and fp16), an ft::Error naming the key where the operands do not fit it.
 enum class GroupedMm { kAuto, kOn, kOff };
 GroupedMm parse_grouped_mm(const std::string& name);  // auto | on | off

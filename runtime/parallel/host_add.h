@@ -4,7 +4,7 @@
 // over ATen's threads. The bits of dst.add_(src): each element is one IEEE fp32 add of the widened
 // value (widening bf16 / fp16 is exact). Why: ATen's add_ of a bf16 tensor into an fp32 one goes
 // through its dtype-casting loop, 3.1 ns per element on 2 threads here against 0.50 for fp32 + fp32
-// (docs/performance.md, issue 32): 6 times the memory's speed, in the pass every offloaded gradient
+// (docs/performance-log.md, issue 32): 6 times the memory's speed, in the pass every offloaded gradient
 // takes. Other dtypes (fp64 masters) fall back to add_.
 #pragma once
 
