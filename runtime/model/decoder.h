@@ -25,10 +25,7 @@
 #include "model/fused_ops.h"
 #include "model/moe.h"
 #include "model/nf4.h"
-
-namespace torch::autograd {
-struct AutogradContext;
-}
+#include "model/unit_hooks.h"
 
 namespace ft::model {
 
@@ -45,8 +42,6 @@ struct NamedTensor {
   at::Tensor* tensor;
   const Nf4Shape* nf4 = nullptr;  // an NF4 projection's weight: *tensor is its blob
 };
-
-class UnitHooks;
 
 // A projection y = x W^T (+ b), with an optional LoRA adapter added by model/lora.
 struct Linear {
@@ -81,47 +76,6 @@ struct DecoderLayer {
   MoeWeights moe;                         // a MoE layer's router and experts (no dense MLP)
   bool requires_grad() const;             // some parameter of the layer requires grad
 };
-
-// Called by the forward pass around its shard units, so a distributed strategy can gather a unit's
-// parameters just before use, release them after, and hook the backward pass. Unit 0 is the root
-// (embeddings, final norm, LM head); unit i >= 1 is layer i-1. Called on the forward's thread.
-class UnitHooks {
- public:
-  virtual ~UnitHooks() = default;
-  // The unit's parameters are read after this returns. Unit 0 comes first and stays in use until
-  // the head has run.
-  virtual void before_unit(int unit) = 0;
-  // `output` is the hidden state the unit produced ([B, T, hidden]; for unit 0 the embeddings).
-  virtual void after_unit(int unit, const at::Tensor& output) = 0;
-
-  // A trained linear weight (no bias) whose gradient the strategy takes straight from the weight's
-  // matrix product: `into` ([out, in], the weight's dtype and device) is where its backward adds
-  // grad_out^T x (one addmm, beta 1), in place of autograd's product, AccumulateGrad and the
-  // strategy's hook adding it into its accumulator; then it calls grad_sunk(id). An undefined
-  // `into`: the usual autograd gradient. Asked during a forward with grad mode on.
-  struct GradSink {
-    at::Tensor into;
-    int64_t id = -1;
-  };
-  virtual GradSink grad_sink(const at::Tensor& weight) {
-    (void)weight;
-    return {};
-  }
-  virtual void grad_sunk(int64_t id) { (void)id; }
-};
-
-// A custom autograd function that takes a gradient sink keeps it in its context in forward
-// (`sink.into` undefined: none) and gets it back in backward; `done()` reports it sunk.
-struct SavedGradSink {
-  at::Tensor into;  // undefined: no sink was saved
-  UnitHooks* hooks = nullptr;
-  int64_t id = -1;
-  void done() const { hooks->grad_sunk(id); }
-};
-// A node with several sinks keeps each in a slot of its own (0, 1, ...).
-void save_grad_sink(torch::autograd::AutogradContext* ctx, UnitHooks* hooks,
-                    const UnitHooks::GradSink& sink, int slot = 0);
-SavedGradSink saved_grad_sink(torch::autograd::AutogradContext* ctx, int slot = 0);
 
 // Which transformer layers run under activation checkpointing (model/activation_checkpoint.h):
 // none, every layer, or the layers whose index is a multiple of n (0, n, 2n, ...).

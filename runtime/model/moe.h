@@ -98,7 +98,7 @@ struct ExpertFilePiece {
 // same in both layouts (not an expert tensor, or a Qwen router).
 std::vector<ExpertFilePiece> expert_file_pieces(const ModelConfig& config, const std::string& name);
 
-class UnitHooks;  // model/decoder.h
+class UnitHooks;  // model/unit_hooks.h
 
 // How the local experts' products run (moe.grouped_mm): as LibTorch's grouped GEMM
 // (at::_grouped_mm, one call per weight for all the experts), or one product per expert with

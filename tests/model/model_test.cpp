@@ -836,14 +836,18 @@ TEST_CASE("windowed attention equals the dense sliding-window mask", "[unit]") {
           const double scale = 0.3;
           const at::Tensor got = attend_windowed(q, k, v, seg, window, scale, cap, true);
           const at::Tensor want = attend(q, k, v, dense, false, scale, cap, true);
-          CHECK(rel_err(got, want) < 1e-12);
+          // A soft cap takes Gemma 2's eager path, whose softmax is fp32 (as transformers'): rows
+          // of 2W - 1 keys and of T keys are summed in other vector orders there (on AVX2 the
+          // difference reached 4e-7), so the bound is fp32's.
+          const double tol = cap > 0 ? 1e-6 : 1e-12;
+          CHECK(rel_err(got, want) < tol);
           const at::Tensor w = at::randn(got.sizes(), gen, f64);
           const auto g1 = torch::autograd::grad({(got * w).sum()}, {q, k, v});
           const auto g2 = torch::autograd::grad({(want * w).sum()}, {q, k, v});
           // (With a window of 1 the output is v: q's and k's gradients are 0 up to rounding.)
           for (size_t n = 0; n < 3; ++n)
             CHECK((g1[n] - g2[n]).abs().max().item<double>() <=
-                  1e-12 * (1 + g2[n].abs().max().item<double>()));
+                  tol * (1 + g2[n].abs().max().item<double>()));
         }
       }
     }
