@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cuda/element_type.h"
-#include "train/adamw_math.h"
+#include "cuda/adamw_math.h"
 
 namespace c10d {
 class Backend;
@@ -65,7 +65,7 @@ struct Api {
   // the same masks.
   std::vector<uint8_t> (*generator_state)(int index);
   void (*set_generator_state)(int index, const std::vector<uint8_t>& state);
-  // AdamW (train/adamw_math.h: the same bits as the host's loop) over n contiguous fp32 elements
+  // AdamW (cuda/adamw_math.h: the same bits as the host's loop) over n contiguous fp32 elements
   // on device `index`, queued on its current stream.
   void (*adamw_fp32)(int index, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
                      int64_t n, const train::AdamWScalars& s);

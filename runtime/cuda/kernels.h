@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "cuda/element_type.h"
-#include "train/adamw_math.h"
+#include "cuda/adamw_math.h"
 
 namespace ft::cuda {
 

@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 #include "cuda/loader.h"
-#include "train/adamw_math.h"
+#include "cuda/adamw_math.h"
 
 namespace ft::train {
 

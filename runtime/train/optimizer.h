@@ -1,5 +1,5 @@
 // AdamW over fp32 (or fp64) master parameters, one pass per flat tensor through the element
-// function of train/adamw_math.h: a threaded loop on the host, a kernel of libft_cuda.so on a GPU,
+// function of cuda/adamw_math.h: a threaded loop on the host, a kernel of libft_cuda.so on a GPU,
 // the same bits on both (an offloaded optimizer changes nothing). In two groups: with weight decay,
 // and without it for norms and biases. Owns the optimizer state (exp_avg, exp_avg_sq, step per
 // tensor). Not thread-safe.
@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "train/adamw_math.h"
+#include "cuda/adamw_math.h"
 
 namespace ft::train {
 

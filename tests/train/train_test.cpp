@@ -344,7 +344,7 @@ TEST_CASE("steps_for_epochs: ceil(epochs * rows / rows per step), decimals kept 
   CHECK_THROWS_AS(train::steps_for_epochs(0, 80, 4, 2, 1), ft::ConfigError);
 }
 
-// ft's AdamW (train/adamw_math.h: one element function for host and GPU, no FMA) follows
+// ft's AdamW (cuda/adamw_math.h: one element function for host and GPU, no FMA) follows
 // torch.optim.AdamW's formula: it stays within rounding of LibTorch's fused kernel over several
 // steps with weight decay, in fp32 and fp64.
 TEST_CASE("AdamW equals LibTorch's fused AdamW within rounding", "[unit]") {
