@@ -156,7 +156,7 @@ std::optional<TaskPlace> mpi_task(const EnvMap& env) {
     // All tasks on this host: rank 0 is here too, so loopback reaches its store.
     const bool all_here = p.local_size == p.size;
     resolve_master(env, p, all_here ? "127.0.0.1" : "",
-                   all_here ? fmt::format("all {} tasks on this host ({}={})", p.size, s.local_size,
+                   all_here ? fmt::format("all {} tasks on this host, {}={}", p.size, s.local_size,
                                           p.local_size)
                             : "");
     return p;

@@ -159,7 +159,7 @@ TEST_CASE("mpirun -np 4 ft train: the tasks join one job with the losses of ft l
 }
 
 TEST_CASE(
-    "mpirun -np 2 ft train: one task killed with SIGKILL ends the job; the same mpirun command "
+    "mpirun -np 2 ft train: a task killed with SIGKILL ends the job and the same mpirun command "
     "resumes from the checkpoint to the uninterrupted run's losses and weights",
     "[multiproc]") {
   require_mpirun();
@@ -209,8 +209,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "ft launch under mpirun --map-by ppr:1:node: node rank and count from OpenMPI's variables "
-    "(two launchers on one host as two nodes)",
+    "ft launch under mpirun: node rank and count from OpenMPI's variables (two launchers on one "
+    "host as two nodes)",
     "[multiproc]") {
   require_mpirun();
   const std::string dir = make_temp_dir();
@@ -220,7 +220,7 @@ TEST_CASE(
   const std::vector<std::string> launch =
       ft_launch_argv({"--nproc-per-node", "1"}, {"/bin/sh", "-c", "env > $DIR/env.$RANK"});
   const Finished r =
-      run_to_end(mpirun_argv(2, port, launch, {"--map-by", "ppr:1:node", "-x", "DIR"}), env,
+      run_to_end(mpirun_argv(2, port, launch, {"--map-by", "ppr:2:node", "-x", "DIR"}), env,
                  dir + "/out.txt", 60);
   INFO(output_tail(r.output));
   REQUIRE(r.code == 0);

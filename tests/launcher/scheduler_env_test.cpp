@@ -114,8 +114,9 @@ TEST_CASE("MPICH / Intel MPI (PMI_RANK, PMI_SIZE) and srun tasks join one job", 
   CHECK(read_dist_env(with(srun(1, 2, 1), {{"PMIX_RANK", "1"}})).rank == 1);
 }
 
-TEST_CASE("torchrun's variables win over a scheduler's; the scheduler's over an enclosing one's",
-          "[unit]") {
+TEST_CASE(
+    "torchrun's variables win over a scheduler's, and the scheduler's over an enclosing one's",
+    "[unit]") {
   // A worker of `ft launch` that mpirun started once per node inherits mpirun's variables.
   const DistEnv w = read_dist_env(with(ompi(1, 2, 1), {{"RANK", "3"},
                                                        {"WORLD_SIZE", "4"},
