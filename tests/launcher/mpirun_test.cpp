@@ -16,6 +16,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/runs.h"
@@ -176,9 +177,14 @@ TEST_CASE(
   env["FT_FAULT_STEP_DELAY"] = "1:0.3";
   Child m = start(mpirun_argv(2, port, train(out), {"-x", "FT_FAULT_STEP_DELAY"}), env,
                   dir + "/first.out");
-  wait_for_steps(out, 6, std::chrono::steady_clock::now() + std::chrono::seconds(60));
+  // Killed once step 6 is logged and the checkpoint of step 4, saved in the background, committed.
+  const std::string committed = out + "/checkpoints/step-000000004/meta.json";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((read_metrics(out).size() < 6 || !fs::exists(committed)) &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   REQUIRE(read_metrics(out).size() >= 6);
-  REQUIRE(fs::exists(out + "/checkpoints/step-000000004/meta.json"));
+  REQUIRE(fs::exists(committed));
   // mpirun's own children are the tasks; the victim is rank 1.
   pid_t victim = -1;
   for (pid_t p : children_of(m.pid)) {
