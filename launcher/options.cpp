@@ -104,11 +104,6 @@ const OptionSpec& launch_option_spec(const std::string& name) {
 
 namespace {
 
-std::string env_or(const EnvMap& env, const std::string& key) {
-  auto it = env.find(key);
-  return it == env.end() ? std::string() : it->second;
-}
-
 // The scheduler's value for an option, with a description of its source.
 std::optional<Resolved> from_scheduler(const std::string& name, const sched::SchedulerNode& n) {
   const std::optional<sched::NodeValue>* v = nullptr;
@@ -162,7 +157,7 @@ std::map<std::string, Resolved> resolve_options(const std::map<std::string, std:
       found = true;
     }
     for (size_t i = 0; !found && i < spec.env.size(); ++i) {
-      if (auto v = env_or(env, spec.env[i]); !v.empty()) {
+      if (auto v = sched::env_value(env, spec.env[i]); !v.empty()) {
         r = {v, "env " + spec.env[i]};
         found = true;
       }

@@ -8,13 +8,10 @@
 namespace ft::comm {
 namespace {
 
-std::string get(const sched::EnvMap& env, const char* name) {
-  auto it = env.find(name);
-  return it == env.end() ? std::string() : it->second;
-}
+using sched::env_value;
 
 int env_int(const sched::EnvMap& env, const char* name, int fallback, int lo, int hi) {
-  const std::string v = get(env, name);
+  const std::string v = env_value(env, name);
   if (v.empty()) return fallback;
   char* end = nullptr;
   long x = std::strtol(v.c_str(), &end, 10);
@@ -27,7 +24,7 @@ int env_int(const sched::EnvMap& env, const char* name, int fallback, int lo, in
 // torchrun's contract: RANK, WORLD_SIZE and the rest, as `ft launch` sets them.
 DistEnv torchrun_env(const sched::EnvMap& env) {
   DistEnv e;
-  const std::string addr = get(env, "MASTER_ADDR");
+  const std::string addr = env_value(env, "MASTER_ADDR");
   e.started_by = "torchrun contract";
   e.world_size = env_int(env, "WORLD_SIZE", 1, 1, 1 << 20);
   e.rank = env_int(env, "RANK", 0, 0, (1 << 20) - 1);
@@ -37,7 +34,7 @@ DistEnv torchrun_env(const sched::EnvMap& env) {
   e.nnodes = env_int(env, "GROUP_WORLD_SIZE", env_int(env, "NNODES", 1, 1, 1 << 20), 1, 1 << 20);
   e.restart_count = env_int(env, "TORCHELASTIC_RESTART_COUNT", 0, 0, 1 << 30);
   e.master_port = static_cast<uint16_t>(env_int(env, "MASTER_PORT", 0, 0, 65535));
-  e.agent_store = get(env, "TORCHELASTIC_USE_AGENT_STORE") == "True";
+  e.agent_store = env_value(env, "TORCHELASTIC_USE_AGENT_STORE") == "True";
   FT_CHECK(e.rank < e.world_size, "RANK=", e.rank, " must be below WORLD_SIZE=", e.world_size);
   FT_CHECK(e.local_rank < e.local_world_size, "LOCAL_RANK=", e.local_rank,
            " must be below LOCAL_WORLD_SIZE=", e.local_world_size);
@@ -80,7 +77,8 @@ DistEnv task_env(const sched::TaskPlace& t) {
 DistEnv read_dist_env(const sched::EnvMap& env) {
   // torchrun's variables win: `ft launch` under mpirun or srun sets them for its workers, which
   // inherit the starter's variables too.
-  if (!get(env, "RANK").empty() || !get(env, "WORLD_SIZE").empty()) return torchrun_env(env);
+  if (!env_value(env, "RANK").empty() || !env_value(env, "WORLD_SIZE").empty())
+    return torchrun_env(env);
   if (const auto task = sched::scheduler_task(env)) return task_env(*task);
   DistEnv alone = torchrun_env(env);
   alone.started_by.clear();

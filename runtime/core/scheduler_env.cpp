@@ -22,6 +22,11 @@ EnvMap current_environment() {
   return env;
 }
 
+std::string env_value(const EnvMap& env, const std::string& key) {
+  auto it = env.find(key);
+  return it == env.end() ? std::string() : it->second;
+}
+
 const std::vector<TaskVars>& task_starters() {
   // OpenMPI's OMPI_COMM_WORLD_NODE_RANK is not a node index (it counts the tasks of every job on
   // the host, like a local rank): a node's index comes from the layout instead. PMIx's PMIX_RANK
@@ -45,12 +50,6 @@ constexpr int kMaxTasks = 1 << 20;
 constexpr const char* kPmixRank = "PMIX_RANK";
 const TaskVars& slurm_vars() { return task_starters().back(); }
 
-std::string get(const EnvMap& env, const std::string& key) {
-  if (key.empty()) return {};
-  auto it = env.find(key);
-  return it == env.end() ? std::string() : it->second;
-}
-
 // `why`: who sets the variable, or what it is for, closing the message.
 int to_int(const std::string& name, const std::string& text, int lo, int hi,
            const std::string& why) {
@@ -67,14 +66,14 @@ std::string set_by(const std::string& starter) {
   return starter + " sets it for each task it starts";
 }
 
-// `name`'s value as an integer; REQUIRED: refused when unset, naming what the rest implies.
+// `name`'s value as an integer, refused when unset: `because` says what the variables set imply.
 int required(const EnvMap& env, const std::string& name, int lo, int hi, const TaskVars& s,
              const std::string& because) {
-  const std::string v = get(env, name);
+  const std::string v = env_value(env, name);
   FT_CHECK(!v.empty(), because, " but ", name,
            " is not set: ft cannot tell this task's place in the job and will not run it alone. "
            "Start one ft per task with `",
-           s.restart, "`, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT yourself");
+           s.start_command, "`, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT yourself");
   return to_int(name, v, lo, hi, set_by(s.starter));
 }
 
@@ -103,17 +102,26 @@ std::vector<int> tasks_per_node(const std::string& name, const std::string& text
   return counts;
 }
 
+// The first host of SLURM's step (or job) node list: node 0. Never SLURM_LAUNCH_NODE_IPADDR, the
+// host the job was submitted from.
+std::optional<NodeValue> slurm_first_host(const EnvMap& env) {
+  for (const char* k : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"})
+    if (const std::string v = env_value(env, k); !v.empty())
+      return NodeValue{expand_hostlist(v).front(), fmt::format("first host of {}={}", k, v)};
+  return std::nullopt;
+}
+
 // MASTER_ADDR / MASTER_PORT over what the starter implies.
 void resolve_master(const EnvMap& env, TaskPlace& p, const std::string& implied,
                     const std::string& implied_source) {
-  if (const std::string addr = get(env, "MASTER_ADDR"); !addr.empty()) {
+  if (const std::string addr = env_value(env, "MASTER_ADDR"); !addr.empty()) {
     p.master_addr = addr;
     p.master_source = "env MASTER_ADDR";
   } else {
     p.master_addr = implied;
     p.master_source = implied_source;
   }
-  if (const std::string port = get(env, "MASTER_PORT"); !port.empty())
+  if (const std::string port = env_value(env, "MASTER_PORT"); !port.empty())
     p.master_port = static_cast<uint16_t>(
         to_int("MASTER_PORT", port, 1, 65535, "give every task the same free port"));
 }
@@ -121,13 +129,13 @@ void resolve_master(const EnvMap& env, TaskPlace& p, const std::string& implied,
 // The node layout of a task: every node holds local_size tasks, ranks placed node after node, as
 // torchrun's contract (and ft's node-local groups) assume.
 void place_on_nodes(TaskPlace& p, const TaskVars& s) {
-  FT_CHECK(p.size % p.local_size == 0, s.size, "=", p.size, " tasks do not fill nodes of ",
-           s.local_size, "=", p.local_size,
+  FT_CHECK(p.size % p.local_size == 0, p.size_var, "=", p.size, " tasks do not fill nodes of ",
+           p.local_size_var, "=", p.local_size,
            " each: ft needs the same number of tasks on every node (mpirun --map-by ppr:N:node, "
            "srun --ntasks-per-node=N)");
-  FT_CHECK(p.local_rank == p.rank % p.local_size, s.rank, "=", p.rank, " is ", s.local_rank, "=",
-           p.local_rank, " of its node, but ft needs ranks placed node after node (rank ", p.rank,
-           " as local rank ", p.rank % p.local_size,
+  FT_CHECK(p.local_rank == p.rank % p.local_size, p.rank_var, "=", p.rank, " is ", s.local_rank,
+           "=", p.local_rank, " of its node, but ft needs ranks placed node after node (rank ",
+           p.rank, " as local rank ", p.rank % p.local_size,
            "): map tasks by slot or node block (mpirun's default, --map-by ppr:N:node; srun "
            "--distribution=block), not round-robin");
   p.nnodes = p.size / p.local_size;
@@ -138,14 +146,14 @@ void place_on_nodes(TaskPlace& p, const TaskVars& s) {
 std::optional<TaskPlace> mpi_task(const EnvMap& env) {
   for (const TaskVars& s : task_starters()) {
     if (&s == &slurm_vars()) break;
-    if (get(env, s.rank).empty() && get(env, s.size).empty()) continue;
+    if (env_value(env, s.rank).empty() && env_value(env, s.size).empty()) continue;
     TaskPlace p;
     p.starter = s.starter;
     p.rank_var = s.rank;
     p.size_var = s.size;
     p.local_size_var = s.local_size;
-    p.size = required(env, s.size, 1, kMaxTasks, s, s.rank + "=" + get(env, s.rank));
-    p.rank = required(env, s.rank, 0, kMaxTasks - 1, s, s.size + "=" + get(env, s.size));
+    p.size = required(env, s.size, 1, kMaxTasks, s, s.rank + "=" + env_value(env, s.rank));
+    p.rank = required(env, s.rank, 0, kMaxTasks - 1, s, s.size + "=" + env_value(env, s.size));
     FT_CHECK(p.rank < p.size, s.rank, "=", p.rank, " must be below ", s.size, "=", p.size);
     if (p.size > 1) {
       const std::string because = s.starter + " started " + std::to_string(p.size) + " tasks";
@@ -168,10 +176,10 @@ std::optional<TaskPlace> mpi_task(const EnvMap& env) {
 // one process, not one of the tasks.
 std::optional<TaskPlace> slurm_task(const EnvMap& env) {
   const TaskVars& s = slurm_vars();
-  const bool in_step = !get(env, "SLURM_STEP_ID").empty() || !get(env, s.size).empty();
-  const std::string ntasks = get(env, "SLURM_NTASKS");
+  const bool in_step = !env_value(env, "SLURM_STEP_ID").empty() || !env_value(env, s.size).empty();
+  const std::string ntasks = env_value(env, "SLURM_NTASKS");
   if (!in_step) {
-    if (ntasks.empty() || get(env, "SLURM_JOB_ID").empty()) return std::nullopt;
+    if (ntasks.empty() || env_value(env, "SLURM_JOB_ID").empty()) return std::nullopt;
     const int n = to_int("SLURM_NTASKS", ntasks, 1, kMaxTasks, set_by("SLURM"));
     FT_CHECK(n == 1, "SLURM_NTASKS=", n,
              " but this process runs outside any srun step (SLURM_STEP_ID is unset: the batch "
@@ -182,10 +190,11 @@ std::optional<TaskPlace> slurm_task(const EnvMap& env) {
   TaskPlace p;
   p.starter = s.starter;
   p.rank_var = s.rank;
-  p.size_var = get(env, s.size).empty() ? "SLURM_NTASKS" : s.size;
+  p.size_var = env_value(env, s.size).empty() ? "SLURM_NTASKS" : s.size;
   p.local_size_var = s.local_size;
-  const std::string size_text = get(env, p.size_var);
-  FT_CHECK(!size_text.empty(), "SLURM_STEP_ID=", get(env, "SLURM_STEP_ID"), " but neither ", s.size,
+  const std::string size_text = env_value(env, p.size_var);
+  FT_CHECK(!size_text.empty(), "SLURM_STEP_ID=", env_value(env, "SLURM_STEP_ID"), " but neither ",
+           s.size,
            " nor SLURM_NTASKS is set: ft cannot tell how many tasks srun started; "
            "give srun --ntasks=N");
   p.size = to_int(p.size_var, size_text, 1, kMaxTasks, set_by(s.starter));
@@ -195,8 +204,8 @@ std::optional<TaskPlace> slurm_task(const EnvMap& env) {
     const std::string because = "srun started " + std::to_string(p.size) + " tasks";
     const int node = required(env, "SLURM_NODEID", 0, kMaxTasks - 1, s, because);
     const std::string per_node_var =
-        get(env, s.local_size).empty() ? "SLURM_TASKS_PER_NODE" : s.local_size;
-    const std::string per_node = get(env, per_node_var);
+        env_value(env, s.local_size).empty() ? "SLURM_TASKS_PER_NODE" : s.local_size;
+    const std::string per_node = env_value(env, per_node_var);
     FT_CHECK(!per_node.empty(), because, " but neither ", s.local_size,
              " nor SLURM_TASKS_PER_NODE is set: ft cannot tell how many tasks share this node");
     const std::vector<int> counts = tasks_per_node(per_node_var, per_node);
@@ -207,6 +216,7 @@ std::optional<TaskPlace> slurm_task(const EnvMap& env) {
                " puts an uneven number of tasks on the nodes: ft needs the same number on every "
                "node (srun --ntasks-per-node=N)");
     p.local_size = counts[static_cast<size_t>(node)];
+    p.local_size_var = per_node_var;
     p.local_rank = required(env, s.local_rank, 0, p.local_size - 1, s, because);
     place_on_nodes(p, s);
     FT_CHECK(p.node_rank == node, s.rank, "=", p.rank, " runs on SLURM_NODEID=", node,
@@ -214,15 +224,8 @@ std::optional<TaskPlace> slurm_task(const EnvMap& env) {
              "): srun --distribution=block");
   }
   // The step's first node runs rank 0 under the block distribution checked above.
-  std::string first, from;
-  for (const char* k : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
-    if (const std::string v = get(env, k); !v.empty()) {
-      first = expand_hostlist(v).front();
-      from = fmt::format("first host of {}={}", k, v);
-      break;
-    }
-  }
-  resolve_master(env, p, first, from);
+  const std::optional<NodeValue> first = slurm_first_host(env);
+  resolve_master(env, p, first ? first->value : "", first ? first->source : "");
   return p;
 }
 
@@ -231,7 +234,7 @@ std::optional<TaskPlace> slurm_task(const EnvMap& env) {
 std::optional<TaskPlace> scheduler_task(const EnvMap& env) {
   std::optional<TaskPlace> p = mpi_task(env);
   if (!p) p = slurm_task(env);
-  const std::string pmix = get(env, kPmixRank);
+  const std::string pmix = env_value(env, kPmixRank);
   if (!p) {
     FT_CHECK(pmix.empty(), kPmixRank, "=", pmix,
              " is set but no variable gives the job's size (OMPI_COMM_WORLD_SIZE, PMI_SIZE, "
@@ -250,21 +253,16 @@ std::optional<TaskPlace> scheduler_task(const EnvMap& env) {
 
 SchedulerNode scheduler_node(const EnvMap& env) {
   SchedulerNode n;
-  const bool slurm = !get(env, "SLURM_JOB_ID").empty() || !get(env, "SLURM_NNODES").empty();
+  const bool slurm =
+      !env_value(env, "SLURM_JOB_ID").empty() || !env_value(env, "SLURM_NNODES").empty();
   if (slurm) {
     for (const char* k : {"SLURM_NNODES", "SLURM_JOB_NUM_NODES"})
-      if (auto v = get(env, k); !v.empty() && !n.nnodes) n.nnodes = NodeValue{v, k};
-    if (auto v = get(env, "SLURM_NODEID"); !v.empty()) n.node_rank = NodeValue{v, "SLURM_NODEID"};
-    // The first host of the job (or step) is node 0. SLURM_LAUNCH_NODE_IPADDR is the submit
-    // host: never use it.
-    for (const char* k : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
-      if (auto v = get(env, k); !v.empty()) {
-        n.master_addr =
-            NodeValue{expand_hostlist(v).front(), fmt::format("first host of {}={}", k, v)};
-        break;
-      }
-    }
-    if (auto v = get(env, "SLURM_JOB_ID"); !v.empty()) n.job_id = NodeValue{v, "SLURM_JOB_ID"};
+      if (auto v = env_value(env, k); !v.empty() && !n.nnodes) n.nnodes = NodeValue{v, k};
+    if (auto v = env_value(env, "SLURM_NODEID"); !v.empty())
+      n.node_rank = NodeValue{v, "SLURM_NODEID"};
+    n.master_addr = slurm_first_host(env);
+    if (auto v = env_value(env, "SLURM_JOB_ID"); !v.empty())
+      n.job_id = NodeValue{v, "SLURM_JOB_ID"};
   }
   // mpirun --map-by ppr:1:node: each task is one node's launcher. Its variables describe this
   // process better than an enclosing SLURM allocation's.

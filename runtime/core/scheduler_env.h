@@ -19,16 +19,19 @@ using EnvMap = std::map<std::string, std::string>;
 // This process's environment as a map.
 EnvMap current_environment();
 
+// `key`'s value in `env`; "" when unset (an empty variable counts as unset).
+std::string env_value(const EnvMap& env, const std::string& key);
+
 // The variables one starter sets in each task it starts; "" where it sets none. In precedence
 // order: mpirun inside a SLURM allocation sees the allocation's SLURM variables too, and its own
 // describe the task.
 struct TaskVars {
-  std::string starter;     // for messages: "OpenMPI (mpirun)"
-  std::string rank;        // the task's rank in the job
-  std::string size;        // the job's task count
-  std::string local_rank;  // the task's index on its host
-  std::string local_size;  // tasks on its host
-  std::string restart;     // how the docs name the way to start ft under it
+  std::string starter;        // for messages: "OpenMPI (mpirun)"
+  std::string rank;           // the task's rank in the job
+  std::string size;           // the job's task count
+  std::string local_rank;     // the task's index on its host
+  std::string local_size;     // tasks on its host
+  std::string start_command;  // how to start one ft per task with it, for messages
 };
 const std::vector<TaskVars>& task_starters();
 
