@@ -10,9 +10,6 @@
 
 #include "core/error.h"
 #include "core/strings.h"
-#include "hostlist.h"
-
-extern char** environ;
 
 namespace ft::launcher {
 
@@ -22,13 +19,14 @@ const std::vector<OptionSpec>& launch_option_specs() {
   static const std::vector<OptionSpec> specs = {
       {"nnodes", "N|MIN:MAX", "1",
        "Number of nodes, or MIN:MAX for an elastic job that starts once MIN nodes have joined.",
-       {"FT_NNODES", "PET_NNODES", "NNODES"}, {"SLURM_NNODES"}},
+       {"FT_NNODES", "PET_NNODES", "NNODES"}, {"SLURM_NNODES", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}},
       {"nproc-per-node", "N|auto|gpu|cpu", "auto",
        "Workers on this node. auto/gpu: one per visible GPU (1 when there is none); cpu: one per core.",
        {"FT_NPROC_PER_NODE", "PET_NPROC_PER_NODE", "NPROC_PER_NODE"}, {}},
       {"node-rank", "R", "",
        "This node's rank in [0, nnodes). Unset: assigned in the order nodes join.",
-       {"FT_NODE_RANK", "PET_NODE_RANK", "NODE_RANK"}, {"SLURM_NODEID"}},
+       {"FT_NODE_RANK", "PET_NODE_RANK", "NODE_RANK"},
+       {"SLURM_NODEID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}},
       {"master-addr", "HOST", "127.0.0.1",
        "Address of node 0, which hosts the rendezvous store. Used as given, never reverse-resolved.",
        {"FT_MASTER_ADDR", "PET_MASTER_ADDR", "MASTER_ADDR"},
@@ -104,43 +102,20 @@ const OptionSpec& launch_option_spec(const std::string& name) {
   throw;  // unreachable
 }
 
-EnvMap current_environment() {
-  EnvMap env;
-  for (char** e = environ; e && *e; ++e) {
-    std::string kv = *e;
-    size_t eq = kv.find('=');
-    if (eq != std::string::npos) env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
-  }
-  return env;
-}
-
 namespace {
 
-std::string env_or(const EnvMap& env, const std::string& key) {
-  auto it = env.find(key);
-  return it == env.end() ? std::string() : it->second;
-}
-
 // The scheduler's value for an option, with a description of its source.
-std::optional<Resolved> from_scheduler(const std::string& name, const EnvMap& env) {
-  if (env_or(env, "SLURM_JOB_ID").empty() && env_or(env, "SLURM_NNODES").empty()) return {};
-  if (name == "nnodes") {
-    for (const char* k : {"SLURM_NNODES", "SLURM_JOB_NUM_NODES"})
-      if (auto v = env_or(env, k); !v.empty()) return Resolved{v, k};
-  } else if (name == "node-rank") {
-    if (auto v = env_or(env, "SLURM_NODEID"); !v.empty()) return Resolved{v, "SLURM_NODEID"};
-  } else if (name == "master-addr") {
-    // The first host of the job (or step) is node 0. SLURM_LAUNCH_NODE_IPADDR is the submit host:
-    // never use it.
-    for (const char* k : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
-      if (auto v = env_or(env, k); !v.empty()) {
-        return Resolved{expand_hostlist(v).front(), fmt::format("first host of {}={}", k, v)};
-      }
-    }
-  } else if (name == "rdzv-id") {
-    if (auto v = env_or(env, "SLURM_JOB_ID"); !v.empty()) return Resolved{v, "SLURM_JOB_ID"};
+std::optional<Resolved> from_scheduler(const std::string& name, const sched::SchedulerNode& n) {
+  const std::optional<sched::NodeValue>* v = nullptr;
+  if (name == "nnodes") v = &n.nnodes;
+  if (name == "node-rank") v = &n.node_rank;
+  if (name == "master-addr") {
+    FT_CHECK(n.master_refusal.empty(), n.master_refusal);
+    v = &n.master_addr;
   }
-  return {};
+  if (name == "rdzv-id") v = &n.job_id;
+  if (!v || !*v) return {};
+  return Resolved{(*v)->value, (*v)->source};
 }
 
 bool truthy(const std::string& v) {
@@ -173,6 +148,7 @@ double to_seconds(const Resolved& r, const std::string& name, double lo,
 std::map<std::string, Resolved> resolve_options(const std::map<std::string, std::string>& flags,
                                                 const EnvMap& env) {
   std::map<std::string, Resolved> out;
+  const sched::SchedulerNode node = sched::scheduler_node(env);
   for (const auto& spec : launch_option_specs()) {
     Resolved r{spec.default_value, "default"};
     bool found = false;
@@ -181,17 +157,25 @@ std::map<std::string, Resolved> resolve_options(const std::map<std::string, std:
       found = true;
     }
     for (size_t i = 0; !found && i < spec.env.size(); ++i) {
-      if (auto v = env_or(env, spec.env[i]); !v.empty()) {
+      if (auto v = sched::env_value(env, spec.env[i]); !v.empty()) {
         r = {v, "env " + spec.env[i]};
         found = true;
       }
     }
     if (!found) {
-      if (auto s = from_scheduler(spec.name, env)) r = *s;
+      if (auto s = from_scheduler(spec.name, node)) r = *s;
     }
     if (spec.is_flag() && r.source != "default") r.value = truthy(r.value) ? "1" : "";
     out[spec.name] = r;
   }
+  // Launchers that mpirun put side by side on one host would each start a worker per GPU.
+  const bool node_from_mpi =
+      node.tasks_on_host > 1 && node.node_rank && out["node-rank"].source == node.node_rank->source;
+  FT_CHECK(!node_from_mpi || out["nproc-per-node"].source != "default", node.tasks_on_host_var, "=",
+           node.tasks_on_host, ": ", node.tasks_on_host,
+           " ft launch tasks run on this host, and each would start one worker per GPU "
+           "(--nproc-per-node auto): run one per node (mpirun --map-by ppr:1:node) or give "
+           "--nproc-per-node so that they share the host");
   return out;
 }
 
@@ -231,11 +215,15 @@ LaunchConfig make_launch_config(const std::map<std::string, Resolved>& r,
   }
 
   if (get("node-rank").set()) c.node_rank = to_int(get("node-rank"), "node-rank", 0, 99999);
-  // An elastic job assigns ranks in join order. SLURM's task index is no request of the user's: a
-  // `--nnodes MIN:MAX` inside `srun` drops it rather than refusing the job.
-  if (c.node_rank && c.min_nodes != c.max_nodes && get("node-rank").source == "SLURM_NODEID") {
+  // An elastic job assigns ranks in join order. A scheduler's task index (SLURM_NODEID, mpirun's
+  // rank) is no request of the user's: a `--nnodes MIN:MAX` inside `srun` or `mpirun` drops it
+  // rather than refusing the job.
+  const auto& rank_vars = launch_option_spec("node-rank").scheduler;
+  const std::string& rank_source = get("node-rank").source;
+  if (c.node_rank && c.min_nodes != c.max_nodes &&
+      std::find(rank_vars.begin(), rank_vars.end(), rank_source) != rank_vars.end()) {
     c.node_rank.reset();
-    c.sources["node-rank"] = {"", "join order; SLURM_NODEID not used with --nnodes MIN:MAX"};
+    c.sources["node-rank"] = {"", "join order; " + rank_source + " not used with --nnodes MIN:MAX"};
   }
 
   std::string host = get("master-addr").value;
@@ -354,7 +342,7 @@ std::string md_escape(const std::string& text) {
 
 std::string options_markdown() {
   std::string s =
-      "| flag | value | default | environment | SLURM | meaning |\n|---|---|---|---|---|---|\n";
+      "| flag | value | default | environment | scheduler | meaning |\n|---|---|---|---|---|---|\n";
   for (const auto& o : launch_option_specs()) {
     std::string env, sched;
     for (const auto& e : o.env) env += (env.empty() ? "" : ", ") + ("`" + e + "`");

@@ -1,7 +1,8 @@
 // Every `ft launch` setting, declared once: flag, default, help and the environment variables that
 // mirror it. The table drives CLI parsing, `--help`, `--dry-run` and docs/launcher.md, and
-// `resolve()` applies ft's precedence: flag > FT_* / PET_* > plain env > scheduler (SLURM) >
-// default. Pure data and functions over it; thread-safe.
+// `resolve()` applies ft's precedence: flag > FT_* / PET_* > plain env > scheduler (SLURM, or
+// mpirun's task variables: core/scheduler_env.h) > default. Pure data and functions over it;
+// thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "core/scheduler_env.h"
 
 namespace ft::launcher {
 
@@ -18,7 +21,8 @@ struct OptionSpec {
   std::string default_value;  // "" means unset
   std::string help;
   std::vector<std::string> env;  // FT_*/PET_* first, then plain variables, in precedence order
-  std::vector<std::string> scheduler;  // SLURM variables that can supply it (described in help)
+  // Scheduler variables that can supply it (SLURM's, mpirun's: core/scheduler_env.h reads them).
+  std::vector<std::string> scheduler;
   bool is_flag() const { return value_name.empty(); }
 };
 
@@ -35,8 +39,8 @@ struct Resolved {
 };
 
 // Environment lookup, injectable for tests.
-using EnvMap = std::map<std::string, std::string>;
-EnvMap current_environment();
+using sched::current_environment;
+using sched::EnvMap;
 
 // Applies precedence. `flags` holds the values given on the command line, keyed by canonical name.
 std::map<std::string, Resolved> resolve_options(const std::map<std::string, std::string>& flags,

@@ -34,7 +34,8 @@ log() { printf '[setup] %s\n' "$*"; }
 # chromium: the browser test of `ft report`'s pages (tests/report/browser_check.py).
 pkgs=(cmake g++ ninja-build ccache make git python3 python3-venv libcli11-dev nlohmann-json3-dev catch2 libgloo-dev libpcre2-dev libicu-dev zlib1g-dev libzstd-dev pkg-config)
 # slurm-wlm (slurmctld, slurmd, sbatch...): the SLURM cluster test (tests/launcher/slurm_test.cpp).
-[[ "${FT_SETUP:-all}" == demo ]] || pkgs+=(iproute2 clang libclang-rt-14-dev chromium slurm-wlm)
+# openmpi-bin (mpirun): ft train and ft launch started by mpirun (tests/launcher/mpirun_test.cpp).
+[[ "${FT_SETUP:-all}" == demo ]] || pkgs+=(iproute2 clang libclang-rt-14-dev chromium slurm-wlm openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

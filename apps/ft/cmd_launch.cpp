@@ -57,7 +57,7 @@ Run add_launch(CLI::App& app, const std::vector<std::string>& program) {
     if (!spec.default_value.empty()) help += fmt::format(" [default: {}]", spec.default_value);
     if (!spec.env.empty()) help += fmt::format(" [env: {}]", fmt::join(spec.env, ", "));
     if (!spec.scheduler.empty())
-      help += fmt::format(" [SLURM: {}]", fmt::join(spec.scheduler, ", "));
+      help += fmt::format(" [scheduler: {}]", fmt::join(spec.scheduler, ", "));
     CLI::Option* o;
     if (spec.is_flag()) {
       o = cmd->add_flag(names)->description(help);

@@ -54,6 +54,33 @@ c10::intrusive_ptr<c10d::Store> connect_launcher_store(const DistEnv& env,
   }
 }
 
+c10::intrusive_ptr<c10d::Store> connect_job_store(const DistEnv& env,
+                                                  std::chrono::milliseconds timeout) {
+  FT_ASSERT(env.rank0_hosts_store(), "rank ", env.rank, ": the job's store is the launcher's");
+  c10d::TCPStoreOptions so;
+  so.port = env.master_port;
+  so.isServer = env.rank == 0;
+  so.numWorkers = env.world_size;
+  so.waitWorkers = false;  // the process group's own rendezvous waits for every rank
+  so.timeout = timeout;
+  try {
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+    return c10::make_intrusive<c10d::PrefixStore>(worker_store_prefix(env.restart_count), tcp);
+  } catch (const c10::Error& e) {
+    if (env.rank == 0)
+      throw BackendError(fmt::format(
+          "rank 0/{}: cannot host the job's store on port {} ({}:{}, {}): {}. Another job may hold "
+          "the port: give every task the same free MASTER_PORT",
+          env.world_size, env.master_port, env.master_addr, env.master_port, env.master_source,
+          e.what_without_backtrace()));
+    throw BackendError(fmt::format(
+        "rank {}/{}: cannot reach the job's store at {}:{} ({}), which rank 0 hosts: {}. Is rank 0 "
+        "running on that host? Set MASTER_ADDR to rank 0's host for every task",
+        env.rank, env.world_size, env.master_addr, env.master_port, env.master_source,
+        e.what_without_backtrace()));
+  }
+}
+
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;      // this group's store (subgroups prefix it further)
   c10::intrusive_ptr<c10d::Backend> backend;  // Gloo or NCCL
@@ -86,8 +113,10 @@ ProcessGroup::ProcessGroup(const DistEnv& env, const ProcessGroupOptions& opts)
   impl_->size = env.world_size;
   const std::string endpoint = fmt::format("{}:{}", env.master_addr, env.master_port);
   try {
-    if (env.launched()) {
+    if (env.agent_store) {
       impl_->store = connect_launcher_store(env, opts.timeout);
+    } else if (env.launched()) {
+      impl_->store = connect_job_store(env, opts.timeout);
     } else {
       impl_->store = c10::make_intrusive<c10d::HashStore>();
     }

@@ -1,10 +1,11 @@
 // Builds the c10d process group of a worker from its DistEnv: a TCPStore client on the launcher's
-// store (prefixed per restart round) and Gloo for CPU tensors, or NCCL for the tensors of this
-// rank's GPU (opened through the CUDA room, cuda/loader.h). World size 1 without a launcher uses an
-// in-process HashStore. Create once per process, from the main thread; collectives on the returned
-// backend must be issued in the same order on every rank. NCCL runs each collective on its own
-// stream; Work::wait() makes the calling thread's current stream wait for it (it does not block the
-// CPU), so a later .item() on that stream sees the result.
+// store, or on the one rank 0 hosts when no launcher does (prefixed per restart round) and Gloo for
+// CPU tensors, or NCCL for the tensors of this rank's GPU (opened through the CUDA room,
+// cuda/loader.h). World size 1 without a launcher uses an in-process HashStore. Create once per
+// process, from the main thread; collectives on the returned backend must be issued in the same
+// order on every rank. NCCL runs each collective on its own stream; Work::wait() makes the calling
+// thread's current stream wait for it (it does not block the CPU), so a later .item() on that
+// stream sees the result.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -39,6 +40,13 @@ std::optional<std::string> peer_failure(const std::exception& e);
 // through it. Throws BackendError naming the endpoint when the store cannot be reached.
 c10::intrusive_ptr<c10d::Store> connect_launcher_store(const DistEnv& env,
                                                        std::chrono::milliseconds timeout);
+
+// The job's store when no launcher hosts one (mpirun, srun, or RANK/WORLD_SIZE set by hand): rank
+// 0 hosts a TCPStore on MASTER_PORT and every rank connects to MASTER_ADDR:MASTER_PORT, as
+// torchrun's env:// does, under worker_store_prefix(restart_count). Throws BackendError naming the
+// endpoint and where MASTER_ADDR came from when rank 0 cannot bind or another rank cannot connect.
+c10::intrusive_ptr<c10d::Store> connect_job_store(const DistEnv& env,
+                                                  std::chrono::milliseconds timeout);
 
 struct ProcessGroupOptions {
   static constexpr std::chrono::seconds kDefaultTimeout{300};

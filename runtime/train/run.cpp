@@ -682,6 +682,12 @@ void TrainingRun::print_start() const {
   fmt::print("ft train: strategy {}\n", plan_.label);
   fmt::print("ft train: device {} ({}){}\n", device_.str(), device_choice_.reason,
              env_.world_size > 1 ? fmt::format(", {} between ranks", world_->backend_name()) : "");
+  if (env_.rank0_hosts_store())  // no launcher: say which tasks formed the job, and where
+    fmt::print(
+        "ft train: {} tasks started by {} joined one job on {} node(s); store {}:{} ({}), "
+        "hosted by rank 0\n",
+        env_.world_size, env_.started_by, env_.nnodes, env_.master_addr, env_.master_port,
+        env_.master_source);
   if (ck_)
     fmt::print("ft train: resuming from {} (step {}, saved by {} rank{})\n", ck_->dir(),
                ck_->step(), ck_->world_size(), ck_->world_size() > 1 ? "s" : "");

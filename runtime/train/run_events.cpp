@@ -24,6 +24,7 @@ nlohmann::json start_event(const comm::DistEnv& env, int64_t from_step, const st
                       {"nnodes", env.nnodes},
                       {"local_world_size", env.local_world_size},
                       {"launched", env.launched()},
+                      {"started_by", env.started_by},
                       {"hostname", host},
                       {"device", device},
                       {"backend", backend},

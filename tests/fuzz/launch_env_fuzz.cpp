@@ -1,53 +1,21 @@
 // Fuzzes what a launcher and a worker read from their environment. The input's first line is a
 // SLURM host list (expand_hostlist); each further line is a flag ("--nnodes=2") or an environment
 // variable ("SLURM_JOB_NODELIST=gpu[01-04]"), resolved as `ft launch` resolves them
-// (resolve_options: flag > FT_* / PET_* > plain > SLURM > default, then make_launch_config); the
-// variables are also set in this process's environment for a worker's read_dist_env.
-#include <cstdlib>
-#include <cstring>
+// (resolve_options: flag > FT_* / PET_* > plain > scheduler > default, then make_launch_config),
+// and as a worker reads them (read_dist_env: torchrun's variables, or mpirun's or srun's).
 #include <map>
-#include <memory>
 
 #include "comm/dist_env.h"
+#include "core/hostlist.h"
 #include "fuzz_support.h"
-#include "hostlist.h"
 #include "options.h"
 
-namespace {
-
 using namespace ft;
-
-// What read_dist_env reads: set from the input, unset otherwise.
-constexpr const char* kWorkerVariables[] = {"MASTER_ADDR",
-                                            "MASTER_PORT",
-                                            "WORLD_SIZE",
-                                            "RANK",
-                                            "LOCAL_RANK",
-                                            "LOCAL_WORLD_SIZE",
-                                            "GROUP_RANK",
-                                            "NODE_RANK",
-                                            "GROUP_WORLD_SIZE",
-                                            "NNODES",
-                                            "TORCHELASTIC_RESTART_COUNT",
-                                            "TORCHELASTIC_USE_AGENT_STORE"};
-
-// putenv with buffers of our own, not setenv: glibc's setenv keeps every value it ever set (a
-// long run sets millions). A value with a NUL byte ends there, as it would in an environment.
-void set_variable(const char* name, const std::string& value) {
-  static std::map<std::string, std::unique_ptr<char[]>> buffers;
-  const std::string entry = std::string(name) + "=" + value.c_str();
-  auto next = std::make_unique<char[]>(entry.size() + 1);
-  std::memcpy(next.get(), entry.c_str(), entry.size() + 1);
-  ::putenv(next.get());
-  buffers[name] = std::move(next);  // frees the previous one, which environ no longer holds
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto lines = fuzz::split(fuzz::as_text(data, size), "\n", 64);
   fuzz::expect_ft_errors([&] {
-    const std::vector<std::string> hosts = launcher::expand_hostlist(std::string(lines[0]));
+    const std::vector<std::string> hosts = expand_hostlist(std::string(lines[0]));
     fuzz::require(!hosts.empty(), "an accepted host list names a host");
   });
 
@@ -74,16 +42,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                   "an accepted launch configuration is consistent");
   });
 
-  for (const char* name : kWorkerVariables) {
-    const auto it = env.find(name);
-    if (it != env.end()) {
-      set_variable(name, it->second);
-    } else {
-      ::unsetenv(name);
-    }
-  }
   fuzz::expect_ft_errors([&] {
-    const comm::DistEnv e = comm::read_dist_env();
+    const comm::DistEnv e = comm::read_dist_env(env);
     fuzz::require(e.rank < e.world_size && e.local_rank < e.local_world_size,
                   "an accepted worker environment is consistent");
   });

@@ -7,10 +7,11 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "hostlist.h"
+#include "core/hostlist.h"
 #include "worker_env.h"
 
 using namespace ft::launcher;
+using ft::expand_hostlist;
 
 namespace {
 LaunchConfig config(const std::map<std::string, std::string>& flags, const EnvMap& env,

@@ -58,17 +58,21 @@ void require_slurm() {
   skip_test(why);
 }
 
-// README's SLURM sbatch script: the first ```bash block after "### SLURM".
-std::string readme_script() {
-  const std::string readme = read_file(test_dir() + "/../README.md");
-  const size_t section = readme.find("\n### SLURM\n");
+// The first ```bash block after the line `heading` in `file` (relative to the repository).
+std::string first_bash_block(const std::string& file, const std::string& heading) {
+  const std::string text = read_file(test_dir() + "/../" + file);
+  const size_t section = text.find("\n" + heading + "\n");
+  INFO(file << " has no line " << heading);
   REQUIRE(section != std::string::npos);
-  const size_t open = readme.find("```bash\n", section);
+  const size_t open = text.find("```bash\n", section);
   REQUIRE(open != std::string::npos);
-  const size_t body = open + 8, close = readme.find("```", body);
+  const size_t body = open + 8, close = text.find("```", body);
   REQUIRE(close != std::string::npos);
-  return readme.substr(body, close - body);
+  return text.substr(body, close - body);
 }
+
+// README's SLURM sbatch script.
+std::string readme_script() { return first_bash_block("README.md", "### SLURM"); }
 
 // `text` with `from` replaced by `to`; REQUIREs that `from` occurs exactly once, so a change to
 // README's script shows here instead of quietly testing something else.
@@ -102,6 +106,18 @@ std::string job_script(const std::string& sets, const std::string& launch_flags 
   std::string s = readme_script();
   s = substitute(s, "#SBATCH --gpus-per-node=8\n", "");
   s = substitute(s, "srun ft launch ", "srun " + ft_bin() + " launch " + launch_flags);
+  s = substitute(s, "--preset lora-7b", "--preset tiny-demo" + sets);
+  return s;
+}
+
+// docs/launcher.md's script for one ft train per task under srun (no ft launch): the first ```bash
+// block after "### SLURM: srun without ft launch", with what job_script substitutes and one task
+// per node (the test nodes have one CPU each).
+std::string srun_train_script(const std::string& sets) {
+  std::string s = first_bash_block("docs/launcher.md", "### SLURM: srun without ft launch");
+  s = substitute(s, "#SBATCH --gpus-per-node=8\n", "");
+  s = substitute(s, "#SBATCH --ntasks-per-node=8\n", "#SBATCH --ntasks-per-node=1\n");
+  s = substitute(s, "srun ft train ", "srun " + ft_bin() + " train ");
   s = substitute(s, "--preset lora-7b", "--preset tiny-demo" + sets);
   return s;
 }
@@ -517,4 +533,35 @@ TEST_CASE(
   // The machine is back: ReturnToService=2 makes the node usable when its slurmd registers.
   cluster.restart_slurmd(1);
   check_resumed_to_the_end(cluster, id, at, steps);
+}
+
+// No ft launch: srun starts one ft train per task (SLURM_PROCID, SLURM_STEP_NUM_TASKS,
+// SLURM_LOCALID), and the tasks join one job on the store rank 0 hosts on the first node of the
+// step.
+TEST_CASE(
+    "slurm: srun ft train, one task per node and no ft launch: the tasks join one job of world "
+    "size 2 on node0's store and complete",
+    "[multiproc]") {
+  require_slurm();
+  Cluster cluster(2);
+  const std::string id = cluster.submit(srun_train_script(train_sets(12, 1000)));
+  const std::string state = cluster.wait_end(id, 180);
+  const std::string out = cluster.output(id);
+  INFO(output_tail(out) << cluster.logs());
+  REQUIRE(state == "COMPLETED");
+  CHECK_THAT(out, !Catch::Contains("on a single rank"));
+  CHECK_THAT(out, Catch::Contains("ft train: 2 tasks started by SLURM (srun) joined one job on 2 "
+                                  "node(s); store node0:29500 (first host of "
+                                  "SLURM_STEP_NODELIST=node[0-1]), hosted by rank 0"));
+  const std::string run = run_dir(cluster);
+  CHECK(fs::exists(run + "/final/model.safetensors"));
+  check_every_step_once(run, 12);
+  const auto starts = events(run, "start");
+  REQUIRE(starts.size() == 1);
+  CHECK(starts[0]["world_size"] == 2);
+  CHECK(starts[0]["nnodes"] == 2);
+  CHECK(starts[0]["started_by"] == "SLURM (srun)");
+  CHECK(starts[0]["hostname"] == "node0");
+  // Both ranks logged every step: rank 1 trained on node1 in the same job.
+  CHECK(read_jsonl(run + "/metrics.rank1.jsonl").size() == 12);
 }

@@ -1,11 +1,11 @@
-#include "hostlist.h"
+#include "core/hostlist.h"
 
 #include <algorithm>
 
 #include "core/error.h"
 #include "core/json.h"
 
-namespace ft::launcher {
+namespace ft {
 namespace {
 
 constexpr size_t kMaxHosts = 100000;  // the most --nnodes allows
@@ -145,4 +145,4 @@ std::vector<std::string> expand_hostlist(const std::string& list) {
   return out;
 }
 
-}  // namespace ft::launcher
+}  // namespace ft
