@@ -239,6 +239,8 @@ class Engine : public model::UnitHooks {
 
   // Collectives over all ranks (counted as scalar collectives).
   double sum_over_ranks(double v);
+  // Every rank has got here (a sum of zeros: one scalar collective).
+  void barrier() { sum_over_ranks(0); }
   // Element by element over every rank (one all-reduce).
   std::vector<double> sum_over_ranks(const std::vector<double>& v);
   double max_over_ranks(double v);

@@ -213,7 +213,8 @@ class TrainingRun {
   at::ScalarType dtype_ = at::kFloat;  // compute dtype (precision.mode)
   model::ModelConfig mc_;
   std::unique_ptr<BaseWeights> base_;
-  parallel::StrategyPlan plan_;
+  parallel::StrategyPlan
+      strategy_plan_;  // the strategy's layout and groups (not the preflight's plan)
   std::unique_ptr<model::DecoderModel> model_;  // shapes only: the engine holds the storage
   model::LoraConfig lora_config_;
   std::unique_ptr<data::BatchSource> source_;
@@ -265,7 +266,7 @@ void TrainingRun::build_model() {
            ": --set data.seq_len=", mc_.max_position_embeddings, " or less");
   const auto checkpointing =
       model::parse_activation_checkpointing(s_.train.activation_checkpointing);
-  plan_ = parallel::plan_strategy(s_.strategy, s_.precision.mode, env_, device_);
+  strategy_plan_ = parallel::plan_strategy(s_.strategy, s_.precision.mode, env_, device_);
   model_ = std::make_unique<model::DecoderModel>(expert_placement(),
                                                  at::TensorOptions().dtype(dtype_).device(device_),
                                                  /*materialize=*/false);
@@ -451,14 +452,16 @@ void TrainingRun::form_groups() {
   pgo.device = device_;  // Gloo on CPU, NCCL on the rank's GPU
   world_ = std::make_unique<comm::ProcessGroup>(env_, pgo);
   groups_.world = world_.get();
-  const int S = plan_.engine.shard_size;
+  const int S = strategy_plan_.engine.shard_size;
   if (S > 1 && S == env_.world_size) groups_.shard = world_.get();
   if (S > 1 && S < env_.world_size) {
-    shard_group_ = world_->subgroup(fmt::format("shard{}", env_.rank / S), plan_.shard_ranks);
+    shard_group_ =
+        world_->subgroup(fmt::format("shard{}", env_.rank / S), strategy_plan_.shard_ranks);
     groups_.shard = shard_group_.get();
   }
-  if (plan_.replicas > 1) {
-    replica_group_ = world_->subgroup(fmt::format("replica{}", env_.rank % S), plan_.replica_ranks);
+  if (strategy_plan_.replicas > 1) {
+    replica_group_ =
+        world_->subgroup(fmt::format("replica{}", env_.rank % S), strategy_plan_.replica_ranks);
     groups_.replica = replica_group_.get();
   }
   form_expert_groups();
@@ -489,7 +492,7 @@ void TrainingRun::form_expert_groups() {
 void TrainingRun::load_weights() {
   const bool lora = s_.lora.enabled;
   auto specs = parallel::param_specs(*model_, lora);
-  engine_ = std::make_unique<parallel::Engine>(*model_, specs, plan_.engine, groups_);
+  engine_ = std::make_unique<parallel::Engine>(*model_, specs, strategy_plan_.engine, groups_);
   held_ = engine_->pieces(false);
   std::vector<std::pair<std::string, std::string>> unusable;
   ck_ = choose_checkpoint(out_.candidates, held_, *engine_, o_.resume, &unusable);
@@ -569,7 +572,7 @@ void TrainingRun::write_run_files() {
     if (!o_.plan.is_null())  // what the report draws measured memory against
       write_text_atomic((fs::path(o_.output_dir) / "plan.json").string(), o_.plan.dump(2) + "\n");
   }
-  engine_->sum_over_ranks(0);  // the directory exists before any rank writes into it
+  engine_->barrier();  // the directory exists before any rank writes into it
   fs::create_directories(o_.output_dir, ec);
   FT_CHECK(!ec, "cannot create --output ", o_.output_dir, ": ", ec.message());
   write_load_record((fs::path(o_.output_dir) / fmt::format("load.rank{}.json", env_.rank)).string(),
@@ -599,7 +602,7 @@ void TrainingRun::build_trainer() {
   mo.device = device_;
   mo.dtype = dtype_;
   mo.rank0 = rank0_;
-  if (env_.world_size > 1) mo.barrier = [this] { engine_->sum_over_ranks(0); };
+  if (env_.world_size > 1) mo.barrier = [this] { engine_->barrier(); };
   meter_ = std::make_unique<StepMeter>(std::move(mo));
   launcher_ = std::make_unique<LauncherLink>(
       world_ ? &world_->store() : launcher_store_.get(), env_.rank, [this] {
@@ -679,7 +682,7 @@ void TrainingRun::print_start() const {
     std::fflush(stdout);  // after the start line it is about
     fmt::print(stderr, "ft train: warning: {}\n", w);
   }
-  fmt::print("ft train: strategy {}\n", plan_.label);
+  fmt::print("ft train: strategy {}\n", strategy_plan_.label);
   fmt::print("ft train: device {} ({}){}\n", device_.str(), device_choice_.reason,
              env_.world_size > 1 ? fmt::format(", {} between ranks", world_->backend_name()) : "");
   if (env_.rank0_hosts_store())  // no launcher: say which tasks formed the job, and where
@@ -902,7 +905,7 @@ void TrainingRun::record_start() {
   }
   nlohmann::json start =
       start_event(env_, ck_ ? ck_->step() : 0, device_.str(),
-                  env_.world_size > 1 ? world_->backend_name() : "", plan_.label);
+                  env_.world_size > 1 ? world_->backend_name() : "", strategy_plan_.label);
   start.update({{"model", o_.model_dir},
                 {"data", data_text_},
                 {"tokenizer", o_.tokenizer_path},
@@ -996,9 +999,9 @@ RunSummary TrainingRun::train() {
   print_start();
   StepLogs logs = open_step_logs();
   record_start();
-  const RunRecord record{s_.resolved,  s_.lora.enabled,
-                         o_.model_dir, s_.data.synthetic() ? "" : o_.tokenizer_path,
-                         plan_.label,  chat_template_};
+  const RunRecord record{s_.resolved,          s_.lora.enabled,
+                         o_.model_dir,         s_.data.synthetic() ? "" : o_.tokenizer_path,
+                         strategy_plan_.label, chat_template_};
   if (ck_) checkpointer.resumed_from(ck_->step());
   publish_stop_estimate(checkpointer, 0);
   StepProfiler profiler(trainer_->steps() + 4, rank0_ ? s_.output.profile_steps : 0, total_steps_,
