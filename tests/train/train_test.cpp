@@ -229,8 +229,11 @@ nlohmann::json bf16_reference() {
 }
 
 // Fixture `name` in bf16, one forward and backward on its input (expected.safetensors), against
-// transformers' bf16 (`ref`) and the fixture's fp32 gradients: the loss within 1e-5 relative of
-// transformers' bf16 loss (the same ops rounded the same way: measured within 1e-7), and the
+// transformers' bf16 (`ref`) and the fixture's fp32 gradients: the loss within 5e-4 relative of
+// transformers' bf16 loss (the same ops rounded the same way: within 1e-7 of transformers on the
+// same CPU, but LibTorch's bf16 products differ between CPUs: transformers' own loss on an AVX2
+// machine differs from the committed one, made where bf16 has AVX-512 instructions, by up to
+// 3.3e-4, and ft's follows transformers' there), and the
 // gradients as close to fp32 as transformers' are (the largest relative error over the parameters
 // within 1.5x transformers'; measured within 1.13x: bf16's summation order differs).
 void check_bf16_as_transformers(const std::string& name, const nlohmann::json& ref) {
@@ -244,7 +247,7 @@ void check_bf16_as_transformers(const std::string& name, const nlohmann::json& r
   const at::Tensor loss = ls.sum / static_cast<double>(ls.tokens);
   loss.backward();
   const double want = ref.at("loss_bf16");
-  CHECK(std::abs(loss.item<double>() - want) / want <= 1e-5);
+  CHECK(std::abs(loss.item<double>() - want) / want <= 5e-4);
   double worst = 0;
   std::string where;
   for (auto& p : m.parameters()) {
