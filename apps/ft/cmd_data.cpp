@@ -37,8 +37,8 @@ Run add_data(CLI::App& app) {
   auto o = std::make_shared<Options>();
   for (CLI::App* sub : {show, prepare}) {
     sub->add_option("--data", o->data,
-                    "Data: JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet, Arrow, or a folder "
-                    "datasets' save_to_disk wrote")
+                    "Data: JSONL (.jsonl, .jsonl.gz, .jsonl.zst), a JSON array (.json), Parquet, "
+                    "Arrow, or a folder datasets' save_to_disk wrote")
         ->required();
     sub->add_option("--preset", o->preset, "Preset whose data.* keys say how to read the data");
     sub->add_option("--model", o->model,
