@@ -6,8 +6,10 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <limits>
 
 #include "commands.h"
 #include "config/preset.h"
@@ -17,6 +19,7 @@
 #include "data/inspect.h"
 #include "data/token_cache.h"
 #include "model/config.h"
+#include "tokenizer/tokenizer.h"
 #include "train_options.h"
 
 namespace ft::app {
@@ -37,8 +40,8 @@ Run add_data(CLI::App& app) {
   auto o = std::make_shared<Options>();
   for (CLI::App* sub : {show, prepare}) {
     sub->add_option("--data", o->data,
-                    "Data: JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet, Arrow, or a folder "
-                    "datasets' save_to_disk wrote")
+                    "Data: JSONL (.jsonl, .jsonl.gz, .jsonl.zst), a JSON array (.json), Parquet, "
+                    "Arrow, or a folder datasets' save_to_disk wrote")
         ->required();
     sub->add_option("--preset", o->preset, "Preset whose data.* keys say how to read the data");
     sub->add_option("--model", o->model,
@@ -74,11 +77,21 @@ Run add_data(CLI::App& app) {
     data::JsonlOptions jo = data::jsonl_options(s.data);
     jo.path = o->data;
     jo.tokenizer_path = data::tokenizer_path_of(o->tokenizer, o->model);
-    const int64_t vocab = o->model.empty()
-                              ? s.model.vocab_size
-                              : model::load_model_config(o->model + "/config.json").vocab_size;
-    if (!jo.tokenizer_path.empty())
-      jo.tokenizer = data::open_tokenizer(jo.tokenizer_path, vocab, "");
+    // The vocabulary the records are checked against: the model's, the preset's when one is
+    // given (what ft train with it would use), else, with only a tokenizer, the tokenizer's own
+    // (no default preset's shape stands between a user and a look at the data).
+    int64_t vocab = o->model.empty()
+                        ? s.model.vocab_size
+                        : model::load_model_config(o->model + "/config.json").vocab_size;
+    if (!jo.tokenizer_path.empty()) {
+      const bool own_vocab = o->model.empty() && o->preset.empty() &&
+                             std::none_of(o->sets.begin(), o->sets.end(), [](const std::string& x) {
+                               return x.rfind("model.vocab_size=", 0) == 0;
+                             });
+      jo.tokenizer = data::open_tokenizer(
+          jo.tokenizer_path, own_vocab ? std::numeric_limits<int64_t>::max() : vocab, o->model);
+      if (own_vocab) vocab = static_cast<int64_t>(jo.tokenizer->vocab_size());
+    }
     jo.vocab_size = vocab;
     jo.cache_dir = o->cache_dir;
     jo.model_dir = o->model;  // data.template auto: the model's own template

@@ -26,8 +26,8 @@ Run add_eval(CLI::App& app) {
       ->required();
   cmd->add_option("--adapter", opts->adapter_dir, "PEFT LoRA adapter directory");
   cmd->add_option("--data", opts->data_path,
-                  "Data: JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet, Arrow, or a save_to_disk "
-                  "folder")
+                  "Data: JSONL (.jsonl, .jsonl.gz, .jsonl.zst), a JSON array (.json), Parquet, "
+                  "Arrow, or a save_to_disk folder")
       ->required();
   cmd->add_option("--tokenizer", opts->tokenizer_path, "tokenizer.json (default: the model's)");
   cmd->add_option("--preset", *preset, "Preset whose data.* keys say how to read the data");

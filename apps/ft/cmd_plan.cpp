@@ -6,16 +6,56 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "commands.h"
 #include "config/settings.h"
 #include "core/error.h"
+#include "core/strings.h"
 #include "cuda/device.h"
 #include "data/mixture.h"
 #include "plan/preflight.h"
 #include "train_options.h"
 
 namespace ft::app {
+
+namespace {
+
+// ft plan runs on one machine (a laptop, a login node) and plans for others: the per-node figures
+// not given on the command line are this machine's. Said, with the options that give the nodes'
+// own, when the plan is for several nodes or for GPUs this machine does not have; "" otherwise.
+std::string borrowed_figures_note(const plan::Budget& b, const plan::Plan& p, bool host_memory,
+                                  bool gpu_memory, bool elsewhere) {
+  if (!elsewhere) return "";
+  std::vector<std::pair<std::string, std::string>> borrowed;  // figure, the option that gives it
+  if (!host_memory && b.host_bytes > 0)
+    borrowed.push_back(
+        {fmt::format("host memory ({})", human_bytes(b.host_bytes)), "--host-memory"});
+  if (p.layout.gpu && !gpu_memory && b.gpu_bytes > 0)
+    borrowed.push_back({fmt::format("GPU memory ({})", human_bytes(b.gpu_bytes)), "--gpu-memory"});
+  if (b.host_cores_from.empty() && b.host_cores > 0)
+    borrowed.push_back({fmt::format("cores ({})", b.host_cores), "--host-cores"});
+  if (b.host_memory_from == "measured on this machine" && b.host_memory_bps > 0)
+    borrowed.push_back({fmt::format("memory bandwidth ({}/s)",
+                                    human_bytes(static_cast<int64_t>(b.host_memory_bps))),
+                        "--host-bandwidth"});
+  if (borrowed.empty()) return "";
+  std::string figures, options;
+  for (size_t i = 0; i < borrowed.size(); ++i) {
+    const char* sep = i == 0 ? "" : i + 1 == borrowed.size() ? " and " : ", ";
+    figures += sep + borrowed[i].first;
+    options += sep + borrowed[i].second;
+  }
+  return fmt::format(
+      "this plan is for {} node(s){} but runs here: each node's {} {} this machine's; give the "
+      "nodes' own with {}",
+      p.layout.nnodes, p.layout.gpu ? fmt::format(" of {} GPU(s)", p.layout.nproc_per_node) : "",
+      figures, borrowed.size() == 1 ? "is" : "are", options);
+}
+
+}  // namespace
 
 Run add_plan(CLI::App& app) {
   auto* cmd = app.add_subcommand(
@@ -32,8 +72,9 @@ Run add_plan(CLI::App& app) {
   cmd->footer(
       "Takes every ft train option, so a train command pastes in: --preset (required), --model "
       "(a directory or a hub id in the local hub cache; its config.json and safetensors headers "
-      "are read, never the weights; default: the preset's model shape), --set, --output (its "
-      "free disk is checked), --data (must exist), --tokenizer, --data-cache and --resume.");
+      "are read, never the weights; with config.json alone, before the download, the files' "
+      "size is estimated from its shapes; default: the preset's model shape), --set, --output "
+      "(its free disk is checked), --data (must exist), --tokenizer, --data-cache and --resume.");
   a->train.add_to(cmd, /*require=*/false, "Training options (as ft train takes them)");
   cmd->add_option("--nnodes", a->nnodes, "Nodes of the job")->check(CLI::Range(1, 100000));
   cmd->add_option("--nproc-per-node", a->nproc,
@@ -116,7 +157,13 @@ Run add_plan(CLI::App& app) {
       in.budget.host_bytes = host_bytes;
       in.budget.host_from = "--host-memory";
     }
-    const plan::Plan p = plan::make_plan(in);
+    plan::Plan p = plan::make_plan(in);
+    // Several nodes, or GPUs this machine does not have: the nodes are elsewhere.
+    const bool elsewhere = a->nnodes > 1 || (in.layout.gpu && visible == 0);
+    if (const std::string note =
+            borrowed_figures_note(in.budget, p, host_bytes > 0, gpu_bytes > 0, elsewhere);
+        !note.empty())
+      p.notes.push_back(note);
     if (a->json)
       fmt::print("{}\n", plan::plan_json(p).dump(2));
     else

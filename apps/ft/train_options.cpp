@@ -17,9 +17,9 @@ const std::vector<TrainOptionSpec>& train_option_specs() {
        "init)",
        false, false},
       {"data", "PATH[:WEIGHT]",
-       "Training data: JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet, Arrow, or a save_to_disk "
-       "folder; several sources: once each with a weight, --data a.jsonl:0.7 --data "
-       "b.parquet:0.3 (docs/training.md \"Mixtures of several files\")",
+       "Training data: JSONL (.jsonl, .jsonl.gz, .jsonl.zst), a JSON array (.json), Parquet, "
+       "Arrow, or a save_to_disk folder; several sources: once each with a weight, --data "
+       "a.jsonl:0.7 --data b.parquet:0.3 (docs/training.md \"Mixtures of several files\")",
        false, true},
       {"tokenizer", "PATH", "tokenizer.json for --data (default: the one in --model)", false, false},
       {"data-cache", "DIR",

@@ -1,6 +1,7 @@
 #include "data/jsonl_source.h"
 
 #include <ATen/Parallel.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <ctime>
@@ -54,12 +55,31 @@ std::string tokenizer_path_of(const std::string& given, const std::string& model
 
 std::shared_ptr<const tokenizer::Tokenizer> open_tokenizer(const std::string& path,
                                                            int64_t model_vocab_size,
-                                                           const std::string& hint) {
+                                                           const std::string& model_dir) {
   auto t = std::make_shared<const tokenizer::Tokenizer>(tokenizer::Tokenizer::from_file(path));
-  FT_CHECK(static_cast<int64_t>(t->vocab_size()) <= model_vocab_size, "the tokenizer ", path,
-           " has ", t->vocab_size(), " tokens but the model's vocabulary is ", model_vocab_size,
-           hint);
-  return t;
+  const auto tokens = static_cast<int64_t>(t->vocab_size());
+  if (tokens <= model_vocab_size) return t;
+  // What to do depends on where the vocabulary came from: a --model's shape is its config.json,
+  // which --set model.vocab_size may not change; a preset's shape is the preset's to change.
+  const std::string own = model_dir.empty() ? "" : tokenizer_path_of("", model_dir);
+  std::string what;
+  if (model_dir.empty())
+    what = fmt::format(
+        "the preset's model.vocab_size); use the tokenizer the model was made for, or give the "
+        "preset's model room for every token with --set model.vocab_size={}",
+        tokens);
+  else if (std::error_code ec; !own.empty() && std::filesystem::equivalent(own, path, ec))
+    what = fmt::format(
+        "{}/config.json); the model directory's tokenizer.json and config.json disagree: "
+        "replace one with the file the model was published with",
+        model_dir);
+  else
+    what = fmt::format("{}/config.json); use the model's own tokenizer{}", model_dir,
+                       own.empty() ? " (the one it was trained with)"
+                                   : fmt::format(": drop --tokenizer and ft reads {}", own));
+  throw ConfigError(
+      fmt::format("the tokenizer {} has {} tokens but the model's vocabulary is {} ({}", path,
+                  tokens, model_vocab_size, what));
 }
 
 JsonlOptions jsonl_options(const config::DataSettings& data) {

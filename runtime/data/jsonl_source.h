@@ -80,10 +80,12 @@ JsonlOptions jsonl_options(const config::DataSettings& data);
 std::string tokenizer_path_of(const std::string& given, const std::string& model_dir);
 
 // The tokenizer.json at `path`, checked against a model of `model_vocab_size` token ids (a larger
-// tokenizer would index past the embedding): ConfigError naming both sizes and `hint`, what to do.
+// tokenizer would index past the embedding): ConfigError naming both sizes and what to do, which
+// depends on where the vocabulary came from: `model_dir`'s config.json (its own tokenizer), or
+// with "" the preset's shape (also --set model.vocab_size, which a model directory's refuses).
 std::shared_ptr<const tokenizer::Tokenizer> open_tokenizer(const std::string& path,
                                                            int64_t model_vocab_size,
-                                                           const std::string& hint);
+                                                           const std::string& model_dir);
 
 // Rank r of W reads the global record stream g = r, r+W, r+2W, ... where g indexes epoch g / N,
 // position g % N of that epoch's shuffle (N = train_records(): the used records less those held

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "data/arrow_records.h"
 #include "data/compressed_jsonl.h"
+#include "data/json_array.h"
 #include "data/jsonl.h"
 
 namespace ft::data {
@@ -18,9 +19,9 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kAccepted =
-    "ft reads JSONL (.jsonl, also compressed: .jsonl.gz, .jsonl.zst), Parquet (.parquet), Arrow "
-    "IPC (.arrow), folders of such files (shards, read in name order) and folders written by "
-    "datasets' save_to_disk";
+    "ft reads JSONL (.jsonl, also compressed: .jsonl.gz, .jsonl.zst), a JSON array of records "
+    "(.json, as LLaMA-Factory's datasets), Parquet (.parquet), Arrow IPC (.arrow), folders of "
+    "such files (shards, read in name order) and folders written by datasets' save_to_disk";
 
 // Plain JSONL: the line index, read with pread.
 class JsonlRecords final : public RecordFile {
@@ -36,6 +37,20 @@ class JsonlRecords final : public RecordFile {
 
  private:
   JsonlIndex index_;
+};
+
+// A JSON array of records (LLaMA-Factory's and Alpaca's .json files): the element index.
+class JsonArrayRecords final : public RecordFile {
+ public:
+  explicit JsonArrayRecords(const std::string& path) : RecordFile(path), index_(path) {}
+  const char* kind() const override { return "JSON array"; }
+  int64_t size() const override { return index_.size(); }
+  std::string read(int64_t i) const override { return index_.read(i); }
+  std::string origin(int64_t i) const override { return index_.origin(i); }
+  bool random_access() const override { return true; }
+
+ private:
+  JsonArrayIndex index_;
 };
 
 // The files of a folder, one after the other: a dataset in shards (the Hugging Face hub's
@@ -134,6 +149,8 @@ std::unique_ptr<RecordFile> open_record_file(const std::string& path) {
                " file is not a format ft reads; ", kAccepted,
                ". Convert it, e.g. with datasets: load_dataset(...).to_json('train.jsonl')");
   }
+  // A text file: one JSON array of records, or JSON Lines, by its first character.
+  if (starts_json_array(path)) return std::make_unique<JsonArrayRecords>(path);
   return std::make_unique<JsonlRecords>(path);
 }
 

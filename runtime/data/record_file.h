@@ -18,14 +18,15 @@ class RecordFile {
   RecordFile& operator=(const RecordFile&) = delete;
 
   const std::string& path() const { return path_; }
-  // What the file is, for messages: "JSONL", "gzip JSONL", "Parquet", "Arrow".
+  // What the file is, for messages: "JSONL", "JSON array", "gzip JSONL", "Parquet", "Arrow".
   virtual const char* kind() const = 0;
   virtual int64_t size() const = 0;
   // Record i (0 <= i < size()) as one JSON text. FormatError naming origin(i) when the file
   // cannot give it (a read error, corrupt compressed data, a value JSON cannot hold).
   virtual std::string read(int64_t i) const = 0;
-  // Where record i is, for error messages: "train.jsonl:17" (1-based line), "train.parquet: row
-  // 17" (0-based, as datasets indexes rows). Cheap: reads nothing.
+  // Where record i is, for error messages: "train.jsonl:17" (1-based line), "train.json:42
+  // (element 17)", "train.parquet: row 17" (0-based, as datasets indexes rows). Cheap: reads
+  // nothing.
   virtual std::string origin(int64_t i) const = 0;
   // False when reading records out of file order costs re-reading much of the file (compressed
   // JSONL has no random access; a Parquet file larger than its row-group cache decodes a row group
@@ -40,7 +41,8 @@ class RecordFile {
   std::string path_;
 };
 
-// Opens `path` by its name and first bytes: *.jsonl / *.json (or any other text), *.gz, *.zst,
+// Opens `path` by its name and first bytes: *.jsonl / *.json (or any other text: one JSON array
+// of records when it begins with '[', else JSON Lines), *.gz, *.zst,
 // *.parquet, *.arrow (IPC file or stream), or a folder `datasets.save_to_disk` wrote. A file ft
 // cannot read (.csv, a DatasetDict folder, ...) is a FormatError naming what is accepted.
 std::unique_ptr<RecordFile> open_record_file(const std::string& path);

@@ -456,13 +456,38 @@ const char* name_of(ChatTemplate chat_template) {
   return "?";
 }
 
+namespace {
+
+// A record of no format ft trains: what it looks like, and what to do. Preference data
+// (TRL's DPO datasets, LLaMA-Factory's ranking ones) is named as such: it is another objective,
+// not a format ft could be told with data.format.
+[[noreturn]] void unknown_format(const Json& j, const std::string& origin) {
+  std::string keys;
+  for (const auto& [key, value] : j.items()) keys += (keys.empty() ? "\"" : ", \"") + key + "\"";
+  if (j.contains("chosen") && j.contains("rejected"))
+    throw FormatError(detail::cat(
+        origin, ": cannot tell the record format: a preference record (keys ", keys,
+        "), as DPO-style preference training reads: that is an objective of its own, which ft "
+        "does not train (ft trains one target per record). To fine-tune on the preferred "
+        "answers, write each record's prompt and \"chosen\" answer as a chat record "
+        "{\"messages\": [{\"role\": \"user\", ...}, {\"role\": \"assistant\", ...}]} or an "
+        "alpaca one {\"instruction\", \"output\"}"));
+  throw FormatError(detail::cat(
+      origin,
+      ": cannot tell the record format: expected a key \"text\", \"instruction\" "
+      "(alpaca), \"messages\" (chat), \"conversations\" (sharegpt) or \"input_ids\" "
+      "(pre-tokenized), got ",
+      keys.empty() ? std::string("an empty object") : "keys " + keys,
+      "; set data.format to say (and data.columns.messages for conversations under another key)"));
+}
+
+}  // namespace
+
 RecordFormat detect_format(std::string_view line, const std::string& origin,
                            const RecordShape& shape) {
-  const RecordFormat f = format_of(parse_json(line, origin), shape);
-  FT_CHECK_T(FormatError, f != RecordFormat::kAuto, origin,
-             ": cannot tell the record format: expected a key \"text\", \"instruction\" (alpaca), "
-             "\"messages\" (chat), \"conversations\" (sharegpt) or \"input_ids\" (pre-tokenized); "
-             "set data.format to say");
+  const Json j = parse_json(line, origin);
+  const RecordFormat f = format_of(j, shape);
+  if (f == RecordFormat::kAuto) unknown_format(j, origin);
   return f;
 }
 
@@ -471,9 +496,7 @@ Record parse_record(std::string_view line, RecordFormat format, const std::strin
   const Json j = parse_json(line, origin);
   if (format == RecordFormat::kAuto) {
     format = format_of(j, shape);
-    FT_CHECK_T(FormatError, format != RecordFormat::kAuto, origin,
-               ": cannot tell the record format: expected a key \"text\", \"instruction\", "
-               "\"messages\", \"conversations\" or \"input_ids\"");
+    if (format == RecordFormat::kAuto) unknown_format(j, origin);
   }
   Record r;
   r.format = format;

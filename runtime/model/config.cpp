@@ -553,6 +553,7 @@ json built_config(const ModelConfig& c) {
             {f.activation_key, c.activation == Activation::kSilu ? "silu" : "gelu_pytorch_tanh"},
             {"bos_token_id", c.bos_token_id},
             {"eos_token_id", c.eos_token_id},
+            {"dtype", "float32"},
             {"torch_dtype", "float32"}};
   if (f.attention_bias_key) j["attention_bias"] = c.o_bias;
   if (f.mlp_bias_key) j["mlp_bias"] = c.mlp_bias;

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <functional>
 #include <map>
+#include <utility>
 
 #include "comm/dist_env.h"
 #include "core/dtype.h"
@@ -20,6 +20,7 @@
 #include "model/lora.h"
 #include "parallel/strategy.h"
 #include "parallel/units.h"
+#include "plan/suggest.h"
 #include "train/saved_model.h"
 
 namespace ft::plan {
@@ -74,7 +75,40 @@ struct Shape {
   std::string from;
   int64_t file_bytes = 0;    // the model files (0: random init)
   int64_t file_element = 0;  // bytes per element in the files
+  bool config_only = false;  // config.json without weight files: file_bytes from the shapes
 };
+
+// Whether `dir` holds weights (safetensors, or PyTorch's files, which loading refuses with its own
+// message), as opposed to a config.json fetched ahead of the download.
+bool has_weight_files(const std::string& dir) {
+  auto ends = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (ends(name, ".safetensors") || ends(name, ".safetensors.index.json") ||
+        name.rfind("pytorch_model", 0) == 0)
+      return true;
+  }
+  return false;
+}
+
+// The dtype config.json says the weights are stored in (transformers 5's `dtype`, else
+// `torch_dtype`; neither: transformers' default, fp32), and its bytes per element.
+std::pair<std::string, int64_t> stored_dtype(const model::ModelConfig& mc) {
+  std::string name = "float32";
+  if (!mc.source_json.empty()) {
+    const json j = json::parse(mc.source_json);
+    for (const char* key : {"dtype", "torch_dtype"})
+      if (j.contains(key) && j[key].is_string()) {
+        name = j[key].get<std::string>();
+        break;
+      }
+  }
+  const int64_t bytes = name == "bfloat16" || name == "float16" ? 2 : name == "float64" ? 8 : 4;
+  return {name, bytes};
+}
 
 Shape model_shape(const PlanInputs& in) {
   Shape s;
@@ -88,6 +122,17 @@ Shape model_shape(const PlanInputs& in) {
   s.mc = model::load_model_config(cfg);
   s.from = cfg;
   train::apply_base_quant(in.settings.lora, in.settings.precision.mode, in.model_dir, s.mc);
+  if (!has_weight_files(in.model_dir)) {
+    // Planning before the download: config.json has every shape, and the files' bytes follow
+    // from them (Planner::lay_out_parameters) in the dtype it names.
+    const auto [dtype, bytes] = stored_dtype(s.mc);
+    s.config_only = true;
+    s.file_element = bytes;
+    s.from = fmt::format(
+        "{} alone (no weight files in {} yet: their size estimated from its shapes in {})", cfg,
+        in.model_dir, dtype);
+    return s;
+  }
   // The headers only: the files are mapped, never read.
   const io::SafetensorsIndex index = io::SafetensorsIndex::open(in.model_dir);
   for (const auto& f : index.files()) s.file_bytes += static_cast<int64_t>(fs::file_size(f.path()));
@@ -390,6 +435,13 @@ Planner::Planner(const PlanInputs& in)
   r_ = static_cast<int64_t>(c10::elementSize(sp_.engine.reduce_dtype));
 
   lay_out_parameters();
+  if (shape_.config_only) {
+    // Weights saved quantized keep their NF4 projections' packed bytes in the files.
+    shape_.file_bytes =
+        shape_.mc.quant.in_files
+            ? (p_.parameters - p_.nf4_parameters) * shape_.file_element + p_.nf4_bytes
+            : p_.parameters * shape_.file_element;
+  }
 }
 
 // The parameters as the run lays them out: a meta model (shapes only) with LoRA attached, each
@@ -432,6 +484,7 @@ void Planner::lay_out_parameters() {
 void Planner::describe() {
   p_.layout = layout_;
   p_.model_from = shape_.from;
+  p_.model_files_estimated = shape_.config_only;
   p_.strategy = sp_.label;
   // Expert parallelism: what each rank holds of the experts, whole or split.
   if (const int64_t n = placed_.moe.ep_size; n > 1) {
@@ -1118,160 +1171,6 @@ void Planner::checks() {
   p_.checks.push_back({"disk", "--output's filesystem", p_.disk_need, b.disk_bytes, b.disk_from});
 }
 
-// ---- what would make a job fit ----
-
-// `in` with `apply`'s change, re-planned, as a suggestion of `p` (none when the change is one
-// this job cannot take: a knob the layout refuses).
-void try_change(const PlanInputs& in, Plan& p, const std::string& what,
-                std::vector<std::string> sets,
-                const std::function<void(config::Settings&)>& apply) {
-  PlanInputs v = in;
-  apply(v.settings);
-  v.settings.strategy.user_keys.clear();
-  try {
-    const Plan q = make_plan(v, false);
-    p.suggestions.push_back({what, std::move(sets), 0, q.device_peak, q.host_peak, q.fits()});
-  } catch (const Error&) {
-    // Not a suggestion: the change is one this job cannot take.
-  }
-}
-
-// Less activation memory: checkpointing every layer, then smaller micro-batches with more
-// accumulation (the same global batch) until one fits.
-void suggest_activations(const PlanInputs& in, Plan& p) {
-  const config::Settings& s = in.settings;
-  if (s.train.activation_checkpointing != "full")
-    try_change(in, p, "activation checkpointing of every layer",
-               {"train.activation_checkpointing=full"},
-               [](config::Settings& v) { v.train.activation_checkpointing = "full"; });
-  for (int64_t mb = s.train.micro_batch / 2; mb >= 1; mb /= 2) {
-    if (s.train.micro_batch % mb != 0) continue;
-    const int64_t ga = s.train.grad_accum * (s.train.micro_batch / mb);
-    try_change(in, p,
-               fmt::format("micro-batch {} with {} accumulation steps (same global batch)", mb, ga),
-               {fmt::format("train.micro_batch={}", mb), fmt::format("train.grad_accum={}", ga)},
-               [=](config::Settings& v) {
-                 v.train.micro_batch = mb;
-                 v.train.grad_accum = ga;
-               });
-    if (!p.suggestions.empty() && p.suggestions.back().fits) break;
-  }
-}
-
-// Less model state per rank: sharding everything, then offloading it to host memory (GPUs).
-void suggest_sharding(const PlanInputs& in, Plan& p) {
-  const config::StrategySettings& st = in.settings.strategy;
-  const bool many = in.layout.world() > 1;
-  if (many &&
-      (st.kind == "ddp" || (st.kind == "fsdp" && st.fsdp.sharding_strategy != "FULL_SHARD")))
-    try_change(in, p, "fsdp FULL_SHARD instead of " + st.kind,
-               {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=FULL_SHARD"},
-               [](config::Settings& v) {
-                 v.strategy.kind = "fsdp";
-                 v.strategy.fsdp.sharding_strategy = "FULL_SHARD";
-               });
-  if (!in.layout.gpu || !many) return;
-  if (st.kind == "fsdp" && !st.fsdp.cpu_offload)
-    try_change(in, p,
-               "fsdp cpu_offload (parameter shards, masters, gradients and optimizer state in "
-               "host memory)",
-               {"strategy.fsdp.cpu_offload=true"},
-               [](config::Settings& v) { v.strategy.fsdp.cpu_offload = true; });
-  if (st.kind != "fsdp" && !st.zero3.offload_optimizer)
-    try_change(in, p, "zero3 with the optimizer offloaded to host memory",
-               {"strategy.kind=zero3", "strategy.zero3.offload_optimizer=true"},
-               [](config::Settings& v) {
-                 v.strategy.kind = "zero3";
-                 v.strategy.zero3.offload_optimizer = true;
-               });
-  if (st.kind != "fsdp" && !st.zero3.offload_param)
-    try_change(in, p, "zero3 with the optimizer and the parameter shards offloaded to host memory",
-               {"strategy.kind=zero3", "strategy.zero3.offload_optimizer=true",
-                "strategy.zero3.offload_param=true"},
-               [](config::Settings& v) {
-                 v.strategy.kind = "zero3";
-                 v.strategy.zero3.offload_optimizer = true;
-                 v.strategy.zero3.offload_param = true;
-               });
-}
-
-// Fewer bytes per parameter, or far fewer trained parameters.
-void suggest_precision_and_lora(const PlanInputs& in, Plan& p) {
-  const config::Settings& s = in.settings;
-  if (s.precision.mode == "fp32" || s.precision.mode == "fp64")
-    try_change(in, p, "bf16 compute with fp32 masters", {"precision.mode=bf16"},
-               [](config::Settings& v) { v.precision.mode = "bf16"; });
-  if (!s.lora.enabled)
-    try_change(in, p, "LoRA (r=16) instead of a full fine-tune", {"lora.enabled=true"},
-               [](config::Settings& v) {
-                 v.lora.enabled = true;
-                 if (v.lora.r <= 0) v.lora.r = 16;
-               });
-  // QLoRA: the frozen base's projections in NF4 (a quarter of bf16's bytes); where that alone
-  // does not fit a sharded GPU job, with fsdp's parameter shards in host memory as well.
-  if (s.lora.quantize_base == "nf4" || p.nf4_parameters > 0 || s.precision.mode == "fp64") return;
-  std::vector<std::string> sets = {"lora.quantize_base=nf4"};
-  if (!s.lora.enabled) sets.insert(sets.begin(), "lora.enabled=true");
-  const std::string what = std::string(s.lora.enabled ? "" : "LoRA (r=16) with ") +
-                           "QLoRA's NF4 base (the frozen projections in 4 bits)";
-  auto qlora = [](config::Settings& v) {
-    v.lora.enabled = true;
-    if (v.lora.r <= 0) v.lora.r = 16;
-    v.lora.quantize_base = "nf4";
-  };
-  const size_t before = p.suggestions.size();
-  try_change(in, p, what, sets, qlora);
-  const bool fits = p.suggestions.size() > before && p.suggestions.back().fits;
-  if (fits || !in.layout.gpu || in.layout.world() == 1 || s.strategy.kind != "fsdp" ||
-      s.strategy.fsdp.cpu_offload)
-    return;
-  sets.push_back("strategy.fsdp.cpu_offload=true");
-  try_change(in, p, what + " and fsdp cpu_offload (the shards in host memory)", sets,
-             [&](config::Settings& v) {
-               qlora(v);
-               v.strategy.fsdp.cpu_offload = true;
-             });
-}
-
-// The fewest nodes that fit: double until one fits, then halve the gap.
-void suggest_nodes(const PlanInputs& in, Plan& p) {
-  auto fits_on = [&](int n) {
-    PlanInputs v = in;
-    v.layout.nnodes = n;
-    try {
-      return make_plan(v, false);
-    } catch (const Error&) {
-      return Plan();
-    }
-  };
-  int lo = in.layout.nnodes, hi = 0;
-  for (int n = std::max(2, 2 * in.layout.nnodes); n <= 4096; n *= 2) {
-    const Plan q = fits_on(n);
-    if (q.fits() && !q.checks.empty()) {
-      hi = n;
-      break;
-    }
-    lo = n;
-  }
-  if (hi == 0) return;
-  while (hi - lo > 1) {
-    const int mid = lo + (hi - lo) / 2;
-    const Plan q = fits_on(mid);
-    if (!q.checks.empty() && q.fits())
-      hi = mid;
-    else
-      lo = mid;
-  }
-  const Plan q = fits_on(hi);
-  p.suggestions.push_back(
-      {fmt::format("{} nodes of {} rank(s) (the fewest that fit)", hi, in.layout.nproc_per_node),
-       {},
-       hi,
-       q.device_peak,
-       q.host_peak,
-       true});
-}
-
 }  // namespace
 
 bool Plan::fits() const { return shortfall() == nullptr; }
@@ -1288,13 +1187,7 @@ int64_t expert_exchanges_per_micro_batch(const model::ModelConfig& mc, const con
 
 Plan make_plan(const PlanInputs& in, bool suggest) {
   Plan p = Planner(in).plan();
-  if (suggest && !p.fits()) {
-    // Each change re-planned; the first that fits is what a refusal names.
-    suggest_activations(in, p);
-    suggest_sharding(in, p);
-    suggest_precision_and_lora(in, p);
-    suggest_nodes(in, p);
-  }
+  if (suggest && !p.fits()) add_suggestions(in, p);
   return p;
 }
 
@@ -1324,8 +1217,8 @@ std::string verdict(const Plan& p) {
   return fmt::format("needs {} of {} on {} but {} is available ({}): {} short; {}",
                      human_bytes(c->need), c->resource, c->where, human_bytes(c->have),
                      c->have_from, human_bytes(c->need - c->have),
-                     first.empty() ? "none of the changes ft knows makes it fit by itself "
-                                     "(`ft plan` lists each, re-planned)"
+                     first.empty() ? "none of the changes ft knows makes it fit, alone or up to "
+                                     "three together (`ft plan` lists each, re-planned)"
                                    : "to make it fit: " + first);
 }
 
@@ -1384,6 +1277,7 @@ std::string plan_text(const Plan& p) {
           p.step_flops / p.offload_step_s / 1e12);
     }
   }
+  for (const auto& n : p.notes) o += "\nnote: " + n + "\n";
   o += "\nverdict:\n";
   for (const auto& c : p.checks)
     o += fmt::format(
@@ -1411,6 +1305,7 @@ json plan_json(const Plan& p) {
   };
   json j;
   j["model_from"] = p.model_from;
+  j["model_files_estimated"] = p.model_files_estimated;
   j["strategy"] = p.strategy;
   j["parameters"] = p.parameters;
   j["trained_parameters"] = p.trained_parameters;
@@ -1459,8 +1354,10 @@ json plan_json(const Plan& p) {
                    {"nnodes", g.nnodes},
                    {"device_peak_bytes", g.device_bytes},
                    {"host_peak_bytes", g.host_bytes},
-                   {"fits", g.fits}});
+                   {"fits", g.fits},
+                   {"changes", g.changes}});
   j["suggestions"] = sug;
+  j["notes"] = p.notes;
   j["verdict"] = verdict(p);
   return j;
 }

@@ -1,10 +1,11 @@
 // The preflight plan of a training job: from the settings, the model's config.json and safetensors
-// headers (never the weight data) or the preset's shape, and the job's layout (nodes x ranks per
-// node, GPU or CPU), what each rank needs on its device, what each node needs in host memory, the
-// disk a run's checkpoints take, the bytes each rank communicates per step, and the time to the
-// first step. Model-state figures come from the engine's own layout (parallel/units.h), so they
-// equal the runtime's accounting; activations, logits and buffers follow the formulas of
-// docs/planning.md. Pure apart from reading config.json and the headers; thread-safe.
+// headers (never the weight data; config.json alone before the download) or the preset's shape,
+// and the job's layout (nodes x ranks per node, GPU or CPU), what each rank needs on its device,
+// what each node needs in host memory, the disk a run's checkpoints take, the bytes each rank
+// communicates per step, and the time to the first step. Model-state figures come from the
+// engine's own layout (parallel/units.h), so they equal the runtime's accounting; activations,
+// logits and buffers follow the formulas of docs/planning.md. Pure apart from reading config.json
+// and the headers; thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -80,12 +81,16 @@ struct Suggestion {
   int nnodes = 0;                 // > 0: run on this many nodes instead
   int64_t device_bytes = 0, host_bytes = 0;
   bool fits = false;
+  int changes = 1;  // how many changes it makes together (0: the node count alone)
 };
 
 struct Plan {
   // What was planned.
   std::string model_from;  // "--model DIR/config.json" or "preset tiny-demo's model section"
-  std::string strategy;    // the strategy's label
+  // --model holds config.json but no weight files yet: their bytes (reading them at start-up, the
+  // loading buffers) are estimated from its shapes and dtype.
+  bool model_files_estimated = false;
+  std::string strategy;  // the strategy's label
   int64_t parameters = 0, trained_parameters = 0;
   // QLoRA (lora.quantize_base=nf4, or a model saved in NF4): the projections' parameters held in
   // NF4, their bytes (packed codes and fp32 absmax) and the largest one's (elements).
@@ -125,6 +130,9 @@ struct Plan {
   double host_memory_bps = 0;  // the budget's, which ft launch hands to its workers
   std::vector<Check> checks;
   std::vector<Suggestion> suggestions;  // when something does not fit
+  // What the reader must know about the figures (ft plan's: a plan for nodes it does not run on
+  // that takes this machine's figures for theirs), printed before the verdict.
+  std::vector<std::string> notes;
   bool fits() const;
   // The first check that fails (nullptr when all fit).
   const Check* shortfall() const;

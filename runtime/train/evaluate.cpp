@@ -44,7 +44,7 @@ std::unique_ptr<data::JsonlSource> open_eval_source(const config::DataSettings& 
   jo.path = path;
   jo.tokenizer_path = tokenizer_path;
   if (!jo.tokenizer_path.empty())
-    jo.tokenizer = data::open_tokenizer(jo.tokenizer_path, vocab_size, "");
+    jo.tokenizer = data::open_tokenizer(jo.tokenizer_path, vocab_size, model_dir);
   jo.vocab_size = vocab_size;
   jo.on_bad_record = data::BadRecordPolicy::kError;
   jo.model_dir = model_dir;

@@ -337,9 +337,7 @@ void TrainingRun::open_sources() {
   // The --tokenizer given, else the model's when it has one; pre-tokenized data needs none.
   jo.tokenizer_path = data::tokenizer_path_of(o_.tokenizer_path, o_.model_dir);
   if (!jo.tokenizer_path.empty())
-    jo.tokenizer =
-        data::open_tokenizer(jo.tokenizer_path, mc_.vocab_size,
-                             "; use the model's own tokenizer (or --set model.vocab_size)");
+    jo.tokenizer = data::open_tokenizer(jo.tokenizer_path, mc_.vocab_size, o_.model_dir);
   jo.vocab_size = mc_.vocab_size;
   jo.use_cache = true;
   jo.prepare_cache = true;  // compressed or large columnar data: tokenized once, then cached

@@ -165,8 +165,13 @@ std::vector<std::string> save_hf_model(const model::ModelConfig& config,
   std::vector<std::string> files =
       io::write_sharded_deferred(dir, tensors, max_shard_bytes, {{"format", "pt"}}, on_written);
   json cj = json::parse(model::model_config_json(config));
+  // The dtype the weights are stored in, under both names: transformers 5 reads `dtype` (a
+  // source model's "float32" there would load bf16 weights as fp32, twice the memory), and
+  // transformers 4 and other tools `torch_dtype`.
   const auto st = tensors.front().dtype;
-  cj["torch_dtype"] = st == at::kBFloat16 ? "bfloat16" : st == at::kHalf ? "float16" : "float32";
+  const char* stored = st == at::kBFloat16 ? "bfloat16" : st == at::kHalf ? "float16" : "float32";
+  cj["dtype"] = stored;
+  cj["torch_dtype"] = stored;
   write_text_atomic(dir + "/config.json", cj.dump(2) + "\n");
   files.push_back("config.json");
   return files;

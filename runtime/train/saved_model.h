@@ -45,15 +45,15 @@ void ask_base_quant(const config::LoraSettings& lora, const std::string& where,
 
 // Writes the trained model to `dir`: a PEFT adapter (`tensors` are the adapters) when `lora` is
 // given, else HF-format safetensors + config.json (`tensors` are every weight, in the dtype to
-// store, `torch_dtype` in config.json). Every file is written to a temporary name and renamed into
-// place.
+// store, `dtype` and `torch_dtype` in config.json). Every file is written to a temporary name and
+// renamed into place.
 void save_final_model(const model::ModelConfig& config, const model::LoraConfig* lora,
                       const io::NamedTensors& tensors, const std::string& dir);
 
-// A Hugging Face model directory: config.json (`torch_dtype` from the first tensor's dtype) and
-// the weights, sharded past `max_shard_bytes` as save_pretrained does, each tensor made as its
-// shard is written (io::write_sharded_deferred); a MoE layer's fused experts are written per
-// expert, as transformers saves them. Returns the files written.
+// A Hugging Face model directory: config.json (`dtype` and `torch_dtype` from the first tensor's
+// dtype) and the weights, sharded past `max_shard_bytes` as save_pretrained does, each tensor made
+// as its shard is written (io::write_sharded_deferred); a MoE layer's fused experts are written
+// per expert, as transformers saves them. Returns the files written.
 std::vector<std::string> save_hf_model(const model::ModelConfig& config,
                                        const io::DeferredTensors& tensors, const std::string& dir,
                                        uint64_t max_shard_bytes = io::kDefaultMaxShardBytes,

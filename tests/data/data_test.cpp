@@ -1259,3 +1259,123 @@ TEST_CASE(
   CHECK(f->origin(7) == second + ":3");
   CHECK_FALSE(f->random_access());  // one shard is compressed
 }
+
+// Issue 51: LLaMA-Factory's and Alpaca's .json datasets are one JSON array of records.
+TEST_CASE("record files: a JSON array file reads element by element, as its JSONL would") {
+  TempDir dir;
+  // Pretty-printed as json.dump(indent=2) writes it, with brackets, braces and escaped quotes
+  // inside strings, a BOM and CRLF line ends.
+  const std::string pretty =
+      "\xef\xbb\xbf[\r\n"
+      "  {\r\n    \"instruction\": \"Say [hi]\",\r\n    \"input\": \"{\\\"a\\\": \\\"]\\\"}\",\r\n"
+      "    \"output\": \"hi }\"\r\n  },\r\n"
+      "  {\"instruction\": \"Two\", \"output\": \"2\"}\r\n"
+      "]\r\n";
+  const std::string path = dir.write("alpaca.json", pretty);
+  const auto f = open_record_file(path);
+  CHECK(std::string(f->kind()) == "JSON array");
+  REQUIRE(f->size() == 2);
+  CHECK(f->origin(0) == path + ":2 (element 0)");
+  CHECK(f->origin(1) == path + ":7 (element 1)");
+  CHECK(f->random_access());
+  const Record r = parse_record(f->read(0), RecordFormat::kAuto, f->origin(0));
+  CHECK(r.format == RecordFormat::kAlpaca);
+  CHECK(r.instruction == "Say [hi]");
+  CHECK(r.input == "{\"a\": \"]\"}");
+  CHECK(r.output == "hi }");
+  CHECK(f->read(1) == R"({"instruction": "Two", "output": "2"})");
+
+  // The same records on one line, and a JSONL file of them: the same batches.
+  std::string array = "[", lines;
+  for (int i = 0; i < 40; ++i) {
+    const std::string rec = "{\"text\": \"" + std::string(static_cast<size_t>(i % 9 + 1), 'a') +
+                            " record " + std::to_string(i) + "\"}";
+    array += (i ? ", " : "") + rec;
+    lines += rec + "\n";
+  }
+  array += "]";
+  JsonlOptions o = options_for(dir.write("t.jsonl", lines));
+  JsonlSource plain(o);
+  o.path = dir.write("t.json", array);
+  JsonlSource arr(o);
+  REQUIRE(arr.num_records() == 40);
+  for (int step = 0; step < 30; ++step) {
+    const Batch a = plain.next(), b = arr.next();
+    REQUIRE(at::equal(a.input_ids, b.input_ids));
+    REQUIRE(at::equal(a.labels, b.labels));
+  }
+
+  // Larger than the 1 MiB read buffer: elements across chunk boundaries.
+  std::string big = "[\n";
+  const std::string filler(1000, 'x');
+  for (int i = 0; i < 3000; ++i)
+    big += std::string(i ? ",\n" : "") + "  {\"text\": \"" + std::to_string(i) + filler + "\"}";
+  big += "\n]\n";
+  const auto b = open_record_file(dir.write("big.json", big));
+  REQUIRE(b->size() == 3000);
+  for (int i : {0, 1047, 1048, 2999})
+    CHECK(b->read(i) == "{\"text\": \"" + std::to_string(i) + filler + "\"}");
+  CHECK(b->origin(2999) == dir.path.string() + "/big.json:3001 (element 2999)");
+  CHECK(open_record_file(dir.write("empty.json", "[ ]"))->size() == 0);
+}
+
+TEST_CASE("record files: a JSON array that is not one, or holds non-records, is refused by line") {
+  TempDir dir;
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"[\n{\"text\": \"a\"}\n{\"text\": \"b\"}\n]",
+       ":3: not a JSON array of records: element 0 "
+       "is followed by '{', not ',' or ']'"},
+      {"[{\"text\": \"a\"},\n]",
+       ":2: not a JSON array of records: a ',' with no element after "
+       "it, before ']'"},
+      {"[{\"text\": \"a\"},,{\"text\": \"b\"}]", "an empty element"},
+      {"[{\"text\": \"a\"}]\n[{\"text\": \"b\"}]\n",
+       ":2: not a JSON array of records: text after "
+       "the array's closing ']'"},
+      {"[\n{\"text\": \"a\"},\n{\"text\": \"b",
+       "the file ends inside the array (a truncated "
+       "file?) after 1 element(s)"},
+  };
+  for (const auto& [text, says] : bad) {
+    INFO(text);
+    const std::string path = dir.write("bad.json", text);
+    CHECK_THAT(read_error(path), Catch::StartsWith(path) && Catch::Contains(says));
+  }
+  // An element that is not a record: named by line and index.
+  const std::string path = dir.write("nested.json", "[\n  {\"text\": \"a\"},\n  [1, 2]\n]\n");
+  const auto f = open_record_file(path);
+  REQUIRE(f->size() == 2);
+  CHECK_THROWS_WITH(parse_record(f->read(1), RecordFormat::kAuto, f->origin(1)),
+                    path + ":3 (element 1): a record must be a JSON object, got array");
+  const JsonlOptions o = options_for(path);
+  CHECK_THROWS_WITH(
+      [&] {
+        JsonlSource src(o);
+        src.next();
+      }(),
+      Catch::StartsWith(path + ":3 (element 1): a record must be a JSON object, got array"));
+}
+
+TEST_CASE("preference records are told apart: what they are and what to do") {
+  const std::string dpo = R"({"prompt": "Hi", "chosen": "Hello!", "rejected": "Go away."})";
+  for (const bool detect : {true, false}) {
+    INFO(detect);
+    try {
+      if (detect)
+        detect_format(dpo, "prefs.jsonl:1");
+      else
+        parse_record(dpo, RecordFormat::kAuto, "prefs.jsonl:1");
+      FAIL("accepted");
+    } catch (const ft::FormatError& e) {
+      CHECK_THAT(e.what(),
+                 Catch::StartsWith("prefs.jsonl:1: cannot tell the record format: a preference "
+                                   "record (keys \"prompt\", \"chosen\", \"rejected\")") &&
+                     Catch::Contains("an objective of its own, which ft does not train") &&
+                     Catch::Contains("as a chat record"));
+    }
+  }
+  // Other records of no known format name the keys they have.
+  CHECK_THROWS_WITH(detect_format(R"({"question": "q", "answer": "a"})", "qa.jsonl:4"),
+                    Catch::StartsWith("qa.jsonl:4: cannot tell the record format") &&
+                        Catch::Contains("got keys \"question\", \"answer\""));
+}

@@ -1,11 +1,13 @@
-// Fuzzes reading a JSONL dataset: the input is the file, indexed by JsonlIndex. Each record (the
-// first 16) is parsed as every format (auto, text, alpaca, chat, tokens) and detected; a record a
-// format accepts is rendered with every chat template, with and without train_on_prompt. The first
-// reading that succeeds is tokenized (tokenize_record) with one template, flag and fixture
-// tokenizer (Llama 3's byte-level BPE or Llama 2's byte fallback), chosen by the record's line
-// number so that a run covers every pairing.
+// Fuzzes reading a JSONL dataset: the input is the file, indexed by JsonlIndex, and again as a
+// JSON array of records, indexed by JsonArrayIndex. Each record (the first 16 of each reading) is
+// parsed as every format (auto, text, alpaca, chat, tokens) and detected; a record a format accepts
+// is rendered with every chat template, with and without train_on_prompt. The first reading that
+// succeeds is tokenized (tokenize_record) with one template, flag and fixture tokenizer (Llama 3's
+// byte-level BPE or Llama 2's byte fallback), chosen by the record's line number so that a run
+// covers every pairing.
 #include <optional>
 
+#include "data/json_array.h"
 #include "data/jsonl.h"
 #include "data/records.h"
 #include "fuzz_support.h"
@@ -71,6 +73,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const data::JsonlLine line = index.read(i);
       fuzz_record(line, "train.jsonl:" + std::to_string(line.line));
     }
+  });
+  fuzz::expect_ft_errors([&] {
+    const data::JsonArrayIndex index(path);
+    for (int64_t i = 0; i < std::min<int64_t>(index.size(), 16); ++i)
+      fuzz_record({index.read(i), i + 1}, index.origin(i));
   });
   return 0;
 }

@@ -485,6 +485,13 @@ TEST_CASE("ft plan prints every section, --json the same as one object, and bad 
   // The offloaded optimizer's host passes: this machine's memory bandwidth shared by the node's
   // 8 ranks, or the node given.
   CHECK_THAT(text.output, Catch::Contains("(measured on this machine) shared by 8 ranks"));
+  // Planned here for 2 nodes elsewhere: the node figures not given are this machine's, and said
+  // so with the options that give the nodes' own (issue 51).
+  CHECK_THAT(text.output,
+             Catch::Contains("note: this plan is for 2 node(s) of 8 GPU(s) but runs here: each "
+                             "node's cores (") &&
+                 Catch::Contains("are this machine's; give the nodes' own with --host-cores and "
+                                 "--host-bandwidth"));
   const Finished given =
       run_to_end({ft_bin(), "plan", "--preset", "full-70b", "--nnodes", "2", "--nproc-per-node",
                   "8", "--gpu-memory", "80GiB", "--host-memory", "768GiB", "--host-bandwidth",
@@ -496,6 +503,7 @@ TEST_CASE("ft plan prints every section, --json the same as one object, and bad 
              Catch::Contains("/ 12 thread(s) (--host-cores: 96 cores / 8 ranks)") &&
                  Catch::Contains("at 279.4 GiB/s (--host-bandwidth) shared by 8 ranks") &&
                  Catch::Contains("memory-bound"));
+  CHECK(given.output.find("note:") == std::string::npos);  // every node figure given
   const Finished js = run_to_end({ft_bin(), "plan", "--preset", "lora-7b", "--nproc-per-node", "4",
                                   "--gpu-memory", "24GiB", "--host-memory", "64GiB", "--json"},
                                  {}, dir + "/j.txt", 30);

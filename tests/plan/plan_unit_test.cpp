@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -276,6 +278,50 @@ TEST_CASE("a plan that does not fit says by how much and re-plans each suggestio
   CHECK(j["suggestions"].size() == p.suggestions.size());
 }
 
+// Issue 51's case: LoRA on a 70B model over 8 GPUs of 40 GiB under ddp without activation
+// checkpointing (327 GiB a GPU). Neither checkpointing (151 GiB) nor fsdp (211 GiB) fits alone;
+// together they do (35 GiB), and that pair is what the plan suggests and the refusal names, with
+// the figures of its own plan.
+TEST_CASE("when no single change fits, the smallest combination that fits is suggested", "[unit]") {
+  const std::vector<std::string> job = {"strategy.kind=ddp", "train.activation_checkpointing=none"};
+  plan::PlanInputs in;
+  in.settings = config::resolve_settings("lora-70b", job);
+  in.layout = {1, 8, true};
+  in.budget.gpu_bytes = int64_t{40} << 30;
+  in.budget.host_bytes = int64_t{768} << 30;
+  const auto t0 = std::chrono::steady_clock::now();
+  const plan::Plan p = plan::make_plan(in);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE_FALSE(p.fits());
+  const plan::Suggestion* both = nullptr;
+  for (const auto& g : p.suggestions) {
+    INFO(g.what);
+    if (g.changes == 1) CHECK_FALSE(g.fits);  // each change alone, still short
+    if (g.changes == 2 && !both) both = &g;
+    CHECK(g.changes <= 2);  // a pair fits: no triple is tried
+  }
+  REQUIRE(both != nullptr);
+  CHECK(both->fits);
+  CHECK(both->what == "activation checkpointing of every layer + fsdp FULL_SHARD instead of ddp");
+  CHECK(both->sets == std::vector<std::string>{"train.activation_checkpointing=full",
+                                               "strategy.kind=fsdp",
+                                               "strategy.fsdp.sharding_strategy=FULL_SHARD"});
+  // Its figures are those of the job with both changes.
+  std::vector<std::string> with_both = job;
+  with_both.insert(with_both.end(), both->sets.begin(), both->sets.end());
+  in.settings = config::resolve_settings("lora-70b", with_both);
+  const plan::Plan q = plan::make_plan(in);
+  CHECK(q.fits());
+  CHECK(both->device_bytes == q.device_peak);
+  CHECK_THAT(plan::verdict(p),
+             Catch::Contains("to make it fit: activation checkpointing of every layer + fsdp "
+                             "FULL_SHARD instead of ddp (--set train.activation_checkpointing=full "
+                             "--set strategy.kind=fsdp --set "
+                             "strategy.fsdp.sharding_strategy=FULL_SHARD)"));
+  CHECK(plan::plan_json(p)["suggestions"].back()["changes"].get<int>() >= 0);
+  CHECK(s < 5.0);  // the combinations keep a refusal quick
+}
+
 // Issue 33's case: LoRA on a 70B model does not fit 4 GPUs of 24 GB; the plan suggests QLoRA
 // (with fsdp's shards in host memory, it fits), and the qlora-70b preset (NF4 base, sequences of
 // 2048, nothing offloaded) fits, its projections counted at 0.5 B per
@@ -359,6 +405,46 @@ TEST_CASE("a config.json without the fields the plan needs is refused, naming th
   } catch (const Error& e) {
     CHECK_THAT(e.what(), Catch::Contains(dir + "/config.json"));
   }
+}
+
+// Issue 51: planning before the download. A directory with config.json alone plans as the same
+// directory with its weights does, the files' bytes estimated from the shapes, and says so.
+TEST_CASE("a model directory holding only config.json is planned from its shapes", "[unit]") {
+  const std::string fixture = test::test_dir() + "/model/fixtures/mistral_gqa";
+  const std::string dir = test::make_temp_dir();
+  std::filesystem::copy_file(fixture + "/config.json", dir + "/config.json");
+  plan::PlanInputs in;
+  in.settings = config::resolve_settings("tiny-demo", {"data.seq_len=32"});
+  in.model_dir = fixture;
+  const plan::Plan full = plan::make_plan(in);
+  in.model_dir = dir;
+  const plan::Plan bare = plan::make_plan(in);
+  CHECK_FALSE(full.model_files_estimated);
+  CHECK(bare.model_files_estimated);
+  CHECK_THAT(bare.model_from, Catch::Contains(dir + "/config.json alone") &&
+                                  Catch::Contains("no weight files") && Catch::Contains("float32"));
+  CHECK_THAT(plan::plan_text(bare), Catch::Contains("config.json alone (no weight files in"));
+  CHECK(plan::plan_json(bare)["model_files_estimated"] == true);
+  CHECK(bare.parameters == full.parameters);
+  CHECK(bare.device_peak == full.device_peak);
+  CHECK(bare.host_peak == full.host_peak);
+  // Reading the files at start-up: the parameters x 4 B (fp32, as config.json says), against the
+  // fixture's file with its header.
+  auto read_bytes = [](const plan::Plan& p) -> int64_t {
+    for (const auto& i : p.startup)
+      if (i.key == "read") return i.bytes;
+    return -1;
+  };
+  CHECK(read_bytes(bare) == bare.parameters * 4);
+  CHECK(std::abs(read_bytes(bare) - read_bytes(full)) < read_bytes(full) / 20);
+  // A bf16 config: half the bytes.
+  std::ifstream src(fixture + "/config.json");
+  std::string text((std::istreambuf_iterator<char>(src)), std::istreambuf_iterator<char>());
+  text.replace(text.find("\"float32\""), 9, "\"bfloat16\"");
+  std::ofstream(dir + "/config.json") << text;
+  const plan::Plan half = plan::make_plan(in);
+  CHECK(read_bytes(half) == bare.parameters * 2);
+  CHECK_THAT(half.model_from, Catch::Contains("bfloat16"));
 }
 
 #if defined(__GLIBC__)

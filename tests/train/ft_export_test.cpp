@@ -121,6 +121,7 @@ TEST_CASE("ft export of a full fine-tune checkpoint is the model ft train wrote"
                     "bf16.log") == 0);
   const auto cfg = nlohmann::json::parse(read_file(b / "bf16/config.json"));
   CHECK(cfg["torch_dtype"] == "bfloat16");
+  CHECK(cfg["dtype"] == "bfloat16");  // what transformers 5 reads
   CHECK(fs::file_size(b / "bf16/model.safetensors") <
         fs::file_size(b / "e6/model.safetensors") * 6 / 10);
   const double bf16_loss = b.loss(b / "bf16");

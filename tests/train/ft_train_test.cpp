@@ -204,6 +204,26 @@ TEST_CASE("ft train on JSONL chat data with a tokenizer and a bad line names fil
   CHECK_THAT(read_file(dir + "/small.log"),
              Catch::Contains("has 1150 tokens but the model's vocabulary is 320"));
   CHECK_FALSE(exists(dir + "/small"));
+  // Its advice works (issue 51): the preset's shape takes --set model.vocab_size.
+  CHECK_THAT(read_file(dir + "/small.log"),
+             Catch::Contains("vocabulary is 320 (the preset's model.vocab_size); use the "
+                             "tokenizer the model was made for, or give the preset's model room "
+                             "for every token with --set model.vocab_size=1150"));
+  args = tiny("followed", {"data.format=chat", "train.max_steps=1", "data.seq_len=64",
+                           "model.vocab_size=1150"});
+  CHECK(run(args, dir + "/followed.log") == 0);
+  // A --model's shape does not take it, and the advice says what does: the model's own tokenizer.
+  REQUIRE(run({"train", "--preset", "tiny-demo", "--output", dir + "/base", "--set",
+               "train.max_steps=1"},
+              dir + "/base.log") == 0);
+  args = tiny("model", {"data.format=chat", "train.max_steps=1", "data.seq_len=64"});
+  args.insert(args.end(), {"--model", dir + "/base/final"});
+  CHECK(run(args, dir + "/model.log") == 2);
+  CHECK_THAT(read_file(dir + "/model.log"),
+             Catch::Contains("has 1150 tokens but the model's vocabulary is 320 (" + dir +
+                             "/base/final/config.json); use the model's own tokenizer") &&
+                 !Catch::Contains("--set model.vocab_size"));
+  CHECK_FALSE(exists(dir + "/model"));
 
   // A tiny preset (format synthetic) given chat --data: the refusal names its fix, and then
   // data.template auto takes the tokenizer family's built-in (there is no --model) and says so.
@@ -470,6 +490,32 @@ TEST_CASE("ft data show prints records as the trainer sees them, and the file's 
                       Catch::Contains("ft: error: ") &&
                       Catch::Contains("the statistics above cover the 5 records before it") &&
                       Catch::Contains("--set data.on_bad_record=skip"));
+  // Only a tokenizer, no model or preset: the records are read with the tokenizer's vocabulary,
+  // not the defaults' 32000 (issue 51), here a tokenizer of 33000 ids as large ones are (Hugging
+  // Face numbers added tokens on from the vocabulary, so the extra ones are contiguous).
+  nlohmann::json big = nlohmann::json::parse(read_file(tok));
+  for (int id = static_cast<int>(big["added_tokens"].size()) + 1130; id < 33000; ++id)
+    big["added_tokens"].push_back({{"id", id},
+                                   {"content", "<|extra_" + std::to_string(id) + "|>"},
+                                   {"single_word", false},
+                                   {"lstrip", false},
+                                   {"rstrip", false},
+                                   {"normalized", false},
+                                   {"special", true}});
+  std::ofstream(dir + "/big.json") << big.dump();
+  REQUIRE(run({"data", "show", "--data", dir + "/chat.jsonl", "--tokenizer", dir + "/big.json",
+               "-n", "1", "--set", "data.on_bad_record=skip"},
+              dir + "/tok-only.log") == 0);
+  CHECK_THAT(read_file(dir + "/tok-only.log"),
+             Catch::Contains("chat.jsonl:1 (chat): 25 tokens, 5 carry the loss"));
+  // With a preset, its vocabulary is what ft train would check, and the refusal says so.
+  CHECK(run({"data", "show", "--data", dir + "/chat.jsonl", "--tokenizer", dir + "/big.json",
+             "--preset", "tiny-demo"},
+            dir + "/tok-preset.log") == 2);
+  CHECK_THAT(read_file(dir + "/tok-preset.log"),
+             Catch::Contains("has 33000 tokens but the model's vocabulary is 320 (the preset's "
+                             "model.vocab_size)") &&
+                 Catch::Contains("--set model.vocab_size=33000"));
   // Pre-tokenized data without a tokenizer: the ids only.
   std::ofstream(dir + "/ids.jsonl") << R"({"input_ids": [5, 6, 7]})"
                                     << "\n";

@@ -12,7 +12,10 @@ fixture tokenizer beside it, and a small text JSONL. Then:
   3. `ft export` of each run's last checkpoint: transformers loads the exported model (also
      sharded, with its index), PEFT the exported adapter, and transformers the `--merge-lora`
      model; each gives the loss of the model `ft train` wrote, within the same tolerance.
-  4. QLoRA (with bitsandbytes): a base of hidden size 64 saved quantized to NF4 by transformers +
+  4. dtype="auto": a bf16 `--merge-lora` export and a bf16 run's final/ (over a base whose
+     config.json transformers wrote with "dtype": "float32") load as bf16, the dtype their
+     tensors have, with config.json's `dtype` and `torch_dtype` both "bfloat16".
+  5. QLoRA (with bitsandbytes): a base of hidden size 64 saved quantized to NF4 by transformers +
      bitsandbytes (double quantization); ft eval of it equals transformers'; `ft train` LoRA on
      it, and on the fp32 base with lora.quantize_base=nf4 (the same adapter bytes: the same NF4
      weights); PEFT loads the adapter on the quantized model with ft eval's loss.
@@ -225,13 +228,41 @@ def interop(ft, work):
     if loaded == 0:
         print("FAIL PeftModel holds no LoRA tensors")
         ok = False
+    ok &= dtype_auto_interop(ft, work, base, lora_out, common)
     ok &= qlora_interop(ft, work, records, eval_path, train_path)
     print("interop: " + ("all checks passed" if ok else "FAILED") + f" ({work})")
     return ok
 
 
+def dtype_auto_interop(ft, work, base, lora_out, common):
+    """Step 4: what transformers loads with dtype="auto" is the dtype ft stored."""
+    with open(os.path.join(base, "config.json")) as f:
+        base_dtype = json.load(f).get("dtype")
+    merged = os.path.join(work, "export-merged-bf16")
+    run([ft, "export", "--checkpoint", lora_out, "--output", merged, "--merge-lora",
+         "--dtype", "bf16"], os.path.join(work, "export-merged-bf16.log"))
+    bf16_out = os.path.join(work, "full-bf16")
+    run([ft, "train", "--preset", "tiny-demo", "--output", bf16_out] + common
+        + ["--set", "precision.mode=bf16", "--set", "train.max_steps=2"],
+        os.path.join(work, "train-full-bf16.log"))
+    ok = True
+    for what, path in (("--merge-lora --dtype bf16 export", merged),
+                       ("bf16 run's final/", os.path.join(bf16_out, "final"))):
+        with open(os.path.join(path, "config.json")) as f:
+            cfg = json.load(f)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype="auto")
+        dtypes = sorted({str(p.dtype) for p in model.parameters()})
+        good = (dtypes == ["torch.bfloat16"] and cfg.get("dtype") == "bfloat16"
+                and cfg.get("torch_dtype") == "bfloat16")
+        print(f"{'ok  ' if good else 'FAIL'} {what}: dtype=\"auto\" loads {', '.join(dtypes)} "
+              f"(config.json dtype {cfg.get('dtype')!r}, torch_dtype {cfg.get('torch_dtype')!r}; "
+              f"the base's dtype {base_dtype!r})")
+        ok &= good
+    return ok
+
+
 def qlora_interop(ft, work, records, eval_path, train_path):
-    """Step 4. The projections' last dimension is a multiple of 64: bitsandbytes 0.50.2's CPU
+    """Step 5. The projections' last dimension is a multiple of 64: bitsandbytes 0.50.2's CPU
     dequantize kernel misplaces blocks otherwise (tests/model/fixtures/make_nf4_fixtures.py)."""
     try:
         import bitsandbytes  # noqa: F401
