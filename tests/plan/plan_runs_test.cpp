@@ -256,49 +256,22 @@ TEST_CASE("plan state bytes equal the run's at world size 4, every strategy", "[
 
 // A model big enough that its state and activations, not the process, dominate (20M parameters,
 // 1024 tokens per micro-batch): each rank's peak resident memory over the steps against the plan.
-TEST_CASE("predicted peak host memory of each rank is within 15% of the measured peak",
-          "[multiproc]") {
+// The jobs are split over two test cases (about 100 s each on 2 cores), so that each stays well
+// inside CTest's limit beside another test.
+namespace {
+
+struct PeakCase {
+  std::string name;
+  std::vector<std::string> sets;
+  int nproc;
+};
+
+void check_peaks_within_15_percent(const std::vector<PeakCase>& cases) {
   const std::vector<std::string> model = {
       "model.vocab_size=8000",      "model.hidden_size=512", "model.intermediate_size=1408",
       "model.num_layers=4",         "model.num_heads=8",     "model.num_kv_heads=4",
       "model.tie_embeddings=false", "data.seq_len=256",      "train.micro_batch=4",
       "train.max_steps=3",          "hardware.device=cpu",   "precision.mode=fp32"};
-  struct Case {
-    std::string name;
-    std::vector<std::string> sets;
-    int nproc;
-  };
-  const std::vector<Case> cases = {
-      {"ddp, 1 rank", {"strategy.kind=ddp"}, 1},
-      {"LoRA with activation checkpointing, 1 rank",
-       {"lora.enabled=true", "lora.dropout=0.0", "train.activation_checkpointing=full"},
-       1},
-      {"zero3, 2 ranks", {"strategy.kind=zero3"}, 2},
-      {"fsdp FULL_SHARD LoRA, 2 ranks",
-       {"strategy.kind=fsdp", "lora.enabled=true", "lora.dropout=0.0"},
-       2},
-      {"fsdp SHARD_GRAD_OP with activation checkpointing, 2 ranks",
-       {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP",
-        "train.activation_checkpointing=full"},
-       2},
-      {"ddp with activation checkpointing, 4 ranks",
-       {"strategy.kind=ddp", "train.activation_checkpointing=full"},
-       4},
-      // The matrix's hardest rows (bench/plan_accuracy.py): a sharded full fine-tune under
-      // activation checkpointing in bf16 (predicted 16% low before one malloc arena), and sharded
-      // LoRA under checkpointing (frozen units' freed blocks, mostly reused).
-      {"fsdp FULL_SHARD bf16 with activation checkpointing, 2 ranks",
-       {"strategy.kind=fsdp", "precision.mode=bf16", "train.activation_checkpointing=full"},
-       2},
-      {"fsdp SHARD_GRAD_OP LoRA with activation checkpointing, 2 ranks",
-       {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP", "lora.enabled=true",
-        "lora.dropout=0.0", "train.activation_checkpointing=full"},
-       2},
-      {"zero3 LoRA with activation checkpointing, 4 ranks",
-       {"strategy.kind=zero3", "lora.enabled=true", "lora.dropout=0.0",
-        "train.activation_checkpointing=full"},
-       4},
-  };
   for (const auto& c : cases) {
     INFO(c.name);
     const auto sets = with(model, c.sets);
@@ -314,6 +287,50 @@ TEST_CASE("predicted peak host memory of each rank is within 15% of the measured
       CHECK(std::abs(predicted - measured) / measured < 0.15);
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("predicted peak host memory of each rank is within 15% of the measured peak",
+          "[multiproc]") {
+  check_peaks_within_15_percent({
+      {"ddp, 1 rank", {"strategy.kind=ddp"}, 1},
+      {"LoRA with activation checkpointing, 1 rank",
+       {"lora.enabled=true", "lora.dropout=0.0", "train.activation_checkpointing=full"},
+       1},
+      {"zero3, 2 ranks", {"strategy.kind=zero3"}, 2},
+      {"fsdp FULL_SHARD LoRA, 2 ranks",
+       {"strategy.kind=fsdp", "lora.enabled=true", "lora.dropout=0.0"},
+       2},
+      {"fsdp SHARD_GRAD_OP with activation checkpointing, 2 ranks",
+       {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP",
+        "train.activation_checkpointing=full"},
+       2},
+      {"ddp with activation checkpointing, 4 ranks",
+       {"strategy.kind=ddp", "train.activation_checkpointing=full"},
+       4},
+  });
+}
+
+TEST_CASE(
+    "predicted peak host memory is within 15% of the measured peak in the matrix's hardest rows",
+    "[multiproc]") {
+  check_peaks_within_15_percent({
+      // The matrix's hardest rows (bench/plan_accuracy.py): a sharded full fine-tune under
+      // activation checkpointing in bf16 (predicted 16% low before one malloc arena), and sharded
+      // LoRA under checkpointing (frozen units' freed blocks, mostly reused).
+      {"fsdp FULL_SHARD bf16 with activation checkpointing, 2 ranks",
+       {"strategy.kind=fsdp", "precision.mode=bf16", "train.activation_checkpointing=full"},
+       2},
+      {"fsdp SHARD_GRAD_OP LoRA with activation checkpointing, 2 ranks",
+       {"strategy.kind=fsdp", "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP", "lora.enabled=true",
+        "lora.dropout=0.0", "train.activation_checkpointing=full"},
+       2},
+      {"zero3 LoRA with activation checkpointing, 4 ranks",
+       {"strategy.kind=zero3", "lora.enabled=true", "lora.dropout=0.0",
+        "train.activation_checkpointing=full"},
+       4},
+  });
 }
 
 // The step pool (core/host_alloc.h) holds a rank's per-step blocks by size, so its resident set
