@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "ckpt/checkpoint.h"
+#include "config/settings.h"
 #include "core/error.h"
 #include "core/json.h"
 
@@ -23,18 +24,14 @@ bool final_complete(const fs::path& run_dir) {
 
 // Whether this command asks for more steps than the finished run's `done`: a larger
 // train.max_steps, or (when the length is in epochs) more epochs than the run was given.
-bool asks_for_more(const json& now, const std::optional<RunInputs>& was, int64_t done) {
-  const auto at = [](const json& preset, const char* section, const char* key, double def) {
-    return preset.contains(section) && preset[section].contains(key) &&
-                   preset[section][key].is_number()
-               ? preset[section][key].get<double>()
-               : def;
-  };
-  const double steps = at(now, "train", "max_steps", 0);
-  if (steps > 0) return steps > static_cast<double>(done);
+bool asks_for_more(const config::TrainSettings& now, const std::optional<RunInputs>& was,
+                   const std::string& output_dir, int64_t done) {
+  if (now.max_steps > 0) return now.max_steps > done;
   if (!was) return false;
-  return at(was->preset, "train", "max_steps", 0) > 0 ||
-         at(now, "train", "epochs", 0) > at(was->preset, "train", "epochs", 0);
+  const config::TrainSettings before =
+      config::settings_from_json(was->preset, (fs::path(output_dir) / "preset.json").string())
+          .train;
+  return before.max_steps > 0 || now.epochs > before.epochs;
 }
 
 // The changes since the run's last start that it goes on with, said on rank 0.
@@ -110,7 +107,7 @@ OutputPlan plan_output(const RunOptions& o, const comm::DistEnv& env) {
   const int64_t done = final_step(o.output_dir);
   const bool round_after_end = env.restart_count > 0 && ckpt::list_committed(out.ckpt_root).empty();
   if (done >= 0 && o.resume == "auto" &&
-      (!asks_for_more(out.inputs.preset, was, done) || round_after_end)) {
+      (!asks_for_more(o.settings.train, was, o.output_dir, done) || round_after_end)) {
     out.finished = true;
     out.finished_step = done;
     return out;
